@@ -1,0 +1,3 @@
+from genie_build.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per CLI command; see :mod:`genie_build.cli`."""

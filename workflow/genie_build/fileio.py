@@ -1,0 +1,122 @@
+"""Atomic outputs: every file is written under a temporary name beside its target and renamed into place,
+so an interrupted or failed job never leaves something a later run would take as done."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from genie_build.errors import GenieBuildError
+
+COPY_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Any]:
+    """Open a temporary file beside ``path``; on success fsync and rename it over ``path``.
+
+    Raises:
+        GenieBuildError: the file could not be written (disk full, file too large, permissions).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Build a directory under a temporary name and rename it into place when the block succeeds.
+
+    An existing directory at ``path`` is replaced only after the new one is complete.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, length: int) -> None:
+    """Copy ``length`` bytes of ``src`` starting at ``offset`` in chunks, so memory stays bounded."""
+    src.seek(offset)
+    remaining = length
+    while remaining > 0:
+        chunk = src.read(min(COPY_CHUNK_BYTES, remaining))
+        if not chunk:
+            raise GenieBuildError(getattr(src, "name", "<stream>"),
+                                  f"ends {remaining} bytes early (wanted {length} bytes at offset {offset})")
+        dst.write(chunk)
+        remaining -= len(chunk)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(COPY_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file, turning every failure into a one-line GenieBuildError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise GenieBuildError(path, "file not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GenieBuildError(path, f"not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,75 @@
+"""The toolchain interface and what ``inspect`` reads back from a compiled binary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """Quantization of one IO tensor as recorded in the binary (None fields: float tensor)."""
+
+    dtype: str                          # "uint16", "int8", "float16", "float32", "int32", ...
+    scale: float | None = None
+    offset: int | None = None
+    bitwidth: int | None = None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    quant: QuantInfo | None = None
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    name: str                           # e.g. "prompt_ar32_cl256_01_of_06"
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True)
+class BinaryInfo:
+    """What a compiled context binary holds, read from the binary itself (never from the request)."""
+
+    path: str
+    file_bytes: int
+    weight_bytes: int                   # bytes of the weight section as stored
+    graphs: tuple[GraphInfo, ...]
+    toolchain: str
+    tool_version: str
+    applied_options: dict = field(default_factory=dict)  # options the binary says were applied
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """A variant's options, as the config's ``variants.<name>`` gives them, plus the device."""
+
+    weights_packing: bool
+    optimization_type: int
+    weight_sharing_enabled: bool
+    vtcm_mb: int
+    soc_model: int
+    dsp_arch: str
+    float_bitwidth: int = 16
+
+
+class Toolchain(Protocol):
+    name: str
+
+    def check_available(self) -> None:
+        """Raise GenieBuildError naming what is missing (an SDK, an executable, a module)."""
+
+    def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
+                float_bitwidth: int) -> None:
+        """ONNX part + its encodings -> the toolchain's converted graph (DLC, or reference ONNX)."""
+
+    def compile(self, converted: dict[str, Path], out_path: Path, options: CompileOptions) -> None:
+        """Converted graphs keyed by graph name -> one context binary (weight-shared when asked)."""
+
+    def inspect(self, binary_path: Path) -> BinaryInfo:
+        """Read a context binary back."""
