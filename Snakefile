@@ -1,0 +1,27 @@
+# genie-build: ONNX LLM (prompt + token graphs) + AIMET encodings -> weight-packed, weight-shared Genie bundle.
+# Data flow and file layout: README.md and docs/conventions.md.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/source.smk"
+include: "workflow/rules/split.smk"
+include: "workflow/rules/encodings.smk"
+include: "workflow/rules/convert.smk"
+include: "workflow/rules/compile.smk"
+include: "workflow/rules/sizes.smk"
+include: "workflow/rules/bundle.smk"
+
+
+rule all:
+    input:
+        final_outputs,
+    default_target: True

@@ -1,0 +1,113 @@
+"""The workflow end to end through the Snakemake CLI: a full build, a no-op rerun, rebuild precision."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from workflow_helpers import (SMALL_DEMO, changed_since, copy_workflow, load_json, output_mtimes,
+                              run_snakemake, write_config)
+
+pytestmark = pytest.mark.workflow
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One full build of the small demo, shared by the tests of this module (they restore what they change)."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("wf"))
+    config_file = write_config(workdir, SMALL_DEMO)
+    run_snakemake(workdir, config_file=config_file)
+    return workdir, config_file
+
+
+def test_full_build_writes_every_contract_output(built):
+    workdir, _ = built
+    out = workdir / "results" / "demo"
+    plan = load_json(out / "plan.json")
+    assert plan["num_parts"] == 3
+    labels = [part["label"] for part in plan["parts"]]
+    assert labels == ["1_of_3", "2_of_3", "3_of_3"]
+    for variant in ("unpacked", "packed"):
+        for label in labels:
+            assert (out / "compiled" / variant / f"part_{label}.bin").stat().st_size > 0
+    for graph in ("prompt", "token"):
+        assert load_json(out / "verify" / f"{graph}.json")["bit_exact"] is True
+    import pandas as pd
+
+    table = pd.read_csv(out / "size_table.csv")
+    assert {"part", "variant", "bytes"} <= set(table.columns)
+    assert len(table) == 2 * len(labels)
+    bundle = out / "genie_bundle"
+    for name in ("genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "metadata.yaml"):
+        assert (bundle / name).is_file(), name
+    assert load_json(out / "bundle_check.json")["errors"] == []
+
+
+def test_second_run_does_nothing(built):
+    workdir, config_file = built
+    result = run_snakemake(workdir, config_file=config_file)
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def _edit_weight_encoding(path, tensor):
+    encodings = json.loads(path.read_text())
+    for entry in encodings["param_encodings"]:
+        if entry["name"] == tensor:
+            entry["scale"] = [s * 1.5 for s in entry["scale"]]
+            break
+    else:
+        raise AssertionError(f"{tensor} not in {path}")
+    path.write_text(json.dumps(encodings))
+
+
+def test_one_weight_encoding_change_rebuilds_only_its_part(built):
+    workdir, config_file = built
+    out = workdir / "results" / "demo"
+    plan = load_json(out / "plan.json")
+    holder = next(p for p in plan["parts"] if p["first_layer"] is not None and p["first_layer"] <= 1 <= p["last_layer"])
+    tensor = "model.layers.1.mlp.down_proj.weight"
+    originals = {g: (out / "source" / f"{g}.encodings.json").read_text() for g in ("prompt", "token")}
+    before = output_mtimes(workdir)
+    time.sleep(1.1)
+    try:
+        for graph in ("prompt", "token"):  # one tensor, identical in both graphs as Genie requires
+            _edit_weight_encoding(out / "source" / f"{graph}.encodings.json", tensor)
+        run_snakemake(workdir, config_file=config_file)
+        changed = changed_since(before, output_mtimes(workdir))
+    finally:
+        for graph, text in originals.items():
+            (out / "source" / f"{graph}.encodings.json").write_text(text)
+        run_snakemake(workdir, config_file=config_file)
+
+    label = holder["label"]
+    per_part = {path for path in changed if "/part_" in path and not path.startswith(("parts/", "encodings/"))}
+    assert per_part and all(f"part_{label}." in path for path in per_part), sorted(per_part)
+    expected = {f"compiled/{v}/part_{label}.bin" for v in ("unpacked", "packed")} | {
+        f"sizes/{v}/part_{label}.json" for v in ("unpacked", "packed")}
+    assert expected <= per_part
+    assert "size_table.csv" in changed and "genie_bundle/genie_config.json" in changed
+    assert not any(path.startswith("verify/") for path in changed), "the split did not change"
+
+
+def test_dry_run_lists_jobs(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    result = run_snakemake(workdir, "-n", config_file=write_config(workdir, SMALL_DEMO))
+    text = result.stdout + result.stderr
+    assert "generate_demo_model" in text and "plan_split" in text
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"bogus_key": 1}, "Additional properties are not allowed"),
+    ({"target": {"chipset": "SM0000"}}, "unknown chipset"),
+    ({"model": {"name": "../escape"}}, "does not match"),
+    ({"bundle": {"variant": "nope"}}, "is not one of the variants"),
+    ({"split": {"num_parts": None}}, "set exactly one of num_parts and max_part_mb"),
+])
+def test_bad_config_is_rejected_before_any_job(tmp_path, override, message):
+    workdir = copy_workflow(tmp_path)
+    result = run_snakemake(workdir, "-n", config_file=write_config(workdir, override), check=False)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+    assert not (workdir / "results").exists()

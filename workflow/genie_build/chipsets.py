@@ -1,0 +1,126 @@
+"""The chipset table: ``target.chipset`` -> the HTP device (``soc_model``, ``dsp_arch``) every compile and the
+bundle's ``htp_backend_ext_config.json`` must name.
+
+Values come from the facts file, section 4 (AI Hub apps' manual bundle guide, ExecuTorch's ``qc_schema.py``,
+LiteRT's SoC table). Rows the facts mark unverified carry ``verified=False``; VTCM sizes are ExecuTorch's
+(``None`` where no source gives one, in which case ``vtcm_mb: 0`` -- "the SoC's maximum" -- is the safe setting).
+A wrong ``soc_model`` compiles without complaint and produces a binary that loads on the phone but may compute
+garbage (the field report's "乱码"), which is why :func:`check_device` exists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from genie_build.errors import GenieBuildError
+
+_DSP_ARCH = re.compile(r"^v\d{2}$")
+
+_EXECUTORCH = "ExecuTorch qc_schema.py"
+_AIHA_EXECUTORCH_LITERT = "AIHA manual_bundle.md; ExecuTorch qc_schema.py; LiteRT soc_table.h"
+
+
+@dataclass(frozen=True)
+class Chipset:
+    """One Snapdragon SoC as the HTP backend knows it.
+
+    ``soc_model`` is the integer ``Qnn_SocModel_t`` id (a string there has hung a CDSP, per a public report);
+    ``dsp_arch`` the Hexagon architecture ("v79"); ``vtcm_mb`` the VTCM size when a source gives it.
+    """
+
+    name: str
+    soc_model: int
+    dsp_arch: str
+    vtcm_mb: int | None
+    marketing_name: str
+    source: str
+    verified: bool
+
+
+def _table(rows: tuple[Chipset, ...]) -> dict[str, Chipset]:
+    """Index ``rows`` by upper-case name, refusing duplicate names or soc_models and malformed arches.
+
+    Raises:
+        ValueError: the table itself is inconsistent (a programming error, caught at import).
+    """
+    table: dict[str, Chipset] = {}
+    soc_models: dict[int, str] = {}
+    for row in rows:
+        key = row.name.upper()
+        if key in table:
+            raise ValueError(f"chipset {row.name} listed twice")
+        if row.soc_model in soc_models:
+            raise ValueError(f"soc_model {row.soc_model} given to both {soc_models[row.soc_model]} and {row.name}")
+        if not _DSP_ARCH.match(row.dsp_arch):
+            raise ValueError(f"chipset {row.name}: dsp_arch {row.dsp_arch!r} is not like 'v79'")
+        table[key] = row
+        soc_models[row.soc_model] = row.name
+    return table
+
+
+CHIPSETS: dict[str, Chipset] = _table((
+    Chipset("SM8550", 43, "v73", 8, "Snapdragon 8 Gen 2", _AIHA_EXECUTORCH_LITERT, True),
+    Chipset("SM8650", 57, "v75", 8, "Snapdragon 8 Gen 3",
+            f"{_AIHA_EXECUTORCH_LITERT}; AIHM test_llm_export_cli.py", True),
+    Chipset("SM8750", 69, "v79", 8, "Snapdragon 8 Elite", _AIHA_EXECUTORCH_LITERT, True),
+    Chipset("SM8850", 87, "v81", 8, "Snapdragon 8 Elite Gen 5", f"{_EXECUTORCH} (PR #15987); LiteRT", True),
+    Chipset("SM8845", 97, "v81", 8, "Snapdragon 8 Gen 5", _EXECUTORCH, True),
+    Chipset("SC8380XP", 60, "v73", None, "Snapdragon X Elite / X Plus",
+            "AIHA manual_bundle.md; AIHM test; LiteRT", True),
+    Chipset("SA8295P", 39, "v68", 8, "Snapdragon SA8295P (automotive)", _EXECUTORCH, True),
+    Chipset("SA8255", 52, "v73", 8, "Snapdragon SA8255P (automotive)", _EXECUTORCH, True),
+    Chipset("QCS9100", 77, "v73", 8, "Qualcomm QCS9100 (IoT)", _EXECUTORCH, True),
+    Chipset("SM8450", 36, "v69", 8, "Snapdragon 8 Gen 1", _EXECUTORCH, True),
+    Chipset("SM8475", 42, "v69", 8, "Snapdragon 8+ Gen 1", _EXECUTORCH, True),
+    Chipset("SM8350", 30, "v68", 4, "Snapdragon 888", _EXECUTORCH, True),
+    Chipset("QCM6490", 93, "v68", 2, "Qualcomm QCM6490 (IoT)", _EXECUTORCH, True),
+    Chipset("QCS8550", 66, "v73", None, "Qualcomm QCS8550 (IoT)",
+            "third-party note citing the QAIRT 2.50 table; AI Hub's proxy compiles it as SM8550 (43)", False),
+    Chipset("SM8635", 68, "v73", None, "Snapdragon 8s Gen 3", "ExecuTorch draft PR #19216", False),
+    Chipset("SM8735", 85, "v79", None, "Snapdragon 8s Gen 4", "ExecuTorch draft PR #19216", False),
+))
+
+
+def lookup(name: str) -> Chipset:
+    """The chipset called ``name``, ignoring case (``"sm8750"`` finds SM8750).
+
+    Raises:
+        GenieBuildError: ``name`` is not in :data:`CHIPSETS`.
+    """
+    chipset = CHIPSETS.get(str(name).strip().upper())
+    if chipset is None:
+        raise GenieBuildError("target.chipset", f"unknown chipset {name!r}; known: {', '.join(CHIPSETS)}")
+    return chipset
+
+
+def check_device(soc_model: object, dsp_arch: object, chipset: str | Chipset) -> list[str]:
+    """Compare a device section (as found in a config file or a bundle) with the chipset it should target.
+
+    Args:
+        soc_model: the ``soc_model`` value as read (any type: a string there is itself a problem).
+        dsp_arch: the ``dsp_arch`` value as read.
+        chipset: the intended chipset, by name or as a :class:`Chipset`.
+
+    Returns:
+        One sentence per problem (empty when the device matches), naming the chipset a swapped
+        ``soc_model`` belongs to.
+
+    Raises:
+        GenieBuildError: ``chipset`` is an unknown name.
+    """
+    target = chipset if isinstance(chipset, Chipset) else lookup(chipset)
+    problems = []
+    if not isinstance(soc_model, int) or isinstance(soc_model, bool):
+        problems.append(f"soc_model {soc_model!r} is not an integer; {target.name} is {target.soc_model}")
+    elif soc_model != target.soc_model:
+        owner = _chipset_with_soc_model(soc_model)
+        belongs = f" (that is {owner.name}'s, {owner.marketing_name})" if owner else ""
+        problems.append(f"soc_model {soc_model}{belongs} does not match {target.name}'s {target.soc_model}")
+    if not isinstance(dsp_arch, str) or dsp_arch.lower() != target.dsp_arch:
+        problems.append(f"dsp_arch {dsp_arch!r} does not match {target.name}'s {target.dsp_arch!r}")
+    return problems
+
+
+def _chipset_with_soc_model(soc_model: int) -> Chipset | None:
+    return next((row for row in CHIPSETS.values() if row.soc_model == soc_model), None)

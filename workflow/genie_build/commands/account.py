@@ -1,0 +1,50 @@
+"""``account``: read a compiled context binary back and write its accounting record (part x variant)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from genie_build import fileio, naming
+from genie_build.errors import GenieBuildError
+from genie_build.toolchains import get_toolchain
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("account", help="bytes, weight bytes, graphs and applied options of one "
+                                                   "context binary, read back from the binary")
+    parser.add_argument("--toolchain", required=True, help="the toolchain that compiled the binary")
+    parser.add_argument("--binary", required=True, type=Path, help="compiled/{variant}/part_NN_of_N.bin")
+    parser.add_argument("--part-label", required=True, help="e.g. 01_of_06")
+    parser.add_argument("--variant", required=True, help="the variant's name")
+    parser.add_argument("--variant-json", required=True, help="the variant's requested options as a JSON object")
+    parser.add_argument("--out", required=True, type=Path, help="sizes/{variant}/part_NN_of_N.json")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: sizes imports pandas, and the CLI imports every command module at start-up.
+    from genie_build.sizes import account_binary, check_part_graphs
+
+    try:
+        part, _ = naming.parse_part_label(args.part_label)
+    except ValueError as exc:
+        raise GenieBuildError("--part-label", str(exc)) from None
+    requested = _parse_options(args.variant_json)
+    if not args.binary.is_file():
+        raise GenieBuildError(args.binary, "file not found")
+    info = get_toolchain(args.toolchain).inspect(args.binary)
+    check_part_graphs(info, args.part_label)
+    fileio.write_json(args.out, account_binary(info, part, args.variant, requested))
+    return 0
+
+
+def _parse_options(text: str) -> dict:
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GenieBuildError("--variant-json", f"not valid JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise GenieBuildError("--variant-json", f"expected a JSON object, got {text!r}")
+    return options

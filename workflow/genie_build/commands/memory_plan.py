@@ -1,0 +1,43 @@
+"""``memory-plan``: one variant's context binaries against device memory guidance (JSON, Markdown)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
+                                     part_sizes_from_records, plan_memory, write_memory_plan)
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("memory-plan", help="check one variant's context binaries against the "
+                                                       "per-context and per-session memory guidance")
+    parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
+    parser.add_argument("--variant", required=True, help="the variant to plan (the bundled one)")
+    parser.add_argument("--max-context-mb", type=_positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+                        help="per context binary, MiB (default %(default)s: AIHM's ~1-2 GB per compiled model)")
+    parser.add_argument("--max-session-mb", type=_positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+                        help="per HTP session, MiB (default %(default)s: 3.75 GiB usable, HTP manual)")
+    parser.add_argument("--max-contexts", type=int, default=None, help="warn above this many contexts (default: no limit)")
+    parser.add_argument("--json", required=True, type=Path, help="memory_plan.json")
+    parser.add_argument("--md", required=True, type=Path, help="memory_plan.md")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: sizes imports pandas, and the CLI imports every command module at start-up.
+    from genie_build.sizes import read_record
+
+    records = [read_record(path) for path in args.records]
+    limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
+                          max_session_bytes=round(args.max_session_mb * MIB), max_contexts=args.max_contexts)
+    plan = plan_memory(part_sizes_from_records(records, args.variant), args.variant, limits)
+    write_memory_plan(plan, args.json, args.md)
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value

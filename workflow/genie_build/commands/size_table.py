@@ -1,0 +1,28 @@
+"""``size-table``: the A/B table of context binary sizes across variants (CSV, Markdown, PNG)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("size-table", help="A/B table of context binary sizes per part and variant, "
+                                                      "flagging options that show no effect")
+    parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
+    parser.add_argument("--baseline", required=True, help="the variant the others are compared with")
+    parser.add_argument("--strict", action="store_true", help="fail on a flagged option instead of warning")
+    parser.add_argument("--csv", required=True, type=Path, help="size_table.csv (tidy)")
+    parser.add_argument("--md", required=True, type=Path, help="size_table.md (for people)")
+    parser.add_argument("--png", required=True, type=Path, help="size_table.png (bar chart)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: sizes imports pandas, and the CLI imports every command module at start-up.
+    from genie_build.sizes import build_size_table, read_record, write_size_table
+
+    records = [read_record(path) for path in args.records]
+    table = build_size_table(records, args.baseline, strict=args.strict)
+    write_size_table(table, args.csv, args.md, args.png)
+    return 0

@@ -1,0 +1,459 @@
+"""The demo model: a Qwen2-architecture decoder written directly as two ONNX graphs.
+
+The prompt graph (AR = ``shape.ar``) and the token graph (AR 1) follow ``docs/conventions.md``: Genie's
+tensor names, keys transposed in the cache, KV outputs holding only the new entries, HF weight names with
+MatMul weights stored ``[in, out]``. Both graphs have identical initializers (names and values; Reshape
+shapes use 0-dims so no constant depends on AR), and every intermediate has a ``value_info`` so a part
+can be cut without shape inference.
+
+Weights are random but deterministic: each tensor's generator is seeded from ``(seed, crc32(name))``,
+so a value never depends on generation order. Tensors are written to the external-data files one by
+one as they are made, so peak memory is one tensor, not the model.
+
+The same module gives the input feed of a graph (:func:`rope_tables`, :func:`causal_mask`,
+:func:`example_inputs`) for calibration, split verification and host runs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_open, write_json
+from genie_build.naming import GRAPH_KINDS
+from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
+
+MASK_MIN = -50.0  # additive mask value for hidden positions (AIHM's value for w4a16, see conventions)
+EMBED_WEIGHT = "model.embed_tokens.weight"
+LM_HEAD_WEIGHT = "lm_head.weight"
+OPSET = 17
+IR_VERSION = 8
+# Tensors smaller than this stay inside the graph proto, as onnx's own external-data writer does.
+INLINE_MAX_BYTES = 1024
+# Page-aligned offsets let a runtime mmap each tensor.
+EXTERNAL_DATA_ALIGNMENT = 4096
+WEIGHT_STD = 0.02       # keeps q/k/v and logits O(1) for hidden sizes up to a few thousand
+NORM_WEIGHT_STD = 0.05  # norm weights are 1 + a perturbation, so a wrong norm formula shows in the logits
+KV_CACHE_STD = 0.5      # random past K/V of the magnitude the demo's own projections produce
+
+GraphKind = Literal["prompt", "token"]
+WeightInit = Literal["linear", "norm", "bias"]
+_WEIGHT_DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class DemoShape:
+    """Size of the demo decoder; ``ar`` is the prompt graph's AR (the token graph has AR 1).
+
+    ``weight_dtype="float16"`` stores every weight as fp16 followed by a Cast to float32, which halves
+    the files of multi-GB benchmark models.
+
+    Raises:
+        GenieBuildError: a field is out of range or the sizes do not fit together (named ``demo.<field>``).
+    """
+
+    layers: int = 8
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 768
+    vocab: int = 2048
+    context: int = 256
+    ar: int = 32
+    rope_theta: float = 1000000.0
+    rms_norm_eps: float = 1e-6
+    seed: int = 0
+    weight_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "context", "ar"):
+            if getattr(self, name) < 1:
+                raise GenieBuildError(f"demo.{name}", f"must be at least 1, got {getattr(self, name)}")
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise GenieBuildError("demo.hidden", f"{self.hidden} must split into {self.heads} heads of even size")
+        if self.heads % self.kv_heads:
+            raise GenieBuildError("demo.kv_heads", f"{self.kv_heads} does not divide heads={self.heads}")
+        if self.ar >= self.context:
+            raise GenieBuildError("demo.ar", f"{self.ar} must be smaller than context={self.context}")
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise GenieBuildError("demo.rope_theta", "rope_theta and rms_norm_eps must be positive")
+        if self.seed < 0:
+            raise GenieBuildError("demo.seed", f"must be non-negative, got {self.seed}")
+        if self.weight_dtype not in _WEIGHT_DTYPES:
+            raise GenieBuildError("demo.weight_dtype", f"{self.weight_dtype!r} is not one of {_WEIGHT_DTYPES}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: name, fixed dims and numpy dtype name."""
+
+    name: str
+    dims: tuple[int, ...]
+    dtype: str = "float32"
+
+
+def graph_ar(shape: DemoShape, kind: str) -> int:
+    """The number of new tokens per call of a graph: ``shape.ar`` for the prompt graph, 1 for the token graph."""
+    if kind not in GRAPH_KINDS:
+        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
+    return shape.ar if kind == "prompt" else 1
+
+
+def graph_past(shape: DemoShape, kind: str) -> int:
+    """Cache slots of a graph: ``context - AR``."""
+    return shape.context - graph_ar(shape, kind)
+
+
+def graph_inputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
+    """The inputs of a full graph, in graph order (docs/conventions.md)."""
+    ar, past, d, kv = graph_ar(shape, kind), graph_past(shape, kind), shape.head_dim, shape.kv_heads
+    specs = [TensorSpec("input_ids", (1, ar), "int32"),
+             TensorSpec("attention_mask", (1, ar, shape.context)),
+             TensorSpec("position_ids_cos", (1, 1, ar, d // 2)),
+             TensorSpec("position_ids_sin", (1, 1, ar, d // 2))]
+    for i in range(shape.layers):
+        specs += [TensorSpec(f"past_key_{i}_in", (1, kv, d, past)), TensorSpec(f"past_value_{i}_in", (1, kv, past, d))]
+    return tuple(specs)
+
+
+def graph_outputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
+    """The outputs of a full graph, in graph order: logits, then the new K/V entries per layer."""
+    ar, d, kv = graph_ar(shape, kind), shape.head_dim, shape.kv_heads
+    specs = [TensorSpec("logits", (1, ar, shape.vocab))]
+    for i in range(shape.layers):
+        specs += [TensorSpec(f"past_key_{i}_out", (1, kv, d, ar)), TensorSpec(f"past_value_{i}_out", (1, kv, ar, d))]
+    return tuple(specs)
+
+
+# --- input feeds -------------------------------------------------------------------------------------
+
+def rope_tables(shape: DemoShape, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE cos/sin halves for the given positions, as HF Qwen2 computes them (float32 throughout).
+
+    Returns:
+        ``(cos, sin)``, each ``[1, 1, len(positions), head_dim / 2]`` float32.
+    """
+    dim = shape.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / np.power(np.float32(shape.rope_theta), exponents)).astype(np.float32)
+    angles = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles)[None, None], np.sin(angles)[None, None]
+
+
+def causal_mask(ar: int, context: int, past_len: int) -> np.ndarray:
+    """Additive attention mask ``[1, ar, context]``: 0 where visible, :data:`MASK_MIN` elsewhere.
+
+    Columns ``0..past-1`` (``past = context - ar``) are the cache, of which the first ``past_len`` hold
+    valid entries; columns ``past..context-1`` are the new tokens, each seeing itself and earlier ones.
+
+    Raises:
+        ValueError: ``past_len`` is outside ``0..context-ar``.
+    """
+    past = context - ar
+    if not 0 <= past_len <= past:
+        raise ValueError(f"past_len {past_len} outside 0..{past}")
+    mask = np.full((1, ar, context), MASK_MIN, dtype=np.float32)
+    mask[:, :, :past_len] = 0.0
+    new_columns = np.arange(ar)
+    mask[0, :, past:][new_columns[None, :] <= new_columns[:, None]] = 0.0
+    return mask
+
+
+def example_inputs(shape: DemoShape, kind: str, past_len: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A full input feed for a graph: random token ids, random past K/V, the causal mask and RoPE tables
+    for positions ``past_len..past_len+AR-1``. Deterministic for a seeded ``rng``."""
+    ar = graph_ar(shape, kind)
+    cos, sin = rope_tables(shape, np.arange(past_len, past_len + ar))
+    feed = {"input_ids": rng.integers(0, shape.vocab, size=(1, ar), dtype=np.int32),
+            "attention_mask": causal_mask(ar, shape.context, past_len),
+            "position_ids_cos": cos, "position_ids_sin": sin}
+    for spec in graph_inputs(shape, kind)[len(feed):]:
+        feed[spec.name] = (rng.standard_normal(spec.dims, dtype=np.float32) * np.float32(KV_CACHE_STD))
+    return feed
+
+
+# --- graph construction ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _WeightSpec:
+    """A random weight: HF name, dims and how its values are drawn."""
+
+    name: str
+    dims: tuple[int, ...]
+    init: WeightInit
+
+
+@dataclass
+class _GraphBuilder:
+    """Collects nodes (named TorchScript-style: ``{scope}/{Op}``, ``{scope}/{Op}_1``…), value_info of
+    every node output, inline constants and the specs of the random weights, in creation order."""
+
+    weight_dtype: str
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    value_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    constants: list[TensorProto] = field(default_factory=list)
+    weights: list[_WeightSpec] = field(default_factory=list)
+    _op_counts: Counter = field(default_factory=Counter)
+
+    def ops(self, scope: str, op_type: str, inputs: Sequence[str], out_dims: Sequence[tuple[int, ...]],
+            outputs: Sequence[str] | None = None, **attrs) -> list[str]:
+        """Add a node with one output per entry of ``out_dims``; returns the output names."""
+        base = f"{scope}/{op_type}"
+        count = self._op_counts[base]
+        self._op_counts[base] += 1
+        name = base if count == 0 else f"{base}_{count}"
+        outputs = list(outputs or [f"{name}_output_{k}" for k in range(len(out_dims))])
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
+        self.value_dims.update(zip(outputs, (tuple(d) for d in out_dims)))
+        return outputs
+
+    def op(self, scope: str, op_type: str, inputs: Sequence[str], dims: tuple[int, ...],
+           output: str | None = None, **attrs) -> str:
+        return self.ops(scope, op_type, inputs, [dims], [output] if output else None, **attrs)[0]
+
+    def constant(self, name: str, value: np.ndarray) -> str:
+        self.constants.append(numpy_helper.from_array(value, name))
+        return name
+
+    def weight(self, scope: str, name: str, dims: tuple[int, ...], init: WeightInit) -> str:
+        """Register a weight; with fp16 weights, return the float32 output of a Cast in ``scope``."""
+        self.weights.append(_WeightSpec(name, dims, init))
+        if self.weight_dtype == "float32":
+            return name
+        return self.op(scope, "Cast", [name], dims, to=TensorProto.FLOAT)
+
+
+def _rms_norm(b: _GraphBuilder, scope: str, x: str, weight: str, dims: tuple[int, ...], eps: float) -> str:
+    """HF Qwen2RMSNorm: ``weight * x / sqrt(mean(x^2, -1) + eps)``."""
+    reduced = (*dims[:-1], 1)
+    squared = b.op(scope, "Mul", [x, x], dims)
+    mean = b.op(scope, "ReduceMean", [squared], reduced, axes=[-1], keepdims=1)
+    shifted = b.op(scope, "Add", [mean, b.constant(f"{scope}/eps", np.array(eps, np.float32))], reduced)
+    root = b.op(scope, "Sqrt", [shifted], reduced)
+    normalized = b.op(scope, "Div", [x, root], dims)
+    return b.op(scope, "Mul", [normalized, b.weight(scope, weight, (dims[-1],), "norm")], dims)
+
+
+def _rope(b: _GraphBuilder, scope: str, x: str, dims: tuple[int, ...]) -> str:
+    """HF ``x * cos + rotate_half(x) * sin`` written on the halves the graph gets as inputs."""
+    half = (*dims[:-1], dims[-1] // 2)
+    x1, x2 = b.ops(scope, "Split", [x], [half, half], axis=-1)
+    cos, sin = "position_ids_cos", "position_ids_sin"
+    first = b.op(scope, "Sub", [b.op(scope, "Mul", [x1, cos], half), b.op(scope, "Mul", [x2, sin], half)], half)
+    second = b.op(scope, "Add", [b.op(scope, "Mul", [x2, cos], half), b.op(scope, "Mul", [x1, sin], half)], half)
+    return b.op(scope, "Concat", [first, second], dims, axis=-1)
+
+
+def _projection(b: _GraphBuilder, scope: str, prefix: str, x: str, dims: tuple[int, ...], width: int,
+                bias: bool) -> str:
+    """``x @ W (+ b)`` with ``W`` stored ``[in, out]``, in the Linear module's scope."""
+    out_dims = (*dims[:-1], width)
+    y = b.op(scope, "MatMul", [x, b.weight(scope, f"{prefix}.weight", (dims[-1], width), "linear")], out_dims)
+    if bias:
+        y = b.op(scope, "Add", [y, b.weight(scope, f"{prefix}.bias", (width,), "bias")], out_dims)
+    return y
+
+
+def _heads(b: _GraphBuilder, scope: str, x: str, ar: int, n: int, d: int, output: str | None = None) -> str:
+    """``[1, AR, n*d] -> [1, n, AR, d]``."""
+    split = b.op(scope, "Reshape", [x, b.constant(f"{scope}/heads_shape", np.array([0, 0, n, d]))], (1, ar, n, d))
+    return b.op(scope, "Transpose", [split], (1, n, ar, d), output=output, perm=[0, 2, 1, 3])
+
+
+def _attention(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> str:
+    """Self-attention of layer ``i`` with GQA and the KV cache; writes ``past_{key,value}_{i}_out``."""
+    s = f"/model/layers.{i}/self_attn"
+    p = f"model.layers.{i}.self_attn"
+    h, kv, d, cl = shape.heads, shape.kv_heads, shape.head_dim, shape.context
+    dims, groups = (1, ar, shape.hidden), h // kv
+    q_proj = _projection(b, f"{s}/q_proj", f"{p}.q_proj", x, dims, h * d, True)
+    k_proj = _projection(b, f"{s}/k_proj", f"{p}.k_proj", x, dims, kv * d, True)
+    v_proj = _projection(b, f"{s}/v_proj", f"{p}.v_proj", x, dims, kv * d, True)
+    q = _rope(b, f"{s}/q_rope", _heads(b, f"{s}/q_proj", q_proj, ar, h, d), (1, h, ar, d))
+    k = _rope(b, f"{s}/k_rope", _heads(b, f"{s}/k_proj", k_proj, ar, kv, d), (1, kv, ar, d))
+    v = _heads(b, f"{s}/v_proj", v_proj, ar, kv, d, output=f"past_value_{i}_out")
+    k_new = b.op(s, "Transpose", [k], (1, kv, d, ar), output=f"past_key_{i}_out", perm=[0, 1, 3, 2])
+    keys = b.op(s, "Concat", [f"past_key_{i}_in", k_new], (1, kv, d, cl), axis=3)
+    values = b.op(s, "Concat", [f"past_value_{i}_in", v], (1, kv, cl, d), axis=2)
+    # GQA without repeating K/V: query head j belongs to KV head j // groups (HF repeat_kv), which is
+    # exactly what folding the heads axis into [kv, groups * AR] does.
+    to_groups = b.constant(f"{s}/groups_shape", np.array([0, kv, -1, 0]))
+    to_heads = b.constant(f"{s}/heads_shape", np.array([0, h, -1, 0]))
+    grouped_q = b.op(s, "Reshape", [q, to_groups], (1, kv, groups * ar, d))
+    grouped_scores = b.op(s, "MatMul", [grouped_q, keys], (1, kv, groups * ar, cl))
+    scores = b.op(s, "Reshape", [grouped_scores, to_heads], (1, h, ar, cl))
+    scaled = b.op(s, "Mul", [scores, b.constant(f"{s}/scale", np.array(d ** -0.5, np.float32))], (1, h, ar, cl))
+    probs = b.op(s, "Softmax", [b.op(s, "Add", [scaled, "attention_mask"], (1, h, ar, cl))], (1, h, ar, cl), axis=-1)
+    grouped_probs = b.op(s, "Reshape", [probs, to_groups], (1, kv, groups * ar, cl))
+    grouped_context = b.op(s, "MatMul", [grouped_probs, values], (1, kv, groups * ar, d))
+    context = b.op(s, "Reshape", [grouped_context, to_heads], (1, h, ar, d))
+    merged = b.op(s, "Transpose", [context], (1, ar, h, d), perm=[0, 2, 1, 3])
+    flat = b.op(s, "Reshape", [merged, b.constant(f"{s}/merge_shape", np.array([0, 0, -1]))], dims)
+    return _projection(b, f"{s}/o_proj", f"{p}.o_proj", flat, dims, shape.hidden, False)
+
+
+def _mlp(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> str:
+    """SwiGLU: ``down(gate * sigmoid(gate) * up)``."""
+    s, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
+    dims, inner = (1, ar, shape.hidden), (1, ar, shape.intermediate)
+    gate = _projection(b, f"{s}/gate_proj", f"{p}.gate_proj", x, dims, shape.intermediate, False)
+    up = _projection(b, f"{s}/up_proj", f"{p}.up_proj", x, dims, shape.intermediate, False)
+    activated = b.op(s, "Mul", [gate, b.op(s, "Sigmoid", [gate], inner)], inner)
+    return _projection(b, f"{s}/down_proj", f"{p}.down_proj", b.op(s, "Mul", [activated, up], inner), inner,
+                       shape.hidden, False)
+
+
+def _decoder_layer(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> str:
+    """Pre-norm attention and MLP with residuals; returns ``/model/layers.{i}/Add_1_output_0``."""
+    s, p, dims = f"/model/layers.{i}", f"model.layers.{i}", (1, ar, shape.hidden)
+    normed = _rms_norm(b, f"{s}/input_layernorm", x, f"{p}.input_layernorm.weight", dims, shape.rms_norm_eps)
+    mid = b.op(s, "Add", [x, _attention(b, shape, i, normed, ar)], dims)
+    normed = _rms_norm(b, f"{s}/post_attention_layernorm", mid, f"{p}.post_attention_layernorm.weight", dims,
+                       shape.rms_norm_eps)
+    return b.op(s, "Add", [mid, _mlp(b, shape, i, normed, ar)], dims)
+
+
+def _build_graph(shape: DemoShape, kind: str) -> _GraphBuilder:
+    """All nodes of one graph; weights are only registered, not made."""
+    ar, b = graph_ar(shape, kind), _GraphBuilder(shape.weight_dtype)
+    dims = (1, ar, shape.hidden)
+    table = b.weight("/model/embed_tokens", EMBED_WEIGHT, (shape.vocab, shape.hidden), "linear")
+    x = b.op("/model/embed_tokens", "Gather", [table, "input_ids"], dims, axis=0)
+    for i in range(shape.layers):
+        x = _decoder_layer(b, shape, i, x, ar)
+    x = _rms_norm(b, "/model/norm", x, "model.norm.weight", dims, shape.rms_norm_eps)
+    head = b.weight("/lm_head", LM_HEAD_WEIGHT, (shape.hidden, shape.vocab), "linear")
+    b.op("/lm_head", "MatMul", [x, head], (1, ar, shape.vocab), output="logits")
+    return b
+
+
+# --- weights -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _StoredWeight:
+    """Where a weight went: inline bytes, or ``(offset, length)`` in the external-data file."""
+
+    spec: _WeightSpec
+    offset: int = 0
+    length: int = 0
+    inline: bytes | None = None
+
+
+def _weight_values(spec: _WeightSpec, seed: int, dtype: str) -> np.ndarray:
+    """The deterministic values of one weight (independent of the order weights are made in)."""
+    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode("utf-8"))])
+    values = rng.standard_normal(spec.dims, dtype=np.float32)
+    values *= np.float32(NORM_WEIGHT_STD if spec.init == "norm" else WEIGHT_STD)
+    if spec.init == "norm":
+        values += np.float32(1.0)
+    return values.astype(dtype, copy=False)
+
+
+def _stream_weights(specs: Sequence[_WeightSpec], seed: int, dtype: str,
+                    data_files: Sequence[BinaryIO]) -> list[_StoredWeight]:
+    """Make each weight and append it (page-aligned) to every data file, one tensor at a time."""
+    stored, end = [], 0
+    for spec in specs:
+        values = _weight_values(spec, seed, dtype)
+        if values.nbytes < INLINE_MAX_BYTES:
+            stored.append(_StoredWeight(spec, inline=values.tobytes()))
+            continue
+        offset = end + (-end % EXTERNAL_DATA_ALIGNMENT)
+        for handle in data_files:
+            handle.write(b"\0" * (offset - end))
+            handle.write(np.ascontiguousarray(values).data)
+        end = offset + values.nbytes
+        stored.append(_StoredWeight(spec, offset, values.nbytes))
+        del values  # keep at most one tensor alive
+    return stored
+
+
+def _weight_proto(weight: _StoredWeight, dtype: str, location: str) -> TensorProto:
+    proto = TensorProto(name=weight.spec.name, dims=weight.spec.dims,
+                        data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    if weight.inline is not None:
+        proto.raw_data = weight.inline
+        return proto
+    proto.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(weight.offset)), ("length", str(weight.length))):
+        proto.external_data.add(key=key, value=value)
+    return proto
+
+
+def _model_proto(b: _GraphBuilder, shape: DemoShape, kind: str, weights: list[TensorProto]) -> onnx.ModelProto:
+    """Wrap one graph's nodes with its IO, initializers and a value_info for every intermediate."""
+    def info(spec: TensorSpec) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(spec.name, helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype)),
+                                             spec.dims)
+
+    outputs = graph_outputs(shape, kind)
+    output_names = {spec.name for spec in outputs}
+    value_info = [info(TensorSpec(name, dims)) for name, dims in b.value_dims.items() if name not in output_names]
+    graph = helper.make_graph(b.nodes, f"{kind}_ar{graph_ar(shape, kind)}_cl{shape.context}",
+                              [info(spec) for spec in graph_inputs(shape, kind)], [info(spec) for spec in outputs],
+                              initializer=[*b.constants, *weights], value_info=value_info)
+    return helper.make_model(graph, producer_name="genie-build demo", ir_version=IR_VERSION,
+                             opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def hf_config(shape: DemoShape) -> dict:
+    """The HF ``config.json`` describing the demo model (Qwen2ForCausalLM)."""
+    return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
+            "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+            "num_key_value_heads": shape.kv_heads, "vocab_size": shape.vocab,
+            "max_position_embeddings": shape.context, "rope_theta": shape.rope_theta,
+            "rms_norm_eps": shape.rms_norm_eps, "hidden_act": "silu", "tie_word_embeddings": False,
+            "bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "torch_dtype": shape.weight_dtype}
+
+
+def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> DemoShape:
+    """Inverse of :func:`hf_config` (``ar`` is not an HF field; take it from the prompt graph).
+
+    Raises:
+        GenieBuildError: a key is missing or a value does not make a valid shape.
+    """
+    keys = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "vocab": "vocab_size",
+            "context": "max_position_embeddings", "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps"}
+    missing = sorted(key for key in keys.values() if key not in config)
+    if missing:
+        raise GenieBuildError(where, f"missing keys {missing}")
+    dtype = config.get("torch_dtype", "float32")
+    return DemoShape(**{field_: config[key] for field_, key in keys.items()}, ar=ar,
+                     weight_dtype=dtype if dtype in _WEIGHT_DTYPES else "float32")
+
+
+def generate_demo(shape: DemoShape, out_dir: str | Path) -> None:
+    """Write ``prompt.onnx``/``token.onnx`` (each with its ``.onnx.data``) and ``config.json`` to ``out_dir``.
+
+    Both graphs get the same initializers at the same offsets in their own data file; weights are made
+    and written one at a time, so peak memory is about the largest tensor.
+
+    Raises:
+        GenieBuildError: a file could not be written.
+    """
+    out_dir = Path(out_dir)
+    builders = {kind: _build_graph(shape, kind) for kind in GRAPH_KINDS}
+    data_names = {kind: f"{kind}.onnx.data" for kind in GRAPH_KINDS}
+    with atomic_open(out_dir / data_names["prompt"]) as prompt_data, \
+            atomic_open(out_dir / data_names["token"]) as token_data:
+        stored = _stream_weights(builders["prompt"].weights, shape.seed, shape.weight_dtype, [prompt_data, token_data])
+    for kind, builder in builders.items():
+        weights = [_weight_proto(weight, shape.weight_dtype, data_names[kind]) for weight in stored]
+        with atomic_open(out_dir / f"{kind}.onnx") as handle:
+            handle.write(_model_proto(builder, shape, kind, weights).SerializeToString())
+    write_json(out_dir / "config.json", hf_config(shape))

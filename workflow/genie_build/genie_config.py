@@ -1,0 +1,253 @@
+"""``genie_config.json`` and ``htp_backend_ext_config.json`` for a Genie bundle.
+
+The keys and their mandatory sets follow Genie's ``Dialog.cpp`` validation and the files AIHM and AIHA ship
+(see the facts file, section 3). RoPE is described in exactly one of two ways, never both (Genie rejects
+both): ``QnnHtp.pos-id-dim`` + ``QnnHtp.rope-theta`` for plain RoPE, or ``model.positional-encoding`` with
+``rope-scaling`` copied from the HF config when the model scales its RoPE (Llama 3 style).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from genie_build.chipsets import lookup
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json
+
+GENIE_CONFIG_NAME = "genie_config.json"
+HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
+TOKENIZER_NAME = "tokenizer.json"
+
+DEFAULT_N_THREADS = 3
+DEFAULT_SAMPLER = {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95}
+
+# HF rope type -> Genie rope-type (Dialog.cpp validateRopeScalingConfig).
+GENIE_ROPE_TYPES = {"llama3": "llama3", "longrope": "longrope", "linear": "linear", "yarn": "yarnrope"}
+# HF rope-scaling key -> Genie rope-scaling key; keys not listed here have no Genie equivalent.
+GENIE_ROPE_SCALING_KEYS = {
+    "factor": "factor",
+    "low_freq_factor": "low-freq-factor",
+    "high_freq_factor": "high-freq-factor",
+    "original_max_position_embeddings": "original-max-position-embeddings",
+    "long_factor": "long-factor",
+    "short_factor": "short-factor",
+    "beta_fast": "beta-fast",
+    "beta_slow": "beta-slow",
+    "attention_factor": "attn-factor",
+}
+# Keys of an HF rope dict that describe the kind of RoPE rather than a scaling parameter.
+_ROPE_DESCRIPTOR_KEYS = ("rope_type", "type", "rope_theta")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE as the HF config describes it: ``scaling`` is None for plain RoPE, else its HF parameters."""
+
+    theta: float
+    scaling: dict[str, Any] | None
+
+
+def load_hf_config(path: str | os.PathLike[str]) -> dict:
+    """Read an HF ``config.json``.
+
+    Raises:
+        GenieBuildError: missing, not JSON, or not a JSON object.
+    """
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise GenieBuildError(path, f"an HF config must be a JSON object, got {type(config).__name__}")
+    return config
+
+
+def head_dim(hf_config: dict, where: str | os.PathLike[str]) -> int:
+    """``head_dim`` if the config gives it, else ``hidden_size // num_attention_heads``."""
+    explicit = hf_config.get("head_dim")
+    if _is_int(explicit) and explicit > 0:
+        return explicit
+    hidden, heads = hf_config.get("hidden_size"), hf_config.get("num_attention_heads")
+    if not (_is_int(hidden) and _is_int(heads) and hidden > 0 and heads > 0 and hidden % heads == 0):
+        raise GenieBuildError(where, f"cannot derive head_dim: head_dim={explicit!r}, "
+                                     f"hidden_size={hidden!r}, num_attention_heads={heads!r}")
+    return hidden // heads
+
+
+def read_rope(hf_config: dict, where: str | os.PathLike[str]) -> Rope:
+    """RoPE theta and scaling from either HF layout: ``rope_theta`` + ``rope_scaling`` (transformers 4)
+    or ``rope_parameters`` (transformers 5).
+
+    Raises:
+        GenieBuildError: no theta; the two layouts disagree (plain RoPE in one, scaled in the other, or two
+            thetas) — the config then states both rope styles and Genie could only be given one.
+    """
+    legacy_scaling = hf_config.get("rope_scaling")
+    parameters = hf_config.get("rope_parameters")
+    for key, value in (("rope_scaling", legacy_scaling), ("rope_parameters", parameters)):
+        if value is not None and not isinstance(value, dict):
+            raise GenieBuildError(where, f"{key} must be an object or null, got {value!r}")
+    described = {key: value for key, value in (("rope_scaling", legacy_scaling),
+                                                ("rope_parameters", parameters)) if value}
+    kinds = {key: _rope_kind(value) for key, value in described.items()}
+    if len(set(kinds.values())) > 1:
+        raise GenieBuildError(where, "states both rope styles: " + ", ".join(
+            f"{key} says {kind!r}" for key, kind in kinds.items()) + "; keep one")
+    thetas = {key: value for key, value in (("rope_theta", hf_config.get("rope_theta")),
+                                             ("rope_parameters.rope_theta", (parameters or {}).get("rope_theta")))
+              if value is not None}
+    if not thetas:
+        raise GenieBuildError(where, "no rope_theta (neither rope_theta nor rope_parameters.rope_theta)")
+    if len(set(thetas.values())) > 1 or not all(_is_number(v) and v > 0 for v in thetas.values()):
+        raise GenieBuildError(where, f"rope theta must be one positive number, got {thetas}")
+    scaled = next((value for value in described.values() if _rope_kind(value) != "default"), None)
+    return Rope(theta=next(iter(thetas.values())), scaling=scaled)
+
+
+def genie_rope_scaling(scaling: dict[str, Any], where: str | os.PathLike[str]) -> dict[str, Any]:
+    """HF rope-scaling parameters -> Genie's ``rope-scaling`` object (values copied, never invented).
+
+    Raises:
+        GenieBuildError: a rope type or parameter Genie has no equivalent for.
+    """
+    hf_type = _rope_kind(scaling)
+    if hf_type not in GENIE_ROPE_TYPES:
+        raise GenieBuildError(where, f"rope type {hf_type!r} is not supported by Genie "
+                                     f"(supported: {', '.join(GENIE_ROPE_TYPES)})")
+    result: dict[str, Any] = {"rope-type": GENIE_ROPE_TYPES[hf_type]}
+    for key, value in scaling.items():
+        if key in _ROPE_DESCRIPTOR_KEYS:
+            continue
+        if key not in GENIE_ROPE_SCALING_KEYS:
+            raise GenieBuildError(where, f"rope scaling parameter {key!r} has no Genie equivalent "
+                                         f"(known: {', '.join(GENIE_ROPE_SCALING_KEYS)})")
+        result[GENIE_ROPE_SCALING_KEYS[key]] = value
+    return result
+
+
+def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
+                      where: str | os.PathLike[str]) -> tuple[int, int | list[int]]:
+    """``(bos, eos)`` from the HF config, each checked to be an added token of ``tokenizer.json``.
+
+    Returns:
+        bos as an int; eos as an int or a list of ints (as the HF config gives it).
+
+    Raises:
+        GenieBuildError: an id missing from the HF config (naming it), or absent from the tokenizer's added
+            tokens (naming the tokenizer).
+    """
+    bos, eos = hf_config.get("bos_token_id"), hf_config.get("eos_token_id")
+    if not _is_int(bos):
+        raise GenieBuildError(where, f"bos_token_id must be an integer token id, got {bos!r}")
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    if not eos_ids or not all(_is_int(token) for token in eos_ids):
+        raise GenieBuildError(where, f"eos_token_id must be an integer or a list of integers, got {eos!r}")
+    added = added_token_ids(tokenizer_path)
+    for label, token in [("bos_token_id", bos)] + [("eos_token_id", token) for token in eos_ids]:
+        if token not in added:
+            raise GenieBuildError(tokenizer_path, f"{label} {token} (from {os.fspath(where)}) is not an added "
+                                                  f"token of this tokenizer (added ids: {sorted(added)})")
+    return bos, eos
+
+
+def added_token_ids(tokenizer_path: str | os.PathLike[str]) -> set[int]:
+    """Ids of the tokenizer's added (special) tokens.
+
+    Raises:
+        GenieBuildError: the file is missing or is not a tokenizer the ``tokenizers`` library can load.
+    """
+    return set(load_tokenizer(tokenizer_path).get_added_tokens_decoder())
+
+
+def load_tokenizer(tokenizer_path: str | os.PathLike[str]) -> Tokenizer:
+    """Load ``tokenizer.json``, turning every failure into a one-line GenieBuildError."""
+    if not Path(tokenizer_path).is_file():
+        raise GenieBuildError(tokenizer_path, "tokenizer not found")
+    try:
+        return Tokenizer.from_file(os.fspath(tokenizer_path))
+    except Exception as exc:  # the library raises a bare Exception for every parse error
+        raise GenieBuildError(tokenizer_path, f"not a tokenizers JSON file: {exc}") from None
+
+
+def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],
+                      context_size: int, *, hf_config_path: str | os.PathLike[str] = "config.json",
+                      n_threads: int = DEFAULT_N_THREADS) -> dict:
+    """The whole ``genie_config.json`` for a basic dialog over ``ctx_bins`` (bundle file names, part order).
+
+    Args:
+        hf_config: the model's HF ``config.json`` contents.
+        tokenizer_path: the ``tokenizer.json`` that goes in the bundle (bos/eos are checked against it).
+        ctx_bins: ctx-bin file names in part order.
+        context_size: ``dialog.context.size``; check-bundle checks it against the compiled CL.
+        hf_config_path: where ``hf_config`` came from, for error messages.
+        n_threads: ``engine.n-threads``.
+
+    Raises:
+        GenieBuildError: naming the HF config or the tokenizer (see :func:`read_rope`,
+            :func:`special_token_ids`, :func:`head_dim`).
+    """
+    vocab = hf_config.get("vocab_size")
+    if not (_is_int(vocab) and vocab > 0):
+        raise GenieBuildError(hf_config_path, f"vocab_size must be a positive integer, got {vocab!r}")
+    if not (_is_int(context_size) and context_size > 0):
+        raise GenieBuildError("context_size", f"must be a positive integer, got {context_size!r}")
+    if not ctx_bins:
+        raise GenieBuildError("ctx_bins", "a bundle needs at least one ctx-bin")
+    bos, eos = special_token_ids(hf_config, tokenizer_path, hf_config_path)
+    kv_dim = head_dim(hf_config, hf_config_path)
+    rope = read_rope(hf_config, hf_config_path)
+    qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
+                               "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": False}
+    model: dict[str, Any] = {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}
+    if rope.scaling is None:
+        qnn_htp.update({"pos-id-dim": kv_dim // 2, "rope-theta": _genie_theta(rope.theta)})
+    else:
+        model["positional-encoding"] = {"type": "rope", "rope-dim": kv_dim // 2,
+                                        "rope-theta": _genie_theta(rope.theta),
+                                        "rope-scaling": genie_rope_scaling(rope.scaling, hf_config_path)}
+    return {"dialog": {
+        "version": 1,
+        "type": "basic",
+        "context": {"version": 1, "size": context_size, "n-vocab": vocab, "bos-token": bos, "eos-token": eos},
+        "sampler": dict(DEFAULT_SAMPLER),
+        "tokenizer": {"version": 1, "path": TOKENIZER_NAME},
+        "engine": {"version": 1, "n-threads": n_threads,
+                   "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": qnn_htp,
+                               "extensions": HTP_EXT_CONFIG_NAME},
+                   "model": model},
+    }}
+
+
+def make_htp_backend_ext_config(chipset: str) -> dict:
+    """``htp_backend_ext_config.json`` for ``chipset`` (a name in :mod:`genie_build.chipsets`), as AIHM writes it.
+
+    Raises:
+        GenieBuildError: unknown chipset (from the chipset table).
+    """
+    chip = lookup(chipset)
+    return {
+        "devices": [{"soc_model": chip.soc_model, "dsp_arch": chip.dsp_arch,
+                     "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
+        "memory": {"mem_type": "shared_buffer"},
+        "context": {"weight_sharing_enabled": True},
+    }
+
+
+def _rope_kind(rope: dict[str, Any]) -> str:
+    """The HF rope type of a ``rope_scaling``/``rope_parameters`` dict ("default" when unnamed)."""
+    return str(rope.get("rope_type") or rope.get("type") or "default")
+
+
+def _genie_theta(theta: float) -> int | float:
+    """Genie configs carry integral thetas as integers (AIHM writes ``int(rope_theta)``); keep fractions."""
+    return int(theta) if float(theta).is_integer() else theta
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

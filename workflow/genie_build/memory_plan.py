@@ -1,0 +1,248 @@
+"""Memory plan: will one variant's context binaries fit the device? Guidance, not a guarantee.
+
+The input is a list of (part, weight_bytes, file_bytes) sizes, measured from the compiled binaries today;
+a later stage may predict them from shapes alone and feed the same functions (``basis="predicted"``).
+The limits come from vendor documentation; nobody has published the exact rule the device applies (the field
+report: an 11-part build failed to map its last contexts where a 6-part build of the same total worked).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from genie_build import fileio
+from genie_build.errors import GenieBuildError
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 ** 2
+DEFAULT_MAX_CONTEXT_BYTES = 2048 * MIB      # 2 GiB
+DEFAULT_MAX_SESSION_BYTES = 3840 * MIB      # 3.75 GiB
+
+SOURCES = {
+    "AIHM": "qai-hub-models (v0.46.1) tutorials/llm/onboarding.md: the NPU \"is a 32-bit co-processor. "
+            "This restricts individual compiled models to approximately 1-2 GB.\"",
+    "HTPDOC": "Qualcomm QNN HTP backend manual (80-63442-10), \"Multiple cDSP Sessions\": each session has a "
+              "4 GB virtual address space of which only 3.75 GB is usable; a single context binary cannot be "
+              "split across sessions, and clients should keep the heap of a single context binary under 3 GB.",
+    "FIELD": "Field report (Qwen2.5-7B on a phone): an 11-part build of a 4.7 GB model failed to map the shared "
+             "weights of contexts 8-10 (\"fastrpc memory map ... failed with error: 0x1\"), while a 6-part "
+             "build of the same total loaded and ran with use-mmap and weight sharing.",
+}
+
+DISCLAIMER = ("This plan is guidance from vendor documentation, not a guarantee. The device's real limit depends "
+              "on the SoC, the QAIRT version, use-mmap, the IO and spill-fill buffers and how many contexts share "
+              "a session; nobody has published the exact rule. The field report saw an 11-part build fail to map "
+              "its last contexts on the phone where a 6-part build of the same total worked.")
+
+_BASES = ("measured", "predicted")
+# Which SOURCES each check rests on.
+_CHECK_SOURCES = {"context_size": ("AIHM", "HTPDOC"), "session_total": ("HTPDOC", "FIELD"),
+                  "context_count": ("FIELD",)}
+
+
+@dataclass(frozen=True)
+class PartSize:
+    """One part's sizes: the weight bytes the binary maps (shared weights counted once, as stored) and the
+    context binary's size on disk."""
+
+    part: int
+    weight_bytes: int
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """Limits to warn against; ``max_contexts`` None means no limit on the number of contexts."""
+
+    max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES
+    max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES
+    max_contexts: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryWarning:
+    check: str              # "context_size" | "session_total" | "context_count"
+    part: int | None        # the part, for a per-context check
+    value: int
+    limit: int
+    sources: tuple[str, ...]  # keys of SOURCES
+    message: str
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    variant: str
+    basis: str                          # "measured" (from the binaries) or "predicted" (from shapes)
+    parts: tuple[PartSize, ...]         # sorted by part
+    limits: MemoryLimits
+    warnings: tuple[MemoryWarning, ...]
+
+    @property
+    def num_contexts(self) -> int:
+        return len(self.parts)
+
+    @property
+    def total_weight_bytes(self) -> int:
+        return sum(part.weight_bytes for part in self.parts)
+
+    @property
+    def total_file_bytes(self) -> int:
+        return sum(part.file_bytes for part in self.parts)
+
+    @property
+    def largest_part(self) -> PartSize:
+        return max(self.parts, key=lambda part: (part.file_bytes, -part.part))
+
+
+def part_sizes_from_records(records: Sequence[dict], variant: str) -> tuple[PartSize, ...]:
+    """The sizes of ``variant``'s parts from accounting records (``sizes.read_record``).
+
+    Raises:
+        GenieBuildError: no record belongs to ``variant``.
+    """
+    sizes = tuple(PartSize(part=r["part"], weight_bytes=r["weight_bytes"], file_bytes=r["bytes"])
+                  for r in records if r["variant"] == variant)
+    if not sizes:
+        variants = sorted({r["variant"] for r in records})
+        raise GenieBuildError("--variant", f"no accounting records for variant {variant!r}; records have {variants}")
+    return sizes
+
+
+def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = MemoryLimits(),
+                basis: str = "measured") -> MemoryPlan:
+    """Check one variant's parts against the limits; every warning is also logged.
+
+    A context binary's size on disk stands for what loading it takes (weights plus the graph data it
+    holds), so both the per-context and the per-session checks use file bytes; weight bytes are reported
+    beside them.
+
+    Raises:
+        GenieBuildError: no parts, a part given twice, a negative size, or an unknown ``basis``.
+    """
+    if basis not in _BASES:
+        raise GenieBuildError("basis", f"{basis!r} is not one of {_BASES}")
+    parts = tuple(sorted(sizes, key=lambda size: size.part))
+    if not parts:
+        raise GenieBuildError("--records", f"no part sizes for variant {variant!r}")
+    for previous, current in zip(parts, parts[1:]):
+        if previous.part == current.part:
+            raise GenieBuildError("--records", f"part {current.part} of variant {variant!r} given twice")
+    for size in parts:
+        if size.weight_bytes < 0 or size.file_bytes < 0:
+            raise GenieBuildError("--records", f"part {size.part} of variant {variant!r} has negative sizes {size}")
+    plan = MemoryPlan(variant=variant, basis=basis, parts=parts, limits=limits, warnings=())
+    plan = replace(plan, warnings=_check(plan))
+    for warning in plan.warnings:
+        log.warning("memory plan %s: %s", variant, warning.message)
+    return plan
+
+
+def memory_plan_json(plan: MemoryPlan) -> dict:
+    """The plan as a JSON-ready dict: sizes, totals, limits with their sources, warnings, the disclaimer."""
+    largest = plan.largest_part
+    return {
+        "variant": plan.variant,
+        "basis": plan.basis,
+        "guidance_only": True,
+        "disclaimer": DISCLAIMER,
+        "num_contexts": plan.num_contexts,
+        "parts": [asdict(part) for part in plan.parts],
+        "largest_part": asdict(largest),
+        "total_weight_bytes": plan.total_weight_bytes,
+        "total_file_bytes": plan.total_file_bytes,
+        "limits": {
+            "max_context_bytes": {"value": plan.limits.max_context_bytes,
+                                  "sources": list(_CHECK_SOURCES["context_size"])},
+            "max_session_bytes": {"value": plan.limits.max_session_bytes,
+                                  "sources": list(_CHECK_SOURCES["session_total"])},
+            "max_contexts": {"value": plan.limits.max_contexts, "sources": list(_CHECK_SOURCES["context_count"])},
+        },
+        "warnings": [asdict(warning) for warning in plan.warnings],
+        "sources": SOURCES,
+    }
+
+
+def memory_plan_markdown(plan: MemoryPlan) -> str:
+    """The plan for people: a table per part, the checks against the limits, warnings, sources."""
+    limits = plan.limits
+    largest = plan.largest_part
+    lines = [
+        f"# Memory plan for `{plan.variant}` ({plan.num_contexts} contexts, sizes {plan.basis})",
+        "",
+        f"> {DISCLAIMER}",
+        "",
+        f"| part | mapped weights (MiB) | context binary (MiB) | share of the {_mib(limits.max_context_bytes)} MiB "
+        "per-context limit |",
+        "|---:|---:|---:|---:|",
+        *(f"| {p.part} | {_mib(p.weight_bytes)} | {_mib(p.file_bytes)} | "
+          f"{100 * p.file_bytes / limits.max_context_bytes:.1f}% |" for p in plan.parts),
+        f"| **total** | **{_mib(plan.total_weight_bytes)}** | **{_mib(plan.total_file_bytes)}** | |",
+        "",
+        "Mapped weights are the weight bytes each binary holds; with weight sharing the prompt and token graphs "
+        "map them once. 1 MiB = 1,048,576 bytes.",
+        "",
+        "| check | value | limit | status | source |",
+        "|---|---:|---:|---|---|",
+        _check_row(plan, "context_size", "largest context binary",
+                   f"{_mib(largest.file_bytes)} MiB (part {largest.part})", f"{_mib(limits.max_context_bytes)} MiB"),
+        _check_row(plan, "session_total", "all context binaries in one HTP session",
+                   f"{_mib(plan.total_file_bytes)} MiB", f"{_mib(limits.max_session_bytes)} MiB"),
+        _check_row(plan, "context_count", "number of contexts", str(plan.num_contexts),
+                   "none" if limits.max_contexts is None else str(limits.max_contexts)),
+        "",
+        "## Warnings",
+        "",
+        *([f"- {warning.message} [{', '.join(warning.sources)}]" for warning in plan.warnings] or ["None."]),
+        "",
+        "## Sources",
+        "",
+        *(f"- **{key}**: {text}" for key, text in SOURCES.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_memory_plan(plan: MemoryPlan, json_path: str | os.PathLike[str], md_path: str | os.PathLike[str]) -> None:
+    """Write ``memory_plan.json`` and ``memory_plan.md`` atomically."""
+    fileio.write_json(json_path, memory_plan_json(plan))
+    fileio.write_text(md_path, memory_plan_markdown(plan))
+
+
+def _check(plan: MemoryPlan) -> tuple[MemoryWarning, ...]:
+    limits = plan.limits
+    warnings = [
+        MemoryWarning("context_size", size.part, size.file_bytes, limits.max_context_bytes,
+                      _CHECK_SOURCES["context_size"],
+                      f"part {size.part}: context binary {_mib(size.file_bytes)} MiB is over the "
+                      f"{_mib(limits.max_context_bytes)} MiB per-context guidance (about 1-2 GB per compiled "
+                      f"model); split the model into more parts")
+        for size in plan.parts if size.file_bytes > limits.max_context_bytes
+    ]
+    if plan.total_file_bytes > limits.max_session_bytes:
+        warnings.append(MemoryWarning(
+            "session_total", None, plan.total_file_bytes, limits.max_session_bytes, _CHECK_SOURCES["session_total"],
+            f"all {plan.num_contexts} context binaries together take {_mib(plan.total_file_bytes)} MiB, over the "
+            f"{_mib(limits.max_session_bytes)} MiB usable in one HTP session; this relies on use-mmap paging "
+            f"weights on demand, which worked for a 6-part 4.7 GB build but not for an 11-part one"))
+    if limits.max_contexts is not None and plan.num_contexts > limits.max_contexts:
+        warnings.append(MemoryWarning(
+            "context_count", None, plan.num_contexts, limits.max_contexts, _CHECK_SOURCES["context_count"],
+            f"{plan.num_contexts} contexts is over the configured maximum of {limits.max_contexts}; "
+            f"fewer, larger parts may map where many small ones fail"))
+    return tuple(warnings)
+
+
+def _check_row(plan: MemoryPlan, check: str, name: str, value: str, limit: str) -> str:
+    """One row of the checks table; its status comes from the warnings, so the comparison lives in _check."""
+    failed = [warning for warning in plan.warnings if warning.check == check]
+    status = "**over**" if failed else ("not set" if limit == "none" else "ok")
+    sources = ", ".join(_CHECK_SOURCES[check])
+    return f"| {name} | {value} | {limit} | {status} | {sources} |"
+
+
+def _mib(size: int) -> str:
+    # two decimals so that the small demo model's parts do not all read 0.0
+    return f"{size / MIB:,.2f}"

@@ -1,0 +1,302 @@
+"""Size accounting and the A/B size table.
+
+One accounting record per part x variant is read back from the compiled binary (never from the request),
+then the records of all variants become one tidy table: bytes per part, reduction against a baseline
+variant, and a flag where a requested option shows no effect. The field report this guards against found
+by hand that ``weights_packing`` passed to the CLI was silently ignored: 672.6 MB before and after.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from genie_build import fileio
+from genie_build.errors import GenieBuildError
+from genie_build.toolchains.base import BinaryInfo
+
+log = logging.getLogger(__name__)
+
+# A packed binary less than this fraction smaller than the baseline's counts as "no effect".
+NO_EFFECT_MIN_REDUCTION = 0.01
+
+TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "bytes", "weight_bytes",
+                 "reduction_vs_baseline", "flag")
+
+_RECORD_TYPES: dict[str, type] = {"part": int, "variant": str, "toolchain": str, "bytes": int,
+                                  "weight_bytes": int, "requested": dict, "applied": dict}
+
+
+def account_binary(info: BinaryInfo, part: int, variant: str, requested: dict) -> dict:
+    """The accounting record of one compiled part: what the binary holds, beside what was asked for.
+
+    Args:
+        info: the binary read back by its toolchain's ``inspect``.
+        part: 1-based part index.
+        variant: the variant name the binary was compiled for.
+        requested: the variant's options as the config gives them.
+
+    Returns:
+        A JSON-ready dict (see ``docs/conventions.md``, ``sizes/{variant}/part_{NN_of_N}.json``).
+    """
+    return {
+        "part": part,
+        "variant": variant,
+        "toolchain": info.toolchain,
+        "tool_version": info.tool_version,
+        "binary": info.path,
+        "bytes": info.file_bytes,
+        "weight_bytes": info.weight_bytes,
+        "graphs": [{"name": graph.name, "inputs": len(graph.inputs), "outputs": len(graph.outputs)}
+                   for graph in info.graphs],
+        "io_tensors": sum(len(graph.inputs) + len(graph.outputs) for graph in info.graphs),
+        "requested": dict(requested),
+        "applied": dict(info.applied_options),
+    }
+
+
+def check_part_graphs(info: BinaryInfo, label: str) -> None:
+    """Refuse a binary whose graphs belong to another part (a swapped or stale file).
+
+    Raises:
+        GenieBuildError: a graph name does not end in ``_{label}`` (``naming.graph_name``).
+    """
+    strangers = [graph.name for graph in info.graphs if not graph.name.endswith(f"_{label}")]
+    if strangers:
+        raise GenieBuildError(info.path, f"graphs {strangers} do not belong to part {label}")
+
+
+def read_record(path: str | os.PathLike[str]) -> dict:
+    """Read one accounting record and check the fields the table and the memory plan rely on.
+
+    Raises:
+        GenieBuildError: the file is missing, not JSON, or a field is missing or of the wrong type.
+    """
+    record = fileio.read_json(path)
+    if not isinstance(record, dict):
+        raise GenieBuildError(path, f"expected a JSON object, got {type(record).__name__}")
+    for key, expected in _RECORD_TYPES.items():
+        value = record.get(key)
+        # bool is an int subclass; a part or a size of True is still wrong
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise GenieBuildError(path, f"field {key!r} is {value!r}; expected {expected.__name__}")
+    if record["part"] < 1 or record["bytes"] < 1 or record["weight_bytes"] < 0:
+        raise GenieBuildError(path, f"part {record['part']}, bytes {record['bytes']}, weight_bytes "
+                                    f"{record['weight_bytes']}: expected part >= 1, bytes >= 1, weight_bytes >= 0")
+    return record
+
+
+def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float = NO_EFFECT_MIN_REDUCTION
+                      ) -> list[str]:
+    """Why an option ``record`` requested shows no effect in its binary (empty list: none).
+
+    ``weights_packing`` is judged by the size against the baseline's binary for the same part (only when
+    the baseline does not pack too) and by what the binary reports; ``weight_sharing_enabled`` by what
+    the binary reports. An option the binary does not report on is judged by size alone.
+    """
+    baseline = baseline_record["variant"]
+    sizes = f"{record['bytes']:,} bytes vs {baseline_record['bytes']:,} bytes in {baseline}"
+    reasons = []
+    if record["requested"].get("weights_packing"):
+        if _reported_off(record["applied"], "weights_packing"):
+            reasons.append(f"weights_packing requested but the binary reports it not applied: {sizes}")
+        elif (not baseline_record["requested"].get("weights_packing")
+              and _reduction(record["bytes"], baseline_record["bytes"]) < min_reduction):
+            reasons.append(f"weights_packing requested but no effect: {sizes}")
+    if record["requested"].get("weight_sharing_enabled") and _reported_off(record["applied"],
+                                                                           "weight_sharing_enabled"):
+        reasons.append("weight_sharing_enabled requested but the binary reports it not applied")
+    return reasons
+
+
+def build_size_table(records: Sequence[dict], baseline: str, *, strict: bool = False,
+                     min_reduction: float = NO_EFFECT_MIN_REDUCTION) -> pd.DataFrame:
+    """The tidy A/B table: one row per part and variant, baseline variant first within each part.
+
+    Args:
+        records: accounting records (:func:`read_record`), every variant covering the same parts.
+        baseline: the variant the others are compared with.
+        strict: raise on a flagged row instead of only logging it.
+        min_reduction: a packed binary must be at least this fraction smaller than the baseline's.
+
+    Returns:
+        Columns :data:`TABLE_COLUMNS`; ``reduction_vs_baseline`` is ``1 - bytes / baseline bytes``;
+        ``flag`` is empty or the reasons an option showed no effect.
+
+    Raises:
+        GenieBuildError: no records, unknown baseline, a duplicate part, variants covering different
+            parts, or (``strict``) a flagged row.
+    """
+    by_key = _index_records(records, baseline)
+    variant_order = _variant_order(records, baseline)
+    rows = []
+    for part, variant in sorted(by_key, key=lambda key: (key[0], variant_order.index(key[1]))):
+        record, baseline_record = by_key[(part, variant)], by_key[(part, baseline)]
+        rows.append({
+            "part": part, "variant": variant, "baseline": baseline, "toolchain": record["toolchain"],
+            "tool_version": str(record.get("tool_version", "")), "bytes": record["bytes"],
+            "weight_bytes": record["weight_bytes"],
+            "reduction_vs_baseline": _reduction(record["bytes"], baseline_record["bytes"]),
+            "flag": "; ".join(no_effect_reasons(record, baseline_record, min_reduction)),
+        })
+    table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
+        {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64"})
+    _report_flags(table, by_key, strict)
+    return table
+
+
+def size_table_csv(table: pd.DataFrame) -> str:
+    """The tidy table as CSV text (``\\n`` line ends, full float precision)."""
+    return table.to_csv(index=False, lineterminator="\n")
+
+
+def size_table_markdown(table: pd.DataFrame) -> str:
+    """The table for people: parts as rows, one size column per variant, a reduction column per
+    non-baseline variant, a totals row; flagged cells carry a footnote."""
+    baseline = table["baseline"].iloc[0]
+    variants = list(dict.fromkeys(table["variant"]))
+    unit, scale = _size_unit(int(table["bytes"].max()))
+    wide = table.pivot(index="part", columns="variant", values="bytes")
+    flags = table.set_index(["part", "variant"])["flag"]
+    others = [variant for variant in variants if variant != baseline]
+
+    header = ["part", *(f"{variant} ({unit})" for variant in variants), *(f"{v} vs {baseline}" for v in others)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    footnotes: list[str] = []
+    for part in wide.index:
+        cells = [str(part)]
+        for variant in variants:
+            cell = _format_size(int(wide.at[part, variant]), scale)
+            if flags[(part, variant)]:
+                footnotes.append(f"[^{len(footnotes) + 1}]: part {part}, `{variant}`: {flags[(part, variant)]}")
+                cell += f" [^{len(footnotes)}]"
+            cells.append(cell)
+        cells += [_format_reduction(int(wide.at[part, v]), int(wide.at[part, baseline])) for v in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    totals = wide.sum()
+    lines.append("| " + " | ".join(["**total**", *(f"**{_format_size(int(totals[v]), scale)}**" for v in variants),
+                                    *(f"**{_format_reduction(int(totals[v]), int(totals[baseline]))}**"
+                                      for v in others)]) + " |")
+
+    toolchains = table.drop_duplicates("variant").set_index("variant")
+    intro = [
+        f"# Context binary sizes against `{baseline}`",
+        "",
+        f"Bytes on disk of each part's context binary, read back from the binary (1 {unit} = {scale:,} bytes). "
+        f"Reduction = 1 - size / size of the `{baseline}` binary for the same part; "
+        f"a flagged cell is an option that was requested but shows no effect.",
+        "",
+        "Variants: " + "; ".join(f"`{v}`: {toolchains.at[v, 'toolchain']} {toolchains.at[v, 'tool_version']}".rstrip()
+                                 for v in variants) + ".",
+        "",
+    ]
+    return "\n".join(intro + lines + ([""] + footnotes if footnotes else [])) + "\n"
+
+
+def size_chart_png(table: pd.DataFrame) -> bytes:
+    """Grouped bars per part, one colour per variant, totals in the legend; flagged bars hatched."""
+    # Imported here: matplotlib takes about a second to import, and every CLI command imports this module's
+    # command at start-up.
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    baseline = table["baseline"].iloc[0]
+    variants = list(dict.fromkeys(table["variant"]))
+    parts = sorted(set(table["part"]))
+    unit, scale = _size_unit(int(table["bytes"].max()))
+    width = 0.8 / len(variants)
+
+    figure = Figure(figsize=(max(6.0, 1.0 + 0.9 * len(parts) * len(variants) ** 0.5), 4.0), dpi=100)
+    axes = figure.subplots()
+    for index, variant in enumerate(variants):
+        rows = table[table["variant"] == variant].sort_values("part")
+        offsets = [parts.index(part) + (index - (len(variants) - 1) / 2) * width for part in rows["part"]]
+        axes.bar(offsets, rows["bytes"] / scale, width, color=f"C{index}",
+                 hatch=["//" if flag else "" for flag in rows["flag"]],
+                 label=f"{variant}: total {_format_size(int(rows['bytes'].sum()), scale)} {unit}")
+    handles, _ = axes.get_legend_handles_labels()
+    if table["flag"].astype(bool).any():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="flagged: no effect"))
+    axes.legend(handles=handles)
+    axes.set_xticks(range(len(parts)), [str(part) for part in parts])
+    axes.set_xlabel("part")
+    axes.set_ylabel(f"context binary size ({unit})")
+    axes.set_title(f"Context binary size per part (baseline: {baseline})")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    # no Software/date metadata, so the same table gives the same bytes
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def write_size_table(table: pd.DataFrame, csv_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
+                     png_path: str | os.PathLike[str]) -> None:
+    """Write the CSV, Markdown and PNG renderings of :func:`build_size_table`'s table atomically."""
+    fileio.write_text(csv_path, size_table_csv(table))
+    fileio.write_text(md_path, size_table_markdown(table))
+    fileio.write_bytes(png_path, size_chart_png(table))
+
+
+def _index_records(records: Sequence[dict], baseline: str) -> dict[tuple[int, str], dict]:
+    if not records:
+        raise GenieBuildError("--records", "no accounting records given")
+    by_key: dict[tuple[int, str], dict] = {}
+    for record in records:
+        key = (record["part"], record["variant"])
+        if key in by_key:
+            raise GenieBuildError(record.get("binary", "--records"),
+                                  f"part {key[0]} of variant {key[1]!r} accounted twice")
+        by_key[key] = record
+    parts_of: dict[str, set[int]] = {}
+    for part, variant in by_key:
+        parts_of.setdefault(variant, set()).add(part)
+    if baseline not in parts_of:
+        raise GenieBuildError("baseline", f"variant {baseline!r} has no records; variants: {sorted(parts_of)}")
+    for variant, parts in sorted(parts_of.items()):
+        if parts != parts_of[baseline]:
+            raise GenieBuildError("--records", f"variant {variant!r} has parts {sorted(parts)} but baseline "
+                                               f"{baseline!r} has {sorted(parts_of[baseline])}")
+    return by_key
+
+
+def _variant_order(records: Sequence[dict], baseline: str) -> list[str]:
+    """Baseline first, then the others in the order the records name them (the config's order)."""
+    return [baseline, *(v for v in dict.fromkeys(r["variant"] for r in records) if v != baseline)]
+
+
+def _report_flags(table: pd.DataFrame, by_key: dict[tuple[int, str], dict], strict: bool) -> None:
+    flagged = table[table["flag"] != ""]
+    for row in flagged.itertuples():
+        log.warning("part %d, variant %s: %s", row.part, row.variant, row.flag)
+    if strict and not flagged.empty:
+        first = flagged.iloc[0]
+        more = f" (and {len(flagged) - 1} more flagged)" if len(flagged) > 1 else ""
+        raise GenieBuildError(by_key[(int(first["part"]), first["variant"])].get("binary", "--records"),
+                              f"{first['flag']}{more}")
+
+
+def _reported_off(applied: dict[str, Any], option: str) -> bool:
+    """The binary says ``option`` was not applied (absent or None: it does not say)."""
+    return applied.get(option) is not None and not applied[option]
+
+
+def _reduction(size: int, baseline_size: int) -> float:
+    return 1.0 - size / baseline_size
+
+
+def _size_unit(largest_bytes: int) -> tuple[str, int]:
+    """MB like the field report; kB when every binary is under 1 MB (the tiny demo), so cells are not 0.0."""
+    return ("MB", 1_000_000) if largest_bytes >= 1_000_000 else ("kB", 1_000)
+
+
+def _format_size(size: int, scale: int) -> str:
+    return f"{size / scale:,.1f}"
+
+
+def _format_reduction(size: int, baseline_size: int) -> str:
+    return f"{_reduction(size, baseline_size) * 100:.1f}%"

@@ -1,0 +1,436 @@
+"""Split a prompt or token graph into the plan's parts, streaming the weights.
+
+Memory stays bounded by a copy chunk, not by the model: the graph is loaded without its external data,
+each part's nodes are extracted by name, and each external tensor's bytes are copied from the source
+data file into the part's data file in chunks (:func:`genie_build.fileio.copy_range`), 4 KiB aligned,
+with a relative ``location``. Tensors stored inline in the source stay inline.
+
+Which tensors a part gives and takes:
+
+- outputs: its output boundary (none for the last part) and every graph output its own nodes produce. A
+  node belongs to part ``i`` when it depends on part ``i``'s input boundary (every node does for part 1)
+  and not on its output boundary; a graph output belongs to the part of the node that produces it.
+- inputs: its input boundary (none for part 1) and exactly the graph inputs its nodes need, found by a
+  backward walk from its outputs that stops at the input boundary. Nodes that depend on graph inputs only
+  (the RoPE and mask preamble) are copied into every part that needs them.
+
+``onnx.utils.Extractor`` is not used for the node walk because it does not see the outer-scope tensors
+that If/Loop bodies read; :func:`node_inputs` does.
+
+Output is deterministic byte for byte, and a part's bytes depend only on its own nodes and tensors, so a
+weight change in one layer changes only the part that holds it (the workflow rebuilds only that part).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from genie_build import __version__
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_directory, copy_range
+from genie_build.naming import GRAPH_KINDS, graph_name
+from genie_build.plan import PartPlan, Plan
+
+logger = logging.getLogger(__name__)
+
+DATA_ALIGNMENT = 4096
+TOKEN_INPUT = "input_ids"
+MASK_INPUT = "attention_mask"
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """What one part takes and gives, by tensor name, in the order the part declares them."""
+
+    label: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    node_indices: tuple[int, ...]   # into the source graph's node list, in topological (source) order
+
+
+def split_model(prompt: str | os.PathLike[str], token: str | os.PathLike[str], plan: Plan,
+                out_dir: str | os.PathLike[str]) -> dict[str, list[Path]]:
+    """Split both graphs into ``out_dir/prompt/`` and ``out_dir/token/``, atomically as one directory.
+
+    Returns:
+        The part ``.onnx`` paths per graph kind, in part order.
+
+    Raises:
+        GenieBuildError: a model cannot be read, or the plan does not cut it cleanly.
+    """
+    sources = {"prompt": Path(prompt), "token": Path(token)}
+    target = Path(out_dir)
+    with atomic_directory(target) as staging:
+        for kind, source in sources.items():
+            (staging / kind).mkdir()
+            _write_parts(source, plan, staging / kind, kind)
+    return {kind: [target / kind / _part_file(part) for part in plan.parts] for kind in sources}
+
+
+def split_graph(model_path: str | os.PathLike[str], plan: Plan, out_dir: str | os.PathLike[str],
+                graph_kind: str) -> list[Path]:
+    """Split one graph into ``out_dir/part_{label}.onnx`` (+ ``.onnx.data``), atomically.
+
+    Args:
+        model_path: the full ONNX graph; its external data is read from beside it.
+        plan: the split plan (boundary tensor names per part).
+        out_dir: the parts directory; replaced as a whole only once every part is written.
+        graph_kind: ``"prompt"`` or ``"token"``; names the part graphs.
+
+    Returns:
+        The part ``.onnx`` paths in part order.
+
+    Raises:
+        GenieBuildError: the model cannot be read, or the plan does not cut it cleanly.
+    """
+    target = Path(out_dir)
+    with atomic_directory(target) as staging:
+        _write_parts(Path(model_path), plan, staging, graph_kind)
+    return [target / _part_file(part) for part in plan.parts]
+
+
+def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -> None:
+    if graph_kind not in GRAPH_KINDS:
+        raise ValueError(f"graph kind {graph_kind!r} is not one of {GRAPH_KINDS}")
+    model = load_graph(model_path)
+    model = ensure_value_info(model, [name for part in plan.parts for name in _boundaries(part)], model_path)
+    for part, spec in zip(plan.parts, plan_parts(model, plan, model_path)):
+        part_model = build_part(model, spec, _part_graph_name(model, graph_kind, part, plan.num_parts))
+        onnx_path = out_dir / _part_file(spec)
+        copy_external_data(part_model, model_path.parent, onnx_path.with_name(onnx_path.name + ".data"))
+        onnx_path.write_bytes(part_model.SerializeToString(deterministic=True))
+        check_part(onnx_path)
+        logger.info("%s: %d nodes, inputs %s, %d outputs", onnx_path.name, len(spec.node_indices),
+                    list(spec.inputs), len(spec.outputs))
+
+
+def load_graph(model_path: Path) -> onnx.ModelProto:
+    """Load the graph only (external tensors stay references to the data file).
+
+    Raises:
+        GenieBuildError: the file is missing or not an ONNX model.
+    """
+    try:
+        return onnx.load(model_path, load_external_data=False)
+    except FileNotFoundError:
+        raise GenieBuildError(model_path, "file not found") from None
+    except DecodeError as exc:
+        raise GenieBuildError(model_path, f"not an ONNX model: {exc}") from None
+
+
+def ensure_value_info(model: onnx.ModelProto, names: Iterable[str], where: Path) -> onnx.ModelProto:
+    """Run shape inference (on the graph only) when a cut tensor has no type and shape recorded.
+
+    A part's boundary inputs and outputs need a type and shape; exports often omit intermediate ones.
+
+    Raises:
+        GenieBuildError: a cut tensor has no type even after shape inference.
+    """
+    wanted = list(names)
+    if _missing_types(model, wanted):
+        model = onnx.shape_inference.infer_shapes(model)
+    missing = _missing_types(model, wanted)
+    if missing:
+        raise GenieBuildError(where, f"no type and shape for boundary tensor(s) {missing}, even after "
+                                     "shape inference")
+    return model
+
+
+def _missing_types(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    graph = model.graph
+    known = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
+    return [name for name in names if name not in known]
+
+
+def plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec]:
+    """Work out each part's inputs, outputs and nodes from the plan's boundary tensors.
+
+    Args:
+        model: the full graph (external data not loaded).
+        plan: cuts between parts, as ``input_boundary``/``output_boundary`` tensor names.
+        where: the model path, for error messages.
+
+    Returns:
+        One :class:`PartSpec` per plan part, in part order.
+
+    Raises:
+        GenieBuildError: the plan's cuts do not chain, a cut tensor is not in the graph, a part needs a
+            tensor an earlier part computes other than through its cut, or a graph output belongs to no part.
+    """
+    _check_plan_chain(plan, where)
+    graph = model.graph
+    producers = _producers(graph)
+    consumers = _consumers(graph)
+    for part in plan.parts:
+        for name in _boundaries(part):
+            if name not in producers:
+                raise GenieBuildError(where, f"part {part.label}: boundary tensor {name!r} is not produced "
+                                             "by any node of the graph")
+    owners = _assign_outputs(graph, plan, producers, consumers, where)
+    graph_inputs = [v.name for v in graph.input]
+    specs = []
+    for position, part in enumerate(plan.parts):
+        outputs = ([part.output_boundary] if part.output_boundary else []) + [
+            v.name for v in graph.output if owners[v.name] == position]
+        earlier_cuts = {p.output_boundary for p in plan.parts[:max(position - 1, 0)]}
+        nodes, needed = _walk_back(graph, outputs, part.input_boundary, earlier_cuts, producers, where,
+                                   part.label)
+        inputs = ([part.input_boundary] if part.input_boundary else []) + [
+            name for name in graph_inputs if name in needed]
+        specs.append(PartSpec(part.label, tuple(inputs), tuple(outputs), tuple(sorted(nodes))))
+    return specs
+
+
+def _check_plan_chain(plan: Plan, where: Path) -> None:
+    """Part 1 takes no cut, the last gives none, and each part takes what the one before gives."""
+    parts = plan.parts
+    if not parts or len(parts) != plan.num_parts:
+        raise GenieBuildError(where, f"plan has {len(parts)} parts but num_parts is {plan.num_parts}")
+    if parts[0].input_boundary is not None or parts[-1].output_boundary is not None:
+        raise GenieBuildError(where, "plan: the first part must take no boundary and the last give none "
+                                     f"(got {parts[0].input_boundary!r}, {parts[-1].output_boundary!r})")
+    for before, after in zip(parts, parts[1:]):
+        if before.output_boundary is None or before.output_boundary != after.input_boundary:
+            raise GenieBuildError(where, f"plan: part {after.label} takes {after.input_boundary!r} but part "
+                                         f"{before.label} gives {before.output_boundary!r}")
+
+
+def _boundaries(part: PartPlan) -> list[str]:
+    return [name for name in (part.input_boundary, part.output_boundary) if name]
+
+
+def _assign_outputs(graph: onnx.GraphProto, plan: Plan, producers: dict[str, int],
+                    consumers: dict[str, list[int]], where: Path) -> dict[str, int]:
+    """Map each graph output to the (0-based) part whose nodes produce it.
+
+    Part ``i`` owns the nodes that depend on its input boundary but not on its output boundary, so
+    ownership is the number of cuts the producing node depends on.
+    """
+    cuts = [part.output_boundary for part in plan.parts[:-1]]
+    downstream = [_descendants(cut, consumers, graph) for cut in cuts]
+    for position, cut in enumerate(cuts[1:], start=1):
+        if producers[cut] not in downstream[position - 1]:
+            raise GenieBuildError(where, f"plan: boundary {cut!r} of part {plan.parts[position].label} does "
+                                         f"not depend on the boundary before it ({cuts[position - 1]!r})")
+    owners = {}
+    for output in graph.output:
+        if output.name not in producers:
+            raise GenieBuildError(where, f"graph output {output.name!r} is not computed by any node, so it "
+                                         "belongs to no part")
+        node = producers[output.name]
+        owners[output.name] = sum(node in nodes for nodes in downstream)
+    return owners
+
+
+def _walk_back(graph: onnx.GraphProto, outputs: list[str], stop_at: str | None, forbidden: set[str],
+               producers: dict[str, int], where: Path, label: str) -> tuple[set[int], set[str]]:
+    """Collect the nodes that compute ``outputs``, stopping at ``stop_at``.
+
+    Returns:
+        The node indices, and the names they read that no collected node produces (graph inputs and
+        initializers; ``stop_at`` is left out).
+
+    Raises:
+        GenieBuildError: the walk reaches an earlier part's cut (the plan's cut is not clean), or a tensor
+            that is neither produced, an initializer nor a graph input.
+    """
+    initializers = {t.name for t in graph.initializer}
+    graph_inputs = {v.name for v in graph.input}
+    nodes: set[int] = set()
+    needed: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name == stop_at or name in needed:
+            continue
+        if name in forbidden:
+            raise GenieBuildError(where, f"part {label} needs {name!r}, a boundary of an earlier part: the "
+                                         "cut before this part is not clean (another tensor crosses it)")
+        if name in producers:
+            index = producers[name]
+            if index not in nodes:
+                nodes.add(index)
+                stack.extend(node_inputs(graph.node[index]))
+        elif name in initializers or name in graph_inputs:
+            needed.add(name)
+        else:
+            raise GenieBuildError(where, f"part {label} needs tensor {name!r}, which no node, initializer "
+                                         "or graph input provides")
+    return nodes, needed
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """A node's input names plus the outer-scope names its If/Loop/Scan bodies read, in first-use order."""
+    names = [name for name in node.input if name]
+    for graph in _subgraphs(node):
+        names.extend(name for name in _outer_scope_names(graph) if name not in names)
+    return names
+
+
+def _outer_scope_names(graph: onnx.GraphProto) -> list[str]:
+    """Names a subgraph (and the subgraphs in it) reads that it does not define itself."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {name for node in graph.node for name in node.output}
+    names: list[str] = []
+    for node in graph.node:
+        names.extend(name for name in node_inputs(node) if name not in defined and name not in names)
+    return names
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            yield attribute.g
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            yield from attribute.graphs
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, int]:
+    return {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node_inputs(node):
+            consumers.setdefault(name, []).append(index)
+    return consumers
+
+
+def _descendants(name: str, consumers: dict[str, list[int]], graph: onnx.GraphProto) -> set[int]:
+    """Indices of the nodes that depend on tensor ``name``, directly or through other nodes."""
+    found: set[int] = set()
+    stack = list(consumers.get(name, ()))
+    while stack:
+        index = stack.pop()
+        if index not in found:
+            found.add(index)
+            stack.extend(i for output in graph.node[index].output for i in consumers.get(output, ()))
+    return found
+
+
+def build_part(model: onnx.ModelProto, spec: PartSpec, name: str) -> onnx.ModelProto:
+    """Assemble a part model from the source graph's nodes, initializers and type information.
+
+    External initializers still point at the source data file; :func:`copy_external_data` moves them.
+    Value infos are kept for the part's intermediate tensors so the part needs no shape inference.
+    """
+    graph = model.graph
+    nodes = [graph.node[index] for index in spec.node_indices]
+    types = {v.name: v for v in (*graph.value_info, *graph.input, *graph.output)}
+    read = {name for node in nodes for name in node_inputs(node)}
+    produced = {name for node in nodes for name in node.output}
+    boundary = set(spec.inputs) | set(spec.outputs)
+    part_graph = onnx.helper.make_graph(
+        nodes, name,
+        inputs=[types[name] for name in spec.inputs],
+        outputs=[types[name] for name in spec.outputs],
+        initializer=[t for t in graph.initializer if t.name in read],
+        value_info=[v for v in graph.value_info if v.name in produced and v.name not in boundary],
+    )
+    return onnx.helper.make_model(
+        part_graph, ir_version=model.ir_version, opset_imports=model.opset_import,
+        functions=_used_functions(model, nodes), producer_name="genie-build", producer_version=__version__)
+
+
+def _used_functions(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
+    """The model-local functions the nodes call, directly or through other functions, in model order."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    used: set[tuple[str, str]] = set()
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        pending.extend(n for graph in _subgraphs(node) for n in graph.node)
+        key = (node.domain, node.op_type)
+        if key in functions and key not in used:
+            used.add(key)
+            pending.extend(functions[key].node)
+    return [f for f in model.functions if (f.domain, f.name) in used]
+
+
+def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path) -> None:
+    """Copy the part's external tensors into ``data_path`` and point them at it.
+
+    Each tensor starts at a multiple of :data:`DATA_ALIGNMENT`; ``location`` is the data file's name
+    (relative, beside the part). The file is written even when no tensor is external, so every part
+    has the same two files.
+
+    Raises:
+        GenieBuildError: a source data file is missing or shorter than a tensor says.
+    """
+    with open(data_path, "wb") as dst, contextlib.ExitStack() as stack:
+        sources: dict[str, BinaryIO] = {}
+        for tensor in _all_tensors(part.graph):
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            location = info.get("location", "")
+            if location not in sources:
+                sources[location] = stack.enter_context(_open_source(source_dir, location, tensor.name))
+            src = sources[location]
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else os.fstat(src.fileno()).st_size - offset
+            dst.write(b"\0" * (-dst.tell() % DATA_ALIGNMENT))
+            start = dst.tell()
+            copy_range(src, dst, offset, length)
+            del tensor.external_data[:]
+            for key, value in (("location", data_path.name), ("offset", str(start)), ("length", str(length))):
+                tensor.external_data.add(key=key, value=value)
+
+
+def _open_source(source_dir: Path, location: str, tensor_name: str) -> BinaryIO:
+    path = source_dir / location
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise GenieBuildError(path, f"cannot read external data of tensor {tensor_name!r}: "
+                                    f"{exc.strerror or exc}") from None
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and attribute tensors of a graph and of every subgraph in it, in a fixed order."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield attribute.t
+            elif attribute.type == onnx.AttributeProto.TENSORS:
+                yield from attribute.tensors
+        for subgraph in _subgraphs(node):
+            yield from _all_tensors(subgraph)
+
+
+def check_part(onnx_path: Path) -> None:
+    """Run the ONNX checker with shape inference on a written part (reads the graph, not the weights).
+
+    Raises:
+        GenieBuildError: the part is not a valid model.
+    """
+    try:
+        onnx.checker.check_model(onnx_path, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise GenieBuildError(onnx_path.name, f"invalid part: {exc}") from None
+
+
+def _part_graph_name(model: onnx.ModelProto, kind: str, part: PartPlan, num_parts: int) -> str:
+    """Genie's graph name (``prompt_ar32_cl256_01_of_06``) when the token count and context length can
+    be read from ``input_ids``/``attention_mask``; otherwise ``{kind}_{label}``."""
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+    ar = (dims.get(TOKEN_INPUT) or [0])[-1]
+    cl = (dims.get(MASK_INPUT) or [0])[-1]
+    if ar and cl:
+        return graph_name(kind, ar, cl, part.index, num_parts)
+    return f"{kind}_{part.label}"
+
+
+def _part_file(part: PartPlan | PartSpec) -> str:
+    return f"part_{part.label}.onnx"

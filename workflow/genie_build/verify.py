@@ -1,0 +1,204 @@
+"""Chain == full: run the full graph and its parts chained in onnxruntime and require bit-exact outputs.
+
+The split only moves nodes and bytes, so every output (logits and each KV output) must be identical in
+dtype, shape and every bit. Both runs use the CPU provider with default session options; the feed is any
+fixed input (:func:`build_feed` makes a deterministic one from the graph's input specs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from genie_build.errors import GenieBuildError
+from genie_build.split import TOKEN_INPUT, load_graph
+
+CPU = ["CPUExecutionProvider"]
+FLOAT_RANGE = (-1.0, 1.0)
+# Ops that pass token ids through unchanged on their way to the embedding Gather.
+_ID_PRESERVING_OPS = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One full-graph output against the same output of the chained parts."""
+
+    name: str
+    part: str                 # the part file that gives it
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_diff: float       # inf when the shapes differ
+    bit_exact: bool
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    graph: str                # the full model's file
+    parts: tuple[str, ...]    # the part files, in chain order
+    outputs: tuple[OutputCheck, ...]
+
+    @property
+    def bit_exact(self) -> bool:
+        return all(check.bit_exact for check in self.outputs)
+
+    def to_dict(self) -> dict:
+        return {"graph": self.graph, "parts": list(self.parts), "bit_exact": self.bit_exact,
+                "outputs": [asdict(check) | {"shape": list(check.shape)} for check in self.outputs]}
+
+
+def verify_chain(full_model_path: str | os.PathLike[str], part_paths: Sequence[str | os.PathLike[str]],
+                 feed: Mapping[str, np.ndarray]) -> VerifyReport:
+    """Compare the full graph with its chained parts and require every output to be bit-exact.
+
+    Raises:
+        GenieBuildError: an output differs (naming the graph and the first differing output), or the
+            parts do not chain (an input nobody gives, an output no part gives).
+    """
+    report = compare_chain(full_model_path, part_paths, feed)
+    for check in report.outputs:
+        if not check.bit_exact:
+            raise GenieBuildError(full_model_path, f"chained parts differ from the full graph at output "
+                                                   f"{check.name!r} (from {check.part}): max abs diff "
+                                                   f"{check.max_abs_diff:g}, dtype {check.dtype}")
+    return report
+
+
+def compare_chain(full_model_path: str | os.PathLike[str], part_paths: Sequence[str | os.PathLike[str]],
+                  feed: Mapping[str, np.ndarray]) -> VerifyReport:
+    """Run the full graph and the chained parts on ``feed`` and compare every full-graph output.
+
+    Returns:
+        A report with one :class:`OutputCheck` per full-graph output, in the full graph's order.
+
+    Raises:
+        GenieBuildError: the parts do not chain, or a full-graph output is given by no part.
+    """
+    full_path = Path(full_model_path)
+    session = _session(full_path)
+    names = [output.name for output in session.get_outputs()]
+    expected = dict(zip(names, session.run(names, _inputs_for(session, feed, full_path))))
+    del session  # the full model's weights need not stay in memory while the parts run
+    chained, given_by = run_chain([Path(p) for p in part_paths], feed)
+    checks = []
+    for name in names:
+        if name not in chained:
+            raise GenieBuildError(full_path, f"output {name!r} is not given by any part")
+        checks.append(compare_arrays(name, given_by[name], expected[name], chained[name]))
+    return VerifyReport(str(full_path), tuple(str(p) for p in part_paths), tuple(checks))
+
+
+def run_chain(part_paths: Sequence[Path], feed: Mapping[str, np.ndarray]
+              ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Run the parts in order; each takes its inputs from ``feed`` or from an earlier part's outputs.
+
+    Returns:
+        Every tensor the parts gave, and the part file name that gave each.
+
+    Raises:
+        GenieBuildError: a part needs an input nobody gives, or two parts give the same output.
+    """
+    values: dict[str, np.ndarray] = dict(feed)
+    given_by: dict[str, str] = {}
+    for path in part_paths:
+        session = _session(path)
+        names = [output.name for output in session.get_outputs()]
+        for name, value in zip(names, session.run(names, _inputs_for(session, values, path))):
+            if name in given_by:
+                raise GenieBuildError(path, f"output {name!r} is already given by {given_by[name]}")
+            values[name] = value
+            given_by[name] = path.name
+    return {name: values[name] for name in given_by}, given_by
+
+
+def compare_arrays(name: str, part: str, expected: np.ndarray, actual: np.ndarray) -> OutputCheck:
+    """Bit-exact when dtype, shape and every byte agree (so NaN payloads and signed zeros count too)."""
+    same_shape = expected.shape == actual.shape
+    bit_exact = same_shape and expected.dtype == actual.dtype and expected.tobytes() == actual.tobytes()
+    if not same_shape:
+        diff = math.inf
+    elif expected.size == 0:
+        diff = 0.0
+    else:
+        diff = float(np.max(np.abs(expected.astype(np.float64) - actual.astype(np.float64))))
+    return OutputCheck(name, part, str(actual.dtype), tuple(actual.shape), diff, bit_exact)
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(os.fspath(path), providers=CPU)
+    except Exception as exc:  # onnxruntime raises its own exception types, not exported stably
+        raise GenieBuildError(path, f"onnxruntime cannot load it: {exc}") from None
+
+
+def _inputs_for(session: ort.InferenceSession, values: Mapping[str, np.ndarray], where: Path
+                ) -> dict[str, np.ndarray]:
+    wanted = [arg.name for arg in session.get_inputs()]
+    missing = [name for name in wanted if name not in values]
+    if missing:
+        raise GenieBuildError(where, f"input(s) {missing} are neither in the feed nor given by an earlier part")
+    return {name: values[name] for name in wanted}
+
+
+def build_feed(model_path: str | os.PathLike[str], *, vocab: int | None = None, seed: int = 0
+               ) -> dict[str, np.ndarray]:
+    """A deterministic input for every graph input, from the graph's input specs (weights not loaded).
+
+    Token ids (the integer input that feeds the embedding Gather, else ``input_ids``) are drawn from
+    ``[0, vocab)``, with ``vocab`` from the embedding table's first dimension unless given. Other integer
+    and bool inputs are ones (valid as positions, indices and 2-D masks); float inputs are uniform in
+    :data:`FLOAT_RANGE`. Each input has its own generator, seeded by ``seed`` and its name.
+
+    Raises:
+        GenieBuildError: an input has a dynamic dimension, or the vocabulary size cannot be found.
+    """
+    path = Path(model_path)
+    graph = load_graph(path).graph
+    token_input, table_rows = find_token_input(graph)
+    feed = {}
+    for value in graph.input:
+        shape = _static_shape(value, path)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        rng = np.random.default_rng([seed, zlib.crc32(value.name.encode())])
+        if value.name == token_input:
+            rows = vocab or table_rows
+            if not rows:
+                raise GenieBuildError(path, f"cannot find the vocabulary size for {value.name!r}; pass it")
+            feed[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
+        elif np.issubdtype(dtype, np.floating):
+            feed[value.name] = rng.uniform(*FLOAT_RANGE, size=shape).astype(dtype)
+        else:
+            feed[value.name] = np.ones(shape, dtype=dtype)
+    return feed
+
+
+def find_token_input(graph: onnx.GraphProto) -> tuple[str, int | None]:
+    """The graph input holding token ids and the row count of the table it indexes.
+
+    It is the input that reaches a Gather's indices through id-preserving ops only (Cast, Reshape, …)
+    where the Gather's data is an initializer; without one, ``input_ids`` and no row count.
+    """
+    tables = {t.name: t.dims[0] for t in graph.initializer if len(t.dims) == 2}
+    for value in graph.input:
+        reached = {value.name}
+        for node in graph.node:  # nodes are topologically sorted, so one pass follows every chain
+            if node.op_type == "Gather" and node.input[1] in reached and node.input[0] in tables:
+                return value.name, tables[node.input[0]]
+            if node.op_type in _ID_PRESERVING_OPS and node.input and node.input[0] in reached:
+                reached.update(node.output)
+    return TOKEN_INPUT, None
+
+
+def _static_shape(value: onnx.ValueInfoProto, where: Path) -> tuple[int, ...]:
+    dims = value.type.tensor_type.shape.dim
+    if any(not dim.HasField("dim_value") for dim in dims):
+        raise GenieBuildError(where, f"input {value.name!r} has a dynamic shape "
+                                     f"{[d.dim_param or d.dim_value for d in dims]}; pass a feed instead")
+    return tuple(dim.dim_value for dim in dims)

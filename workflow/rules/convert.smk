@@ -1,0 +1,64 @@
+# Convert each part of each graph with its encodings. Variants that convert alike share one job
+# (converter = '{toolchain}-fp{float_bitwidth}'); the reference toolchain writes ONNX, the SDK ones a DLC.
+
+PART_ONNX = f"{OUT}/parts/{{graph}}/part_{{part}}.onnx"
+PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
+CONVERTED = f"{OUT}/converted/{{converter}}/{{graph}}/part_{{part}}"
+
+
+def graph_name_of(wildcards):
+    return graph_name_for(wildcards.graph, wildcards.part)
+
+
+def converter_parts(wildcards):
+    toolchain, float_bits = wildcards.converter.rsplit("-fp", 1)
+    return toolchain, int(float_bits)
+
+
+rule convert_part_reference:
+    input:
+        onnx=PART_ONNX,
+        encodings=PART_ENCODINGS,
+    output:
+        onnx=f"{CONVERTED}.onnx",
+        data=f"{CONVERTED}.onnx.data",
+    wildcard_constraints:
+        converter=r"reference-fp\d+",
+    params:
+        graph_name=graph_name_of,
+        float_bitwidth=lambda wc: converter_parts(wc)[1],
+    resources:
+        mem_mb=lambda wc, input: max(500, int(4 * input.size_mb)),
+    log:
+        f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
+    shell:
+        "{GB} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
+        " --out {output.onnx:q} > {log:q} 2>&1"
+
+
+rule convert_part_sdk:
+    input:
+        onnx=PART_ONNX,
+        encodings=PART_ENCODINGS,
+    output:
+        dlc=f"{CONVERTED}.dlc",
+    wildcard_constraints:
+        converter=r"(qairt|qnn-cli)-fp\d+",
+    params:
+        graph_name=graph_name_of,
+        toolchain=lambda wc: converter_parts(wc)[0],
+        float_bitwidth=lambda wc: converter_parts(wc)[1],
+        python=lambda wc: QAIRT_PY if converter_parts(wc)[0] == "qairt" else shlex.quote(sys.executable),
+    resources:
+        mem_mb=lambda wc, input: max(1000, int(4 * input.size_mb)),
+    log:
+        f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
+    shell:
+        "{params.python} -m genie_build convert --toolchain {params.toolchain:q} --onnx {input.onnx:q}"
+        " --encodings {input.encodings:q} --graph-name {params.graph_name:q}"
+        " --float-bitwidth {params.float_bitwidth} --out {output.dlc:q} > {log:q} 2>&1"

@@ -1,0 +1,53 @@
+# Read every binary back, then the A/B size table, its chart and the memory plan.
+
+
+rule account_part:
+    input:
+        binary=f"{OUT}/compiled/{{variant}}/part_{{part}}.bin",
+    output:
+        f"{OUT}/sizes/{{variant}}/part_{{part}}.json",
+    params:
+        toolchain=lambda wc: config["variants"][wc.variant]["toolchain"],
+        options=lambda wc: variant_json(wc.variant),
+        python=lambda wc: QAIRT_PY if config["variants"][wc.variant]["toolchain"] == "qairt" else shlex.quote(sys.executable),
+    log:
+        f"{OUT}/logs/account_part/{{variant}}/part_{{part}}.log",
+    shell:
+        "{params.python} -m genie_build account --toolchain {params.toolchain:q} --binary {input.binary:q}"
+        " --part-label {wildcards.part} --variant {wildcards.variant}"
+        " --variant-json {params.options:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule size_table:
+    input:
+        records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
+    output:
+        csv=report(f"{OUT}/size_table.csv", caption="../report/size_table.rst", category="Sizes"),
+        md=f"{OUT}/size_table.md",
+        png=report(f"{OUT}/size_table.png", caption="../report/size_chart.rst", category="Sizes"),
+    params:
+        baseline=config["report"]["baseline_variant"],
+        strict="--strict" if config["report"]["strict"] else "",
+    log:
+        f"{OUT}/logs/size_table.log",
+    shell:
+        "{GB} size-table --records {input.records:q} --baseline {params.baseline:q} {params.strict}"
+        " --csv {output.csv:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"
+
+
+rule memory_plan:
+    input:
+        records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", [config["bundle"]["variant"]]),
+    output:
+        json=f"{OUT}/memory_plan.json",
+        md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),
+    params:
+        variant=config["bundle"]["variant"],
+        max_context_mb=config["report"]["max_context_mb"],
+        max_session_mb=config["report"]["max_session_mb"],
+    log:
+        f"{OUT}/logs/memory_plan.log",
+    shell:
+        "{GB} memory-plan --records {input.records:q} --variant {params.variant:q}"
+        " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
+        " --json {output.json:q} --md {output.md:q} > {log:q} 2>&1"

@@ -1,0 +1,53 @@
+# The built-in demo model: generated decoder, tokenizer trained on text in resources/, calibrated encodings.
+# Only used when config.model names no files of its own.
+
+DEMO_ARGS = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(value))}" for key, value in sorted(config["demo"].items()))
+
+
+rule generate_demo_model:
+    output:
+        prompt=f"{SRC}/prompt.onnx",
+        prompt_data=f"{SRC}/prompt.onnx.data",
+        token=f"{SRC}/token.onnx",
+        token_data=f"{SRC}/token.onnx.data",
+        hf_config=f"{SRC}/config.json",
+    params:
+        out_dir=SRC,
+        shape=DEMO_ARGS,
+    log:
+        f"{OUT}/logs/generate_demo_model.log",
+    benchmark:
+        f"{OUT}/benchmarks/generate_demo_model.tsv"
+    shell:
+        "{GB} generate-demo --out-dir {params.out_dir:q} {params.shape} > {log:q} 2>&1"
+
+
+rule train_demo_tokenizer:
+    input:
+        corpus="resources/tokenizer_corpus.txt",
+    output:
+        f"{SRC}/tokenizer.json",
+    params:
+        vocab=config["demo"]["vocab"],
+    log:
+        f"{OUT}/logs/train_demo_tokenizer.log",
+    shell:
+        "{GB} train-tokenizer --corpus {input.corpus:q} --vocab {params.vocab} --out {output:q} > {log:q} 2>&1"
+
+
+rule calibrate_demo_encodings:
+    input:
+        prompt=f"{SRC}/prompt.onnx",
+        prompt_data=f"{SRC}/prompt.onnx.data",
+        token=f"{SRC}/token.onnx",
+        token_data=f"{SRC}/token.onnx.data",
+    output:
+        prompt=f"{SRC}/prompt.encodings.json",
+        token=f"{SRC}/token.encodings.json",
+    log:
+        f"{OUT}/logs/calibrate_demo_encodings.log",
+    benchmark:
+        f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
+    shell:
+        "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q}"
+        " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"

@@ -1,0 +1,61 @@
+# Plan the cut points, split both graphs with bounded memory, and check that the chained parts equal the full graph.
+
+SPLIT_ARGS = (
+    f"--num-parts {config['split']['num_parts']}"
+    if config["split"].get("num_parts") is not None
+    else f"--max-part-mb {config['split']['max_part_mb']}"
+) + ("" if config["split"]["embedding_alone"] else " --embedding-with-layers")
+if config["split"].get("boundaries"):
+    SPLIT_ARGS += " --boundaries " + " ".join(map(shlex.quote, config["split"]["boundaries"]))
+
+
+# A checkpoint, so that a plan rewritten with the same bytes does not force a new split.
+checkpoint plan_split:
+    input:
+        prompt=SOURCE["prompt_onnx"],
+        token=SOURCE["token_onnx"],
+        prompt_encodings=SOURCE["prompt_encodings"],
+        token_encodings=SOURCE["token_encodings"],
+    output:
+        plan=f"{OUT}/plan.json",
+    params:
+        split=SPLIT_ARGS,
+    log:
+        f"{OUT}/logs/plan_split.log",
+    shell:
+        "{GB} plan --prompt {input.prompt:q} --token {input.token:q}"
+        " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q}"
+        " {params.split} --out {output.plan:q} > {log:q} 2>&1"
+
+
+# A checkpoint: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,
+# so only parts whose bytes changed are converted again.
+checkpoint split_model:
+    input:
+        plan=f"{OUT}/plan.json",
+        prompt=SOURCE["prompt_onnx"],
+        token=SOURCE["token_onnx"],
+    output:
+        parts=directory(f"{OUT}/parts"),
+    log:
+        f"{OUT}/logs/split_model.log",
+    benchmark:
+        f"{OUT}/benchmarks/split_model.tsv"
+    shell:
+        "{GB} split --plan {input.plan:q} --prompt {input.prompt:q} --token {input.token:q}"
+        " --out-dir {output.parts:q} > {log:q} 2>&1"
+
+
+rule verify_split:
+    input:
+        parts=f"{OUT}/parts",
+        model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
+    output:
+        f"{OUT}/verify/{{graph}}.json",
+    log:
+        f"{OUT}/logs/verify_split/{{graph}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/verify_split/{{graph}}.tsv"
+    shell:
+        "{GB} verify-split --model {input.model:q} --parts-dir {input.parts:q}/{wildcards.graph}"
+        " --out {output:q} > {log:q} 2>&1"
