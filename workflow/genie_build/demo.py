@@ -8,7 +8,7 @@ can be cut without shape inference.
 
 Weights are random but deterministic: each tensor's generator is seeded from ``(seed, crc32(name))``,
 so a value never depends on generation order. Tensors are written to the external-data files one by
-one as they are made, so peak memory is one tensor, not the model.
+one as they are made (in blocks of rows), so peak memory is one block, not the model.
 
 The same module gives the input feed of a graph (:func:`rope_tables`, :func:`causal_mask`,
 :func:`example_inputs`) for calibration, split verification and host runs.
@@ -16,9 +16,10 @@ The same module gives the input feed of a graph (:func:`rope_tables`, :func:`cau
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -28,7 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, write_json
+from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
 from genie_build.naming import GRAPH_KINDS
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
 
@@ -41,13 +42,15 @@ IR_VERSION = 8
 INLINE_MAX_BYTES = 1024
 # Page-aligned offsets let a runtime mmap each tensor.
 EXTERNAL_DATA_ALIGNMENT = 4096
+# Weights are made and written in blocks of rows this big, so even a large embedding table never sits
+# in memory whole.
+WEIGHT_CHUNK_BYTES = COPY_CHUNK_BYTES
 WEIGHT_STD = 0.02       # keeps q/k/v and logits O(1) for hidden sizes up to a few thousand
 NORM_WEIGHT_STD = 0.05  # norm weights are 1 + a perturbation, so a wrong norm formula shows in the logits
-KV_CACHE_STD = 0.5      # random past K/V of the magnitude the demo's own projections produce
+KV_CACHE_STD = 0.5      # random past K/V of about the magnitude the demo's own projections produce
 
-GraphKind = Literal["prompt", "token"]
 WeightInit = Literal["linear", "norm", "bias"]
-_WEIGHT_DTYPES = ("float32", "float16")
+WEIGHT_DTYPES = ("float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,8 @@ class DemoShape:
             raise GenieBuildError("demo.rope_theta", "rope_theta and rms_norm_eps must be positive")
         if self.seed < 0:
             raise GenieBuildError("demo.seed", f"must be non-negative, got {self.seed}")
-        if self.weight_dtype not in _WEIGHT_DTYPES:
-            raise GenieBuildError("demo.weight_dtype", f"{self.weight_dtype!r} is not one of {_WEIGHT_DTYPES}")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise GenieBuildError("demo.weight_dtype", f"{self.weight_dtype!r} is not one of {WEIGHT_DTYPES}")
 
     @property
     def head_dim(self) -> int:
@@ -228,6 +231,10 @@ class _GraphBuilder:
         self.constants.append(numpy_helper.from_array(value, name))
         return name
 
+    def reshape_to(self, name: str, dims: Sequence[int]) -> str:
+        """A Reshape target; 0 copies the input's dim and -1 takes the rest, so it holds for any AR."""
+        return self.constant(name, np.array(dims, dtype=np.int64))
+
     def weight(self, scope: str, name: str, dims: tuple[int, ...], init: WeightInit) -> str:
         """Register a weight; with fp16 weights, return the float32 output of a Cast in ``scope``."""
         self.weights.append(_WeightSpec(name, dims, init))
@@ -269,7 +276,7 @@ def _projection(b: _GraphBuilder, scope: str, prefix: str, x: str, dims: tuple[i
 
 def _heads(b: _GraphBuilder, scope: str, x: str, ar: int, n: int, d: int, output: str | None = None) -> str:
     """``[1, AR, n*d] -> [1, n, AR, d]``."""
-    split = b.op(scope, "Reshape", [x, b.constant(f"{scope}/heads_shape", np.array([0, 0, n, d]))], (1, ar, n, d))
+    split = b.op(scope, "Reshape", [x, b.reshape_to(f"{scope}/heads_shape", [0, 0, n, d])], (1, ar, n, d))
     return b.op(scope, "Transpose", [split], (1, n, ar, d), output=output, perm=[0, 2, 1, 3])
 
 
@@ -290,8 +297,8 @@ def _attention(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> s
     values = b.op(s, "Concat", [f"past_value_{i}_in", v], (1, kv, cl, d), axis=2)
     # GQA without repeating K/V: query head j belongs to KV head j // groups (HF repeat_kv), which is
     # exactly what folding the heads axis into [kv, groups * AR] does.
-    to_groups = b.constant(f"{s}/groups_shape", np.array([0, kv, -1, 0]))
-    to_heads = b.constant(f"{s}/heads_shape", np.array([0, h, -1, 0]))
+    to_groups = b.reshape_to(f"{s}/groups_shape", [0, kv, -1, 0])
+    to_heads = b.reshape_to(f"{s}/heads_shape", [0, h, -1, 0])
     grouped_q = b.op(s, "Reshape", [q, to_groups], (1, kv, groups * ar, d))
     grouped_scores = b.op(s, "MatMul", [grouped_q, keys], (1, kv, groups * ar, cl))
     scores = b.op(s, "Reshape", [grouped_scores, to_heads], (1, h, ar, cl))
@@ -301,7 +308,7 @@ def _attention(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> s
     grouped_context = b.op(s, "MatMul", [grouped_probs, values], (1, kv, groups * ar, d))
     context = b.op(s, "Reshape", [grouped_context, to_heads], (1, h, ar, d))
     merged = b.op(s, "Transpose", [context], (1, ar, h, d), perm=[0, 2, 1, 3])
-    flat = b.op(s, "Reshape", [merged, b.constant(f"{s}/merge_shape", np.array([0, 0, -1]))], dims)
+    flat = b.op(s, "Reshape", [merged, b.reshape_to(f"{s}/merge_shape", [0, 0, -1])], dims)
     return _projection(b, f"{s}/o_proj", f"{p}.o_proj", flat, dims, shape.hidden, False)
 
 
@@ -352,32 +359,40 @@ class _StoredWeight:
     inline: bytes | None = None
 
 
-def _weight_values(spec: _WeightSpec, seed: int, dtype: str) -> np.ndarray:
-    """The deterministic values of one weight (independent of the order weights are made in)."""
+def _weight_chunks(spec: _WeightSpec, seed: int, dtype: str) -> Iterator[np.ndarray]:
+    """The deterministic values of one weight, in blocks of rows of at most :data:`WEIGHT_CHUNK_BYTES`.
+
+    The generator is seeded by ``(seed, crc32(name))`` and draws rows in order, so the values depend
+    neither on the order weights are made in nor on the block size.
+    """
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode("utf-8"))])
-    values = rng.standard_normal(spec.dims, dtype=np.float32)
-    values *= np.float32(NORM_WEIGHT_STD if spec.init == "norm" else WEIGHT_STD)
-    if spec.init == "norm":
-        values += np.float32(1.0)
-    return values.astype(dtype, copy=False)
+    rows, row_dims = spec.dims[0], spec.dims[1:]
+    rows_per_chunk = max(1, WEIGHT_CHUNK_BYTES // (np.dtype(np.float32).itemsize * math.prod(row_dims)))
+    for start in range(0, rows, rows_per_chunk):
+        values = rng.standard_normal((min(rows_per_chunk, rows - start), *row_dims), dtype=np.float32)
+        values *= np.float32(NORM_WEIGHT_STD if spec.init == "norm" else WEIGHT_STD)
+        if spec.init == "norm":
+            values += np.float32(1.0)
+        yield values.astype(dtype, copy=False)
 
 
 def _stream_weights(specs: Sequence[_WeightSpec], seed: int, dtype: str,
                     data_files: Sequence[BinaryIO]) -> list[_StoredWeight]:
-    """Make each weight and append it (page-aligned) to every data file, one tensor at a time."""
+    """Make each weight and append it (page-aligned) to every data file, one block of rows at a time."""
     stored, end = [], 0
     for spec in specs:
-        values = _weight_values(spec, seed, dtype)
-        if values.nbytes < INLINE_MAX_BYTES:
-            stored.append(_StoredWeight(spec, inline=values.tobytes()))
+        nbytes = math.prod(spec.dims) * np.dtype(dtype).itemsize
+        if nbytes < INLINE_MAX_BYTES:
+            stored.append(_StoredWeight(spec, inline=b"".join(c.tobytes() for c in _weight_chunks(spec, seed, dtype))))
             continue
         offset = end + (-end % EXTERNAL_DATA_ALIGNMENT)
         for handle in data_files:
             handle.write(b"\0" * (offset - end))
-            handle.write(np.ascontiguousarray(values).data)
-        end = offset + values.nbytes
-        stored.append(_StoredWeight(spec, offset, values.nbytes))
-        del values  # keep at most one tensor alive
+        for chunk in _weight_chunks(spec, seed, dtype):
+            for handle in data_files:
+                handle.write(np.ascontiguousarray(chunk).data)
+        end = offset + nbytes
+        stored.append(_StoredWeight(spec, offset, nbytes))
     return stored
 
 
@@ -434,14 +449,14 @@ def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> D
         raise GenieBuildError(where, f"missing keys {missing}")
     dtype = config.get("torch_dtype", "float32")
     return DemoShape(**{field_: config[key] for field_, key in keys.items()}, ar=ar,
-                     weight_dtype=dtype if dtype in _WEIGHT_DTYPES else "float32")
+                     weight_dtype=dtype if dtype in WEIGHT_DTYPES else "float32")
 
 
 def generate_demo(shape: DemoShape, out_dir: str | Path) -> None:
     """Write ``prompt.onnx``/``token.onnx`` (each with its ``.onnx.data``) and ``config.json`` to ``out_dir``.
 
     Both graphs get the same initializers at the same offsets in their own data file; weights are made
-    and written one at a time, so peak memory is about the largest tensor.
+    and written in blocks of rows, so peak memory stays near :data:`WEIGHT_CHUNK_BYTES`.
 
     Raises:
         GenieBuildError: a file could not be written.

@@ -100,7 +100,15 @@ def read_encodings(path: str | os.PathLike[str]) -> Encodings:
         GenieBuildError: the file is missing, not JSON, of another version, or an entry is malformed
             (the message names the tensor).
     """
-    data = read_json(path)
+    return parse_encodings(read_json(path), path)
+
+
+def parse_encodings(data: Any, path: str | os.PathLike[str]) -> Encodings:
+    """Interpret the parsed JSON of an encodings file; ``path`` is only for messages.
+
+    Raises:
+        GenieBuildError: as :func:`read_encodings`.
+    """
     where = os.fspath(path)
     if not isinstance(data, dict):
         raise GenieBuildError(where, f"top level is {_json_kind(data)}, expected an object with 'version', "
@@ -137,7 +145,8 @@ def _parse_section_v061(path: str, data: dict, key: str, label: str) -> dict[str
 
 
 def _parse_entries_v061(where: _Where, name: str, entries: Any) -> TensorEncoding:
-    """0.6.1 gives a list per tensor: one entry per tensor, or one per channel."""
+    """0.6.1 gives a list per tensor: one entry per tensor, or one per channel. ``min``/``max`` are not
+    kept: they follow from scale and offset."""
     if not name:
         raise where.error("empty tensor name")
     if not isinstance(entries, list) or not entries:
@@ -210,9 +219,9 @@ def _parse_entry_v100(where: _Where, name: str, entry: dict) -> TensorEncoding:
         raise where.error(f"{len(scale)} scales but {len(offset)} offsets")
     if kind == "per_tensor" and len(scale) != 1:
         raise where.error(f"PER_TENSOR encoding has {len(scale)} scales, expected 1")
-    block_size = _positive_int(where, "block_size", _field(where, entry, "block_size")) \
-        if kind in ("per_block", "lpbq") else None
-    compressed_bitwidth = per_block_int_scale = None
+    block_size = compressed_bitwidth = per_block_int_scale = None
+    if kind in ("per_block", "lpbq"):
+        block_size = _positive_int(where, "block_size", _field(where, entry, "block_size"))
     if kind == "lpbq":
         compressed_bitwidth = _bitwidth(where, entry, "compressed_bw", "int")
         if compressed_bitwidth > bitwidth:
@@ -242,11 +251,12 @@ def _choice(where: _Where, entry: dict, key: str, choices: tuple[str, ...]) -> s
 
 def _bitwidth(where: _Where, entry: dict, key: str, dtype: str) -> int:
     value = _field(where, entry, key)
+    bitwidth = _as_int(value)
     supported = SUPPORTED_INT_BITWIDTHS if dtype == "int" else SUPPORTED_FLOAT_BITWIDTHS
-    if _as_int(value) not in supported:
+    if bitwidth not in supported:
         raise where.error(f"{key} {_short(value)} is not supported for {dtype} "
                           f"(supported: {', '.join(map(str, supported))})")
-    return _as_int(value)
+    return bitwidth
 
 
 def _nonempty_list(where: _Where, entry: dict, key: str) -> list:
@@ -459,7 +469,6 @@ def validate_against_model(enc: Encodings, path: str | os.PathLike[str], activat
             raise GenieBuildError(path, f"param encoding {name!r}: {exc.problem}") from None
 
 
-
 def _check_scale_count(encoding: TensorEncoding, shape: tuple[int, ...]) -> None:
     if encoding.kind == "per_channel":
         channel_axis(encoding.name, shape, len(encoding.scale))
@@ -475,6 +484,7 @@ def _check_scale_count(encoding: TensorEncoding, shape: tuple[int, ...]) -> None
         if found != expected:
             raise GenieBuildError(encoding.name, f"{found} {what} values, expected {expected} for shape "
                                                  f"{list(shape)} with block_size {encoding.block_size}")
+
 
 # ---------------------------------------------------------------------------------------------- slicing
 

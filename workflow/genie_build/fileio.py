@@ -18,6 +18,17 @@ from genie_build.errors import GenieBuildError
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish_mode(path: str | os.PathLike[str], base_mode: int) -> None:
+    """mkstemp/mkdtemp create private files (0600/0700); give the result the modes a plain open() would."""
+    os.chmod(path, base_mode & ~_current_umask())
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Any]:
     """Open a temporary file beside ``path``; on success fsync and rename it over ``path``.
@@ -26,13 +37,17 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Any]
         GenieBuildError: the file could not be written (disk full, file too large, permissions).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        _publish_mode(tmp, 0o666)
         os.replace(tmp, target)
     except OSError as exc:
         _unlink_quietly(tmp)
@@ -63,10 +78,14 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     An existing directory at ``path`` is replaced only after the new one is complete.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
     try:
         yield staging
+        _publish_mode(staging, 0o777)
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)

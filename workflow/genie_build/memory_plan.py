@@ -23,11 +23,14 @@ DEFAULT_MAX_CONTEXT_BYTES = 2048 * MIB      # 2 GiB
 DEFAULT_MAX_SESSION_BYTES = 3840 * MIB      # 3.75 GiB
 
 SOURCES = {
-    "AIHM": "qai-hub-models (v0.46.1) tutorials/llm/onboarding.md: the NPU \"is a 32-bit co-processor. "
-            "This restricts individual compiled models to approximately 1-2 GB.\"",
-    "HTPDOC": "Qualcomm QNN HTP backend manual (80-63442-10), \"Multiple cDSP Sessions\": each session has a "
-              "4 GB virtual address space of which only 3.75 GB is usable; a single context binary cannot be "
-              "split across sessions, and clients should keep the heap of a single context binary under 3 GB.",
+    "AIHM": "qai-hub-models v0.46.1 (https://github.com/quic/ai-hub-models), tutorials/llm/onboarding.md: "
+            "the NPU \"is a 32-bit co-processor. This restricts individual compiled models to approximately "
+            "1-2 GB.\"",
+    "HTPDOC": "Qualcomm QNN HTP backend manual, doc 80-63442-10 "
+              "(https://docs.qualcomm.com/doc/80-63442-10/topic/htp_backend.html), \"Multiple cDSP Sessions\": "
+              "each session has a 4 GB virtual address space of which only 3.75 GB is usable; a single context "
+              "binary cannot be split across sessions, and clients should keep the heap of a single context "
+              "binary under 3 GB.",
     "FIELD": "Field report (Qwen2.5-7B on a phone): an 11-part build of a 4.7 GB model failed to map the shared "
              "weights of contexts 8-10 (\"fastrpc memory map ... failed with error: 0x1\"), while a 6-part "
              "build of the same total loaded and ran with use-mmap and weight sharing.",
@@ -170,6 +173,8 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
     """The plan for people: a table per part, the checks against the limits, warnings, sources."""
     limits = plan.limits
     largest = plan.largest_part
+    # one unknown part makes the total unknown too
+    total_weights = _weights_mib(plan.total_weight_bytes) if all(p.weight_bytes for p in plan.parts) else "unknown"
     lines = [
         f"# Memory plan for `{plan.variant}` ({plan.num_contexts} contexts, sizes {plan.basis})",
         "",
@@ -178,12 +183,13 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
         f"| part | mapped weights (MiB) | context binary (MiB) | share of the {_mib(limits.max_context_bytes)} MiB "
         "per-context limit |",
         "|---:|---:|---:|---:|",
-        *(f"| {p.part} | {_mib(p.weight_bytes)} | {_mib(p.file_bytes)} | "
+        *(f"| {p.part} | {_weights_mib(p.weight_bytes)} | {_mib(p.file_bytes)} | "
           f"{100 * p.file_bytes / limits.max_context_bytes:.1f}% |" for p in plan.parts),
-        f"| **total** | **{_mib(plan.total_weight_bytes)}** | **{_mib(plan.total_file_bytes)}** | |",
+        f"| **total** | **{total_weights}** | **{_mib(plan.total_file_bytes)}** | |",
         "",
         "Mapped weights are the weight bytes each binary holds; with weight sharing the prompt and token graphs "
-        "map them once. 1 MiB = 1,048,576 bytes.",
+        "map them once (\"unknown\": the toolchain cannot read the weight section back). "
+        "1 MiB = 1,048,576 bytes.",
         "",
         "| check | value | limit | status | source |",
         "|---|---:|---:|---|---|",
@@ -241,6 +247,11 @@ def _check_row(plan: MemoryPlan, check: str, name: str, value: str, limit: str) 
     status = "**over**" if failed else ("not set" if limit == "none" else "ok")
     sources = ", ".join(_CHECK_SOURCES[check])
     return f"| {name} | {value} | {limit} | {status} | {sources} |"
+
+
+def _weights_mib(size: int) -> str:
+    """0 weight bytes is how a toolchain says it cannot tell (the QAIRT SDK's binary utility reports none)."""
+    return _mib(size) if size else "unknown"
 
 
 def _mib(size: int) -> str:

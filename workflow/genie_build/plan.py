@@ -1,22 +1,53 @@
 """Split planning: choose contiguous layer ranges per part, balanced by bytes after quantization.
 
+The model is a sequence of *pieces*: ``embedding``, ``layer_0`` .. ``layer_{L-1}``, ``head`` (final norm +
+LM head). Parts are contiguous runs of pieces. As in AI Hub Models' Genie exports, part 1 holds the
+embedding lookup alone by default, and the head always shares the last part with the last layer(s).
+
 Pure functions on names and sizes; no file I/O except :func:`write_plan` / :func:`read_plan`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import jsonschema
+import onnx
+
+from genie_build.encodings import Encodings, TensorEncoding
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json, write_json
+from genie_build.naming import part_label
+from genie_build.onnx_graph import InitializerSpec, initializer_specs
+
+FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
+SCALE_OFFSET_PAIR_BYTES = 4      # estimate for one stored scale/offset pair
+PER_BLOCK_INT_SCALE_BYTES = 1    # estimate for one LPBQ per-block integer scale
+MODES = ("num_parts", "max_part_mb")
+BOUNDARIES_KEY = "split.boundaries"
+NUM_PARTS_KEY = "split.num_parts"
+MAX_PART_KEY = "split.max_part_mb"
+MIB = 1024 * 1024
+
+_FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 
 
 @dataclass(frozen=True)
 class Piece:
     """An indivisible unit of the model for planning: the embedding, one decoder layer, or the head
-    (final norm + LM head). ``bytes`` is its weight size after quantization (from shapes + encodings)."""
+    (final norm + LM head). ``bytes`` is its weight size after quantization (from shapes + encodings).
+    ``output_boundary`` is the residual tensor it hands to the next piece (None for the head)."""
 
     name: str            # "embedding", "layer_0" .. "layer_{L-1}", "head"
     kind: str            # "embedding" | "layer" | "head"
     bytes: int
     layer: int | None = None
+    output_boundary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -24,7 +55,7 @@ class PartPlan:
     """One part: 1-based ``index``; the pieces it holds; the tensors it takes and gives at its cuts."""
 
     index: int
-    label: str                    # "01_of_06"
+    label: str                    # genie_build.naming.part_label: "1_of_6", "01_of_11"
     pieces: tuple[str, ...]
     first_layer: int | None       # None for an embedding-only part
     last_layer: int | None
@@ -41,3 +72,315 @@ class Plan:
     boundaries: tuple[str, ...]   # residual-stream tensors: after embedding, after each layer 0..L-1
     embedding_alone: bool
     mode: str                     # "num_parts" | "max_part_mb"
+    max_part_bytes: int | None = None   # the budget, in "max_part_mb" mode
+    pieces: tuple[Piece, ...] = ()      # every piece with its estimated bytes
+
+
+# ------------------------------------------------------------------------------------------- pieces
+
+def model_pieces(model: onnx.ModelProto, encodings: Encodings, boundaries: Sequence[str]) -> list[Piece]:
+    """The model's pieces with their weight bytes after quantization, computed without loading weights.
+
+    An initializer counts towards every piece that consumes it (a tied embedding/LM-head table is in the
+    first and the last part, as the split will duplicate it).
+
+    Args:
+        model: the prompt graph, loaded without weights.
+        encodings: its AIMET encodings; only ``params`` are used.
+        boundaries: the L + 1 boundary tensors (:func:`genie_build.boundaries.find_boundaries`).
+    """
+    owners = initializer_pieces(model, boundaries)
+    specs = initializer_specs(model)
+    totals = [0] * (len(boundaries) + 1)
+    for name, piece_indices in owners.items():
+        size = quantized_bytes(specs[name], encodings.params.get(name))
+        for index in piece_indices:
+            totals[index] += size
+    num_layers = len(boundaries) - 1
+    return [Piece("embedding", "embedding", totals[0], output_boundary=boundaries[0]),
+            *(Piece(f"layer_{layer}", "layer", totals[layer + 1], layer, boundaries[layer + 1])
+              for layer in range(num_layers)),
+            Piece("head", "head", totals[-1])]
+
+
+def initializer_pieces(model: onnx.ModelProto, boundaries: Sequence[str]) -> dict[str, frozenset[int]]:
+    """Which pieces consume each initializer: 0 = embedding, i + 1 = layer i, L + 1 = head.
+
+    A node's piece is the number of boundaries upstream of it: data from graph inputs starts in piece 0
+    and crossing boundary k moves it to piece k + 1. Nodes fed only by constants (weight Transposes,
+    Constant nodes) belong to the pieces of their consumers. Unused initializers are left out.
+    Relies on ONNX's topological node order; subgraph bodies (If/Loop) are not looked into.
+
+    Raises:
+        GenieBuildError: a boundary does not depend on the one before it (the boundaries do not cut the
+            residual stream in order), or is not computed from the graph inputs.
+    """
+    graph = model.graph
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            consumers.setdefault(name, []).append(index)
+    data_pieces = _data_flow_pieces(graph, boundaries)
+    node_pieces: list[frozenset[int]] = [frozenset()] * len(graph.node)
+    for index in reversed(range(len(graph.node))):
+        piece = data_pieces[index]
+        node_pieces[index] = frozenset({piece}) if piece is not None else frozenset().union(
+            *(node_pieces[consumer] for output in graph.node[index].output for consumer in consumers.get(output, ())))
+    return {tensor.name: frozenset().union(*(node_pieces[consumer] for consumer in consumers[tensor.name]))
+            for tensor in graph.initializer if tensor.name in consumers}
+
+
+def _data_flow_pieces(graph: onnx.GraphProto, boundaries: Sequence[str]) -> list[int | None]:
+    """Each node's piece from the graph inputs downstream (None for nodes fed by constants only)."""
+    cut_index = {name: index for index, name in enumerate(boundaries)}
+    initializers = {tensor.name for tensor in graph.initializer}
+    tensor_piece = {value.name: 0 for value in graph.input if value.name not in initializers}
+    pieces: list[int | None] = []
+    for node in graph.node:
+        upstream = [tensor_piece[name] for name in node.input if name in tensor_piece]
+        piece = max(upstream) if upstream else None
+        pieces.append(piece)
+        for output in node.output if piece is not None else ():
+            if output in cut_index:
+                _check_cut_order(output, cut_index[output], piece, boundaries)
+                tensor_piece[output] = cut_index[output] + 1
+            else:
+                tensor_piece[output] = piece
+    unreached = [name for name in boundaries if name not in tensor_piece]
+    if unreached:
+        raise GenieBuildError(BOUNDARIES_KEY, f"{unreached} are not computed from the graph inputs (missing or "
+                                              "constant); the boundaries must be the residual stream")
+    return pieces
+
+
+def _check_cut_order(name: str, index: int, producer_piece: int, boundaries: Sequence[str]) -> None:
+    if producer_piece != index:
+        previous = f"boundary {index - 1} {boundaries[index - 1]!r}" if index else "the graph inputs"
+        raise GenieBuildError(BOUNDARIES_KEY, f"boundary {index} {name!r} does not follow {previous} in the data "
+                                              "flow; the boundaries must be the residual stream after the "
+                                              "embedding and after each layer, in order")
+
+
+def quantized_bytes(spec: InitializerSpec, encoding: TensorEncoding | None) -> int:
+    """Estimated stored size of one initializer after conversion.
+
+    Integer encodings: ``count * bits / 8`` (LPBQ stores ``compressed_bitwidth`` bits) plus 4 bytes per
+    scale/offset pair and 1 byte per LPBQ block scale. Float encodings: ``count * bitwidth / 8``.
+    Float tensors without an encoding fall back to fp16; other tensors keep their size.
+    """
+    count = math.prod(spec.shape)
+    if encoding is None:
+        return count * FP16_FALLBACK_BYTES if spec.dtype in _FLOAT_DTYPES else spec.nbytes
+    if encoding.dtype == "float":
+        return math.ceil(count * encoding.bitwidth / 8)
+    stored_bits = encoding.compressed_bitwidth or encoding.bitwidth
+    return (math.ceil(count * stored_bits / 8) + SCALE_OFFSET_PAIR_BYTES * max(1, len(encoding.scale))
+            + PER_BLOCK_INT_SCALE_BYTES * len(encoding.per_block_int_scale or ()))
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+def plan_by_num_parts(pieces: Sequence[Piece], num_parts: int, embedding_alone: bool = True) -> Plan:
+    """Split the pieces into ``num_parts`` contiguous parts, minimising the largest part.
+
+    Invariants of the result: parts are contiguous and cover every piece once, in order; with
+    ``embedding_alone`` part 1 is exactly the embedding, else the embedding shares part 1 with layer 0;
+    the head is in the last part together with at least the last layer; no other arrangement with the
+    same constraints has a smaller largest part (among the layer parts; the embedding part is fixed),
+    and none with that largest part is more even (see :func:`_balanced_groups`).
+
+    Raises:
+        GenieBuildError: ``num_parts`` is outside the feasible range (stated in the message).
+    """
+    fixed, units = _planning_units(pieces, embedding_alone)
+    most = len(fixed) + len(units)
+    if not 2 <= num_parts <= most:
+        alone = "with the embedding alone in part 1" if embedding_alone else "with the embedding joining layer 0"
+        feasible = f"feasible: 2..{most}" if most >= 2 else "no split is possible: it needs 2 parts"
+        raise GenieBuildError(NUM_PARTS_KEY, f"{num_parts} parts requested, but this model of {len(pieces) - 2} "
+                                             f"layer(s) {alone} has {most} indivisible unit(s); {feasible}")
+    groups = _balanced_groups([_unit_bytes(unit) for unit in units], num_parts - len(fixed))
+    parts = [*fixed, *(tuple(piece for index in group for piece in units[index]) for group in groups)]
+    return _make_plan(pieces, parts, embedding_alone, mode="num_parts", max_part_bytes=None)
+
+
+def plan_by_max_part_bytes(pieces: Sequence[Piece], max_bytes: int, embedding_alone: bool = True) -> Plan:
+    """The fewest parts (at least 2) whose largest part is at most ``max_bytes``, balanced like
+    :func:`plan_by_num_parts`.
+
+    Raises:
+        GenieBuildError: ``max_bytes`` is below the largest indivisible unit (named, with its size and the
+            smallest feasible budget), or the model cannot be split in 2.
+    """
+    fixed, units = _planning_units(pieces, embedding_alone)
+    largest = max((*fixed, *units), key=_unit_bytes)
+    if _unit_bytes(largest) > max_bytes:
+        raise GenieBuildError(MAX_PART_KEY, f"a part limit of {_size_text(max_bytes)} is below the largest "
+                                            f"indivisible piece, {'+'.join(p.name for p in largest)} "
+                                            f"({_size_text(_unit_bytes(largest))}); feasible: "
+                                            f"{MAX_PART_KEY} >= {math.ceil(_unit_bytes(largest) / MIB * 100) / 100}")
+    num_parts = max(2, len(fixed) + _greedy_group_count([_unit_bytes(unit) for unit in units], max_bytes))
+    plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
+    return dataclasses.replace(plan, mode="max_part_mb", max_part_bytes=max_bytes)
+
+
+def _planning_units(pieces: Sequence[Piece], embedding_alone: bool
+                    ) -> tuple[list[tuple[Piece, ...]], list[tuple[Piece, ...]]]:
+    """(parts fixed in advance, units to balance). A unit never splits: the head joins the last layer,
+    and without ``embedding_alone`` the embedding joins layer 0."""
+    _check_pieces(pieces)
+    embedding, layers, head = pieces[0], list(pieces[1:-1]), pieces[-1]
+    units: list[tuple[Piece, ...]] = [(layer,) for layer in layers]
+    units[-1] = (*units[-1], head)
+    if embedding_alone:
+        return [(embedding,)], units
+    units[0] = (embedding, *units[0])
+    return [], units
+
+
+def _check_pieces(pieces: Sequence[Piece]) -> None:
+    kinds = [piece.kind for piece in pieces]
+    if len(pieces) < 3 or kinds[0] != "embedding" or kinds[-1] != "head" or set(kinds[1:-1]) != {"layer"}:
+        raise ValueError(f"pieces must be embedding, layer_0 .. layer_(L-1), head; got {[p.name for p in pieces]}")
+    if [piece.layer for piece in pieces[1:-1]] != list(range(len(pieces) - 2)):
+        raise ValueError(f"layer pieces out of order: {[p.name for p in pieces[1:-1]]}")
+    if any(piece.bytes < 0 for piece in pieces):
+        raise ValueError(f"negative piece size in {pieces}")
+
+
+def _unit_bytes(unit: Sequence[Piece]) -> int:
+    return sum(piece.bytes for piece in unit)
+
+
+def _balanced_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
+    """Split ``sizes`` into ``num_groups`` contiguous non-empty groups: the largest group sum as small as
+    possible, then the groups as even as possible.
+
+    Requires ``1 <= num_groups <= len(sizes)`` and sizes >= 0.
+    1. The optimal bound B is the least integer for which greedy packing (optimal for a fixed bound)
+       needs at most ``num_groups`` groups; binary search over ``[max(sizes), sum(sizes)]`` finds it.
+       Splitting a group never raises a sum, so exactly ``num_groups`` groups within B exist too.
+    2. Among the splits with every group <= B, dynamic programming over prefixes picks the one with the
+       least sum of squared group sums (the most even); ties go to the split whose earlier groups are fuller.
+
+    Returns:
+        The unit indices of each group.
+    """
+    low, high = max(sizes), sum(sizes)
+    while low < high:
+        middle = (low + high) // 2
+        if _greedy_group_count(sizes, middle) <= num_groups:
+            high = middle
+        else:
+            low = middle + 1
+    count = len(sizes)
+    prefix = [0, *itertools.accumulate(sizes)]
+    # cost[j][i]: least sum of squares splitting sizes[:i] into j groups within the bound;
+    # start[j][i]: where the j-th group begins in that split.
+    cost: list[list[int | None]] = [[None] * (count + 1) for _ in range(num_groups + 1)]
+    start: list[list[int]] = [[0] * (count + 1) for _ in range(num_groups + 1)]
+    cost[0][0] = 0
+    for groups in range(1, num_groups + 1):
+        for end in range(groups, count - (num_groups - groups) + 1):
+            for begin in range(end - 1, groups - 2, -1):   # latest start first: ties keep earlier groups fuller
+                group = prefix[end] - prefix[begin]
+                if group > low:
+                    break
+                before = cost[groups - 1][begin]
+                if before is not None and (cost[groups][end] is None or before + group * group < cost[groups][end]):
+                    cost[groups][end], start[groups][end] = before + group * group, begin
+    result = []
+    end = count
+    for groups in range(num_groups, 0, -1):
+        result.append(list(range(start[groups][end], end)))
+        end = start[groups][end]
+    return result[::-1]
+
+
+def _greedy_group_count(sizes: Sequence[int], bound: int) -> int:
+    """How many contiguous groups of sum <= ``bound`` greedy packing makes (each size must be <= bound)."""
+    count, total = 1, 0
+    for size in sizes:
+        if total + size > bound:
+            count, total = count + 1, 0
+        total += size
+    return count
+
+
+def _make_plan(pieces: Sequence[Piece], parts: Sequence[tuple[Piece, ...]], embedding_alone: bool,
+               mode: str, max_part_bytes: int | None) -> Plan:
+    part_plans = []
+    for index, part in enumerate(parts, start=1):
+        layers = [piece.layer for piece in part if piece.layer is not None]
+        part_plans.append(PartPlan(
+            index=index, label=part_label(index, len(parts)), pieces=tuple(piece.name for piece in part),
+            first_layer=min(layers, default=None), last_layer=max(layers, default=None),
+            input_boundary=parts[index - 2][-1].output_boundary if index > 1 else None,
+            output_boundary=part[-1].output_boundary, estimated_bytes=_unit_bytes(part)))
+    return Plan(num_parts=len(parts), parts=tuple(part_plans), num_layers=len(pieces) - 2,
+                boundaries=tuple(piece.output_boundary for piece in pieces[:-1]), embedding_alone=embedding_alone,
+                mode=mode, max_part_bytes=max_part_bytes, pieces=tuple(pieces))
+
+
+def _size_text(size: int) -> str:
+    return f"{size} bytes ({size / MIB:.2f} MiB)"
+
+
+# ------------------------------------------------------------------------------------------- plan.json
+
+_NAME = {"type": "string", "minLength": 1}
+_OPTIONAL_NAME = {"type": ["string", "null"]}
+_OPTIONAL_INT = {"type": ["integer", "null"]}
+_COUNT = {"type": "integer", "minimum": 0}
+PLAN_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["num_parts", "mode", "max_part_bytes", "num_layers", "embedding_alone", "boundaries",
+                 "pieces", "parts"],
+    "properties": {
+        "num_parts": {"type": "integer", "minimum": 2},
+        "mode": {"enum": list(MODES)},
+        "max_part_bytes": _OPTIONAL_INT,
+        "num_layers": {"type": "integer", "minimum": 1},
+        "embedding_alone": {"type": "boolean"},
+        "boundaries": {"type": "array", "items": _NAME},
+        "pieces": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["name", "kind", "bytes", "layer", "output_boundary"],
+            "properties": {"name": _NAME, "kind": {"enum": ["embedding", "layer", "head"]}, "bytes": _COUNT,
+                           "layer": _OPTIONAL_INT, "output_boundary": _OPTIONAL_NAME}}},
+        "parts": {"type": "array", "minItems": 2, "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["index", "label", "pieces", "first_layer", "last_layer", "input_boundary",
+                         "output_boundary", "estimated_bytes"],
+            "properties": {"index": {"type": "integer", "minimum": 1}, "label": _NAME,
+                           "pieces": {"type": "array", "minItems": 1, "items": _NAME},
+                           "first_layer": _OPTIONAL_INT, "last_layer": _OPTIONAL_INT,
+                           "input_boundary": _OPTIONAL_NAME, "output_boundary": _OPTIONAL_NAME,
+                           "estimated_bytes": _COUNT}}},
+    },
+}
+
+
+def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
+    """Write ``plan.json`` atomically; the same plan always gives the same bytes."""
+    write_json(path, dataclasses.asdict(plan))
+
+
+def read_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read ``plan.json`` written by :func:`write_plan`.
+
+    Raises:
+        GenieBuildError: the file is missing, not JSON, or not a plan (the message says which field).
+    """
+    data = read_json(path)
+    try:
+        jsonschema.validate(data, PLAN_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        field = "/".join(str(key) for key in exc.absolute_path) or "top level"
+        raise GenieBuildError(path, f"not a valid plan: {field}: {exc.message}") from None
+    if len(data["parts"]) != data["num_parts"]:
+        raise GenieBuildError(path, f"not a valid plan: num_parts is {data['num_parts']} but "
+                                    f"{len(data['parts'])} parts are listed")
+    parts = tuple(PartPlan(**{**part, "pieces": tuple(part["pieces"])}) for part in data["parts"])
+    return Plan(**{**data, "parts": parts, "boundaries": tuple(data["boundaries"]),
+                   "pieces": tuple(Piece(**piece) for piece in data["pieces"])})

@@ -12,13 +12,14 @@ import io
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from genie_build import fileio
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.base import BinaryInfo
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +101,14 @@ def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float 
     the binary reports. An option the binary does not report on is judged by size alone.
     """
     baseline = baseline_record["variant"]
-    sizes = f"{record['bytes']:,} bytes vs {baseline_record['bytes']:,} bytes in {baseline}"
+    comparison = f"{record['bytes']:,} bytes vs {baseline_record['bytes']:,} bytes in {baseline}"
     reasons = []
     if record["requested"].get("weights_packing"):
         if _reported_off(record["applied"], "weights_packing"):
-            reasons.append(f"weights_packing requested but the binary reports it not applied: {sizes}")
+            reasons.append(f"weights_packing requested but the binary reports it not applied: {comparison}")
         elif (not baseline_record["requested"].get("weights_packing")
               and _reduction(record["bytes"], baseline_record["bytes"]) < min_reduction):
-            reasons.append(f"weights_packing requested but no effect: {sizes}")
+            reasons.append(f"weights_packing requested but no effect: {comparison}")
     if record["requested"].get("weight_sharing_enabled") and _reported_off(record["applied"],
                                                                            "weight_sharing_enabled"):
         reasons.append("weight_sharing_enabled requested but the binary reports it not applied")
@@ -132,6 +133,9 @@ def build_size_table(records: Sequence[dict], baseline: str, *, strict: bool = F
         GenieBuildError: no records, unknown baseline, a duplicate part, variants covering different
             parts, or (``strict``) a flagged row.
     """
+    # Imported here: ``account`` also runs in the QAIRT SDK's Python env, which need not have pandas.
+    import pandas as pd
+
     by_key = _index_records(records, baseline)
     variant_order = _variant_order(records, baseline)
     rows = []
@@ -151,8 +155,8 @@ def build_size_table(records: Sequence[dict], baseline: str, *, strict: bool = F
 
 
 def size_table_csv(table: pd.DataFrame) -> str:
-    """The tidy table as CSV text (``\\n`` line ends, full float precision)."""
-    return table.to_csv(index=False, lineterminator="\n")
+    """The tidy table as CSV text (``\\n`` line ends, reductions to six decimals)."""
+    return table.to_csv(index=False, lineterminator="\n", float_format="%.6f")
 
 
 def size_table_markdown(table: pd.DataFrame) -> str:
@@ -200,8 +204,7 @@ def size_table_markdown(table: pd.DataFrame) -> str:
 
 def size_chart_png(table: pd.DataFrame) -> bytes:
     """Grouped bars per part, one colour per variant, totals in the legend; flagged bars hatched."""
-    # Imported here: matplotlib takes about a second to import, and every CLI command imports this module's
-    # command at start-up.
+    # Imported here: matplotlib takes about a second to import and only the size-table command draws.
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -213,13 +216,15 @@ def size_chart_png(table: pd.DataFrame) -> bytes:
 
     figure = Figure(figsize=(max(6.0, 1.0 + 0.9 * len(parts) * len(variants) ** 0.5), 4.0), dpi=100)
     axes = figure.subplots()
+    # legend entries built by hand: bar() would take a variant's entry from its first bar, hatched or not
+    handles = []
     for index, variant in enumerate(variants):
         rows = table[table["variant"] == variant].sort_values("part")
         offsets = [parts.index(part) + (index - (len(variants) - 1) / 2) * width for part in rows["part"]]
         axes.bar(offsets, rows["bytes"] / scale, width, color=f"C{index}",
-                 hatch=["//" if flag else "" for flag in rows["flag"]],
-                 label=f"{variant}: total {_format_size(int(rows['bytes'].sum()), scale)} {unit}")
-    handles, _ = axes.get_legend_handles_labels()
+                 hatch=["//" if flag else "" for flag in rows["flag"]])
+        handles.append(Patch(color=f"C{index}",
+                             label=f"{variant}: total {_format_size(int(rows['bytes'].sum()), scale)} {unit}"))
     if table["flag"].astype(bool).any():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="flagged: no effect"))
     axes.legend(handles=handles)

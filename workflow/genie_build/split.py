@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 import onnx
-from google.protobuf.message import DecodeError
 
 from genie_build import __version__
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, copy_range
 from genie_build.naming import GRAPH_KINDS, graph_name
+from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.plan import PartPlan, Plan
 
 logger = logging.getLogger(__name__)
@@ -99,11 +99,16 @@ def split_graph(model_path: str | os.PathLike[str], plan: Plan, out_dir: str | o
 
 
 def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -> None:
+    """Write every part of one graph into ``out_dir`` (a staging directory), checking each one."""
     if graph_kind not in GRAPH_KINDS:
         raise ValueError(f"graph kind {graph_kind!r} is not one of {GRAPH_KINDS}")
     model = load_graph(model_path)
-    model = ensure_value_info(model, [name for part in plan.parts for name in _boundaries(part)], model_path)
-    for part, spec in zip(plan.parts, plan_parts(model, plan, model_path)):
+    check_external_data(model, model_path)
+    specs = plan_parts(model, plan, model_path)
+    # Shape inference only adds value_info, so the specs' node indices stay valid.
+    model = ensure_value_info(model, [name for spec in specs for name in (*spec.inputs, *spec.outputs)],
+                              model_path)
+    for part, spec in zip(plan.parts, specs):
         part_model = build_part(model, spec, _part_graph_name(model, graph_kind, part, plan.num_parts))
         onnx_path = out_dir / _part_file(spec)
         copy_external_data(part_model, model_path.parent, onnx_path.with_name(onnx_path.name + ".data"))
@@ -111,20 +116,6 @@ def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -
         check_part(onnx_path)
         logger.info("%s: %d nodes, inputs %s, %d outputs", onnx_path.name, len(spec.node_indices),
                     list(spec.inputs), len(spec.outputs))
-
-
-def load_graph(model_path: Path) -> onnx.ModelProto:
-    """Load the graph only (external tensors stay references to the data file).
-
-    Raises:
-        GenieBuildError: the file is missing or not an ONNX model.
-    """
-    try:
-        return onnx.load(model_path, load_external_data=False)
-    except FileNotFoundError:
-        raise GenieBuildError(model_path, "file not found") from None
-    except DecodeError as exc:
-        raise GenieBuildError(model_path, f"not an ONNX model: {exc}") from None
 
 
 def ensure_value_info(model: onnx.ModelProto, names: Iterable[str], where: Path) -> onnx.ModelProto:
@@ -163,27 +154,25 @@ def plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec
         One :class:`PartSpec` per plan part, in part order.
 
     Raises:
-        GenieBuildError: the plan's cuts do not chain, a cut tensor is not in the graph, a part needs a
-            tensor an earlier part computes other than through its cut, or a graph output belongs to no part.
+        GenieBuildError: the plan's cuts do not chain or are not in the graph, a tensor other than the
+            boundary crosses a cut, or a graph output is computed by no node.
     """
     _check_plan_chain(plan, where)
     graph = model.graph
     producers = _producers(graph)
-    consumers = _consumers(graph)
-    for part in plan.parts:
-        for name in _boundaries(part):
-            if name not in producers:
-                raise GenieBuildError(where, f"part {part.label}: boundary tensor {name!r} is not produced "
-                                             "by any node of the graph")
-    owners = _assign_outputs(graph, plan, producers, consumers, where)
-    graph_inputs = [v.name for v in graph.input]
+    depths = node_depths(graph, plan, producers, where)
+    owners = {}
+    for output in graph.output:
+        if output.name not in producers:
+            raise GenieBuildError(where, f"graph output {output.name!r} is not computed by any node, so it "
+                                         "belongs to no part")
+        owners[output.name] = depths[producers[output.name]]
+    graph_inputs = [spec.name for spec in graph_io(model).inputs]
     specs = []
     for position, part in enumerate(plan.parts):
         outputs = ([part.output_boundary] if part.output_boundary else []) + [
             v.name for v in graph.output if owners[v.name] == position]
-        earlier_cuts = {p.output_boundary for p in plan.parts[:max(position - 1, 0)]}
-        nodes, needed = _walk_back(graph, outputs, part.input_boundary, earlier_cuts, producers, where,
-                                   part.label)
+        nodes, needed = _walk_back(graph, outputs, plan, position, depths, producers, where)
         inputs = ([part.input_boundary] if part.input_boundary else []) + [
             name for name in graph_inputs if name in needed]
         specs.append(PartSpec(part.label, tuple(inputs), tuple(outputs), tuple(sorted(nodes))))
@@ -204,45 +193,47 @@ def _check_plan_chain(plan: Plan, where: Path) -> None:
                                          f"{before.label} gives {before.output_boundary!r}")
 
 
-def _boundaries(part: PartPlan) -> list[str]:
-    return [name for name in (part.input_boundary, part.output_boundary) if name]
+def node_depths(graph: onnx.GraphProto, plan: Plan, producers: dict[str, int], where: Path) -> list[int]:
+    """For each node, how many of the plan's cuts it depends on: the 0-based part it belongs to.
 
+    Part ``i`` owns the nodes that depend on its input boundary but not on its output boundary. Nodes
+    that depend on no cut (the embedding, and the RoPE/mask preamble) get 0.
 
-def _assign_outputs(graph: onnx.GraphProto, plan: Plan, producers: dict[str, int],
-                    consumers: dict[str, list[int]], where: Path) -> dict[str, int]:
-    """Map each graph output to the (0-based) part whose nodes produce it.
-
-    Part ``i`` owns the nodes that depend on its input boundary but not on its output boundary, so
-    ownership is the number of cuts the producing node depends on.
+    Raises:
+        GenieBuildError: a cut tensor is not produced by a node, or a cut does not depend on the one
+            before it (the plan's cuts are out of order).
     """
+    consumers = _consumers(graph)
     cuts = [part.output_boundary for part in plan.parts[:-1]]
-    downstream = [_descendants(cut, consumers, graph) for cut in cuts]
-    for position, cut in enumerate(cuts[1:], start=1):
-        if producers[cut] not in downstream[position - 1]:
+    depths = [0] * len(graph.node)
+    for position, cut in enumerate(cuts):
+        if cut not in producers:
+            raise GenieBuildError(where, f"part {plan.parts[position].label}: boundary tensor {cut!r} is not "
+                                         "produced by any node of the graph")
+        if depths[producers[cut]] != position:
             raise GenieBuildError(where, f"plan: boundary {cut!r} of part {plan.parts[position].label} does "
                                          f"not depend on the boundary before it ({cuts[position - 1]!r})")
-    owners = {}
-    for output in graph.output:
-        if output.name not in producers:
-            raise GenieBuildError(where, f"graph output {output.name!r} is not computed by any node, so it "
-                                         "belongs to no part")
-        node = producers[output.name]
-        owners[output.name] = sum(node in nodes for nodes in downstream)
-    return owners
+        for index in _descendants(cut, consumers, graph):
+            depths[index] += 1
+    return depths
 
 
-def _walk_back(graph: onnx.GraphProto, outputs: list[str], stop_at: str | None, forbidden: set[str],
-               producers: dict[str, int], where: Path, label: str) -> tuple[set[int], set[str]]:
-    """Collect the nodes that compute ``outputs``, stopping at ``stop_at``.
+def _walk_back(graph: onnx.GraphProto, outputs: list[str], plan: Plan, position: int, depths: list[int],
+               producers: dict[str, int], where: Path) -> tuple[set[int], set[str]]:
+    """Collect the nodes that compute part ``position``'s ``outputs``, stopping at its input boundary.
+
+    Nodes of depth 0 that are reached (the preamble) are copied into the part; reaching a node of an
+    earlier part (depth 1 .. position - 1) means a tensor other than the boundary crosses a cut.
 
     Returns:
         The node indices, and the names they read that no collected node produces (graph inputs and
-        initializers; ``stop_at`` is left out).
+        initializers; the input boundary is left out).
 
     Raises:
-        GenieBuildError: the walk reaches an earlier part's cut (the plan's cut is not clean), or a tensor
-            that is neither produced, an initializer nor a graph input.
+        GenieBuildError: a tensor other than the boundary crosses a cut, or a tensor is neither
+            produced, an initializer nor a graph input.
     """
+    part = plan.parts[position]
     initializers = {t.name for t in graph.initializer}
     graph_inputs = {v.name for v in graph.input}
     nodes: set[int] = set()
@@ -250,21 +241,22 @@ def _walk_back(graph: onnx.GraphProto, outputs: list[str], stop_at: str | None, 
     stack = list(outputs)
     while stack:
         name = stack.pop()
-        if name == stop_at or name in needed:
+        if name == part.input_boundary or name in needed:
             continue
-        if name in forbidden:
-            raise GenieBuildError(where, f"part {label} needs {name!r}, a boundary of an earlier part: the "
-                                         "cut before this part is not clean (another tensor crosses it)")
         if name in producers:
             index = producers[name]
+            if 0 < depths[index] < position:
+                raise GenieBuildError(where, f"part {part.label} reads {name!r}, computed in part "
+                                             f"{plan.parts[depths[index]].label}: only the boundary "
+                                             f"{part.input_boundary!r} may cross the cut")
             if index not in nodes:
                 nodes.add(index)
                 stack.extend(node_inputs(graph.node[index]))
         elif name in initializers or name in graph_inputs:
             needed.add(name)
         else:
-            raise GenieBuildError(where, f"part {label} needs tensor {name!r}, which no node, initializer "
-                                         "or graph input provides")
+            raise GenieBuildError(where, f"part {part.label} needs tensor {name!r}, which no node, "
+                                         "initializer or graph input provides")
     return nodes, needed
 
 

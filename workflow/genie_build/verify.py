@@ -19,7 +19,8 @@ import onnx
 import onnxruntime as ort
 
 from genie_build.errors import GenieBuildError
-from genie_build.split import TOKEN_INPUT, load_graph
+from genie_build.onnx_graph import graph_io, load_graph
+from genie_build.split import TOKEN_INPUT
 
 CPU = ["CPUExecutionProvider"]
 FLOAT_RANGE = (-1.0, 1.0)
@@ -82,13 +83,10 @@ def compare_chain(full_model_path: str | os.PathLike[str], part_paths: Sequence[
         GenieBuildError: the parts do not chain, or a full-graph output is given by no part.
     """
     full_path = Path(full_model_path)
-    session = _session(full_path)
-    names = [output.name for output in session.get_outputs()]
-    expected = dict(zip(names, session.run(names, _inputs_for(session, feed, full_path))))
-    del session  # the full model's weights need not stay in memory while the parts run
+    expected = run_graph(full_path, feed)
     chained, given_by = run_chain([Path(p) for p in part_paths], feed)
     checks = []
-    for name in names:
+    for name in expected:
         if name not in chained:
             raise GenieBuildError(full_path, f"output {name!r} is not given by any part")
         checks.append(compare_arrays(name, given_by[name], expected[name], chained[name]))
@@ -108,9 +106,7 @@ def run_chain(part_paths: Sequence[Path], feed: Mapping[str, np.ndarray]
     values: dict[str, np.ndarray] = dict(feed)
     given_by: dict[str, str] = {}
     for path in part_paths:
-        session = _session(path)
-        names = [output.name for output in session.get_outputs()]
-        for name, value in zip(names, session.run(names, _inputs_for(session, values, path))):
+        for name, value in run_graph(path, values).items():
             if name in given_by:
                 raise GenieBuildError(path, f"output {name!r} is already given by {given_by[name]}")
             values[name] = value
@@ -131,20 +127,31 @@ def compare_arrays(name: str, part: str, expected: np.ndarray, actual: np.ndarra
     return OutputCheck(name, part, str(actual.dtype), tuple(actual.shape), diff, bit_exact)
 
 
-def _session(path: Path) -> ort.InferenceSession:
+def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run one graph in onnxruntime (CPU, default options), taking its inputs by name from ``values``.
+
+    The session is dropped on return, so only one graph's weights are in memory at a time.
+
+    Returns:
+        Every graph output by name, in graph order.
+
+    Raises:
+        GenieBuildError: an input is missing from ``values``, or onnxruntime cannot load or run the graph.
+    """
     try:
-        return ort.InferenceSession(os.fspath(path), providers=CPU)
-    except Exception as exc:  # onnxruntime raises its own exception types, not exported stably
+        session = ort.InferenceSession(os.fspath(path), providers=CPU)
+    except Exception as exc:  # onnxruntime's error types derive from Exception only and are not exported
         raise GenieBuildError(path, f"onnxruntime cannot load it: {exc}") from None
-
-
-def _inputs_for(session: ort.InferenceSession, values: Mapping[str, np.ndarray], where: Path
-                ) -> dict[str, np.ndarray]:
     wanted = [arg.name for arg in session.get_inputs()]
     missing = [name for name in wanted if name not in values]
     if missing:
-        raise GenieBuildError(where, f"input(s) {missing} are neither in the feed nor given by an earlier part")
-    return {name: values[name] for name in wanted}
+        raise GenieBuildError(path, f"input(s) {missing} are neither in the feed nor given by an earlier part")
+    names = [output.name for output in session.get_outputs()]
+    try:
+        outputs = session.run(names, {name: values[name] for name in wanted})
+    except Exception as exc:  # as above
+        raise GenieBuildError(path, f"onnxruntime cannot run it: {exc}") from None
+    return dict(zip(names, outputs))
 
 
 def build_feed(model_path: str | os.PathLike[str], *, vocab: int | None = None, seed: int = 0
@@ -160,33 +167,40 @@ def build_feed(model_path: str | os.PathLike[str], *, vocab: int | None = None, 
         GenieBuildError: an input has a dynamic dimension, or the vocabulary size cannot be found.
     """
     path = Path(model_path)
-    graph = load_graph(path).graph
-    token_input, table_rows = find_token_input(graph)
+    model = load_graph(path)
+    token_input, table_rows = find_token_input(model)
     feed = {}
-    for value in graph.input:
-        shape = _static_shape(value, path)
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        rng = np.random.default_rng([seed, zlib.crc32(value.name.encode())])
-        if value.name == token_input:
+    for spec in graph_io(model).inputs:
+        if not all(isinstance(dim, int) for dim in spec.shape):
+            raise GenieBuildError(path, f"input {spec.name!r} has a dynamic shape {list(spec.shape)}; "
+                                        "pass a feed instead")
+        dtype = np.dtype(spec.dtype)
+        rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+        if spec.name == token_input:
             rows = vocab or table_rows
             if not rows:
-                raise GenieBuildError(path, f"cannot find the vocabulary size for {value.name!r}; pass it")
-            feed[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
+                raise GenieBuildError(path, f"cannot find the vocabulary size for {spec.name!r}; pass it")
+            feed[spec.name] = rng.integers(0, rows, size=spec.shape).astype(dtype)
         elif np.issubdtype(dtype, np.floating):
-            feed[value.name] = rng.uniform(*FLOAT_RANGE, size=shape).astype(dtype)
+            feed[spec.name] = rng.uniform(*FLOAT_RANGE, size=spec.shape).astype(dtype)
         else:
-            feed[value.name] = np.ones(shape, dtype=dtype)
+            feed[spec.name] = np.ones(spec.shape, dtype=dtype)
     return feed
 
 
-def find_token_input(graph: onnx.GraphProto) -> tuple[str, int | None]:
+def find_token_input(model: onnx.ModelProto) -> tuple[str, int | None]:
     """The graph input holding token ids and the row count of the table it indexes.
 
     It is the input that reaches a Gather's indices through id-preserving ops only (Cast, Reshape, …)
-    where the Gather's data is an initializer; without one, ``input_ids`` and no row count.
+    where the Gather's data is a 2-D initializer, possibly through a Cast (fp16-stored weights); without
+    one, ``input_ids`` and no row count.
     """
+    graph = model.graph
     tables = {t.name: t.dims[0] for t in graph.initializer if len(t.dims) == 2}
-    for value in graph.input:
+    for node in graph.node:
+        if node.op_type in ("Cast", "Identity") and node.input[0] in tables:
+            tables[node.output[0]] = tables[node.input[0]]
+    for value in graph_io(model).inputs:
         reached = {value.name}
         for node in graph.node:  # nodes are topologically sorted, so one pass follows every chain
             if node.op_type == "Gather" and node.input[1] in reached and node.input[0] in tables:
@@ -194,11 +208,3 @@ def find_token_input(graph: onnx.GraphProto) -> tuple[str, int | None]:
             if node.op_type in _ID_PRESERVING_OPS and node.input and node.input[0] in reached:
                 reached.update(node.output)
     return TOKEN_INPUT, None
-
-
-def _static_shape(value: onnx.ValueInfoProto, where: Path) -> tuple[int, ...]:
-    dims = value.type.tensor_type.shape.dim
-    if any(not dim.HasField("dim_value") for dim in dims):
-        raise GenieBuildError(where, f"input {value.name!r} has a dynamic shape "
-                                     f"{[d.dim_param or d.dim_value for d in dims]}; pass a feed instead")
-    return tuple(dim.dim_value for dim in dims)

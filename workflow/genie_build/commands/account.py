@@ -8,6 +8,7 @@ from pathlib import Path
 
 from genie_build import fileio, naming
 from genie_build.errors import GenieBuildError
+from genie_build.sizes import account_binary, check_part_graphs
 from genie_build.toolchains import get_toolchain
 
 
@@ -24,9 +25,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: sizes imports pandas, and the CLI imports every command module at start-up.
-    from genie_build.sizes import account_binary, check_part_graphs
-
     try:
         part, _ = naming.parse_part_label(args.part_label)
     except ValueError as exc:

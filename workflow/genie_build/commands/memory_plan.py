@@ -7,6 +7,7 @@ from pathlib import Path
 
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
                                      part_sizes_from_records, plan_memory, write_memory_plan)
+from genie_build.sizes import read_record
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,16 +19,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="per context binary, MiB (default %(default)s: AIHM's ~1-2 GB per compiled model)")
     parser.add_argument("--max-session-mb", type=_positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
                         help="per HTP session, MiB (default %(default)s: 3.75 GiB usable, HTP manual)")
-    parser.add_argument("--max-contexts", type=int, default=None, help="warn above this many contexts (default: no limit)")
+    parser.add_argument("--max-contexts", type=_positive_int, default=None,
+                        help="warn above this many contexts (default: no limit)")
     parser.add_argument("--json", required=True, type=Path, help="memory_plan.json")
     parser.add_argument("--md", required=True, type=Path, help="memory_plan.md")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: sizes imports pandas, and the CLI imports every command module at start-up.
-    from genie_build.sizes import read_record
-
     records = [read_record(path) for path in args.records]
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB), max_contexts=args.max_contexts)
@@ -38,6 +37,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if value <= 0:
+    if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value

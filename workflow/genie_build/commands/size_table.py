@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.sizes import build_size_table, read_record, write_size_table
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("size-table", help="A/B table of context binary sizes per part and variant, "
@@ -19,9 +21,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: sizes imports pandas, and the CLI imports every command module at start-up.
-    from genie_build.sizes import build_size_table, read_record, write_size_table
-
     records = [read_record(path) for path in args.records]
     table = build_size_table(records, args.baseline, strict=args.strict)
     write_size_table(table, args.csv, args.md, args.png)

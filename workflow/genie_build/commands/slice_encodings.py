@@ -26,7 +26,7 @@ from genie_build.encodings import (
 )
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory
-from genie_build.naming import GRAPH_KINDS, parse_part_label
+from genie_build.naming import GRAPH_KINDS, parse_part_label, part_label
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         other = read_encodings(args.consistent_with)
         check_graphs_consistent(*((enc, other) if args.graph == "prompt" else (other, enc)))
 
-    slices = {label: slice_encodings(enc, *part_tensor_names(path)) for label, path in find_parts(args.parts_dir).items()}
+    slices = {label: slice_encodings(enc, *part_tensor_names(path))
+              for label, path in find_parts(args.parts_dir).items()}
     check_boundary_consistency(slices)
     _log_coverage(args.graph, enc, slices)
 
@@ -83,15 +84,13 @@ def find_parts(parts_dir: Path) -> dict[str, Path]:
     for path in paths:
         label = path.name.removeprefix("part_").removesuffix(".onnx")
         try:
-            parse_part_label(label)
+            _, num_parts = parse_part_label(label)
         except ValueError as exc:
             raise GenieBuildError(path, str(exc)) from None
         parts[label] = path
-    indices = sorted(parse_part_label(label) for label in parts)
-    num_parts = indices[0][1]
-    if indices != [(index, num_parts) for index in range(1, num_parts + 1)]:
-        raise GenieBuildError(parts_dir, f"part files {sorted(parts)} are not exactly parts 1..{num_parts} "
-                                         f"of {num_parts}")
+    expected = [part_label(index, num_parts) for index in range(1, num_parts + 1)]
+    if list(parts) != expected:
+        raise GenieBuildError(parts_dir, f"part files {', '.join(parts)} are not exactly parts {', '.join(expected)}")
     return parts
 
 

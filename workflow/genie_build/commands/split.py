@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from genie_build import plan as planning
+from genie_build.plan import read_plan
 from genie_build.split import split_model
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    parts = split_model(args.prompt, args.token, planning.read_plan(args.plan), args.out_dir)
+    parts = split_model(args.prompt, args.token, read_plan(args.plan), args.out_dir)
     for kind, paths in parts.items():
         logger.info("%s: %d parts in %s", kind, len(paths), paths[0].parent)
     return 0

@@ -1,0 +1,3 @@
+from qairt.api.compiler.config import CompileConfig
+
+__all__ = ["CompileConfig"]

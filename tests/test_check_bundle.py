@@ -1,0 +1,281 @@
+"""check-bundle: accepts well-formed bundles (ours and the vendor's structure) and rejects each violation of
+Genie's load-time rules with a finding naming its rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bundle_helpers import (demo_hf_config, edit_json, quant, replace_tensor, synthetic_infos, write_bundle,
+                            write_tokenizer)
+from genie_build.check_bundle import METADATA_NAME, RULES, Finding, check_bundle, dump_metadata, require_valid_bundle
+from genie_build.cli import main
+from genie_build.errors import GenieBuildError
+
+VENDOR = Path("/work/shared/data/vendor-genie-configs")
+QWEN_VOCAB = 152064
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]
+
+
+def rules(findings: list[Finding], severity: str = "error") -> set[str]:
+    return {f.rule for f in findings if f.severity == severity}
+
+
+@pytest.fixture()
+def bundle(tmp_path: Path) -> Path:
+    return write_bundle(tmp_path / "bundle")
+
+
+def test_well_formed_bundle_passes(bundle: Path) -> None:
+    assert check_bundle(bundle) == []
+    assert check_bundle(bundle, chipset="SM8750") == []
+    assert require_valid_bundle(bundle) == []
+
+
+def test_eleven_parts_with_unpadded_names_are_rejected(tmp_path: Path) -> None:
+    padded = write_bundle(tmp_path / "padded", synthetic_infos(num_parts=11))
+    assert errors(check_bundle(padded)) == []
+    unpadded = write_bundle(tmp_path / "unpadded", synthetic_infos(num_parts=11, padded=False))
+    findings = errors(check_bundle(unpadded))
+    assert rules(findings) == {"graph-order"} and len(findings) == 2  # one per (AR, CL): prompt and token
+    prompt = next(f.message for f in findings if f.message.startswith("AR 32, CL 256"))
+    assert "'prompt_ar32_cl256_10_of_11' sorts to split 1 but sits in part 10" in prompt
+    assert "not zero-padded" in prompt and "(e.g. '_01_of_11')" in prompt
+
+
+def test_nine_parts_with_unpadded_names_are_fine(tmp_path: Path) -> None:
+    # single digits sort correctly: the rule is about order, not about the spelling
+    assert errors(check_bundle(write_bundle(tmp_path / "b", synthetic_infos(num_parts=9, padded=False)))) == []
+
+
+def test_swapped_soc_model_is_rejected(bundle: Path) -> None:
+    edit_json(bundle / "htp_backend_ext_config.json", lambda doc: doc["devices"][0].update(soc_model=57))
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"chipset"}
+    assert "soc_model 57 is SM8650's (v75) but dsp_arch is v79, that of SM8750, SM8735" in findings[0].message
+    with_target = errors(check_bundle(bundle, chipset="SM8750"))
+    assert rules(with_target) == {"chipset"} and "SM8650" in with_target[0].message
+
+
+def test_bundle_for_another_chipset_than_intended_is_rejected(tmp_path: Path) -> None:
+    other = write_bundle(tmp_path / "b", chipset="SM8650")
+    assert check_bundle(other) == []
+    assert rules(check_bundle(other, chipset="SM8750")) == {"chipset"}
+
+
+def test_boundary_tensor_with_different_encodings_on_its_two_sides_is_rejected(tmp_path: Path) -> None:
+    infos = synthetic_infos(num_parts=3)
+    boundary = "/model/layers.0/Add_1_output_0"  # output of part 2, input of part 3
+    other = quant("something else")
+    infos = replace_tensor(infos, "demo_part_3_of_3.bin", "prompt_ar32_cl256_3_of_3", boundary, quant=other)
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", infos)))
+    assert rules(findings) == {"shared-quant"}
+    assert boundary in findings[0].message and "prompt_ar32_cl256_3_of_3" in findings[0].message
+
+
+def test_kv_cache_in_and_out_with_different_encodings_are_rejected(tmp_path: Path) -> None:
+    infos = replace_tensor(synthetic_infos(), "demo_part_2_of_3.bin", "token_ar1_cl256_2_of_3", "past_key_0_out",
+                           quant=quant("x", 8))
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", infos)))
+    assert rules(findings) == {"shared-quant"} and "past_key_0_out" in findings[0].message
+
+
+def test_logits_may_differ_between_graphs(bundle: Path) -> None:
+    # the helper gives prompt and token logits different scales; Genie excludes logits from the rule
+    metadata = (bundle / METADATA_NAME).read_text()
+    assert metadata.count("scale: 0.032") == 1 and metadata.count("scale: 0.001") == 1
+    assert check_bundle(bundle) == []
+
+
+def test_missing_ctx_bin_is_rejected(bundle: Path) -> None:
+    (bundle / "demo_part_2_of_3.bin").unlink()
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"ctx-bins-exist"} and "demo_part_2_of_3.bin" in findings[0].message
+
+
+def test_unlisted_ctx_bin_is_rejected(bundle: Path) -> None:
+    (bundle / "stray.bin").write_bytes(b"x")
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"ctx-bins-listed"}
+    assert "stray.bin" in findings[0].message
+
+
+def test_both_rope_styles_are_rejected(bundle: Path) -> None:
+    edit_json(bundle / "genie_config.json", lambda doc: doc["dialog"]["engine"]["model"].update(
+        {"positional-encoding": {"type": "rope", "rope-dim": 8, "rope-theta": 1000000}}))
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"rope-style"}
+    assert "pos-id-dim and rope-theta" in findings[0].message
+
+
+def test_context_size_above_the_compiled_one_is_rejected(tmp_path: Path) -> None:
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", context_size=512)))
+    assert rules(findings) == {"context-size"}
+    assert "context.size 512 exceeds the compiled context length 256" in findings[0].message
+
+
+def test_unknown_qnnhtp_key_is_rejected(bundle: Path) -> None:
+    edit_json(bundle / "genie_config.json",
+              lambda doc: doc["dialog"]["engine"]["backend"]["QnnHtp"].update({"debug-tensors": True}))
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"unknown-key"} and "'debug-tensors'" in findings[0].message
+
+
+@pytest.mark.parametrize(("path", "key"), [
+    (("dialog", "context"), "n-vocab"), (("dialog", "engine", "backend", "QnnHtp"), "cpu-mask"),
+    (("dialog", "engine"), "n-threads"), (("dialog", "tokenizer"), "version"),
+])
+def test_missing_mandatory_key_is_rejected(bundle: Path, path: tuple[str, ...], key: str) -> None:
+    def drop(doc: dict) -> None:
+        for part in path:
+            doc = doc[part]
+        del doc[key]
+
+    edit_json(bundle / "genie_config.json", drop)
+    findings = errors(check_bundle(bundle))
+    assert "required-keys" in rules(findings)
+    assert any(f"{'.'.join(path)} lacks mandatory key {key!r}" in f.message for f in findings)
+
+
+def test_wrong_types_and_versions_are_rejected(bundle: Path) -> None:
+    def break_types(doc: dict) -> None:
+        doc["dialog"]["engine"]["backend"]["QnnHtp"]["use-mmap"] = "true"
+        doc["dialog"]["context"]["version"] = 2
+
+    edit_json(bundle / "genie_config.json", break_types)
+    messages = [f.message for f in errors(check_bundle(bundle))]
+    assert any("QnnHtp.use-mmap must be bool" in m for m in messages)
+    assert any("dialog.context.version must be 1" in m for m in messages)
+
+
+def test_graph_name_without_ar_or_cl_is_rejected(tmp_path: Path) -> None:
+    infos = synthetic_infos(num_parts=2)
+    info = infos["demo_part_1_of_2.bin"]
+    renamed = dataclasses.replace(info.graphs[0], name="embedding_1_of_2")
+    infos["demo_part_1_of_2.bin"] = dataclasses.replace(info, graphs=(renamed, info.graphs[1]))
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", infos)))
+    assert "graph-names" in rules(findings)
+    assert any("'embedding_1_of_2': no AR in its name" in f.message for f in findings)
+
+
+def test_input_ids_and_logits_must_be_at_the_ends(tmp_path: Path) -> None:
+    infos = synthetic_infos(num_parts=2)
+    infos = replace_tensor(infos, "demo_part_2_of_2.bin", "token_ar1_cl256_2_of_2", "logits", name="scores")
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", infos)))
+    assert rules(findings) == {"io-ends"} and "token_ar1_cl256_2_of_2" in findings[0].message
+
+
+def test_kv_dim_must_match_the_cache_tensors(bundle: Path) -> None:
+    edit_json(bundle / "genie_config.json",
+              lambda doc: doc["dialog"]["engine"]["backend"]["QnnHtp"].update({"kv-dim": 32}))
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"tensor-dims"} and "kv-dim is 32" in findings[0].message
+
+
+def test_every_finding_names_a_known_rule(bundle: Path) -> None:
+    edit_json(bundle / "genie_config.json", lambda doc: doc["dialog"]["context"].update({"size": 9999}))
+    (bundle / "demo_part_1_of_3.bin").unlink()
+    findings = check_bundle(bundle)
+    assert findings and all(f.rule in RULES and f"[{f.rule}]" in str(f) for f in findings)
+    with pytest.raises(GenieBuildError, match=r"\[ctx-bins-exist\]"):
+        require_valid_bundle(bundle)
+
+
+def test_manifest_hash_mismatch_is_rejected(bundle: Path) -> None:
+    files = {p.name: {"sha256": "0" * 64} for p in bundle.iterdir()}
+    (bundle / "manifest.json").write_text(json.dumps({"files": files}))
+    assert rules(check_bundle(bundle)) == {"manifest"}
+
+
+def test_bundle_without_metadata_needs_reference_containers(bundle: Path) -> None:
+    (bundle / METADATA_NAME).unlink()
+    findings = errors(check_bundle(bundle))
+    assert rules(findings) == {"graph-info"}
+    assert "qnn-context-binary-utility" in findings[0].message and "metadata.yaml" in findings[0].message
+
+
+def test_missing_genie_config_is_one_finding(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    assert [(f.rule, f.severity) for f in check_bundle(tmp_path / "b")] == [("files", "error")]
+    assert [f.rule for f in check_bundle(tmp_path / "nothing")] == ["files"]
+
+
+def vendor_bundle(directory: Path, config_name: str, prompt_ar: int, vocab: int) -> Path:
+    """The vendor's genie config and filled-in HTP template, with ctx-bins described by metadata.yaml."""
+    config = json.loads((VENDOR / config_name).read_text())
+    names = config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    infos = synthetic_infos(num_parts=len(names), cl=4096, prompt_ar=prompt_ar, padded=False, hidden=3072,
+                            head_dim=128, kv_heads=8, vocab=vocab)
+    directory.mkdir(parents=True)
+    (directory / "genie_config.json").write_text(json.dumps(config))
+    template = (VENDOR / "htp_backend_ext_config.json.template").read_text()
+    (directory / "htp_backend_ext_config.json").write_text(template.replace('"<TODO>"', '"v79"')
+                                                            .replace("<TODO>", "69"))
+    write_tokenizer(directory / "tokenizer.json")
+    (directory / METADATA_NAME).write_text(dump_metadata(dict(zip(names, infos.values()))))
+    for name in names:
+        (directory / name).write_bytes(b"placeholder")
+    return directory
+
+
+def test_vendor_llama_bundle_structure_is_accepted(tmp_path: Path) -> None:
+    bundle = vendor_bundle(tmp_path / "llama", "llama_v3_2_3b_instruct.json", 128, 128256)
+    assert check_bundle(bundle, chipset="SM8750") == []
+
+
+def test_vendor_qwen_bundle_is_accepted_with_an_n_vocab_warning(tmp_path: Path) -> None:
+    bundle = vendor_bundle(tmp_path / "qwen", "qwen2_5_7b_instruct.json", 128, QWEN_VOCAB)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": QWEN_VOCAB}))
+    findings = check_bundle(bundle, hf_config=tmp_path / "config.json")
+    assert errors(findings) == []
+    assert rules(findings, "warning") == {"n-vocab"}
+    assert any("n-vocab is 131072 but the model's vocab_size is 152064" in f.message for f in findings)
+
+
+def test_check_bundle_command_exits_non_zero_on_errors(bundle: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "report.json"
+    assert main(["check-bundle", str(bundle), "--chipset", "SM8750", "--out", str(report)]) == 0
+    assert "0 errors, 0 warnings" in capsys.readouterr().out
+    assert json.loads(report.read_text())["errors"] == 0
+    report.unlink()
+    shutil.copy(bundle / "demo_part_1_of_3.bin", bundle / "extra.bin")
+    assert main(["check-bundle", str(bundle), "--out", str(report)]) == 1
+    assert "error [ctx-bins-listed] extra.bin" in capsys.readouterr().out
+    assert not report.exists()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.lists(st.sampled_from(["dialog", "context", "engine", "backend", "QnnHtp", "model", "binary",
+                                      "ctx-bins", "size", "tokenizer", "path", "n-vocab"]), min_size=1, max_size=5),
+       value=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                          max_leaves=5))
+def test_malformed_configs_give_findings_not_tracebacks(bundle: Path, path: list[str], value: object) -> None:
+    original = bundle / "genie_config.original"  # the fixture's bundle is shared by all examples
+    if not original.exists():
+        shutil.copy(bundle / "genie_config.json", original)
+    document = json.loads(original.read_text())
+    node = document
+    for key in path[:-1]:
+        child = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(child, dict):
+            break
+        node = child
+    node[path[-1]] = value
+    (bundle / "genie_config.json").write_text(json.dumps(document))
+    assert all(isinstance(f, Finding) for f in check_bundle(bundle))
+
+
+def test_demo_hf_config_gives_no_vocab_warning(bundle: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(demo_hf_config()))
+    assert check_bundle(bundle, hf_config=tmp_path / "config.json") == []

@@ -1,0 +1,560 @@
+"""Tests for genie_build.encodings and the slice-encodings command."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import hypothesis.strategies as st
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from onnx import TensorProto, helper
+
+from genie_build.cli import main
+from genie_build.encodings import (
+    Encodings,
+    TensorEncoding,
+    channel_axis,
+    check_boundary_consistency,
+    check_graphs_consistent,
+    format_encodings,
+    parse_encodings,
+    part_tensor_names,
+    read_encodings,
+    read_graph_tensors,
+    slice_encodings,
+    validate_against_model,
+    write_encodings,
+)
+from genie_build.errors import GenieBuildError
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+
+def act(name: str, scale: float = 0.01, offset: int = -32768) -> TensorEncoding:
+    return TensorEncoding(name=name, dtype="int", bitwidth=16, scale=(scale,), offset=(offset,))
+
+
+def every_kind() -> Encodings:
+    """One encoding of each kind; dict order deliberately not sorted by name."""
+    return Encodings(
+        activations={"x": act("x"), "a_float": TensorEncoding(name="a_float", dtype="float", bitwidth=16)},
+        params={
+            "w_channel": TensorEncoding(name="w_channel", dtype="int", bitwidth=4, kind="per_channel",
+                                        is_symmetric=True, scale=(0.5, 0.25, 0.125), offset=(-8, -8, -8)),
+            "w_block": TensorEncoding(name="w_block", dtype="int", bitwidth=4, kind="per_block", is_symmetric=True,
+                                      scale=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6), offset=(-8,) * 6, block_size=2),
+            "w_lpbq": TensorEncoding(name="w_lpbq", dtype="int", bitwidth=8, kind="lpbq", is_symmetric=True,
+                                     scale=(0.01, 0.02, 0.03), offset=(-128,) * 3, block_size=2,
+                                     compressed_bitwidth=4, per_block_int_scale=(1, 2, 3, 4, 5, 16)),
+        },
+        quantizer_args={"param_bitwidth": 4, "activation_bitwidth": 16},
+    )
+
+
+V061 = {
+    "version": "0.6.1",
+    "activation_encodings": {
+        "t": [{"bitwidth": 16, "dtype": "int", "is_symmetric": "False", "max": 2.6, "min": -2.1,
+               "offset": -114, "scale": 0.0185}],
+        "f": [{"bitwidth": 16, "dtype": "float"}],
+    },
+    "param_encodings": {
+        "w": [{"bitwidth": 4, "dtype": "int", "is_symmetric": "True", "max": 0.7, "min": -0.8,
+               "offset": -8, "scale": 0.1},
+              {"bitwidth": 4, "dtype": "int", "is_symmetric": "True", "max": 1.4, "min": -1.6,
+               "offset": -8, "scale": 0.2}],
+    },
+    "quantizer_args": {"activation_bitwidth": 16, "is_symmetric": "True", "per_channel_quantization": "True"},
+}
+
+V100 = {
+    "version": "1.0.0",
+    "activation_encodings": [
+        {"name": "t", "dtype": "INT", "enc_type": "PER_TENSOR", "bw": 16, "is_sym": False,
+         "scale": [0.0185], "offset": [-114]},
+    ],
+    "param_encodings": [
+        {"name": "w", "dtype": "INT", "enc_type": "PER_CHANNEL", "bw": 4, "is_sym": True,
+         "scale": [0.1, 0.2], "offset": [-8, -8]},
+        {"name": "w3", "dtype": "INT", "enc_type": "LPBQ", "bw": 8, "compressed_bw": 4, "is_sym": True,
+         "block_size": 2, "scale": [0.1, 0.2], "offset": [-128, -128], "per_block_int_scale": [1, 2, 3, 4]},
+    ],
+    "quantizer_args": {},
+}
+
+
+def dump(tmp_path: Path, doc: object, name: str = "enc.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def make_onnx(path: Path, nodes: list, inputs: list[str], outputs: list[str],
+              initializers: dict[str, tuple[int, ...]]) -> Path:
+    """A float model; every value is [1, 4] except outputs, which ONNX needs no shape for here."""
+    graph = helper.make_graph(
+        nodes, path.stem,
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4]) for name in inputs],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        [helper.make_tensor(name, TensorProto.FLOAT, shape, [0.5] * _count(shape))
+         for name, shape in initializers.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+# The tiny 3-part model: x -> [W1, +cos] -> b1 -> [W2, *cos] -> b2 -> [W3] -> logits.
+# cos is a shared input of every part (like RoPE/mask); b1 and b2 are the cut tensors.
+PART_NODES = [
+    [helper.make_node("MatMul", ["x", "W1"], ["h1"]), helper.make_node("Add", ["h1", "cos"], ["b1"])],
+    [helper.make_node("MatMul", ["b1", "W2"], ["h2"]), helper.make_node("Mul", ["h2", "cos"], ["b2"])],
+    [helper.make_node("MatMul", ["b2", "W3"], ["logits"])],
+]
+PART_IO = [(["x", "cos"], ["b1"]), (["b1", "cos"], ["b2"]), (["b2"], ["logits"])]
+PART_WEIGHTS = [{"W1": (4, 4)}, {"W2": (4, 4)}, {"W3": (4, 6)}]
+LABELS = ["1_of_3", "2_of_3", "3_of_3"]
+
+
+@pytest.fixture
+def three_parts(tmp_path: Path) -> dict[str, Path]:
+    """Full model, its encodings and a parts dir with part_{1,2,3}_of_3.onnx."""
+    full = make_onnx(tmp_path / "prompt.onnx", [node for nodes in PART_NODES for node in nodes],
+                     ["x", "cos"], ["logits"], {k: v for weights in PART_WEIGHTS for k, v in weights.items()})
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for label, nodes, (inputs, outputs), weights in zip(LABELS, PART_NODES, PART_IO, PART_WEIGHTS):
+        make_onnx(parts / f"part_{label}.onnx", nodes, inputs, outputs, weights)
+    enc = Encodings(
+        activations={name: act(name, scale=0.01 * (i + 1))
+                     for i, name in enumerate(["x", "cos", "h1", "b1", "h2", "b2", "logits"])},
+        params={"W1": TensorEncoding(name="W1", dtype="int", bitwidth=4, kind="per_channel", is_symmetric=True,
+                                     scale=(0.1,) * 4, offset=(-8,) * 4),
+                "W2": TensorEncoding(name="W2", dtype="int", bitwidth=8, scale=(0.1,), offset=(-128,)),
+                "W3": TensorEncoding(name="W3", dtype="int", bitwidth=4, kind="per_block", is_symmetric=True,
+                                     scale=(0.1,) * 12, offset=(-8,) * 12, block_size=2)},
+    )
+    encodings = tmp_path / "prompt.encodings.json"
+    write_encodings(encodings, enc)
+    return {"model": full, "parts": parts, "encodings": encodings, "out": tmp_path / "out" / "prompt"}
+
+
+def slice_cli(paths: dict[str, Path], *extra: str) -> int:
+    return main(["slice-encodings", "--graph", "prompt", "--model", str(paths["model"]),
+                 "--encodings", str(paths["encodings"]), "--parts-dir", str(paths["parts"]),
+                 "--out-dir", str(paths["out"]), *extra])
+
+
+# ------------------------------------------------------------------------------------------- read/write
+
+def test_061_reads_strings_and_lists_and_survives_a_100_round_trip(tmp_path: Path) -> None:
+    enc = read_encodings(dump(tmp_path, V061))
+    assert enc.version == "0.6.1"
+    assert enc.activations["t"] == TensorEncoding(name="t", dtype="int", bitwidth=16, kind="per_tensor",
+                                                  is_symmetric=False, scale=(0.0185,), offset=(-114,))
+    assert enc.activations["f"] == TensorEncoding(name="f", dtype="float", bitwidth=16)
+    assert enc.params["w"].kind == "per_channel" and enc.params["w"].is_symmetric is True
+    assert enc.params["w"].scale == (0.1, 0.2)
+
+    write_encodings(tmp_path / "out.json", enc)
+    again = read_encodings(tmp_path / "out.json")
+    assert again.version == "1.0.0"
+    assert again == enc
+
+
+def test_100_round_trip_is_byte_identical_for_every_kind(tmp_path: Path) -> None:
+    original = every_kind()
+    write_encodings(tmp_path / "a.json", original)
+    read_back = read_encodings(tmp_path / "a.json")
+    assert read_back == original
+    write_encodings(tmp_path / "b.json", read_back)
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_100_reader_accepts_the_spec_example(tmp_path: Path) -> None:
+    enc = read_encodings(dump(tmp_path, V100))
+    assert enc.params["w3"].kind == "lpbq"
+    assert enc.params["w3"].compressed_bitwidth == 4
+    assert enc.params["w3"].per_block_int_scale == (1, 2, 3, 4)
+
+
+def test_written_entries_are_sorted_and_independent_of_dict_order() -> None:
+    enc = every_kind()
+    shuffled = Encodings(activations=dict(reversed(enc.activations.items())),
+                         params=dict(reversed(enc.params.items())),
+                         quantizer_args=dict(reversed(enc.quantizer_args.items())))
+    text = format_encodings(enc)
+    assert text == format_encodings(shuffled)
+    names = [entry["name"] for entry in json.loads(text)["param_encodings"]]
+    assert names == sorted(names) == ["w_block", "w_channel", "w_lpbq"]
+
+
+def _v100_with(**changes: object) -> dict:
+    """V100 with the entry for 'w' (the per-channel param) changed; None deletes a key."""
+    doc = json.loads(json.dumps(V100))
+    entry = doc["param_encodings"][0]
+    for key, value in changes.items():
+        if value is None:
+            del entry[key]
+        else:
+            entry[key] = value
+    return doc
+
+
+def _v061_with(**changes: object) -> dict:
+    doc = json.loads(json.dumps(V061))
+    entry = doc["param_encodings"]["w"][1]
+    for key, value in changes.items():
+        if value is None:
+            del entry[key]
+        else:
+            entry[key] = value
+    return doc
+
+
+MALFORMED = {
+    "top level list": ([1, 2], "top level is a list"),
+    "missing version": ({"activation_encodings": {}, "param_encodings": {}}, "missing 'version'"),
+    "unknown version": ({**V100, "version": "2.0.0"}, "version '2.0.0' is not supported"),
+    "061 section as list": ({**V061, "activation_encodings": []}, "'activation_encodings' is a list"),
+    "100 section as dict": ({**V100, "param_encodings": {}}, "'param_encodings' is an object"),
+    "missing section": ({"version": "1.0.0", "activation_encodings": []}, "missing 'param_encodings'"),
+    "missing scale": (_v100_with(scale=None), "param encoding 'w': missing 'scale'"),
+    "missing bitwidth 061": (_v061_with(bitwidth=None), "param encoding 'w'[1]: missing 'bitwidth'"),
+    "int bitwidth 3": (_v100_with(bw=3), "bw 3 is not supported for int"),
+    "float bitwidth 8": (_v100_with(dtype="FLOAT", enc_type="PER_TENSOR", bw=8), "bw 8 is not supported for float"),
+    "zero scale": (_v100_with(scale=[0.1, 0.0]), "scale[1] 0.0 is not a positive finite number"),
+    "negative scale": (_v061_with(scale=-0.2), "scale -0.2 is not a positive finite number"),
+    "string scale": (_v100_with(scale=["0.1", 0.2]), "scale[0] '0.1' is not a positive"),
+    "count mismatch": (_v100_with(offset=[-8]), "2 scales but 1 offsets"),
+    "positive offset": (_v100_with(offset=[-8, 1]), "offset[1] 1 is not an integer in [-15, 0]"),
+    "offset below range": (_v061_with(offset=-16), "offset -16 is not an integer in [-15, 0]"),
+    "fractional offset": (_v100_with(offset=[-8, -7.5]), "offset[1] -7.5 is not an integer"),
+    "unknown enc_type": (_v100_with(enc_type="VECTOR"), "enc_type 'VECTOR' is not supported"),
+    "bool bitwidth": (_v100_with(bw=True), "bw True is not supported"),
+    "is_symmetric not a bool string": (_v061_with(is_symmetric="yes"), "is_symmetric 'yes'"),
+    "is_sym as string in 100": (_v100_with(is_sym="True"), "is_sym 'True' is not true or false"),
+    "per-channel entries disagree": (_v061_with(bitwidth=8, offset=-128), "entries disagree"),
+    "per-tensor with two scales": (_v100_with(enc_type="PER_TENSOR"), "PER_TENSOR encoding has 2 scales"),
+    "per-block without block_size": (_v100_with(enc_type="PER_BLOCK"), "missing 'block_size'"),
+    "lpbq compressed wider": (_v100_with(enc_type="LPBQ", block_size=2, compressed_bw=8, bw=4,
+                                         per_block_int_scale=[1, 1]), "compressed_bw 8 exceeds bw 4"),
+    "lpbq ragged int scales": (_v100_with(enc_type="LPBQ", bw=8, offset=[-128, -128], block_size=2,
+                                          compressed_bw=4, per_block_int_scale=[1, 2, 3]),
+                               "3 per_block_int_scale values are not a whole number of blocks for 2 channels"),
+    "duplicate names": ({**V100, "activation_encodings": V100["activation_encodings"] * 2},
+                        "activation encoding 't': appears more than once"),
+    "entry without name": ({**V100, "activation_encodings": [{"dtype": "INT"}]},
+                           "activation_encodings[0]: missing or empty 'name'"),
+    "061 empty list": ({**V061, "param_encodings": {"w": []}}, "param encoding 'w': expected a non-empty list"),
+    "float per channel": (_v100_with(dtype="FLOAT", bw=16), "a FLOAT encoding must be PER_TENSOR"),
+    "quantizer_args not object": ({**V100, "quantizer_args": [1]}, "'quantizer_args' is a list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_files_raise_one_line_errors_naming_file_and_tensor(tmp_path: Path, case: str) -> None:
+    doc, message = MALFORMED[case]
+    path = dump(tmp_path, doc)
+    with pytest.raises(GenieBuildError) as caught:
+        read_encodings(path)
+    text = str(caught.value)
+    assert text.startswith(f"{path}: ")
+    assert message in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(("text", "message"), [("{nope", "not valid JSON"),
+                                               ('{"version": "1.0.0", "activation_encodings": [{"name": "t", '
+                                                '"dtype": "INT", "enc_type": "PER_TENSOR", "bw": 8, '
+                                                '"is_sym": false, "scale": [1e400], "offset": [0]}], '
+                                                '"param_encodings": []}', "scale[0] inf is not a positive finite")])
+def test_unparsable_text_and_infinite_scale(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "enc.json"
+    path.write_text(text)
+    with pytest.raises(GenieBuildError, match=re.escape(message)):
+        read_encodings(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(GenieBuildError, match="file not found"):
+        read_encodings(tmp_path / "absent.json")
+
+
+# ------------------------------------------------------------------------------------------- fuzz
+
+# Well-formed documents with at most one field per object dropped or replaced by junk, so examples reach
+# every check of the reader.
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-300, 300), st.floats(), st.text(max_size=3))
+_JUNK = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
+
+
+def _mutated(fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy:
+    """An object of valid field values, then one field kept, dropped or replaced by junk."""
+    def apply(obj: dict, action: str, key: str, junk: object) -> dict:
+        if action == "drop":
+            obj.pop(key)
+        elif action == "junk":
+            obj[key] = junk
+        return obj
+    return st.builds(apply, st.fixed_dictionaries(fields), st.sampled_from(["keep", "keep", "drop", "junk"]),
+                     st.sampled_from(sorted(fields)), _JUNK)
+
+
+_ENTRY_V100 = _mutated({
+    "name": st.sampled_from(["t", "w", "u"]), "dtype": st.sampled_from(["INT", "INT", "FLOAT"]),
+    "enc_type": st.sampled_from(["PER_TENSOR", "PER_CHANNEL", "PER_BLOCK", "LPBQ"]),
+    "bw": st.sampled_from([4, 8, 16]), "is_sym": st.booleans(),
+    "scale": st.lists(st.floats(min_value=1e-6, max_value=10.0), min_size=1, max_size=3),
+    "offset": st.lists(st.integers(-15, 0), min_size=1, max_size=3), "block_size": st.integers(1, 4),
+    "compressed_bw": st.sampled_from([4, 8]),
+    "per_block_int_scale": st.lists(st.integers(1, 16), min_size=1, max_size=6)})
+_ENTRY_V061 = _mutated({
+    "dtype": st.sampled_from(["int", "int", "float"]), "bitwidth": st.sampled_from([4, 8, 16]),
+    "is_symmetric": st.sampled_from(["True", "False", True, False]),
+    "scale": st.floats(min_value=1e-6, max_value=10.0), "offset": st.integers(-15, 0),
+    "min": st.floats(), "max": st.floats()})
+_SECTION_V100 = st.lists(_ENTRY_V100, max_size=2)
+_SECTION_V061 = st.dictionaries(st.sampled_from(["t", "w"]), st.lists(_ENTRY_V061, min_size=1, max_size=2))
+_DOCUMENT = st.one_of(
+    _mutated({"version": st.just("1.0.0"), "activation_encodings": _SECTION_V100,
+              "param_encodings": _SECTION_V100, "quantizer_args": st.dictionaries(st.text(max_size=3), _LEAF)}),
+    _mutated({"version": st.just("0.6.1"), "activation_encodings": _SECTION_V061,
+              "param_encodings": _SECTION_V061, "quantizer_args": st.dictionaries(st.text(max_size=3), _LEAF)}),
+    _JUNK,
+)
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=_DOCUMENT)
+def test_fuzz_only_genie_build_errors_escape_and_accepted_files_round_trip(doc: object) -> None:
+    doc = json.loads(json.dumps(doc))  # exactly what a reader of the file would see
+    try:
+        enc = parse_encodings(doc, "fuzz.json")
+    except GenieBuildError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert _rewritten(enc) == format_encodings(enc)
+
+
+def _rewritten(enc: Encodings) -> str:
+    """Write, read back and write again; text, not Encodings, is compared so a NaN in quantizer_args is equal."""
+    return format_encodings(parse_encodings(json.loads(format_encodings(enc)), "out.json"))
+
+
+_JUNK_VALUES = [None, True, False, 0, -1, 3, 1.5, -0.5, float("nan"), "", "x", "True", [], [None], ["1"], {}, {"a": 1}]
+_DROP = object()
+
+
+def _node_paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    """The path (keys and indices) to every node under ``node``."""
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
+    return [path for key, child in children for path in [(*prefix, key), *_node_paths(child, (*prefix, key))]]
+
+
+def _mutate(doc: object, path: tuple, replacement: object) -> object:
+    copy = json.loads(json.dumps(doc))
+    parent = copy
+    for key in path[:-1]:
+        parent = parent[key]
+    if replacement is _DROP:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = replacement
+    return copy
+
+
+@pytest.mark.parametrize("base", ["0.6.1", "1.0.0", "every kind"])
+def test_every_single_field_drop_or_junk_gives_a_genie_build_error_or_a_valid_read(base: str) -> None:
+    doc = {"0.6.1": V061, "1.0.0": V100}.get(base) or json.loads(format_encodings(every_kind()))
+    accepted = 0
+    for node in _node_paths(doc):
+        for replacement in [_DROP, *_JUNK_VALUES]:
+            try:
+                enc = parse_encodings(_mutate(doc, node, replacement), "enc.json")
+            except GenieBuildError as exc:
+                assert "\n" not in str(exc)
+                continue
+            accepted += 1
+            assert _rewritten(enc) == format_encodings(enc)
+    assert accepted > 0  # e.g. dropping quantizer_args or min/max is fine
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+def test_validate_names_unknown_tensors_and_counts_them(tmp_path: Path) -> None:
+    enc = Encodings(activations={name: act(name) for name in ["x", "ghost_1", "ghost_2"]},
+                    params={"ghost_w": act("ghost_w")})
+    with pytest.raises(GenieBuildError) as caught:
+        validate_against_model(enc, tmp_path / "e.json", {"x"}, {"w": (4, 4)})
+    assert str(caught.value) == (f"{tmp_path / 'e.json'}: 3 encodings name tensors the model does not have: "
+                                 "activation 'ghost_1', activation 'ghost_2', param 'ghost_w'")
+
+
+def test_validate_shows_only_a_few_of_many_unknown_names(tmp_path: Path) -> None:
+    enc = Encodings(activations={f"ghost_{i:02d}": act(f"ghost_{i:02d}") for i in range(40)})
+    with pytest.raises(GenieBuildError, match=r"40 encodings .* 'ghost_04', \.\.\.$"):
+        validate_against_model(enc, "e.json", set(), {})
+
+
+@pytest.mark.parametrize(("name", "shape", "ok"), [
+    ("w_channel", (8, 3), True), ("w_channel", (8, 5), False),
+    ("w_block", (4, 3), True), ("w_block", (6, 3), False), ("w_block", (5, 3), False), ("w_block", (2, 2, 3), False),
+    ("w_lpbq", (4, 3), True), ("w_lpbq", (4, 6), False), ("w_lpbq", (6, 3), False),
+])
+def test_validate_checks_scale_counts_against_param_shapes(name: str, shape: tuple[int, ...], ok: bool) -> None:
+    enc = every_kind()
+    enc = replace(enc, activations={}, params={name: enc.params[name]})
+    if ok:
+        validate_against_model(enc, "e.json", set(), {name: shape})
+    else:
+        with pytest.raises(GenieBuildError, match=rf"^e\.json: param encoding '{name}': "):
+            validate_against_model(enc, "e.json", set(), {name: shape})
+
+
+def test_channel_axis_prefers_last_for_matmul_and_first_for_gather() -> None:
+    assert channel_axis("w", (4, 4), 4) == 1
+    assert channel_axis("w", (4, 4), 4, consumer_op="MatMul") == 1
+    assert channel_axis("emb", (4, 4), 4, consumer_op="Gather") == 0
+    assert channel_axis("emb", (100, 8), 100, consumer_op="Gather") == 0
+    assert channel_axis("w", (100, 8), 100) == 0
+    with pytest.raises(GenieBuildError, match="w: 7 per-channel scales match no axis of shape \\[4, 8\\]"):
+        channel_axis("w", (4, 8), 7)
+
+
+# ------------------------------------------------------------------------------------------- slicing
+
+def test_part_tensor_names_reads_graph_io_nodes_and_initializers(three_parts: dict[str, Path]) -> None:
+    tensors, initializers = part_tensor_names(three_parts["parts"] / "part_2_of_3.onnx")
+    assert tensors == {"b1", "cos", "W2", "h2", "b2"}
+    assert initializers == {"W2"}
+
+
+def test_part_tensor_names_recurses_into_subgraphs(tmp_path: Path) -> None:
+    then_branch = helper.make_graph([helper.make_node("Add", ["x", "inner_c"], ["inner"])], "then", [],
+                                    [helper.make_tensor_value_info("inner", TensorProto.FLOAT, [1, 4])],
+                                    [helper.make_tensor("inner_c", TensorProto.FLOAT, [1, 4], [1.0] * 4)])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["other"])], "else", [],
+                                    [helper.make_tensor_value_info("other", TensorProto.FLOAT, [1, 4])])
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph), tmp_path / "if.onnx")
+    tensors, initializers = part_tensor_names(tmp_path / "if.onnx")
+    assert tensors == {"cond", "x", "y", "inner", "inner_c", "other"}
+    assert initializers == {"inner_c"}
+
+
+def test_read_graph_tensors_rejects_non_onnx(tmp_path: Path) -> None:
+    (tmp_path / "bad.onnx").write_bytes(b"\xff\xff not a protobuf")
+    with pytest.raises(GenieBuildError, match="bad.onnx: "):
+        read_graph_tensors(tmp_path / "bad.onnx")
+    with pytest.raises(GenieBuildError, match="file not found"):
+        read_graph_tensors(tmp_path / "absent.onnx")
+
+
+def test_slices_keep_touched_activations_and_own_params_with_identical_boundaries(
+        three_parts: dict[str, Path]) -> None:
+    enc = read_encodings(three_parts["encodings"])
+    slices = {label: slice_encodings(enc, *part_tensor_names(three_parts["parts"] / f"part_{label}.onnx"))
+              for label in LABELS}
+    assert set(slices["1_of_3"].activations) == {"x", "cos", "h1", "b1"}
+    assert set(slices["2_of_3"].activations) == {"cos", "b1", "h2", "b2"}
+    assert set(slices["3_of_3"].activations) == {"b2", "logits"}
+    assert [set(s.params) for s in slices.values()] == [{"W1"}, {"W2"}, {"W3"}]
+    assert slices["1_of_3"].activations["b1"] == slices["2_of_3"].activations["b1"] == enc.activations["b1"]
+    check_boundary_consistency(slices)
+
+
+def test_boundary_mismatch_names_tensor_and_both_parts() -> None:
+    slices = {"02_of_03": Encodings(activations={"b1": act("b1", scale=0.2)}),
+              "01_of_03": Encodings(activations={"b1": act("b1", scale=0.1), "h1": act("h1")})}
+    with pytest.raises(GenieBuildError) as caught:
+        check_boundary_consistency(slices)
+    assert str(caught.value) == ("b1: activation encoding differs between part 01_of_03 and part 02_of_03: "
+                                 "scale[0] 0.1 vs 0.2")
+
+
+def test_graphs_consistent_requires_identical_shared_tensors() -> None:
+    prompt = every_kind()
+    token = replace(prompt, activations={"x": act("x"), "only_token": act("only_token", scale=9.0)})
+    check_graphs_consistent(prompt, token)
+    token_bad = replace(prompt, params={**prompt.params,
+                                        "w_channel": replace(prompt.params["w_channel"], bitwidth=8,
+                                                             offset=(-128,) * 3)})
+    with pytest.raises(GenieBuildError, match=r"^w_channel: param encoding differs between the prompt graph "
+                                              r"and the token graph: bitwidth 4 vs 8; offset\[0\] -8 vs -128$"):
+        check_graphs_consistent(prompt, token_bad)
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+def test_command_writes_one_slice_per_part_and_reruns_byte_identical(three_parts: dict[str, Path]) -> None:
+    assert slice_cli(three_parts) == 0
+    out = three_parts["out"]
+    files = sorted(path.name for path in out.iterdir())
+    assert files == [f"part_{label}.encodings.json" for label in LABELS]
+    first = {name: (out / name).read_bytes() for name in files}
+    assert set(read_encodings(out / "part_3_of_3.encodings.json").params) == {"W3"}
+
+    assert slice_cli(three_parts) == 0
+    assert {name: (out / name).read_bytes() for name in files} == first
+
+
+def test_command_failure_leaves_nothing_behind(three_parts: dict[str, Path],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    enc = read_encodings(three_parts["encodings"])
+    write_encodings(three_parts["encodings"], replace(enc, activations={**enc.activations, "ghost": act("ghost")}))
+    assert slice_cli(three_parts) == 2
+    assert "1 encodings name tensors the model does not have: activation 'ghost'" in capsys.readouterr().err
+    assert not three_parts["out"].parent.exists() or list(three_parts["out"].parent.iterdir()) == []
+
+
+def test_command_checks_the_other_graphs_encodings(three_parts: dict[str, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    enc = read_encodings(three_parts["encodings"])
+    token = tmp_path / "token.encodings.json"
+    write_encodings(token, replace(enc, activations={**enc.activations, "cos": act("cos", scale=5.0)}))
+    assert slice_cli(three_parts, "--consistent-with", str(token)) == 2
+    assert "cos: activation encoding differs between the prompt graph and the token graph" in capsys.readouterr().err
+    write_encodings(token, enc)
+    assert slice_cli(three_parts, "--consistent-with", str(token)) == 0
+
+
+def test_command_rejects_an_incomplete_parts_dir(three_parts: dict[str, Path],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (three_parts["parts"] / "part_2_of_3.onnx").unlink()
+    assert slice_cli(three_parts) == 2
+    assert "are not exactly parts 1_of_3, 2_of_3, 3_of_3" in capsys.readouterr().err
+    assert not three_parts["out"].exists()
+
+
+def test_command_failing_midway_keeps_the_previous_output_whole(three_parts: dict[str, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    assert slice_cli(three_parts) == 0
+    out = three_parts["out"]
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    calls = []
+
+    def write_then_fail(path: Path, enc: Encodings) -> None:
+        calls.append(path)
+        write_encodings(path, replace(enc, activations={}))
+        if len(calls) == 2:
+            raise GenieBuildError(path, "disk full")
+
+    monkeypatch.setattr("genie_build.commands.slice_encodings.write_encodings", write_then_fail)
+    assert slice_cli(three_parts) == 2
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert [path.name for path in out.parent.iterdir()] == ["prompt"]  # no staging directory left

@@ -1,0 +1,73 @@
+"""Atomic outputs: a failure never leaves a file or directory at the final path, nor a temporary beside it."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from genie_build import fileio
+from genie_build.errors import GenieBuildError
+
+
+def test_atomic_open_failure_leaves_nothing(tmp_path):
+    target = tmp_path / "out.json"
+    with pytest.raises(RuntimeError):
+        with fileio.atomic_open(target, "w") as handle:
+            handle.write("half")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_open_keeps_old_file_until_success(tmp_path):
+    target = tmp_path / "out.txt"
+    fileio.write_text(target, "old")
+    with pytest.raises(RuntimeError):
+        with fileio.atomic_open(target, "w") as handle:
+            handle.write("new")
+            raise RuntimeError
+    assert target.read_text() == "old"
+    fileio.write_text(target, "new")
+    assert target.read_text() == "new"
+
+
+def test_outputs_get_umask_modes_not_private_ones(tmp_path):
+    old = os.umask(0o022)
+    try:
+        fileio.write_bytes(tmp_path / "f.bin", b"x")
+        with fileio.atomic_directory(tmp_path / "d") as staging:
+            (staging / "inner").write_text("y")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f.bin").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
+
+
+def test_atomic_directory_replaces_only_on_success(tmp_path):
+    target = tmp_path / "parts"
+    with fileio.atomic_directory(target) as staging:
+        (staging / "a").write_text("1")
+    with pytest.raises(RuntimeError):
+        with fileio.atomic_directory(target) as staging:
+            (staging / "b").write_text("2")
+            raise RuntimeError
+    assert sorted(p.name for p in target.iterdir()) == ["a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parts"]
+
+
+def test_write_error_is_one_line_naming_the_file(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    with pytest.raises(GenieBuildError) as info:
+        fileio.write_text(blocker / "x.json", "{}")
+    assert "not_a_dir" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_read_json_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(GenieBuildError, match="bad.json: not valid JSON"):
+        fileio.read_json(bad)
+    with pytest.raises(GenieBuildError, match="missing.json: file not found"):
+        fileio.read_json(tmp_path / "missing.json")

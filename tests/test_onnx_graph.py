@@ -1,0 +1,255 @@
+"""genie_build.onnx_graph: loading graphs without weights, external-data checks, shared-weight checks."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from genie_build import fileio
+from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import (
+    check_external_data,
+    check_shared_initializers,
+    graph_io,
+    initializer_specs,
+    load_graph,
+    tensor_sha256,
+    tensor_shapes,
+)
+from scoped_graph import EMBED_OUT, build_scoped_graph, layer_out, weight
+
+EMBED = "model.embed_tokens.weight"
+
+
+@pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    path = tmp_path / "prompt.onnx"
+    build_scoped_graph(path, ar=4)
+    return path
+
+
+def save_with_external_data(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=f"{path.name}.data", size_threshold=0)
+    return path
+
+
+def one_line_error(excinfo: pytest.ExceptionInfo[GenieBuildError]) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------------------- load_graph
+
+def test_load_graph_leaves_weights_on_disk(model_path: Path) -> None:
+    model = load_graph(model_path)
+    table = next(t for t in model.graph.initializer if t.name == EMBED)
+    assert table.data_location == TensorProto.EXTERNAL
+    assert not table.raw_data
+
+
+def test_load_graph_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(GenieBuildError) as excinfo:
+        load_graph(tmp_path / "nope.onnx")
+    assert one_line_error(excinfo) == f"{tmp_path / 'nope.onnx'}: file not found"
+
+
+def test_load_graph_truncated_file(model_path: Path) -> None:
+    data = model_path.read_bytes()
+    model_path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(GenieBuildError) as excinfo:
+        load_graph(model_path)
+    message = one_line_error(excinfo)
+    assert message.startswith(f"{model_path}: ") and "truncated or corrupt" in message
+
+
+def test_load_graph_corrupt_bytes(model_path: Path) -> None:
+    data = bytearray(model_path.read_bytes())
+    for index in range(16, len(data), 97):
+        data[index] ^= 0x5A
+    model_path.write_bytes(bytes(data))
+    with pytest.raises(GenieBuildError, match="truncated or corrupt"):
+        load_graph(model_path)
+
+
+def test_load_graph_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    with pytest.raises(GenieBuildError, match="no nodes"):
+        load_graph(path)
+
+
+def test_load_graph_directory(tmp_path: Path) -> None:
+    with pytest.raises(GenieBuildError, match="cannot read"):
+        load_graph(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------- external data
+
+def test_check_external_data_accepts_complete_model(model_path: Path) -> None:
+    check_external_data(load_graph(model_path), model_path)
+
+
+def test_check_external_data_missing_data_file(model_path: Path) -> None:
+    data_file = model_path.with_name("prompt.onnx.data")
+    data_file.unlink()
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_external_data(load_graph(model_path), model_path)
+    message = one_line_error(excinfo)
+    assert str(data_file) in message and "not found" in message and "initializer 'eps'" in message
+
+
+def test_check_external_data_truncated_data_file(model_path: Path) -> None:
+    data_file = model_path.with_name("prompt.onnx.data")
+    size = data_file.stat().st_size
+    with open(data_file, "r+b") as handle:
+        handle.truncate(size - 10)
+    model = load_graph(model_path)
+    last = max(model.graph.initializer,
+               key=lambda t: int({e.key: e.value for e in t.external_data}.get("offset", 0)))
+    info = {entry.key: entry.value for entry in last.external_data}
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_external_data(model, model_path)
+    message = one_line_error(excinfo)
+    for fact in (last.name, f"offset {info['offset']}", f"length {info['length']}", f"{size - 10} bytes"):
+        assert fact in message
+
+
+def test_check_external_data_length_disagrees_with_shape(model_path: Path) -> None:
+    model = load_graph(model_path)
+    table = next(t for t in model.graph.initializer if t.name == EMBED)
+    for entry in table.external_data:
+        if entry.key == "length":
+            entry.value = str(int(entry.value) - 4)
+    with pytest.raises(GenieBuildError, match=f"{EMBED}.*needs {32 * 8 * 4} bytes"):
+        check_external_data(model, model_path)
+
+
+@pytest.mark.parametrize("location", ["../outside.data", "/abs/w.data"])
+def test_check_external_data_rejects_locations_outside_the_folder(model_path: Path, location: str) -> None:
+    model = load_graph(model_path)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    with pytest.raises(GenieBuildError, match="relative to the model's folder"):
+        check_external_data(model, model_path)
+
+
+# ------------------------------------------------------------------------------------------- inspecting
+
+def test_initializer_specs_match_the_arrays(model_path: Path) -> None:
+    specs = initializer_specs(load_graph(model_path))
+    table = weight(EMBED, (32, 8))
+    assert specs[EMBED].shape == table.shape and specs[EMBED].dtype == "float32"
+    assert specs[EMBED].nbytes == table.nbytes
+    assert specs["eps"].shape == (1,) and specs["eps"].nbytes == 4
+
+
+def test_initializer_specs_of_other_dtypes() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["shape"], ["out"])], "g", [],
+        [helper.make_tensor_value_info("out", TensorProto.INT64, [3])],
+        [numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "shape"),
+         helper.make_tensor("packed", TensorProto.INT4, [5], [1, 2, 3, 4, 5]),
+         numpy_helper.from_array(np.zeros((2, 3), dtype=np.float16), "half")])
+    specs = initializer_specs(helper.make_model(graph))
+    assert (specs["shape"].dtype, specs["shape"].nbytes) == ("int64", 24)
+    assert (specs["packed"].dtype, specs["packed"].nbytes) == ("int4", 3)   # two per byte, rounded up
+    assert (specs["half"].dtype, specs["half"].nbytes) == ("float16", 12)
+
+
+def test_graph_io_leaves_out_initializers_listed_as_inputs() -> None:
+    init = numpy_helper.from_array(np.ones((2,), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])], [init])
+    io = graph_io(helper.make_model(graph))
+    assert [(s.name, s.shape, s.dtype) for s in io.inputs] == [("x", ("batch", 2), "float32")]
+    assert [(s.name, s.shape) for s in io.outputs] == [("y", (None, 2))]
+
+
+def test_tensor_shapes_infers_missing_value_info() -> None:
+    model = build_scoped_graph(hidden=8, ar=4)
+    assert not model.graph.value_info
+    shapes = tensor_shapes(model)
+    assert shapes[EMBED_OUT] == (1, 4, 8)
+    assert shapes[layer_out(1)] == (1, 4, 8)
+    assert shapes[EMBED] == (32, 8)
+
+
+# ------------------------------------------------------------------------------------------- sharing
+
+@pytest.fixture
+def prompt_and_token(tmp_path: Path) -> tuple[Path, Path]:
+    prompt, token = tmp_path / "prompt.onnx", tmp_path / "token.onnx"
+    build_scoped_graph(prompt, ar=4)
+    build_scoped_graph(token, ar=1)
+    return prompt, token
+
+
+def replace_initializer(path: Path, name: str, array: np.ndarray) -> None:
+    """Rewrite ``path`` with initializer ``name`` replaced (weights loaded, then saved externally again)."""
+    model = onnx.load(path)
+    index = next(i for i, t in enumerate(model.graph.initializer) if t.name == name)
+    model.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, name))
+    path.with_name(f"{path.name}.data").unlink()
+    save_with_external_data(model, path)
+
+
+def test_shared_initializers_identical_across_ar(prompt_and_token: tuple[Path, Path]) -> None:
+    check_shared_initializers(*prompt_and_token)
+
+
+def test_shared_initializers_differ_in_shape(prompt_and_token: tuple[Path, Path]) -> None:
+    prompt, token = prompt_and_token
+    name = "model.layers.1.self_attn.q_proj.weight"
+    replace_initializer(token, name, np.zeros((8, 4), dtype=np.float32))
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_shared_initializers(prompt, token)
+    message = one_line_error(excinfo)
+    assert str(prompt) in message and str(token) in message
+    assert name in message and "shape [8, 8] in the prompt graph but [8, 4] in the token graph" in message
+
+
+def test_shared_initializers_differ_in_value(prompt_and_token: tuple[Path, Path]) -> None:
+    prompt, token = prompt_and_token
+    name = "model.layers.2.mlp.up_proj.weight"
+    changed = weight(name, (8, 16))
+    changed[3, 5] += 1e-3
+    replace_initializer(token, name, changed)
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_shared_initializers(prompt, token)
+    message = one_line_error(excinfo)
+    assert str(prompt) in message and str(token) in message
+    assert f"{name!r} has the same shape [8, 16] and dtype but different values" in message
+
+
+def test_shared_initializers_differ_in_dtype(prompt_and_token: tuple[Path, Path]) -> None:
+    prompt, token = prompt_and_token
+    replace_initializer(token, "eps", np.array([1e-6], dtype=np.float16))
+    with pytest.raises(GenieBuildError, match="'eps' has dtype float32 in the prompt graph but float16"):
+        check_shared_initializers(prompt, token)
+
+
+def test_tensor_hash_is_independent_of_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """External (streamed in tiny chunks), raw inline and typed float_data give the same digest."""
+    monkeypatch.setattr(fileio, "COPY_CHUNK_BYTES", 7)
+    array = weight("w", (5, 3))
+    expected = hashlib.sha256(array.tobytes()).hexdigest()
+    external = save_with_external_data(
+        helper.make_model(helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3])],
+                                            [numpy_helper.from_array(array, "w")])), tmp_path / "m.onnx")
+    stored = load_graph(external).graph.initializer[0]
+    typed = helper.make_tensor("w", TensorProto.FLOAT, [5, 3], array.ravel().tolist(), raw=False)
+    assert tensor_sha256(stored, external) == expected
+    assert tensor_sha256(numpy_helper.from_array(array, "w"), external) == expected
+    assert tensor_sha256(typed, external) == expected

@@ -1,0 +1,280 @@
+"""The qnn-cli toolchain against recording doubles of the SDK executables (tests/doubles)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from genie_build.chipsets import lookup
+from genie_build.errors import GenieBuildError
+from genie_build.naming import graph_name
+from genie_build.toolchains import get_toolchain
+from genie_build.toolchains.base import CompileOptions
+from genie_build.toolchains.qnn_cli import QnnCliToolchain
+from genie_build.toolchains.qnn_sdk import binary_info_from_utility_json
+from doubles import FAIL_VARIABLE, LOG_VARIABLE, install_fake_sdk, read_log, write_tiny_part
+
+# Spaces, both quotes, $ and a backtick: anything a shell would reinterpret.
+AWKWARD = "dir with space 'single' \"double\" $HOME `tick`"
+PROMPT = graph_name("prompt", 32, 256, 1, 2)
+TOKEN = graph_name("token", 1, 256, 1, 2)
+
+
+def options(*, packing: bool = True, o_level: int = 3, chipset: str = "SM8750") -> CompileOptions:
+    device = lookup(chipset)
+    return CompileOptions(weights_packing=packing, optimization_type=o_level, weight_sharing_enabled=True,
+                          vtcm_mb=8, soc_model=device.soc_model, dsp_arch=device.dsp_arch)
+
+
+@pytest.fixture
+def sdk(tmp_path, monkeypatch) -> Path:
+    root = install_fake_sdk(tmp_path / "sdk")
+    monkeypatch.setenv("QAIRT_SDK_ROOT", str(root))
+    monkeypatch.setenv(LOG_VARIABLE, str(tmp_path / "calls.jsonl"))
+    monkeypatch.delenv(FAIL_VARIABLE, raising=False)
+    return root
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    return tmp_path / AWKWARD
+
+
+def convert_both(work: Path) -> dict[str, Path]:
+    """Both graphs of part 1 converted, keyed by graph name (prompt first), as the compile rule passes them."""
+    toolchain = QnnCliToolchain()
+    result = {}
+    for name, kind, ar in ((PROMPT, "prompt", 32), (TOKEN, "token", 1)):
+        onnx_path, encodings_path = write_tiny_part(work / "parts" / kind, ar)
+        out = work / "converted" / "qnn-cli-fp16" / kind / "part_1_of_2.dlc"
+        toolchain.convert(onnx_path, encodings_path, out, graph_name=name, float_bitwidth=16)
+        result[name] = out
+    return result
+
+
+@pytest.fixture(scope="module")
+def converted_once(tmp_path_factory) -> dict[str, Path]:
+    """Converting costs a second per graph (the fake converter imports onnx): done once for the compile tests."""
+    base = tmp_path_factory.mktemp("once")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QAIRT_SDK_ROOT", str(install_fake_sdk(base / "sdk")))
+        patch.delenv(LOG_VARIABLE, raising=False)
+        patch.delenv(FAIL_VARIABLE, raising=False)
+        return convert_both(base / AWKWARD)
+
+
+@pytest.fixture
+def converted(converted_once, sdk, work) -> dict[str, Path]:
+    """This test's own copies of the converted DLCs."""
+    copies = {}
+    for name, path in converted_once.items():
+        copies[name] = work / "converted" / name / path.name
+        copies[name].parent.mkdir(parents=True)
+        shutil.copyfile(path, copies[name])
+    return copies
+
+
+def calls(tmp_path: Path, tool: str) -> list[dict]:
+    return [entry for entry in read_log(tmp_path / "calls.jsonl") if entry.get("tool") == tool]
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    """``["--a", "1", "--b", "2"]`` -> ``{"--a": "1", "--b": "2"}``, refusing anything else."""
+    if len(argv) % 2 or not all(key.startswith("--") for key in argv[::2]):
+        raise AssertionError(f"argv is not --flag value pairs: {argv}")
+    return dict(zip(argv[::2], argv[1::2], strict=True))
+
+
+def test_registry_maps_qnn_cli_to_this_class():
+    assert isinstance(get_toolchain("qnn-cli"), QnnCliToolchain)
+
+
+def test_convert_calls_the_converter_with_the_documented_arguments(sdk, tmp_path, work):
+    convert_both(work)
+    first, second = calls(tmp_path, "qairt-converter")
+    assert Path(flags(second["argv"])["--input_network"]).name == f"{TOKEN}.onnx"
+    argv = flags(first["argv"])
+    assert list(argv) == ["--input_network", "--quantization_overrides", "--float_bitwidth", "--output_path"]
+    assert Path(argv["--input_network"]).name == f"{PROMPT}.onnx"
+    assert argv["--quantization_overrides"] == str(work / "parts" / "prompt" / "part_1_of_2.encodings.json")
+    assert argv["--float_bitwidth"] == "16"
+    assert Path(argv["--output_path"]).name == f"{PROMPT}.dlc"
+
+
+def test_converted_dlcs_carry_the_graph_name_and_sit_only_at_their_final_paths(converted_once):
+    for name, path in converted_once.items():
+        dlc = json.loads(path.read_text())
+        assert dlc["graph_name"] == name
+        assert dlc["weight_bytes"] == 16 * 8 * 4  # the converter read the weights from the staged data file
+    work = next(iter(converted_once.values())).parents[3]
+    assert [path for path in work.rglob("*") if path.name.endswith(".tmp")] == []
+
+
+def test_compile_calls_the_generator_with_the_documented_arguments(converted, sdk, tmp_path, work):
+    out = work / "compiled" / "cli-packed" / "part_1_of_2.bin"
+    QnnCliToolchain().compile(converted, out, options())
+    (call,) = calls(tmp_path, "qnn-context-binary-generator")
+    argv = flags(call["argv"])
+    lib = sdk / "lib" / "x86_64-linux-clang"
+    assert list(argv) == ["--backend", "--model", "--dlc_path", "--config_file", "--binary_file", "--output_dir"]
+    assert argv["--backend"] == str(lib / "libQnnHtp.so")
+    assert argv["--model"] == str(lib / "libQnnModelDlc.so")
+    assert argv["--dlc_path"] == f"{PROMPT}.dlc,{TOKEN}.dlc"
+    assert argv["--binary_file"] == "part_1_of_2"
+    assert call["config_file"] == {"backend_extensions": {
+        "shared_library_path": str(lib / "libQnnHtpNetRunExtensions.so"),
+        "config_file_path": str(Path(argv["--output_dir"]) / "htp_backend_extensions.json")}}
+    assert out.is_file()
+
+
+def test_compile_writes_the_backend_extension_json_exactly(converted, tmp_path, work):
+    QnnCliToolchain().compile(converted, work / "part_1_of_2.bin", options(chipset="SM8650"))
+    (call,) = calls(tmp_path, "qnn-context-binary-generator")
+    assert call["backend_extension"] == {
+        "graphs": [{"graph_names": [PROMPT, TOKEN], "O": 3, "weights_packing": True, "vtcm_mb": 8}],
+        "devices": [{"soc_model": 57, "dsp_arch": "v75",
+                     "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
+        "context": {"weight_sharing_enabled": True},
+        "memory": {"mem_type": "shared_buffer"},
+    }
+
+
+@pytest.mark.parametrize(("packing", "o_level"), [(True, 3), (False, 2), (True, 2), (False, 3)])
+def test_weights_packing_and_o_reach_every_graph(converted, tmp_path, work, packing, o_level):
+    QnnCliToolchain().compile(converted, work / "part_1_of_2.bin", options(packing=packing, o_level=o_level))
+    (call,) = calls(tmp_path, "qnn-context-binary-generator")
+    settings = {name: (entry["weights_packing"], entry["O"])
+                for entry in call["backend_extension"]["graphs"] for name in entry["graph_names"]}
+    assert settings == {PROMPT: (packing, o_level), TOKEN: (packing, o_level)}
+
+
+def test_graph_names_agree_from_conversion_to_binary(converted, work):
+    toolchain = QnnCliToolchain()
+    out = work / "part_1_of_2.bin"
+    toolchain.compile(converted, out, options())
+    assert [graph.name for graph in toolchain.inspect(out).graphs] == [PROMPT, TOKEN]
+
+
+def test_compile_refuses_a_binary_whose_graph_names_differ(converted, work):
+    swapped = {PROMPT: converted[TOKEN], TOKEN: converted[PROMPT]}
+    renamed = {"prompt_other_name": converted[PROMPT], TOKEN: converted[TOKEN]}
+    out = work / "part_1_of_2.bin"
+    with pytest.raises(GenieBuildError, match="holds graphs"):
+        QnnCliToolchain().compile(renamed, out, options())
+    assert not out.exists()
+    QnnCliToolchain().compile(swapped, out, options())  # same set of names: accepted
+
+
+def test_inspect_reads_graphs_io_and_quantization(converted, work):
+    toolchain = QnnCliToolchain()
+    out = work / "part_1_of_2.bin"
+    toolchain.compile(converted, out, options())
+    info = toolchain.inspect(out)
+    prompt = info.graphs[0]
+    assert (info.file_bytes, info.weight_bytes, info.tool_version, info.toolchain) == (
+        out.stat().st_size, 0, "v2.99.0.double", "qnn-cli")
+    (ids,) = prompt.inputs
+    (hidden,) = prompt.outputs
+    assert (ids.name, ids.shape, ids.dtype, ids.quant) == ("input_ids", (1, 32), "int32", None)
+    assert (hidden.name, hidden.shape, hidden.dtype) == ("hidden", (1, 32, 8), "uint16")
+    assert (hidden.quant.scale, hidden.quant.offset, hidden.quant.bitwidth) == (2.0 ** -10, -32768, 16)
+
+
+def test_a_failing_executable_gives_tool_exit_code_and_stderr(converted, monkeypatch, work):
+    monkeypatch.setenv(FAIL_VARIABLE, "qnn-context-binary-generator")
+    out = work / "part_1_of_2.bin"
+    with pytest.raises(GenieBuildError) as caught:
+        QnnCliToolchain().compile(converted, out, options())
+    message = str(caught.value)
+    assert message.startswith("qnn-context-binary-generator: exited with code 1:")
+    assert "ERROR: double asked to fail" in message and "\n" not in message
+    assert not out.exists() and not any(path.name.endswith(".tmp") for path in work.iterdir())
+
+
+def test_a_failing_converter_leaves_no_output(sdk, monkeypatch, work):
+    monkeypatch.setenv(FAIL_VARIABLE, "qairt-converter")
+    onnx_path, encodings_path = write_tiny_part(work, 32)
+    out = work / "converted" / "part_1_of_2.dlc"
+    with pytest.raises(GenieBuildError, match="^qairt-converter: exited with code 1"):
+        QnnCliToolchain().convert(onnx_path, encodings_path, out, graph_name=PROMPT, float_bitwidth=16)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_missing_sdk_root_is_named(monkeypatch):
+    monkeypatch.delenv("QAIRT_SDK_ROOT", raising=False)
+    with pytest.raises(GenieBuildError, match="^toolchain qnn-cli: QAIRT_SDK_ROOT is not set"):
+        QnnCliToolchain().check_available()
+
+
+def test_sdk_root_that_is_not_a_directory_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("QAIRT_SDK_ROOT", str(tmp_path / "nowhere"))
+    with pytest.raises(GenieBuildError, match="nowhere is not a directory"):
+        QnnCliToolchain().check_available()
+
+
+def test_every_missing_tool_and_library_is_named(sdk, monkeypatch, tmp_path):
+    (sdk / "bin" / "x86_64-linux-clang" / "qnn-context-binary-generator").unlink()
+    (sdk / "lib" / "x86_64-linux-clang" / "libQnnModelDlc.so").unlink()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(GenieBuildError) as caught:
+        QnnCliToolchain().check_available()
+    message = str(caught.value)
+    assert "executable qnn-context-binary-generator" in message and "library libQnnModelDlc.so" in message
+    assert "qairt-converter" not in message
+
+
+def test_executables_are_also_found_on_path(sdk, monkeypatch, tmp_path):
+    bin_dir = sdk / "bin" / "x86_64-linux-clang"
+    elsewhere = tmp_path / "elsewhere"
+    bin_dir.rename(elsewhere)
+    monkeypatch.setenv("PATH", str(elsewhere))
+    QnnCliToolchain().check_available()
+
+
+def test_unsafe_graph_names_are_refused_before_running_anything(sdk, work, tmp_path):
+    onnx_path, encodings_path = write_tiny_part(work, 32)
+    with pytest.raises(GenieBuildError, match="^prompt,1: graph names may hold only"):
+        QnnCliToolchain().convert(onnx_path, encodings_path, work / "x.dlc", graph_name="prompt,1",
+                                  float_bitwidth=16)
+    assert calls(tmp_path, "qairt-converter") == []
+
+
+def test_missing_input_is_named(sdk, work):
+    with pytest.raises(GenieBuildError, match="missing.encodings.json: file not found"):
+        QnnCliToolchain().convert(work / "part.onnx", work / "missing.encodings.json", work / "x.dlc",
+                                  graph_name=PROMPT, float_bitwidth=16)
+
+
+def test_utility_json_without_graphs_is_a_clear_error(tmp_path):
+    with pytest.raises(GenieBuildError, match="no info.graphs list"):
+        binary_info_from_utility_json({"info": {"buildId": "x"}}, tmp_path / "a.bin", 10, "qnn-cli")
+
+
+@pytest.mark.parametrize(("qnn", "dtype", "bits"), [
+    ("QNN_DATATYPE_UFIXED_POINT_8", "uint8", 8), ("QNN_DATATYPE_SFIXED_POINT_16", "int16", 16),
+    ("QNN_DATATYPE_FIXED_POINT_16", "int16", 16), ("QNN_DATATYPE_FLOAT_16", "float16", None),
+    ("QNN_DATATYPE_INT_64", "int64", None), ("QNN_DATATYPE_BOOL_8", "bool", None),
+    ("QNN_DATATYPE_STRING", "QNN_DATATYPE_STRING", None),
+])
+def test_utility_datatypes_map_to_numpy_names(tmp_path, qnn, dtype, bits):
+    quantize = {"definition": "QNN_DEFINITION_DEFINED",
+                "quantizationEncoding": "QNN_QUANTIZATION_ENCODING_SCALE_OFFSET",
+                "scaleOffset": {"scale": 0.5, "offset": -7}}
+    tensor = {"info": {"name": "t", "dimensions": [1, 2], "dataType": qnn, "quantizeParams": quantize}}
+    document = {"info": {"graphs": [{"info": {"graphName": "g", "graphInputs": [tensor], "graphOutputs": []}}]}}
+    (parsed,) = binary_info_from_utility_json(document, tmp_path / "a.bin", 1, "qnn-cli").graphs[0].inputs
+    assert parsed.dtype == dtype
+    # Only fixed-point types carry quantization; a float with stray params is not quantized.
+    assert (parsed.quant.bitwidth if parsed.quant else None) == bits
+
+
+def test_relative_paths_work_as_snakemake_passes_them(sdk, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QAIRT_SDK_ROOT", sdk.name)  # relative too
+    converted = convert_both(Path("results"))
+    out = Path("results") / "compiled" / "cli-default" / "part_1_of_2.bin"
+    QnnCliToolchain().compile(converted, out, options(packing=False))
+    assert [graph.name for graph in QnnCliToolchain().inspect(out).graphs] == [PROMPT, TOKEN]

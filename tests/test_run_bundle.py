@@ -1,0 +1,108 @@
+"""Host run of a reference bundle: its tokens equal the unsplit model's quantized the same way; the KV cache
+gives what recomputing without it gives; the prompt's chunking and padding do not change the result."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild, build_reference_bundle
+from genie_build.chipsets import lookup
+from genie_build.cli import main
+from genie_build.errors import GenieBuildError
+from genie_build.run_bundle import Runner, generate, load_bundle, make_runner, run_bundle
+from genie_build.toolchains.base import CompileOptions
+from genie_build.toolchains.reference.container import load_container
+from genie_build.toolchains.reference.toolchain import ReferenceToolchain
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> ReferenceBuild:
+    return build_reference_bundle(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="module")
+def unsplit_runner(build: ReferenceBuild) -> Runner:
+    """The whole model, converted with the whole encodings and compiled like a part: one 'part'."""
+    toolchain, converted = ReferenceToolchain(), {}
+    for kind, ar in (("prompt", TINY_DEMO["ar"]), ("token", 1)):
+        name = f"{kind}_ar{ar}_cl{TINY_DEMO['context']}"
+        converted[name] = build.root / "unsplit" / f"{kind}.onnx"
+        toolchain.convert(build.source / f"{kind}.onnx", build.source / f"{kind}.encodings.json", converted[name],
+                          graph_name=name, float_bitwidth=VARIANT["float_bitwidth"])
+    chip = lookup("SM8750")
+    container = build.root / "unsplit" / "model.bin"
+    toolchain.compile(converted, container, CompileOptions(**VARIANT, soc_model=chip.soc_model, dsp_arch=chip.dsp_arch))
+    bundle = load_bundle(build.bundle)
+    return make_runner([load_container(container)], head_dim=bundle.runner.head_dim,
+                       rope_theta=bundle.runner.rope_theta)
+
+
+def test_bundle_tokens_equal_the_unsplit_quantized_model(build: ReferenceBuild, unsplit_runner: Runner) -> None:
+    bundle = load_bundle(build.bundle)
+    prompt_ids = bundle.tokenizer.encode(PROMPT).ids
+    assert len(prompt_ids) > 2 * TINY_DEMO["ar"]  # several prompt chunks, the last one padded
+    assert len(prompt_ids) % TINY_DEMO["ar"] != 0
+    split_tokens = generate(bundle.runner, prompt_ids, 12)
+    assert len(bundle.runner.parts) == 3 and len(split_tokens) == 12
+    assert split_tokens == generate(unsplit_runner, prompt_ids, 12)
+
+
+def test_kv_cache_gives_what_recomputing_without_it_gives(build: ReferenceBuild) -> None:
+    runner = load_bundle(build.bundle).runner
+    prompt = [5, 77, 301]
+    with_cache = generate(runner, prompt, TINY_DEMO["ar"] - len(prompt))
+    # each token from a fresh prompt pass over the whole sequence so far (fits one chunk: no cache used)
+    sequence = list(prompt)
+    for _ in with_cache:
+        sequence += generate(runner, sequence, 1)
+    assert with_cache == sequence[len(prompt):]
+
+
+def test_prompt_chunking_does_not_change_the_tokens(build: ReferenceBuild) -> None:
+    runner = load_bundle(build.bundle).runner
+    token_only = dataclasses.replace(runner, parts=tuple({1: part[1]} for part in runner.parts))
+    prompt = list(range(40, 40 + 2 * TINY_DEMO["ar"] + 3))
+    assert generate(runner, prompt, 8) == generate(token_only, prompt, 8)
+
+
+def test_generation_stops_at_an_end_of_sequence_token(build: ReferenceBuild) -> None:
+    runner = load_bundle(build.bundle).runner
+    free = generate(runner, [5, 77, 301], 6)
+    stopped = generate(runner, [5, 77, 301], 6, eos_ids=frozenset({free[2]}))
+    assert stopped == free[:free.index(free[2]) + 1]
+
+
+def test_prompt_and_new_tokens_must_fit_the_context(build: ReferenceBuild) -> None:
+    runner = load_bundle(build.bundle).runner
+    with pytest.raises(GenieBuildError, match="must fit the context size 64"):
+        generate(runner, list(range(60)), 5)
+    with pytest.raises(GenieBuildError, match="prompt: is empty"):
+        generate(runner, [], 5)
+
+
+def test_run_bundle_command_prints_text_and_speed(build: ReferenceBuild, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run-bundle", str(build.bundle), "--prompt", PROMPT, "--max-new-tokens", "6"]) == 0
+    first, second = capsys.readouterr().out.splitlines()[-2:]
+    assert first.startswith(PROMPT)
+    assert "generated 6 tokens" in second and "tokens/s" in second
+    result = run_bundle(build.bundle, PROMPT, 6)
+    assert f"ids {list(result.new_ids)}" in second and np.isfinite(result.tokens_per_second)
+
+
+def test_a_bundle_failing_its_checks_is_not_run(build: ReferenceBuild, tmp_path: Path) -> None:
+    broken = tmp_path / "bundle"
+    broken.mkdir()
+    for item in build.bundle.iterdir():
+        (broken / item.name).write_bytes(item.read_bytes())
+    config = json.loads((broken / "genie_config.json").read_text())
+    config["dialog"]["context"]["size"] = 128
+    (broken / "genie_config.json").write_text(json.dumps(config))
+    with pytest.raises(GenieBuildError, match=r"\[context-size\]"):
+        load_bundle(broken)

@@ -1,0 +1,255 @@
+"""Streaming split: valid parts, exact IO, chain == full, byte determinism, locality of changes, atomicity."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from genie_build.boundaries import find_boundaries
+from genie_build.cli import main
+from genie_build.demo import DemoShape, example_inputs, generate_demo
+from genie_build.encodings import Encodings
+from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import load_graph
+from genie_build.plan import model_pieces, plan_by_num_parts, write_plan
+from genie_build.split import node_inputs, split_graph, split_model
+from genie_build.verify import build_feed, verify_chain
+from tiny_decoder import EMBED_OUT, build_tiny_decoder, layer_out, make_plan
+
+SHAPE = DemoShape(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, context=64, ar=8)
+PLAN = make_plan(4, [[0, 1], [2, 3]])   # embedding alone, layers 0-1, layers 2-3 + head
+KINDS = ("prompt", "token")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    generate_demo(SHAPE, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def parts(demo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    return split_model(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path_factory.mktemp("split") / "parts")
+
+
+def graph_of(path: Path) -> onnx.GraphProto:
+    return onnx.load(path, load_external_data=False).graph
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def stored_bytes(tensor: onnx.TensorProto, model_dir: Path) -> bytes:
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return tensor.raw_data
+    info = external_info(tensor)
+    with open(model_dir / info["location"], "rb") as handle:
+        handle.seek(int(info["offset"]))
+        return handle.read(int(info["length"]))
+
+
+def test_split_model_writes_both_graphs_with_data_files(parts: dict[str, list[Path]]) -> None:
+    for kind in KINDS:
+        names = sorted(p.name for p in parts[kind][0].parent.iterdir())
+        assert names == [f"part_{i}_of_3.onnx{ext}" for i in (1, 2, 3) for ext in ("", ".data")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parts_pass_full_check(parts: dict[str, list[Path]], kind: str) -> None:
+    for path in parts[kind]:
+        onnx.checker.check_model(path, full_check=True)
+
+
+def test_part_inputs_and_outputs(parts: dict[str, list[Path]]) -> None:
+    shared = ["attention_mask", "position_ids_cos", "position_ids_sin"]
+    expected = [
+        (["input_ids"], [EMBED_OUT]),
+        ([EMBED_OUT, *shared, "past_key_0_in", "past_value_0_in", "past_key_1_in", "past_value_1_in"],
+         [layer_out(1), "past_key_0_out", "past_value_0_out", "past_key_1_out", "past_value_1_out"]),
+        ([layer_out(1), *shared, "past_key_2_in", "past_value_2_in", "past_key_3_in", "past_value_3_in"],
+         ["logits", "past_key_2_out", "past_value_2_out", "past_key_3_out", "past_value_3_out"]),
+    ]
+    for path, (inputs, outputs) in zip(parts["token"], expected):
+        graph = graph_of(path)
+        assert [v.name for v in graph.input] == inputs
+        assert [v.name for v in graph.output] == outputs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_part_input_is_read(parts: dict[str, list[Path]], kind: str) -> None:
+    for path in parts[kind]:
+        graph = graph_of(path)
+        read = {name for node in graph.node for name in node_inputs(node)}
+        assert [v.name for v in graph.input if v.name not in read] == []
+
+
+def test_part_graph_names_follow_genie(parts: dict[str, list[Path]]) -> None:
+    assert [graph_of(p).name for p in parts["prompt"]] == [f"prompt_ar8_cl64_{i}_of_3" for i in (1, 2, 3)]
+    assert graph_of(parts["token"][0]).name == "token_ar1_cl64_1_of_3"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chain_equals_full_bit_exact(demo: Path, parts: dict[str, list[Path]], kind: str) -> None:
+    feed = example_inputs(SHAPE, kind, past_len=5, rng=np.random.default_rng(7))
+    report = verify_chain(demo / f"{kind}.onnx", parts[kind], feed)
+    assert report.bit_exact
+    assert [c.name for c in report.outputs] == ["logits"] + [f"past_{kv}_{i}_out" for i in range(4)
+                                                              for kv in ("key", "value")]
+
+
+def test_external_tensors_are_aligned_relative_and_identical_inline_ones_stay_inline(
+        demo: Path, parts: dict[str, list[Path]]) -> None:
+    source = {t.name: t for t in graph_of(demo / "prompt.onnx").initializer}
+    seen_inline = seen_external = 0
+    for path in parts["prompt"]:
+        for tensor in graph_of(path).initializer:
+            original = source[tensor.name]
+            assert tensor.data_location == original.data_location, tensor.name
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                info = external_info(tensor)
+                assert info["location"] == path.name + ".data"
+                seen_external += 1
+            else:
+                seen_inline += 1
+            assert stored_bytes(tensor, path.parent) == stored_bytes(original, demo), tensor.name
+    assert seen_inline and seen_external
+
+
+def test_data_offsets_are_page_aligned(tmp_path: Path) -> None:
+    """The tiny decoder's matrices are 1 KiB, so unpadded offsets would not be multiples of 4096."""
+    model = build_tiny_decoder(tmp_path / "m.onnx")
+    offsets = [int(external_info(t)["offset"])
+               for path in split_graph(model, PLAN, tmp_path / "parts", "prompt")
+               for t in graph_of(path).initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert len(offsets) > 10 and all(offset % 4096 == 0 for offset in offsets)
+
+
+def test_split_is_deterministic(demo: Path, parts: dict[str, list[Path]], tmp_path: Path) -> None:
+    again = split_model(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "again")
+    assert tree_bytes(again["prompt"][0].parent.parent) == tree_bytes(parts["prompt"][0].parent.parent)
+
+
+def test_weight_change_in_one_layer_changes_only_its_part(demo: Path, tmp_path: Path) -> None:
+    changed = tmp_path / "changed"
+    shutil.copytree(demo, changed)
+    weight = next(t for t in graph_of(demo / "prompt.onnx").initializer
+                  if t.name == "model.layers.3.mlp.down_proj.weight")
+    info = external_info(weight)
+    with open(changed / info["location"], "r+b") as handle:
+        handle.seek(int(info["offset"]))
+        handle.write(b"\x01\x02\x03\x04")
+    before = split_graph(demo / "prompt.onnx", PLAN, tmp_path / "before", "prompt")
+    after = split_graph(changed / "prompt.onnx", PLAN, tmp_path / "after", "prompt")
+    same = [tree_bytes_of_part(a) == tree_bytes_of_part(b) for a, b in zip(before, after)]
+    assert same == [True, True, False]
+
+
+def tree_bytes_of_part(onnx_path: Path) -> tuple[bytes, bytes]:
+    return onnx_path.read_bytes(), onnx_path.with_name(onnx_path.name + ".data").read_bytes()
+
+
+def test_bad_plan_leaves_no_output_and_keeps_an_existing_one(demo: Path, tmp_path: Path) -> None:
+    bad = dataclasses.replace(PLAN, parts=(
+        PLAN.parts[0], dataclasses.replace(PLAN.parts[1], output_boundary="no_such_tensor"),
+        dataclasses.replace(PLAN.parts[2], input_boundary="no_such_tensor")))
+    with pytest.raises(GenieBuildError, match="no_such_tensor"):
+        split_model(demo / "prompt.onnx", demo / "token.onnx", bad, tmp_path / "parts")
+    assert list(tmp_path.iterdir()) == []
+
+    good = split_graph(demo / "prompt.onnx", PLAN, tmp_path / "parts", "prompt")
+    before = tree_bytes(tmp_path / "parts")
+    with pytest.raises(GenieBuildError):
+        split_graph(demo / "prompt.onnx", bad, tmp_path / "parts", "prompt")
+    assert tree_bytes(tmp_path / "parts") == before and good[0].exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["parts"]
+
+
+def test_missing_data_file_fails_naming_it(demo: Path, tmp_path: Path) -> None:
+    shutil.copy(demo / "prompt.onnx", tmp_path / "prompt.onnx")
+    with pytest.raises(GenieBuildError, match=r"prompt\.onnx\.data"):
+        split_graph(tmp_path / "prompt.onnx", PLAN, tmp_path / "parts", "prompt")
+    assert not (tmp_path / "parts").exists()
+
+
+def test_cuts_must_chain(demo: Path, tmp_path: Path) -> None:
+    unchained = dataclasses.replace(PLAN, parts=(
+        PLAN.parts[0], PLAN.parts[1], dataclasses.replace(PLAN.parts[2], input_boundary=layer_out(0))))
+    with pytest.raises(GenieBuildError, match=r"part 3_of_3 takes .*layers\.0.* but part 2_of_3 gives"):
+        split_graph(demo / "prompt.onnx", unchained, tmp_path / "parts", "prompt")
+
+
+def test_cuts_out_of_order_are_rejected(demo: Path, tmp_path: Path) -> None:
+    swapped = make_plan(4, [[0, 1], [2, 3]])
+    swapped = dataclasses.replace(swapped, parts=(
+        dataclasses.replace(swapped.parts[0], output_boundary=layer_out(1)),
+        dataclasses.replace(swapped.parts[1], input_boundary=layer_out(1), output_boundary=EMBED_OUT),
+        dataclasses.replace(swapped.parts[2], input_boundary=EMBED_OUT)))
+    with pytest.raises(GenieBuildError, match="does not depend on the boundary before it"):
+        split_graph(demo / "prompt.onnx", swapped, tmp_path / "parts", "prompt")
+
+
+def test_tensor_crossing_a_cut_is_named(tmp_path: Path) -> None:
+    model = build_tiny_decoder(tmp_path / "skip.onnx", skip_from_layer0_into=3)
+    with pytest.raises(GenieBuildError, match=r"part 3_of_3 reads '/model/layers\.0/Add_output_0', computed in "
+                                              r"part 2_of_3"):
+        split_graph(model, PLAN, tmp_path / "parts", "prompt")
+
+
+def test_if_bodies_reading_outer_scope_are_split_whole(tmp_path: Path) -> None:
+    """The If's branches read the MLP output and a bias initializer without listing them as inputs."""
+    for kind, ar in (("prompt", 4), ("token", 1)):
+        model = build_tiny_decoder(tmp_path / f"{kind}.onnx", ar=ar, if_in_layer=2)
+        parts = split_graph(model, PLAN, tmp_path / kind, kind)
+        for path in parts:
+            onnx.checker.check_model(path, full_check=True)
+        assert "model.layers.2.mlp.down_proj.bias" in {t.name for t in graph_of(parts[2]).initializer}
+        rng = np.random.default_rng(3)
+        feed = {v.name: (rng.integers(0, 64, (1, ar)).astype(np.int32) if v.name == "input_ids" else
+                         rng.uniform(-1, 1, [d.dim_value for d in v.type.tensor_type.shape.dim]).astype(np.float32))
+                for v in graph_of(model).input}
+        assert verify_chain(model, parts, feed).bit_exact
+
+
+def test_single_part_plan_copies_the_whole_graph(tmp_path: Path) -> None:
+    model = build_tiny_decoder(tmp_path / "m.onnx")
+    whole = make_plan(4, [[0, 1, 2, 3]], embedding_alone=False)
+    [part] = split_graph(model, whole, tmp_path / "parts", "prompt")
+    source, graph = graph_of(model), graph_of(part)
+    assert [v.name for v in graph.input] == [v.name for v in source.input]
+    assert [v.name for v in graph.output] == [v.name for v in source.output]
+    assert len(graph.node) == len(source.node)
+
+
+def test_hf_export_splits_bit_exact(tmp_path: Path) -> None:
+    """A real transformers Qwen2 export (dynamo), boundaries found from node scopes, planned by genie_build.plan."""
+    hf_export = pytest.importorskip("hf_export", reason="tests/hf_export.py is not there")
+    # Two layers keep the export (about 10 s per graph) short; skips when torch/transformers are missing.
+    prompt, token = hf_export.export_tiny_qwen2(tmp_path / "hf", layers=2, prompt_ar=8)
+    model = load_graph(prompt)
+    cuts = find_boundaries(model, prompt)
+    plan = plan_by_num_parts(model_pieces(model, Encodings(), cuts), num_parts=3)
+    parts = split_model(prompt, token, plan, tmp_path / "parts")
+    for kind, source in (("prompt", prompt), ("token", token)):
+        for path in parts[kind]:
+            onnx.checker.check_model(path, full_check=True)
+        report = verify_chain(source, parts[kind], build_feed(source))
+        assert report.bit_exact and len(report.outputs) == 1 + 2 * plan.num_layers
+
+
+def test_cli_splits_from_a_plan_file(demo: Path, tmp_path: Path) -> None:
+    write_plan(tmp_path / "plan.json", PLAN)
+    assert main(["split", "--plan", str(tmp_path / "plan.json"), "--prompt", str(demo / "prompt.onnx"),
+                 "--token", str(demo / "token.onnx"), "--out-dir", str(tmp_path / "parts")]) == 0
+    assert sorted(p.name for p in (tmp_path / "parts" / "token").glob("*.onnx")) == [
+        "part_1_of_3.onnx", "part_2_of_3.onnx", "part_3_of_3.onnx"]

@@ -1,0 +1,150 @@
+"""Chain == full verification: generated feeds, bit-exact comparison, failures that name what differs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from genie_build.cli import main
+from genie_build.commands.verify_split import find_parts
+from genie_build.demo import DemoShape, generate_demo
+from genie_build.errors import GenieBuildError
+from genie_build.split import split_model
+from genie_build.verify import build_feed, compare_arrays, find_token_input, verify_chain
+from tiny_decoder import make_plan
+
+SHAPE = DemoShape(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, context=64, ar=8)
+PLAN = make_plan(4, [[0, 1], [2, 3]])
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    generate_demo(SHAPE, out)
+    return out
+
+
+@pytest.fixture()
+def parts(demo: Path, tmp_path: Path) -> dict[str, list[Path]]:
+    """Fresh per test, since some tests damage them."""
+    return split_model(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "parts")
+
+
+def test_feed_covers_every_input_with_its_dtype_and_shape(demo: Path) -> None:
+    feed = build_feed(demo / "token.onnx")
+    graph = onnx.load(demo / "token.onnx", load_external_data=False).graph
+    assert list(feed) == [v.name for v in graph.input]
+    for value in graph.input:
+        assert feed[value.name].shape == tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
+        assert feed[value.name].dtype == helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+
+
+def test_feed_is_deterministic_per_seed_and_in_range(demo: Path) -> None:
+    prompt = demo / "prompt.onnx"
+    first, again, other = build_feed(prompt), build_feed(prompt), build_feed(prompt, seed=1)
+    assert all(np.array_equal(first[name], again[name]) for name in first)
+    assert not np.array_equal(first["past_key_0_in"], other["past_key_0_in"])
+    ids = first["input_ids"]
+    assert ids.min() >= 0 and ids.max() < SHAPE.vocab and len(np.unique(ids)) > 1
+    assert np.abs(first["past_value_3_in"]).max() <= 1.0
+    assert build_feed(prompt, vocab=3)["input_ids"].max() < 3
+
+
+def test_vocab_is_found_through_a_cast_of_fp16_weights(tmp_path: Path) -> None:
+    generate_demo(DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=96, context=8, ar=2,
+                            weight_dtype="float16"), tmp_path)
+    assert find_token_input(onnx.load(tmp_path / "token.onnx", load_external_data=False)) == ("input_ids", 96)
+
+
+def test_feed_rejects_dynamic_shapes(tmp_path: Path) -> None:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    onnx.save(helper.make_model(graph), tmp_path / "dyn.onnx")
+    with pytest.raises(GenieBuildError, match=r"dyn\.onnx: input 'x' has a dynamic shape"):
+        build_feed(tmp_path / "dyn.onnx")
+
+
+@pytest.mark.parametrize("kind", ["prompt", "token"])
+def test_chained_parts_match_and_report_every_output(demo: Path, parts: dict[str, list[Path]], kind: str) -> None:
+    full = demo / f"{kind}.onnx"
+    report = verify_chain(full, parts[kind], build_feed(full))
+    assert report.bit_exact
+    record = json.loads(json.dumps(report.to_dict()))
+    assert record["bit_exact"] is True
+    assert [o["name"] for o in record["outputs"]][:3] == ["logits", "past_key_0_out", "past_value_0_out"]
+    assert {o["part"] for o in record["outputs"]} == {"part_2_of_3.onnx", "part_3_of_3.onnx"}
+    assert all(o["max_abs_diff"] == 0.0 for o in record["outputs"])
+
+
+def test_changed_weight_in_a_part_fails_naming_graph_and_output(demo: Path, parts: dict[str, list[Path]]) -> None:
+    last = parts["prompt"][2]
+    head = next(t for t in onnx.load(last, load_external_data=False).graph.initializer if t.name == "lm_head.weight")
+    offset = int({e.key: e.value for e in head.external_data}["offset"])
+    with open(last.with_name(last.name + ".data"), "r+b") as handle:
+        handle.seek(offset)
+        handle.write(np.float32(3.0).tobytes())
+    full = demo / "prompt.onnx"
+    with pytest.raises(GenieBuildError, match=r"prompt\.onnx: chained parts differ .* at output 'logits' "
+                                              r"\(from part_3_of_3\.onnx\): max abs diff [1-9]"):
+        verify_chain(full, parts["prompt"], build_feed(full))
+
+
+def test_missing_last_part_fails(demo: Path, parts: dict[str, list[Path]]) -> None:
+    full = demo / "token.onnx"
+    with pytest.raises(GenieBuildError, match="output 'logits' is not given by any part"):
+        verify_chain(full, parts["token"][:2], build_feed(full))
+
+
+def test_parts_out_of_order_fail_naming_the_missing_input(demo: Path, parts: dict[str, list[Path]]) -> None:
+    full = demo / "token.onnx"
+    with pytest.raises(GenieBuildError, match=r"part_2_of_3\.onnx: input\(s\) \['/model/embed_tokens"):
+        verify_chain(full, parts["token"][1:], build_feed(full))
+
+
+def test_compare_arrays_is_bitwise() -> None:
+    values = np.array([0.0, 1.5], dtype=np.float32)
+    assert compare_arrays("x", "p", values, values.copy()).bit_exact
+    wider = compare_arrays("x", "p", values, values.astype(np.float64))
+    assert not wider.bit_exact and wider.max_abs_diff == 0.0
+    signed_zero = compare_arrays("x", "p", values, np.array([-0.0, 1.5], dtype=np.float32))
+    assert not signed_zero.bit_exact
+    assert compare_arrays("x", "p", values, values[:1]).max_abs_diff == float("inf")
+    assert compare_arrays("x", "p", values, values + np.float32(1e-7)).max_abs_diff > 0
+
+
+def test_cli_writes_the_report(demo: Path, parts: dict[str, list[Path]], tmp_path: Path) -> None:
+    out = tmp_path / "verify" / "prompt.json"
+    assert main(["verify-split", "--model", str(demo / "prompt.onnx"),
+                 "--parts-dir", str(parts["prompt"][0].parent), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["bit_exact"] and len(record["outputs"]) == 1 + 2 * SHAPE.layers
+
+
+def test_cli_fails_on_an_incomplete_parts_dir(demo: Path, parts: dict[str, list[Path]], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    parts["prompt"][1].unlink()
+    out = tmp_path / "report.json"
+    assert main(["verify-split", "--model", str(demo / "prompt.onnx"),
+                 "--parts-dir", str(parts["prompt"][0].parent), "--out", str(out)]) == 2
+    assert "expected part_01_of_N.onnx" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_find_parts_orders_by_index(tmp_path: Path) -> None:
+    for index in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9, 11):
+        (tmp_path / f"part_{index:02d}_of_11.onnx").touch()
+    assert [p.name for p in find_parts(tmp_path)][:3] == ["part_01_of_11.onnx", "part_02_of_11.onnx",
+                                                          "part_03_of_11.onnx"]
+
+
+def test_feed_of_the_wrong_shape_fails_naming_the_graph(demo: Path, parts: dict[str, list[Path]]) -> None:
+    full = demo / "prompt.onnx"
+    feed = build_feed(full)
+    with pytest.raises(GenieBuildError, match=r"prompt\.onnx: onnxruntime cannot run it"):
+        verify_chain(full, parts["prompt"], {**feed, "input_ids": feed["input_ids"][:, :1]})

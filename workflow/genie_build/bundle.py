@@ -1,0 +1,134 @@
+"""Assemble the Genie bundle: ctx-bins in part order, the two configs, the tokenizer, ``metadata.yaml`` and
+``manifest.json``.
+
+The bundle is built in a staging directory and renamed into place (:func:`genie_build.fileio.atomic_directory`),
+so a half-built bundle never sits at the final path. Its bytes are deterministic: no timestamps, no absolute
+paths, sorted hashes — two runs on the same inputs give identical manifests.
+
+``metadata.yaml`` (per ctx-bin: graphs, IO tensors with shapes, dtypes and quantization, read back with the
+toolchain's ``inspect``) has the format :mod:`genie_build.check_bundle` defines and reads.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from genie_build import __version__
+from genie_build.check_bundle import MANIFEST_NAME, METADATA_NAME, dump_metadata, graph_ar_cl
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_directory, sha256_file, write_json, write_text
+from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, load_hf_config,
+                                      make_genie_config, make_htp_backend_ext_config)
+from genie_build.naming import part_label
+from genie_build.toolchains import get_toolchain
+from genie_build.toolchains.base import BinaryInfo
+
+MANIFEST_FORMAT = "genie-build-manifest/1"
+# Python packages whose versions shape the bundle's bytes (recorded in the manifest).
+VERSIONED_PACKAGES = ("numpy", "onnx", "onnxruntime", "tokenizers", "pyyaml")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def ctx_bin_name(model_name: str, index: int, num_parts: int) -> str:
+    """``ctx_bin_name("demo", 1, 6) == "demo_part_1_of_6.bin"``, zero-padded like every part label."""
+    return f"{model_name}_part_{part_label(index, num_parts)}.bin"
+
+
+def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os.PathLike[str]], toolchain: str,
+                    hf_config_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str], chipset: str,
+                    context_size: int | None, config_used: Mapping[str, Any], tool_versions: Mapping[str, str], *,
+                    model_name: str) -> Path:
+    """Build the bundle at ``out_dir`` (replacing an old one only once the new one is complete).
+
+    Args:
+        out_dir: the bundle directory, e.g. ``results/demo/genie_bundle``.
+        binaries: the compiled ctx-bins in part order.
+        toolchain: the toolchain that compiled them (its ``inspect`` fills ``metadata.yaml``).
+        hf_config_path: the model's HF ``config.json``.
+        tokenizer_path: the model's ``tokenizer.json`` (copied into the bundle).
+        chipset: target chipset name (``htp_backend_ext_config.json``).
+        context_size: ``dialog.context.size``; None: the compiled context length (the largest CL).
+        config_used: the workflow config, recorded in the manifest.
+        tool_versions: recorded in the manifest (see :func:`runtime_tool_versions`), with the version of the
+            toolchain each ctx-bin says made it.
+        model_name: prefix of the ctx-bin names.
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        GenieBuildError: a missing input, an unreadable binary, or a bad HF config/tokenizer/chipset;
+            nothing is left at ``out_dir`` then (an old bundle there stays as it was).
+    """
+    if not _MODEL_NAME.match(model_name):
+        raise GenieBuildError("model.name", f"{model_name!r} is not a safe file-name prefix "
+                                            "(letters, digits, '_', '.', '-')")
+    if not binaries:
+        raise GenieBuildError(out_dir, "no ctx-bins to bundle")
+    names = [ctx_bin_name(model_name, index, len(binaries)) for index in range(1, len(binaries) + 1)]
+    infos = {name: _inspect(toolchain, Path(path)) for name, path in zip(names, binaries)}
+    genie_config = make_genie_config(load_hf_config(hf_config_path), tokenizer_path, names,
+                                     context_size or compiled_context_length(infos), hf_config_path=hf_config_path)
+    htp_config = make_htp_backend_ext_config(chipset)
+    with atomic_directory(out_dir) as staging:
+        for name, path in zip(names, binaries):
+            shutil.copyfile(path, staging / name)
+        shutil.copyfile(tokenizer_path, staging / TOKENIZER_NAME)
+        write_json(staging / GENIE_CONFIG_NAME, genie_config)
+        write_json(staging / HTP_EXT_CONFIG_NAME, htp_config)
+        write_text(staging / METADATA_NAME, dump_metadata(infos))
+        versions = {**tool_versions, **{f"{info.toolchain} toolchain": info.tool_version for info in infos.values()}}
+        manifest = manifest_document(staging, versions, config_used)
+        # keys sorted: the same config gives the same manifest whatever order its file lists keys in;
+        # default=str: a YAML config may hold dates, which JSON has no type for
+        write_text(staging / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    return Path(out_dir)
+
+
+def compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:
+    """The largest context length (CL) of the ctx-bins' graphs, as Genie derives it ("loaded max-CL").
+
+    Raises:
+        GenieBuildError: no graph has a readable CL.
+    """
+    lengths = [cl for info in infos.values() for graph in info.graphs
+               for cl in [graph_ar_cl(graph)[1]] if cl is not None]
+    if not lengths:
+        raise GenieBuildError(next(iter(infos)), "no graph gives its context length (attention_mask or 'cl' in "
+                                                 "its name); pass the context size explicitly")
+    return max(lengths)
+
+
+def runtime_tool_versions() -> dict[str, str]:
+    """genie-build, Python and the packages in :data:`VERSIONED_PACKAGES`."""
+    versions = {"genie-build": __version__, "python": platform.python_version()}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def manifest_document(bundle_dir: Path, tool_versions: Mapping[str, str],
+                      config_used: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest: sha256 of every file in ``bundle_dir`` (but the manifest), tool versions, the config."""
+    files = sorted(p for p in bundle_dir.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
+    return {"format": MANIFEST_FORMAT,
+            "files": {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files},
+            "tool_versions": dict(tool_versions),
+            "config_used": dict(config_used)}
+
+
+def _inspect(toolchain: str, path: Path) -> BinaryInfo:
+    if not path.is_file():
+        raise GenieBuildError(path, "ctx-bin not found")
+    return get_toolchain(toolchain).inspect(path)

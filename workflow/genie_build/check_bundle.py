@@ -1,0 +1,681 @@
+"""Check a Genie bundle against what Genie enforces when it loads one (facts file, section 3).
+
+Usable on bundles made elsewhere: graph names and IO come from ``metadata.yaml`` when the bundle has one,
+else from the ctx-bins themselves when they are reference containers. Every finding carries a stable rule
+id (:data:`RULES`); :func:`check_bundle` never raises on a malformed bundle, it reports it.
+
+``metadata.yaml`` is defined here, beside its reader (the bundler writes it with :func:`dump_metadata`)::
+
+    model_files:
+      demo_part_1_of_6.bin:
+        toolchain: reference
+        tool_version: ...
+        graphs:
+          prompt_ar32_cl256_1_of_6:
+            inputs:
+              input_ids: {shape: [1, 32], dtype: int32}
+              attention_mask: {shape: [1, 32, 256], dtype: uint16,
+                               quantization: {dtype: uint16, scale: 0.0007, offset: -65535, bitwidth: 16}}
+            outputs: {...}
+
+``model_files``, ``inputs``/``outputs`` keyed by tensor name and ``shape``/``dtype`` follow AIHM's
+metadata.yaml; the ``graphs`` level is added because Genie's checks are per graph. The reader also accepts
+AIHM's ``quantization_parameters: {scale, zero_point}``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json, sha256_file
+from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, load_hf_config
+from genie_build.toolchains import get_toolchain
+from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+
+Severity = Literal["error", "warning"]
+METADATA_NAME = "metadata.yaml"
+MANIFEST_NAME = "manifest.json"
+# libyaml when present: metadata of a many-part bundle takes seconds with the pure-Python parser
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+RULES = {
+    "files": "genie_config.json, the tokenizer and the backend extension config exist and parse",
+    "required-keys": "every key Genie's Dialog.cpp requires is present, with its type, and version 1",
+    "unknown-key": "no key Genie does not know (Genie rejects the config: 'Unknown QnnHtp config key')",
+    "rope-style": "pos-id-dim/rope-theta and model.positional-encoding are never both given",
+    "ctx-bins-exist": "every listed ctx-bin exists in the bundle, once",
+    "ctx-bins-listed": "every .bin in the bundle is listed in ctx-bins",
+    "graph-info": "graph names and IO are known (metadata.yaml, or reference containers)",
+    "graph-names": "AR and CL are readable from every graph name and agree with its tensors",
+    "graph-order": "within each (AR, CL) the graph names sort lexicographically into part order",
+    "io-ends": "input_ids is an input of the first part's graphs, logits an output of the last part's",
+    "shared-quant": "a tensor shared across graphs carries identical quantization (logits excluded)",
+    "context-size": "context.size is at most the compiled context length",
+    "tensor-dims": "kv-dim and pos-id-dim/rope-dim match the KV cache and RoPE tensors",
+    "chipset": "soc_model and dsp_arch agree with the chipset table",
+    "n-vocab": "n-vocab equals the model's vocabulary (HF config, logits)",
+    "manifest": "manifest.json hashes match the files",
+}
+
+_AR_IN_NAME = re.compile(r"(ar|AR)_?(\d+)")  # Genie's regexes (nsp-model.cpp)
+_CL_IN_NAME = re.compile(r"(cl|CL)_?(\d+)")
+_KV_TENSOR = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
+_PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
+FIRST_PART_INPUTS = ("input_ids", "inputs_embeds")
+UNSHARED_TENSORS = ("logits",)  # Genie's shared-quantization rule excludes them
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One violation: ``rule`` is a key of :data:`RULES`."""
+
+    rule: str
+    severity: Severity
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity} [{self.rule}] {self.message}"
+
+
+@dataclass(frozen=True)
+class _Section:
+    """A JSON object Genie validates: its mandatory keys, all keys it knows (None: not checked), key types."""
+
+    path: tuple[str, ...]
+    mandatory: frozenset[str]
+    known: frozenset[str] | None
+    types: dict[str, str]
+
+
+def _section(path: str, mandatory: str, known: str | None, types: str) -> _Section:
+    """A :class:`_Section` from space-separated key lists; ``types`` is ``"key:kind key:kind …"``."""
+    return _Section(tuple(path.split(".")), frozenset(mandatory.split()),
+                    None if known is None else frozenset((mandatory + " " + known).split()),
+                    dict(item.split(":") for item in types.split()))
+
+
+# From Dialog.cpp / Context.cpp (QAIRT 2.4x). QnnHtp and binary are mandatory here because genie-build
+# checks QnnHtp bundles of ctx-bins (backend.type / model.type are checked to say so).
+_SECTIONS = (
+    _section("dialog", "version type context tokenizer engine", None, "version:int type:str"),
+    _section("dialog.context", "version bos-token eos-token size n-vocab",
+             "eot-token img-token draft-n-vocab pad-token n-embd",
+             "version:int bos-token:int eos-token:int|int[] size:int n-vocab:int eot-token:int"),
+    _section("dialog.tokenizer", "version path", "", "version:int path:str"),
+    _section("dialog.engine", "version backend model n-threads",
+             "type role longcontext cache-groups training-config optimizer-config",
+             "version:int n-threads:int backend:object model:object"),
+    _section("dialog.engine.backend", "version type QnnHtp", "extensions device QnnGenAiTransformer",
+             "version:int type:str extensions:str QnnHtp:object"),
+    _section("dialog.engine.backend.QnnHtp", "version spill-fill-bufsize mmap-budget use-mmap cpu-mask poll",
+             "data-alignment-size pos-id-dim kv-dim batch-size kv-update-method allow-async-init rope-theta "
+             "enable-graph-switching shared-engine graph-switching-lora-policy weight-shared-lora "
+             "skip-lora-validation",
+             "version:int spill-fill-bufsize:number mmap-budget:number use-mmap:bool cpu-mask:str poll:bool "
+             "pos-id-dim:int kv-dim:int allow-async-init:bool rope-theta:number"),
+    _section("dialog.engine.model", "version type binary",
+             "mask-type cross-attention library checkpoint positional-encoding draft-token-map",
+             "version:int type:str binary:object positional-encoding:object"),
+    _section("dialog.engine.model.binary", "version ctx-bins", "lora", "version:int ctx-bins:str[]"),
+    _section("dialog.engine.model.positional-encoding", "type", "rope-dim rope-theta rope-scaling",
+             "type:str rope-dim:int rope-theta:number rope-scaling:object"),
+    _section("dialog.engine.model.positional-encoding.rope-scaling", "",
+             "rope-type factor low-freq-factor high-freq-factor original-max-position-embeddings time-step "
+             "spatial-merge-size dim extrapolation-factor attn-factor beta-fast beta-slow short-factor "
+             "long-factor mrope-section", "rope-type:str"),
+)
+# section -> key -> the one value genie-build's checks understand (Genie accepts others, checked differently)
+_EXPECTED_VALUES = {"dialog": {"type": "basic"}, "dialog.engine.backend": {"type": "QnnHtp"},
+                    "dialog.engine.model": {"type": "binary"}}
+_ROPE_TYPES = ("llama3", "default", "longrope", "qwen2vl-mrope", "qwen3vl-mrope", "yarnrope", "linear", "hunyuan")
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, dict),
+    "str[]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "int|int[]": lambda v: _TYPE_CHECKS["int"](v) or (isinstance(v, list) and bool(v)
+                                                       and all(_TYPE_CHECKS["int"](x) for x in v)),
+}
+
+
+def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
+                 chipset: str | None = None) -> list[Finding]:
+    """Every violation of Genie's load-time rules found in ``bundle_dir``.
+
+    Args:
+        bundle_dir: the bundle directory.
+        hf_config: the model's HF ``config.json``, when known (enables the n-vocab check against it).
+        chipset: the intended chipset; without it soc_model and dsp_arch are only checked for consistency.
+
+    Returns:
+        Findings, errors first; an empty list for a bundle Genie would accept.
+    """
+    bundle = Path(bundle_dir)
+    if not bundle.is_dir():
+        return [Finding("files", "error", f"{bundle}: not a directory")]
+    config, findings = _load_json(bundle / GENIE_CONFIG_NAME)
+    if not isinstance(config, dict):
+        return findings or [Finding("files", "error", f"{GENIE_CONFIG_NAME} is not a JSON object")]
+    findings += _check_keys(config)
+    findings += _check_rope_style(config)
+    findings += _check_referenced_files(bundle, config)
+    ctx_bins = [name for name in _get(config, "dialog.engine.model.binary.ctx-bins", list) or []
+                if isinstance(name, str)]
+    findings += _check_ctx_bins(bundle, ctx_bins)
+    findings += _check_chipset(bundle / str(_get(config, "dialog.engine.backend.extensions", str)
+                                            or HTP_EXT_CONFIG_NAME), chipset)
+    findings += _check_manifest(bundle)
+    graphs, graph_findings = _load_graphs(bundle, ctx_bins)
+    findings += graph_findings
+    if graphs is not None:
+        findings += _check_graphs(config, ctx_bins, graphs)
+    findings += _check_vocab(config, graphs, hf_config)
+    return sorted(findings, key=lambda f: f.severity != "error")
+
+
+def require_valid_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
+                         chipset: str | None = None) -> list[Finding]:
+    """:func:`check_bundle`, raising on any error.
+
+    Returns:
+        The warnings.
+
+    Raises:
+        GenieBuildError: one line naming the bundle and every error with its rule id.
+    """
+    findings = check_bundle(bundle_dir, hf_config, chipset)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise GenieBuildError(bundle_dir, f"{len(errors)} error(s): "
+                                          + "; ".join(f"[{f.rule}] {f.message}" for f in errors))
+    return findings
+
+
+# --- genie_config.json --------------------------------------------------------------------------------------
+
+def _check_keys(config: dict) -> list[Finding]:
+    """Mandatory keys, known keys, key types, versions and the values genie-build's checks need."""
+    if not isinstance(config.get("dialog"), dict):
+        return [Finding("required-keys", "error", "genie_config.json has no 'dialog' object")]
+    findings = []
+    for section in _SECTIONS:
+        where = ".".join(section.path)
+        body = _get(config, where, dict)
+        if body is not None:  # an absent section is reported by its parent's mandatory keys
+            findings += _check_section(section, where, body)
+    if "engine" in config["dialog"] and not isinstance(config["dialog"]["engine"], dict):
+        findings.append(Finding("required-keys", "error", "dialog.engine must be one object for a basic dialog"))
+    rope_type = _get(config, "dialog.engine.model.positional-encoding.rope-scaling.rope-type")
+    if rope_type is not None and rope_type not in _ROPE_TYPES:
+        findings.append(Finding("required-keys", "error", f"rope-scaling.rope-type {rope_type!r} is not one of "
+                                                          f"{', '.join(_ROPE_TYPES)}"))
+    return findings
+
+
+def _check_section(section: _Section, where: str, body: dict) -> list[Finding]:
+    findings = [Finding("required-keys", "error", f"{where} lacks mandatory key {key!r}")
+                for key in sorted(section.mandatory - set(body))]
+    if section.known is not None:
+        findings += [Finding("unknown-key", "error", f"{where} has key {key!r} that Genie does not know "
+                                                     f"(known: {', '.join(sorted(section.known))})")
+                     for key in body if key not in section.known]
+    findings += [Finding("required-keys", "error", f"{where}.{key} must be {kind}, got {body[key]!r}")
+                 for key, kind in section.types.items() if key in body and not _TYPE_CHECKS[kind](body[key])]
+    if "version" in body and body["version"] != 1:
+        findings.append(Finding("required-keys", "error", f"{where}.version must be 1, got {body['version']!r}"))
+    findings += [Finding("required-keys", "error", f"{where}.{key} is {body[key]!r}; genie-build checks bundles "
+                                                   f"with {key} {expected!r}")
+                 for key, expected in _EXPECTED_VALUES.get(where, {}).items()
+                 if key in body and body[key] != expected]
+    return findings
+
+
+def _check_rope_style(config: dict) -> list[Finding]:
+    qnn_htp = _get(config, "dialog.engine.backend.QnnHtp", dict) or {}
+    plain = [key for key in ("pos-id-dim", "rope-theta") if key in qnn_htp]
+    if plain and isinstance(_get(config, "dialog.engine.model"), dict) \
+            and "positional-encoding" in config["dialog"]["engine"]["model"]:
+        return [Finding("rope-style", "error", f"QnnHtp gives {' and '.join(plain)} and model gives "
+                                               "positional-encoding; Genie accepts one rope style, not both")]
+    return []
+
+
+def _check_referenced_files(bundle: Path, config: dict) -> list[Finding]:
+    findings = []
+    for label, key in (("tokenizer", "dialog.tokenizer.path"),
+                       ("backend extensions", "dialog.engine.backend.extensions")):
+        name = _get(config, key, str)
+        if name is not None and not (bundle / name).is_file():
+            findings.append(Finding("files", "error", f"{label} file {name!r} ({key}) is not in the bundle"))
+    return findings
+
+
+def _check_ctx_bins(bundle: Path, ctx_bins: list[str]) -> list[Finding]:
+    findings = [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed {count} times")
+                for name, count in Counter(ctx_bins).items() if count > 1]
+    findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} must be a file name in the bundle "
+                                                    "(Genie resolves it from the working directory)")
+                 for name in dict.fromkeys(ctx_bins) if Path(name).name != name]
+    findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed but not in the bundle")
+                 for name in dict.fromkeys(ctx_bins) if Path(name).name == name and not (bundle / name).is_file()]
+    listed = set(ctx_bins)
+    findings += [Finding("ctx-bins-listed", "error", f"{path.name} is in the bundle but not listed in ctx-bins")
+                 for path in sorted(bundle.glob("*.bin")) if path.name not in listed]
+    return findings
+
+
+def _check_manifest(bundle: Path) -> list[Finding]:
+    if not (bundle / MANIFEST_NAME).exists():
+        return []
+    manifest, findings = _load_json(bundle / MANIFEST_NAME)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return findings or [Finding("manifest", "error", f"{MANIFEST_NAME} has no 'files' mapping")]
+    for name, entry in files.items():
+        path = bundle / str(name)
+        expected = entry.get("sha256") if isinstance(entry, dict) else None
+        if not path.is_file():
+            findings.append(Finding("manifest", "error", f"{name} is in {MANIFEST_NAME} but not in the bundle"))
+        elif sha256_file(path) != expected:
+            findings.append(Finding("manifest", "error", f"{name} does not match its sha256 in {MANIFEST_NAME}"))
+    findings += [Finding("manifest", "warning", f"{path.name} is not in {MANIFEST_NAME}")
+                 for path in sorted(bundle.iterdir())
+                 if path.is_file() and path.name != MANIFEST_NAME and path.name not in files]
+    return findings
+
+
+# --- htp_backend_ext_config.json ----------------------------------------------------------------------------
+
+def _check_chipset(htp_config_path: Path, chipset: str | None) -> list[Finding]:
+    """soc_model/dsp_arch of every device against the table (or against ``chipset`` when given)."""
+    if not htp_config_path.is_file():
+        return []  # reported by _check_referenced_files
+    htp_config, findings = _load_json(htp_config_path)
+    devices = htp_config.get("devices") if isinstance(htp_config, dict) else None
+    if not (isinstance(devices, list) and devices and all(isinstance(d, dict) for d in devices)):
+        return findings or [Finding("chipset", "error", f"{htp_config_path.name} has no devices[] objects")]
+    try:
+        expected = lookup(chipset) if chipset else None
+    except GenieBuildError as exc:
+        return [Finding("chipset", "error", str(exc))]
+    for device in devices:
+        findings += _check_device(device.get("soc_model"), device.get("dsp_arch"), expected)
+    return findings
+
+
+def _check_device(soc_model: object, dsp_arch: object, expected: Chipset | None) -> list[Finding]:
+    """Against ``expected`` when the chipset is known; otherwise soc_model and dsp_arch must belong together."""
+    if expected is not None:
+        return [Finding("chipset", "error", problem) for problem in check_device(soc_model, dsp_arch, expected)]
+    if not (isinstance(soc_model, int) and not isinstance(soc_model, bool) and isinstance(dsp_arch, str)):
+        return [Finding("chipset", "error", f"device needs an integer soc_model and a dsp_arch string, "
+                                            f"got soc_model={soc_model!r}, dsp_arch={dsp_arch!r}")]
+    owner = next((chip for chip in CHIPSETS.values() if chip.soc_model == soc_model), None)
+    if owner is None:
+        return [Finding("chipset", "warning", f"soc_model {soc_model} is not in the chipset table")]
+    if owner.dsp_arch != dsp_arch.lower():
+        arch_owners = [chip.name for chip in CHIPSETS.values() if chip.dsp_arch == dsp_arch.lower()]
+        return [Finding("chipset", "error", f"soc_model {soc_model} is {owner.name}'s ({owner.dsp_arch}) but "
+                                            f"dsp_arch is {dsp_arch}"
+                                            + (f", that of {', '.join(arch_owners)}" if arch_owners else ""))]
+    return []
+
+
+# --- graphs -------------------------------------------------------------------------------------------------
+
+def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[GraphInfo, ...]] | None, list[Finding]]:
+    """Graphs per listed ctx-bin, or None (with the reason) when they are not known for every ctx-bin."""
+    present = [name for name in dict.fromkeys(ctx_bins) if Path(name).name == name and (bundle / name).is_file()]
+    if not ctx_bins or len(present) != len(set(ctx_bins)):
+        return None, []  # the ctx-bin findings say why
+    if (bundle / METADATA_NAME).is_file():
+        try:
+            graphs = parse_metadata((bundle / METADATA_NAME).read_text(encoding="utf-8"), METADATA_NAME)
+        except (GenieBuildError, UnicodeDecodeError) as exc:
+            return None, [Finding("graph-info", "error", str(exc))]
+        missing = [name for name in present if name not in graphs]
+        if missing:
+            return None, [Finding("graph-info", "error", f"{METADATA_NAME} has no entry for {', '.join(missing)}")]
+        return {name: graphs[name] for name in present}, []
+    result, findings = {}, []
+    for name in present:
+        try:
+            result[name] = get_toolchain("reference").inspect(bundle / name).graphs
+        except GenieBuildError:
+            findings.append(Finding("graph-info", "error", f"{name} is not a reference container and the bundle "
+                                                           f"has no {METADATA_NAME}: graph checks need "
+                                                           f"{METADATA_NAME} or the SDK's "
+                                                           "qnn-context-binary-utility"))
+    return (None if findings else result), findings
+
+
+def _check_graphs(config: dict, ctx_bins: list[str], graphs: dict[str, tuple[GraphInfo, ...]]) -> list[Finding]:
+    order = list(dict.fromkeys(ctx_bins))
+    placed = [(graph, order.index(name)) for name in order for graph in graphs[name]]
+    shapes, findings = {}, []
+    for graph, _ in placed:
+        ar_cl, graph_findings = _graph_ar_cl(graph)
+        findings += graph_findings
+        shapes[graph.name] = ar_cl
+    findings += _check_order(placed, shapes, len(order))
+    findings += _check_io_ends(graphs[order[0]], graphs[order[-1]])
+    findings += _check_shared_quant([graph for graph, _ in placed])
+    findings += _check_context_size(config, [cl for _, cl in shapes.values() if cl is not None])
+    findings += _check_tensor_dims(config, [graph for graph, _ in placed])
+    return findings
+
+
+def graph_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
+    """(AR, CL) as Genie derives them: from ``input_ids``/``attention_mask`` shapes, else from the name."""
+    return _graph_ar_cl(graph)[0]
+
+
+def _graph_ar_cl(graph: GraphInfo) -> tuple[tuple[int | None, int | None], list[Finding]]:
+    named_ar, named_cl = _name_number(_AR_IN_NAME, graph.name), _name_number(_CL_IN_NAME, graph.name)
+    tensor_ar, tensor_cl = _tensor_ar_cl(graph)
+    findings = [Finding("graph-names", "error", f"graph {graph.name!r}: no {what} in its name (Genie reads "
+                                                f"{regex.pattern!r}; an embedding-only part has no other source)")
+                for what, regex, value in (("AR", _AR_IN_NAME, named_ar), ("CL", _CL_IN_NAME, named_cl))
+                if value is None]
+    findings += [Finding("graph-names", "error", f"graph {graph.name!r}: its name says {what} {named} "
+                                                 f"but its tensors say {actual}")
+                 for what, named, actual in (("AR", named_ar, tensor_ar), ("CL", named_cl, tensor_cl))
+                 if named is not None and actual is not None and named != actual]
+    ar = tensor_ar if tensor_ar is not None else named_ar
+    cl = tensor_cl if tensor_cl is not None else named_cl
+    return (ar, cl), findings
+
+
+def _tensor_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
+    inputs = {tensor.name: tensor.shape for tensor in graph.inputs}
+    mask = inputs.get("attention_mask")
+    ar = _numel(inputs["input_ids"]) if "input_ids" in inputs else (mask[-2] if mask and len(mask) >= 2 else None)
+    return ar, (mask[-1] if mask else None)
+
+
+def _check_order(placed: list[tuple[GraphInfo, int]], shapes: dict[str, tuple[int | None, int | None]],
+                 num_bins: int) -> list[Finding]:
+    """Genie puts the graphs of one (AR, CL) into splits by sorting their names; that must be part order."""
+    groups: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
+    for graph, bin_index in placed:
+        ar, cl = shapes[graph.name]
+        if ar is not None and cl is not None:
+            groups[(ar, cl)].append((graph.name, bin_index))
+    findings = []
+    for (ar, cl), members in sorted(groups.items()):
+        per_bin = Counter(bin_index for _, bin_index in members)
+        if any(count > 1 for count in per_bin.values()):
+            findings.append(Finding("graph-order", "error", f"AR {ar}, CL {cl}: a ctx-bin holds more than one "
+                                                            f"graph ({', '.join(sorted(n for n, _ in members))})"))
+        elif len(per_bin) != num_bins:
+            findings.append(Finding("graph-order", "error", f"AR {ar}, CL {cl}: graphs in {len(per_bin)} of "
+                                                            f"{num_bins} ctx-bins; every part needs one"))
+        else:
+            findings += _check_sorted_into_parts(ar, cl, members)
+    return findings
+
+
+def _check_sorted_into_parts(ar: int, cl: int, members: list[tuple[str, int]]) -> list[Finding]:
+    for split_index, (name, bin_index) in enumerate(sorted(members)):
+        if split_index != bin_index:
+            return [Finding("graph-order", "error", f"AR {ar}, CL {cl}: graph {name!r} sorts to split "
+                                                    f"{split_index + 1} but sits in part {bin_index + 1}"
+                                                    + _padding_hint(name for name, _ in members))]
+    return []
+
+
+def _padding_hint(names: Iterable[str]) -> str:
+    for name in names:
+        match = _PART_SUFFIX.search(name)
+        if match and len(match.group(1)) < len(match.group(2)):
+            return (f"; part indices are not zero-padded ({name!r}): with 10 or more parts, '10' sorts before "
+                    f"'2', so pad them to the width of N (e.g. '_{int(match.group(1)):0{len(match.group(2))}d}"
+                    f"_of_{match.group(2)}')")
+    return ""
+
+
+def _check_io_ends(first: tuple[GraphInfo, ...], last: tuple[GraphInfo, ...]) -> list[Finding]:
+    findings = [Finding("io-ends", "error", f"graph {graph.name!r} of the first part has no input_ids input")
+                for graph in first if not any(t.name in FIRST_PART_INPUTS for t in graph.inputs)]
+    findings += [Finding("io-ends", "error", f"graph {graph.name!r} of the last part has no logits output")
+                 for graph in last if not any(t.name == "logits" for t in graph.outputs)]
+    return findings
+
+
+def _check_shared_quant(graphs: list[GraphInfo]) -> list[Finding]:
+    """Genie: "Non-identical quantization parameters found for the same tensor" (past_*_in and past_*_out
+    of one layer count as the same tensor: the cache)."""
+    first_seen: dict[str, tuple[str, str, tuple]] = {}
+    reported, findings = set(), []
+    for graph in graphs:
+        for tensor in graph.inputs + graph.outputs:
+            if tensor.name in UNSHARED_TENSORS:
+                continue
+            key = _KV_TENSOR.sub(r"past_\1_\2", tensor.name)
+            seen = first_seen.setdefault(key, (graph.name, tensor.name, _quant_signature(tensor)))
+            if seen[2] != _quant_signature(tensor) and key not in reported:
+                reported.add(key)
+                findings.append(Finding("shared-quant", "error", f"tensor {tensor.name!r} in graph {graph.name!r} "
+                                                                 f"has {_describe(_quant_signature(tensor))} but "
+                                                                 f"{seen[1]!r} in graph {seen[0]!r} has "
+                                                                 f"{_describe(seen[2])}"))
+    return findings
+
+
+def _quant_signature(tensor: TensorInfo) -> tuple:
+    quant = tensor.quant
+    return (tensor.dtype, None, None, None) if quant is None else (quant.dtype, quant.scale, quant.offset,
+                                                                    quant.bitwidth)
+
+
+def _describe(signature: tuple) -> str:
+    dtype, scale, offset, bitwidth = signature
+    return f"{dtype}" if scale is None else f"{dtype} scale {scale!r} offset {offset} ({bitwidth} bit)"
+
+
+def _check_context_size(config: dict, compiled_cls: list[int]) -> list[Finding]:
+    size = _get(config, "dialog.context.size", int)
+    if size is None or not compiled_cls or size <= max(compiled_cls):
+        return []
+    return [Finding("context-size", "error", f"context.size {size} exceeds the compiled context length "
+                                             f"{max(compiled_cls)} (Genie: 'Config specifies context->size={size}, "
+                                             f"but loaded max-CL={max(compiled_cls)}')")]
+
+
+def _check_tensor_dims(config: dict, graphs: list[GraphInfo]) -> list[Finding]:
+    """``kv-dim`` is the head dim of ``past_key_*`` (dim -2, keys transposed) and ``past_value_*`` (dim -1);
+    ``pos-id-dim`` (or ``rope-dim``) is the last dim of ``position_ids_cos``/``_sin``. Reports the first
+    mismatch only: one wrong setting shows in every layer."""
+    dims = {"kv-dim": _get(config, "dialog.engine.backend.QnnHtp.kv-dim", int),
+            "pos-id-dim": _get(config, "dialog.engine.backend.QnnHtp.pos-id-dim", int)
+            or _get(config, "dialog.engine.model.positional-encoding.rope-dim", int)}
+    for graph in graphs:
+        for tensor in graph.inputs + graph.outputs:
+            key, axis = _dim_of(tensor.name)
+            if key and dims[key] is not None and len(tensor.shape) >= -axis and tensor.shape[axis] != dims[key]:
+                return [Finding("tensor-dims", "error", f"{key} is {dims[key]} but {tensor.name!r} in graph "
+                                                        f"{graph.name!r} has shape {list(tensor.shape)}")]
+    return []
+
+
+def _dim_of(tensor_name: str) -> tuple[str | None, int]:
+    """Which config dimension a tensor carries, and on which axis."""
+    kv = _KV_TENSOR.match(tensor_name)
+    if kv:
+        return "kv-dim", -2 if kv.group(1) == "key" else -1
+    if tensor_name in ("position_ids_cos", "position_ids_sin"):
+        return "pos-id-dim", -1
+    return None, 0
+
+
+def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
+                 hf_config: str | os.PathLike[str] | None) -> list[Finding]:
+    n_vocab = _get(config, "dialog.context.n-vocab", int)
+    if n_vocab is None:
+        return []
+    findings = []
+    if hf_config is not None:
+        try:
+            vocab = load_hf_config(hf_config).get("vocab_size")
+        except GenieBuildError as exc:
+            return [Finding("files", "error", str(exc))]
+        if vocab != n_vocab:
+            findings.append(Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but the model's "
+                                                          f"vocab_size is {vocab} ({os.fspath(hf_config)})"))
+    logits = {tensor.shape[-1] for graph_list in (graphs or {}).values() for graph in graph_list
+              for tensor in graph.outputs if tensor.name == "logits" and tensor.shape}
+    findings += [Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but logits have {width} entries")
+                 for width in sorted(logits) if width != n_vocab]
+    return findings
+
+
+# --- metadata.yaml ------------------------------------------------------------------------------------------
+
+def dump_metadata(infos: Mapping[str, BinaryInfo]) -> str:
+    """``metadata.yaml`` text for ctx-bins keyed by their bundle file name (see the module docstring)."""
+    document = {"model_files": {name: {"toolchain": info.toolchain, "tool_version": info.tool_version,
+                                       "file_bytes": info.file_bytes, "weight_bytes": info.weight_bytes,
+                                       "applied_options": dict(info.applied_options),
+                                       "graphs": {graph.name: {"inputs": _tensors_document(graph.inputs),
+                                                               "outputs": _tensors_document(graph.outputs)}
+                                                  for graph in info.graphs}}
+                                for name, info in infos.items()}}
+    return yaml.dump(document, Dumper=_YAML_DUMPER, sort_keys=False, default_flow_style=None, width=120)
+
+
+def parse_metadata(text: str, where: str | os.PathLike[str]) -> dict[str, tuple[GraphInfo, ...]]:
+    """Graphs per ctx-bin file name from ``metadata.yaml`` text.
+
+    Raises:
+        GenieBuildError: not YAML, or not the layout of the module docstring (naming the offending entry).
+            A file entry without ``graphs`` (AIHM's per-file layout) is rejected: Genie's checks need the
+            graph names, which only the ctx-bin (``qnn-context-binary-utility``) can then give.
+    """
+    try:
+        document = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError as exc:
+        raise GenieBuildError(where, f"not valid YAML: {' '.join(str(exc).split())}") from None
+    files = document.get("model_files") if isinstance(document, dict) else None
+    if not isinstance(files, dict):
+        raise GenieBuildError(where, "no 'model_files' mapping (ctx-bin name -> graphs)")
+    result = {}
+    for file_name, entry in files.items():
+        graphs = entry.get("graphs") if isinstance(entry, dict) else None
+        if not isinstance(graphs, dict) or not graphs:
+            raise GenieBuildError(where, f"model_files[{file_name!r}] has no 'graphs' mapping with graph names; "
+                                         "graph checks need them (list them with qnn-context-binary-utility)")
+        result[str(file_name)] = tuple(_graph_from_document(str(name), body, f"{where}: {file_name}")
+                                       for name, body in graphs.items())
+    return result
+
+
+
+def _tensors_document(tensors: Sequence[TensorInfo]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for tensor in tensors:
+        entry: dict[str, Any] = {"shape": [int(d) for d in tensor.shape], "dtype": tensor.dtype}
+        if tensor.quant is not None:
+            # plain Python numbers: a toolchain may hand back numpy scalars, which YAML cannot represent
+            entry["quantization"] = {"dtype": tensor.quant.dtype, "scale": _plain(tensor.quant.scale, float),
+                                     "offset": _plain(tensor.quant.offset, int),
+                                     "bitwidth": _plain(tensor.quant.bitwidth, int)}
+        document[tensor.name] = entry
+    return document
+
+
+def _plain(value: Any, kind: type) -> Any:
+    return None if value is None else kind(value)
+
+
+def _graph_from_document(name: str, body: object, where: str) -> GraphInfo:
+    if not isinstance(body, dict):
+        raise GenieBuildError(where, f"graph {name!r} must be a mapping with inputs and outputs")
+    return GraphInfo(name=name, inputs=_tensors_from_document(body.get("inputs"), f"{where}: {name} inputs"),
+                     outputs=_tensors_from_document(body.get("outputs"), f"{where}: {name} outputs"))
+
+
+def _tensors_from_document(tensors: object, where: str) -> tuple[TensorInfo, ...]:
+    if not isinstance(tensors, dict):
+        raise GenieBuildError(where, "must be a mapping of tensor name -> {shape, dtype}")
+    result = []
+    for name, spec in tensors.items():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+            raise GenieBuildError(where, f"tensor {name!r} needs a shape given as a list of integers")
+        dtype = str(spec.get("dtype", ""))
+        result.append(TensorInfo(name=str(name), shape=tuple(shape), dtype=dtype,
+                                 quant=_quant_from_document(spec, dtype, f"{where}: {name}")))
+    return tuple(result)
+
+
+def _quant_from_document(spec: dict, dtype: str, where: str) -> QuantInfo | None:
+    ours, aihm = spec.get("quantization"), spec.get("quantization_parameters")
+    if ours is None and aihm is None:
+        return None
+    if isinstance(ours, dict):
+        return QuantInfo(dtype=str(ours.get("dtype", dtype)), scale=_number(ours.get("scale"), where),
+                         offset=_integer(ours.get("offset"), where), bitwidth=_integer(ours.get("bitwidth"), where))
+    if isinstance(aihm, dict):
+        zero_point = _integer(aihm.get("zero_point"), where)
+        return QuantInfo(dtype=dtype, scale=_number(aihm.get("scale"), where),
+                         offset=None if zero_point is None else -zero_point)
+    raise GenieBuildError(where, "quantization must be a mapping")
+
+
+def _number(value: object, where: str) -> float | None:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise GenieBuildError(where, f"scale must be a number, got {value!r}")
+
+
+def _integer(value: object, where: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise GenieBuildError(where, f"offset/bitwidth must be integers, got {value!r}")
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+def _load_json(path: Path) -> tuple[Any, list[Finding]]:
+    try:
+        return read_json(path), []
+    except GenieBuildError as exc:
+        return None, [Finding("files", "error", f"{path.name}: {exc.problem}")]
+
+
+def _get(config: Any, dotted: str, kind: type | None = None) -> Any:
+    """``config["a"]["b"]…`` for ``"a.b…"``, or None when a level is missing or not an object (or the value is
+    not of ``kind``; bools never count as ints)."""
+    value = config
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        return None
+    return value
+
+
+def _name_number(pattern: re.Pattern[str], name: str) -> int | None:
+    match = pattern.search(name)
+    return int(match.group(2)) if match else None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count

@@ -1,0 +1,50 @@
+"""Assemble the Genie bundle from compiled ctx-bins, atomically.
+
+The bundle holds the ctx-bins in part order, genie_config.json, htp_backend_ext_config.json, tokenizer.json,
+metadata.yaml (graphs and IO read back from each ctx-bin) and manifest.json (hashes, tool versions, config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from genie_build.bundle import assemble_bundle, runtime_tool_versions
+from genie_build.errors import GenieBuildError
+from genie_build.toolchains import TOOLCHAINS
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("bundle", help=__doc__.splitlines()[0], description=__doc__)
+    parser.add_argument("--binaries", required=True, nargs="+", type=Path, metavar="BIN",
+                        help="the compiled ctx-bins, in part order")
+    parser.add_argument("--toolchain", required=True, choices=sorted(TOOLCHAINS),
+                        help="the toolchain that compiled them (reads them back for metadata.yaml)")
+    parser.add_argument("--model-name", required=True, help="ctx-bins are named {model}_part_{NN_of_N}.bin")
+    parser.add_argument("--hf-config", required=True, type=Path, help="the model's HF config.json")
+    parser.add_argument("--tokenizer", required=True, type=Path, help="the model's tokenizer.json")
+    parser.add_argument("--chipset", required=True, help="target chipset, e.g. SM8750")
+    parser.add_argument("--context-size", type=int,
+                        help="dialog.context.size (default: the compiled context length)")
+    parser.add_argument("--config-json", default="{}", metavar="JSON",
+                        help="the workflow config as a JSON object, recorded in manifest.json")
+    parser.add_argument("--out-dir", required=True, type=Path, help="the bundle directory to (re)create")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    assemble_bundle(args.out_dir, args.binaries, args.toolchain, args.hf_config, args.tokenizer, args.chipset,
+                    args.context_size, _config_used(args.config_json), runtime_tool_versions(),
+                    model_name=args.model_name)
+    return 0
+
+
+def _config_used(text: str) -> dict:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GenieBuildError("--config-json", f"not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise GenieBuildError("--config-json", f"expected a JSON object, got {type(config).__name__}")
+    return config

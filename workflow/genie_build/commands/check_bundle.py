@@ -1,0 +1,35 @@
+"""Check a Genie bundle against the rules Genie enforces when it loads one (also bundles made elsewhere)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from genie_build.check_bundle import RULES, check_bundle
+from genie_build.fileio import write_json
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("check-bundle", help=__doc__.splitlines()[0], description=__doc__)
+    parser.add_argument("bundle", metavar="DIR", help="the bundle directory")
+    parser.add_argument("--hf-config", metavar="FILE", help="the model's HF config.json (checks n-vocab against it)")
+    parser.add_argument("--chipset", metavar="NAME", help="the intended chipset, e.g. SM8750 (checks soc_model "
+                                                          "and dsp_arch against it)")
+    parser.add_argument("--out", metavar="FILE", help="also write the findings as JSON (written only when the "
+                                                      "bundle passes, so a failed check leaves no report behind)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print every finding; exit 1 when any is an error."""
+    findings = check_bundle(args.bundle, hf_config=args.hf_config, chipset=args.chipset)
+    for finding in findings:
+        print(finding)
+    errors = sum(f.severity == "error" for f in findings)
+    print(f"{args.bundle}: {errors} errors, {len(findings) - errors} warnings")
+    if errors:
+        return 1
+    if args.out:
+        write_json(args.out, {"bundle": str(args.bundle), "rules_checked": sorted(RULES), "errors": 0,
+                              "warnings": [asdict(finding) for finding in findings]})
+    return 0

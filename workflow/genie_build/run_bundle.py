@@ -1,0 +1,269 @@
+"""Run a reference bundle on the host the way Genie runs a bundle on the phone.
+
+The prompt is processed in chunks of the prompt graphs' AR (the last chunk padded at its end), each chunk
+through every part in order; then the token graphs (AR 1) decode one token at a time, greedily. The host
+keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values
+``[1, n_kv, len, D]``, valid entries first. A graph with AR ``a`` and context ``CL`` sees the first
+``CL - a`` cache columns and an additive mask hiding the empty ones (``MASK_MIN``); it returns only the
+``a`` new entries, of which the host appends the real ones (not the padding).
+
+The graphs come from :func:`genie_build.toolchains.reference.container.load_container`; RoPE tables and
+the mask from :mod:`genie_build.demo`, computed from ``kv-dim`` and ``rope-theta`` of ``genie_config.json``
+as Genie computes them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from genie_build.check_bundle import graph_ar_cl, require_valid_bundle
+from genie_build.demo import DemoShape, causal_mask, rope_tables
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json
+from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
+from genie_build.onnx_graph import graph_io
+from genie_build.toolchains.base import GraphInfo, TensorInfo
+from genie_build.toolchains.reference.container import load_container
+
+KV_KEY_PREFIX, KV_VALUE_PREFIX = "past_key_", "past_value_"
+
+
+@dataclass(frozen=True)
+class Runner:
+    """The parts of a model, each a runnable session per AR, and the RoPE geometry to feed them.
+
+    ``parts[i][ar]`` runs part ``i`` (0-based) for ``ar`` new tokens; ``context_length`` is the compiled CL.
+    """
+
+    parts: tuple[Mapping[int, ort.InferenceSession], ...]
+    context_length: int
+    head_dim: int
+    rope_theta: float
+
+
+@dataclass(frozen=True)
+class LoadedBundle:
+    """A bundle ready to run: its graphs, tokenizer, stop tokens and ``context.size``."""
+
+    runner: Runner
+    tokenizer: Tokenizer
+    eos_ids: frozenset[int]
+    context_size: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Result of :func:`run_bundle`: the new tokens and their text, with timings."""
+
+    prompt_ids: tuple[int, ...]
+    new_ids: tuple[int, ...]
+    text: str
+    prompt_seconds: float
+    decode_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode speed: tokens after the first (which the prompt pass yields) per second of token graphs."""
+        return (len(self.new_ids) - 1) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+def make_runner(parts: Sequence[Mapping[str, onnx.ModelProto]], *, head_dim: int, rope_theta: float) -> Runner:
+    """Sessions for each part's graphs, keyed by the AR each graph takes.
+
+    Raises:
+        GenieBuildError: a graph whose AR or CL cannot be told (from its tensors or name), a part with two
+            graphs for one AR, or parts that do not all offer the same ARs and CL.
+    """
+    sessions, context_lengths = [], set()
+    for index, models in enumerate(parts, start=1):
+        by_ar: dict[int, ort.InferenceSession] = {}
+        for name, model in models.items():
+            ar, cl = graph_ar_cl(_graph_info(name, model))
+            if ar is None or cl is None:
+                raise GenieBuildError(name, f"part {index}: cannot tell the graph's AR and CL (got {ar}, {cl})")
+            if ar in by_ar:
+                raise GenieBuildError(name, f"part {index} has two graphs with AR {ar}")
+            context_lengths.add(cl)
+            by_ar[ar] = _session(model)
+        sessions.append(by_ar)
+    ars = {frozenset(by_ar) for by_ar in sessions}
+    if len(ars) != 1 or len(context_lengths) != 1:
+        raise GenieBuildError("bundle", f"parts offer different graphs: ARs {sorted(map(sorted, ars))}, "
+                                        f"CLs {sorted(context_lengths)}")
+    return Runner(parts=tuple(sessions), context_length=context_lengths.pop(), head_dim=head_dim,
+                  rope_theta=rope_theta)
+
+
+def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
+    """Check the bundle (as Genie would at load time), then load its ctx-bins as runnable graphs.
+
+    Raises:
+        GenieBuildError: the bundle fails a check, is not made of reference containers, or uses a RoPE
+            variant the host run does not implement (scaled RoPE).
+    """
+    bundle = Path(bundle_dir)
+    require_valid_bundle(bundle)
+    dialog = read_json(bundle / GENIE_CONFIG_NAME)["dialog"]
+    engine = dialog["engine"]
+    head_dim, theta = _plain_rope(engine, bundle / GENIE_CONFIG_NAME)
+    parts = [load_container(bundle / name) for name in engine["model"]["binary"]["ctx-bins"]]
+    eos = dialog["context"]["eos-token"]
+    return LoadedBundle(runner=make_runner(parts, head_dim=head_dim, rope_theta=theta),
+                        tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"]),
+                        eos_ids=frozenset(eos if isinstance(eos, list) else [eos]),
+                        context_size=dialog["context"]["size"])
+
+
+def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
+             eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
+    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time.
+
+    Args:
+        runner: the model's parts.
+        prompt_ids: the prompt's token ids (at least one).
+        max_new_tokens: how many tokens to generate at most.
+        eos_ids: generation stops after one of these.
+        context_size: tokens the run may hold (default: the compiled context length).
+
+    Returns:
+        The new token ids (an end-of-sequence token included when one stopped the run).
+
+    Raises:
+        GenieBuildError: an empty prompt, or prompt + new tokens beyond the context size.
+    """
+    return list(_generate_timed(runner, prompt_ids, max_new_tokens, eos_ids, context_size)[0])
+
+
+def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int) -> Generation:
+    """Tokenize ``prompt``, generate greedily from the bundle and decode the new tokens."""
+    loaded = load_bundle(bundle_dir)
+    prompt_ids = loaded.tokenizer.encode(prompt).ids
+    new_ids, prompt_seconds, decode_seconds = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
+                                                              loaded.eos_ids, loaded.context_size)
+    return Generation(prompt_ids=tuple(prompt_ids), new_ids=tuple(new_ids),
+                      text=loaded.tokenizer.decode(list(new_ids)), prompt_seconds=prompt_seconds,
+                      decode_seconds=decode_seconds)
+
+
+def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
+                    context_size: int | None) -> tuple[list[int], float, float]:
+    limit = min(context_size or runner.context_length, runner.context_length)
+    if not prompt_ids:
+        raise GenieBuildError("prompt", "is empty after tokenization")
+    if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > limit:
+        raise GenieBuildError("max-new-tokens", f"the prompt's {len(prompt_ids)} tokens + {max_new_tokens} new "
+                                                f"tokens must fit the context size {limit} (and at least 1 new)")
+    cache = _KVCache(runner.context_length)
+    # every position a graph can be fed (a padded chunk ends at most at the last slot)
+    rope = rope_tables(_rope_shape(runner), np.arange(runner.context_length))
+    started = time.perf_counter()
+    prompt_ar = max(runner.parts[0])
+    for start in range(0, len(prompt_ids), prompt_ar):
+        logits = _step(runner, cache, rope, prompt_ids[start:start + prompt_ar], prompt_ar)
+    new_ids = [int(np.argmax(logits))]
+    prompt_done = time.perf_counter()
+    while len(new_ids) < max_new_tokens and new_ids[-1] not in eos_ids:
+        new_ids.append(int(np.argmax(_step(runner, cache, rope, new_ids[-1:], min(runner.parts[0])))))
+    return new_ids, prompt_done - started, time.perf_counter() - prompt_done
+
+
+def _step(runner: Runner, cache: _KVCache, rope: tuple[np.ndarray, np.ndarray], tokens: Sequence[int],
+          ar: int) -> np.ndarray:
+    """Run ``tokens`` (at most ``ar``, padded to ``ar``) through every part; append their KV; return the
+    logits of the last real token. ``rope`` holds the cos/sin tables of every position."""
+    count, past_len = len(tokens), cache.length
+    if past_len > runner.context_length - ar:
+        raise GenieBuildError("prompt", f"a chunk of {ar} tokens at position {past_len} does not fit the "
+                                        f"context length {runner.context_length}")
+    positions = slice(past_len, past_len + ar)
+    feed = {"input_ids": np.array([list(tokens) + [0] * (ar - count)], dtype=np.int32),
+            "attention_mask": causal_mask(ar, runner.context_length, past_len),
+            "position_ids_cos": rope[0][:, :, positions], "position_ids_sin": rope[1][:, :, positions]}
+    for part in runner.parts:
+        session = part[ar]
+        inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
+                  for node in session.get_inputs()}
+        outputs = dict(zip((node.name for node in session.get_outputs()), session.run(None, inputs)))
+        cache.store(outputs, count)
+        feed.update(outputs)
+    cache.advance(count)
+    return feed["logits"][0, count - 1]
+
+
+class _KVCache:
+    """The host's cache: per ``past_{key,value}_{i}`` a buffer of ``context_length`` slots, ``length`` valid."""
+
+    def __init__(self, context_length: int) -> None:
+        self.context_length = context_length
+        self.length = 0
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def past(self, input_name: str, shape: Sequence[int]) -> np.ndarray:
+        """The feed of input ``past_*_in`` of ``shape``: its first slots (valid entries, then zeros)."""
+        if not input_name.startswith((KV_KEY_PREFIX, KV_VALUE_PREFIX)) or not input_name.endswith("_in"):
+            raise GenieBuildError(input_name, "is an input that neither the host nor an earlier part provides")
+        axis = -1 if input_name.startswith(KV_KEY_PREFIX) else -2
+        key = input_name.removesuffix("_in")
+        if key not in self.buffers:
+            buffer_shape = list(shape)
+            buffer_shape[axis] = self.context_length
+            self.buffers[key] = np.zeros(buffer_shape, dtype=np.float32)
+        return np.take(self.buffers[key], np.arange(shape[axis]), axis=axis)
+
+    def store(self, outputs: Mapping[str, np.ndarray], count: int) -> None:
+        """Write the first ``count`` new entries of every ``past_*_out`` at the slots after the valid ones."""
+        for name, array in outputs.items():
+            key = name.removesuffix("_out")
+            if name.endswith("_out") and key in self.buffers:
+                axis = -1 if name.startswith(KV_KEY_PREFIX) else -2
+                target = np.moveaxis(self.buffers[key], axis, 0)
+                target[self.length:self.length + count] = np.moveaxis(array, axis, 0)[:count]
+
+    def advance(self, count: int) -> None:
+        self.length += count
+
+
+def _rope_shape(runner: Runner) -> DemoShape:
+    """The RoPE geometry as :func:`genie_build.demo.rope_tables` takes it (only ``head_dim`` and
+    ``rope_theta`` matter; the other fields are placeholders that pass its validation)."""
+    return DemoShape(layers=1, hidden=runner.head_dim, heads=1, kv_heads=1, intermediate=1, vocab=1,
+                     context=runner.context_length, ar=1, rope_theta=runner.rope_theta)
+
+
+def _plain_rope(engine: dict, where: Path) -> tuple[int, float]:
+    """``(head_dim, rope_theta)`` from a checked genie config; scaled RoPE is refused."""
+    qnn_htp, model = engine["backend"]["QnnHtp"], engine["model"]
+    encoding = model.get("positional-encoding")
+    if encoding is None:
+        if "rope-theta" not in qnn_htp or "kv-dim" not in qnn_htp:
+            raise GenieBuildError(where, "the host run needs QnnHtp kv-dim and rope-theta")
+        return qnn_htp["kv-dim"], float(qnn_htp["rope-theta"])
+    scaling = encoding.get("rope-scaling", {}).get("rope-type", "default")
+    if encoding.get("type") != "rope" or scaling != "default" or "rope-theta" not in encoding:
+        raise GenieBuildError(where, f"the host run implements plain RoPE only, not {encoding.get('type')!r} "
+                                     f"with rope-type {scaling!r}")
+    return 2 * encoding["rope-dim"], float(encoding["rope-theta"])
+
+
+def _graph_info(name: str, model: onnx.ModelProto) -> GraphInfo:
+    io = graph_io(model)
+
+    def tensor(spec) -> TensorInfo:
+        return TensorInfo(spec.name, tuple(d if isinstance(d, int) else -1 for d in spec.shape), spec.dtype)
+
+    return GraphInfo(name, tuple(map(tensor, io.inputs)), tuple(map(tensor, io.outputs)))
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime's warnings about unused initializers are noise here
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,369 @@
+"""What the ``qairt`` and ``qnn-cli`` toolchains share: the QAIRT SDK's layout, running its tools from argument
+lists, staging a tool's output beside its final path, naming converted graphs, and reading a context binary back
+through ``qnn-context-binary-utility``.
+
+Staging: SDK tools write to paths of their own choosing, so they work in a scratch directory beside the final
+output (same file system) and the finished file is renamed into place -- the same guarantee as
+:mod:`genie_build.fileio`: nothing half-written ever sits at a final path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json
+from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+
+logger = logging.getLogger(__name__)
+
+SDK_ROOT_VARIABLE = "QAIRT_SDK_ROOT"
+HOST_PLATFORM = "x86_64-linux-clang"
+CONTEXT_BINARY_UTILITY = "qnn-context-binary-utility"
+STDERR_TAIL_LINES = 5
+
+# The SDK may rewrite other characters in graph names, and a graph name must reach the binary unchanged
+# (Genie and the per-graph options match on it); it also becomes a file name and a --dlc_path list item.
+_GRAPH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QNN_DATATYPE = re.compile(r"^QNN_DATATYPE_([A-Z_]+?)_(\d+)$")
+_DTYPE_PREFIX = {"UFIXED_POINT": "uint", "SFIXED_POINT": "int", "FIXED_POINT": "int", "UINT": "uint",
+                 "INT": "int", "FLOAT": "float"}
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """A located QAIRT SDK: its root and the tools and host libraries a toolchain asked for."""
+
+    root: Path
+    executables: dict[str, Path]
+    libraries: dict[str, Path]
+
+    def environment(self) -> dict[str, str]:
+        """The environment the SDK's ``envsetup.sh`` gives its tools: host libraries and Python modules first."""
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = _prepend(lib_dir(self.root), env.get("LD_LIBRARY_PATH"))
+        env["PYTHONPATH"] = _prepend(self.root / "lib" / "python", env.get("PYTHONPATH"))
+        return env
+
+
+def bin_dir(root: Path) -> Path:
+    return root / "bin" / HOST_PLATFORM
+
+
+def lib_dir(root: Path) -> Path:
+    return root / "lib" / HOST_PLATFORM
+
+
+def sdk_root(toolchain: str) -> Path:
+    """``$QAIRT_SDK_ROOT`` as an absolute directory (tools run in staging directories).
+
+    Raises:
+        GenieBuildError: the variable is unset or does not name a directory.
+    """
+    value = os.environ.get(SDK_ROOT_VARIABLE, "")
+    if not value:
+        raise GenieBuildError(f"toolchain {toolchain}",
+                              f"{SDK_ROOT_VARIABLE} is not set: unpack the QAIRT SDK and export "
+                              f"{SDK_ROOT_VARIABLE}=<its directory> before running this toolchain")
+    root = Path(value).absolute()
+    if not root.is_dir():
+        raise GenieBuildError(f"toolchain {toolchain}", f"{SDK_ROOT_VARIABLE}={value} is not a directory")
+    return root
+
+
+def locate_sdk(toolchain: str, executables: Sequence[str] = (), libraries: Sequence[str] = ()) -> Sdk:
+    """Find the SDK and the named tools (``bin/x86_64-linux-clang/`` first, then ``PATH``) and host libraries
+    (``lib/x86_64-linux-clang/``).
+
+    Raises:
+        GenieBuildError: the SDK root is missing, or any tool or library is; the message lists all of them.
+    """
+    root = sdk_root(toolchain)
+    found = {name: _find_executable(root, name) for name in executables}
+    libs = {name: lib_dir(root) / name for name in libraries}
+    missing = [f"executable {name} (looked in {bin_dir(root)} and PATH)"
+               for name, path in found.items() if path is None]
+    missing += [f"library {name} (looked in {lib_dir(root)})" for name, path in libs.items() if not path.is_file()]
+    if missing:
+        raise GenieBuildError(f"toolchain {toolchain}", f"missing from the QAIRT SDK at {root}: {'; '.join(missing)}")
+    return Sdk(root, {name: path for name, path in found.items() if path is not None}, libs)
+
+
+def run_tool(argv: Sequence[str | os.PathLike[str]], *, cwd: Path, env: dict[str, str]) -> None:
+    """Run one SDK tool from an argument list (never through a shell) and log what it printed.
+
+    Raises:
+        GenieBuildError: the tool could not be started or exited non-zero; the message names the tool,
+            the exit code and the last lines of its stderr.
+    """
+    args = [os.fspath(arg) for arg in argv]
+    tool = Path(args[0]).name
+    logger.info("running %s", shlex.join(args))  # quoted for the log only; the call below takes the list
+    try:
+        completed = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
+                                   check=False)
+    except OSError as exc:
+        raise GenieBuildError(tool, f"cannot run {args[0]}: {exc.strerror or exc}") from exc
+    for stream, text in (("stdout", completed.stdout), ("stderr", completed.stderr)):
+        if text.strip():
+            logger.info("%s %s:\n%s", tool, stream, text.rstrip())
+    if completed.returncode != 0:
+        raise GenieBuildError(tool, f"exited with code {completed.returncode}: "
+                                    f"{_tail(completed.stderr or completed.stdout)}")
+
+
+@contextlib.contextmanager
+def staging_directory(out_path: Path) -> Iterator[Path]:
+    """A scratch directory beside ``out_path`` (so :func:`publish` is a rename), removed afterwards.
+
+    The path is absolute: tools run inside it, and Snakemake hands relative paths.
+    """
+    parent = out_path.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=parent))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish(produced: Path, out_path: Path, producer: str) -> None:
+    """Rename a finished tool output into place.
+
+    Raises:
+        GenieBuildError: the producer reported success but the file is not there.
+    """
+    _require_output(produced, producer)
+    os.replace(produced, out_path)
+
+
+def publish_binary(produced: Path, out_path: Path, producer: str, sdk: Sdk, toolchain: str,
+                   graph_names: Sequence[str]) -> None:
+    """Rename a finished context binary into place after checking it holds exactly ``graph_names``.
+
+    Raises:
+        GenieBuildError: no binary was written, it cannot be read back, or its graph names differ.
+    """
+    _require_output(produced, producer)
+    info = inspect_context_binary(produced, sdk.executables[CONTEXT_BINARY_UTILITY], sdk.environment(), toolchain)
+    check_graph_names(info, graph_names, out_path)
+    os.replace(produced, out_path)
+
+
+def require_file(path: Path) -> Path:
+    """``path`` made absolute (tools run in a staging directory), after checking it exists.
+
+    Raises:
+        GenieBuildError: ``path`` is not a file.
+    """
+    if not path.is_file():
+        raise GenieBuildError(path, "file not found")
+    return path.absolute()
+
+
+def check_graph_name(graph_name: str) -> str:
+    """Raises GenieBuildError when ``graph_name`` could be rewritten by the SDK or break a file name."""
+    if not _GRAPH_NAME.match(graph_name):
+        raise GenieBuildError(graph_name, "graph names may hold only letters, digits and '_' (and not start with "
+                                          "a digit), so that the SDK keeps them unchanged")
+    return graph_name
+
+
+def link_into(directory: Path, name: str, target: Path) -> Path:
+    """Symlink ``target`` (made absolute) as ``directory/name``; returns the link."""
+    link = directory / name
+    link.symlink_to(target.absolute())
+    return link
+
+
+def stage_onnx_as_graph(onnx_path: Path, graph_name: str, staging: Path) -> Path:
+    """Copy an ONNX part into ``staging`` as ``<graph_name>.onnx``, with its external data files beside it.
+
+    The SDK names the DLC graph after the ONNX file's stem (``qairt.convert`` names its DLC
+    ``Path(model).stem + ".dlc"``; the graph name following it is third-party knowledge), and the part files are
+    called ``part_NN_of_N.onnx`` -- so the converter is handed a file whose stem is the graph name. Neither
+    ``qairt.convert`` nor ``qairt-converter`` documents a graph-name option. The files are copied, not linked:
+    onnx (>= 1.17; checked with 1.23) refuses external data reached through a symbolic link, through a file
+    with several hard links, or outside the model's directory -- and the SDK reads ONNX with onnx.
+
+    Raises:
+        GenieBuildError: the ONNX file is missing or unreadable, or the graph name is unsafe.
+    """
+    source = require_file(onnx_path)
+    staged = staging / f"{check_graph_name(graph_name)}.onnx"
+    shutil.copyfile(source, staged)
+    for location in sorted(external_data_locations(source)):
+        target = staging / location
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(require_file(source.parent / location), target)
+    return staged
+
+
+def external_data_locations(onnx_path: Path) -> set[str]:
+    """Relative paths of the external data files an ONNX model refers to (read without loading the data).
+
+    Raises:
+        GenieBuildError: the file is not a readable ONNX model.
+    """
+    try:
+        model = onnx.load(onnx_path, load_external_data=False)
+    except (OSError, DecodeError) as exc:
+        raise GenieBuildError(onnx_path, f"not a readable ONNX model: {exc}") from exc
+    return {entry.value for tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
+            for entry in tensor.external_data if entry.key == "location"}
+
+
+def inspect_with_sdk(toolchain: str, binary_path: Path) -> BinaryInfo:
+    """Read a context binary back through the SDK's ``qnn-context-binary-utility``."""
+    sdk = locate_sdk(toolchain, (CONTEXT_BINARY_UTILITY,))
+    return inspect_context_binary(require_file(binary_path), sdk.executables[CONTEXT_BINARY_UTILITY],
+                                  sdk.environment(), toolchain)
+
+
+def inspect_context_binary(binary_path: Path, utility: Path, env: dict[str, str], toolchain: str) -> BinaryInfo:
+    """Run ``qnn-context-binary-utility --context_binary X --json_file J`` and parse ``J``.
+
+    Raises:
+        GenieBuildError: the utility failed, wrote no JSON, or wrote JSON of an unexpected shape.
+    """
+    with tempfile.TemporaryDirectory(prefix="genie-build-inspect-") as scratch:
+        json_path = Path(scratch) / "context_binary.json"
+        run_tool([utility, "--context_binary", binary_path, "--json_file", json_path], cwd=Path(scratch), env=env)
+        if not json_path.is_file():
+            raise GenieBuildError(CONTEXT_BINARY_UTILITY, f"reported success but wrote no JSON for {binary_path}")
+        document = read_json(json_path)
+    return binary_info_from_utility_json(document, binary_path, binary_path.stat().st_size, toolchain)
+
+
+def binary_info_from_utility_json(document: object, binary_path: Path, file_bytes: int,
+                                  toolchain: str) -> BinaryInfo:
+    """Turn ``qnn-context-binary-utility``'s JSON into a :class:`BinaryInfo`.
+
+    The shape assumed (the one ONNX Runtime's ``gen_qnn_ctx_onnx_model.py`` parses; see docs/toolchains.md):
+    ``{"info": {"buildId": ..., "graphs": [{"info": {"graphName": ..., "graphInputs": [{"info": {"name",
+    "dimensions", "dataType": "QNN_DATATYPE_...", "quantizeParams": {"definition", "quantizationEncoding",
+    "scaleOffset": {"scale", "offset"}}}}], "graphOutputs": [...]}}]}}``. The JSON reports no weight-section
+    size, so ``weight_bytes`` is 0 (unknown) and accounting relies on ``file_bytes``. Offsets are kept in QNN's
+    convention, which is AIMET's: ``x = (q + offset) * scale``.
+
+    Raises:
+        GenieBuildError: a required key is missing.
+    """
+    info = _mapping(document, "info", binary_path)
+    graphs = info.get("graphs")
+    if not isinstance(graphs, list):
+        raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON has no info.graphs list")
+    return BinaryInfo(path=str(binary_path), file_bytes=file_bytes, weight_bytes=0,
+                      graphs=tuple(_graph_info(entry, binary_path) for entry in graphs),
+                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")))
+
+
+def check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) -> None:
+    """Raises GenieBuildError unless the binary holds exactly the graphs that were compiled into it.
+
+    A graph whose name differs from its per-graph config silently loses that config (O, weights_packing,
+    vtcm_mb fall back to defaults), so this is checked on every compile.
+    """
+    found, wanted = sorted(graph.name for graph in info.graphs), sorted(expected)
+    if found != wanted:
+        raise GenieBuildError(where, f"the compiled binary holds graphs {found} but {wanted} were configured: "
+                                     "the DLC graph names differ from the configured names, so their per-graph "
+                                     "options would not have been applied")
+
+
+def _require_output(produced: Path, producer: str) -> None:
+    if not produced.is_file():
+        found = sorted(path.name for path in produced.parent.iterdir())
+        raise GenieBuildError(producer, f"reported success but wrote no {produced.name} "
+                                        f"(its directory holds: {', '.join(found) or 'nothing'})")
+
+
+def _graph_info(entry: object, binary_path: Path) -> GraphInfo:
+    graph = _mapping(entry, "info", binary_path)
+    name = graph.get("graphName")
+    if not isinstance(name, str):
+        raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON has a graph without graphName")
+    return GraphInfo(name=name,
+                     inputs=tuple(_tensor_info(item, binary_path) for item in graph.get("graphInputs", [])),
+                     outputs=tuple(_tensor_info(item, binary_path) for item in graph.get("graphOutputs", [])))
+
+
+def _tensor_info(entry: object, binary_path: Path) -> TensorInfo:
+    tensor = _mapping(entry, "info", binary_path)
+    if not isinstance(tensor.get("name"), str):
+        raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON has an IO tensor without a name")
+    dtype, bits, fixed_point = _dtype(str(tensor.get("dataType", "")))
+    return TensorInfo(name=tensor["name"], shape=tuple(int(dim) for dim in tensor.get("dimensions", [])),
+                      dtype=dtype, quant=_quant(tensor.get("quantizeParams") or {}, dtype, bits, fixed_point))
+
+
+def _dtype(qnn_datatype: str) -> tuple[str, int | None, bool]:
+    """``"QNN_DATATYPE_UFIXED_POINT_16"`` -> ``("uint16", 16, True)``; unknown strings pass through."""
+    if qnn_datatype == "QNN_DATATYPE_BOOL_8":
+        return "bool", 8, False
+    match = _QNN_DATATYPE.match(qnn_datatype)
+    if not match or match.group(1) not in _DTYPE_PREFIX:
+        return qnn_datatype, None, False
+    bits = int(match.group(2))
+    return f"{_DTYPE_PREFIX[match.group(1)]}{bits}", bits, match.group(1).endswith("FIXED_POINT")
+
+
+def _quant(params: dict, dtype: str, bits: int | None, fixed_point: bool) -> QuantInfo | None:
+    if not fixed_point or params.get("definition") != "QNN_DEFINITION_DEFINED":
+        return None
+    scale_offset = params.get("scaleOffset") or {}
+    if params.get("quantizationEncoding") != "QNN_QUANTIZATION_ENCODING_SCALE_OFFSET" or not scale_offset:
+        return QuantInfo(dtype=dtype, bitwidth=bits)  # per-axis IO quantization: no single scale to report
+    return QuantInfo(dtype=dtype, scale=float(scale_offset["scale"]), offset=int(scale_offset["offset"]),
+                     bitwidth=bits)
+
+
+def _mapping(container: object, key: str, binary_path: Path) -> dict:
+    value = container.get(key) if isinstance(container, dict) else None
+    if not isinstance(value, dict):
+        raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON lacks an {key!r} object where expected")
+    return value
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in ``graph``: initializers and node attributes, recursing into subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _tensors(subgraph)
+
+
+def _find_executable(root: Path, name: str) -> Path | None:
+    candidate = bin_dir(root) / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    on_path = shutil.which(name)
+    return Path(on_path) if on_path else None
+
+
+def _prepend(path: Path, current: str | None) -> str:
+    return os.pathsep.join([os.fspath(path), *([current] if current else [])])
+
+
+def _tail(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-STDERR_TAIL_LINES:]) or "(no output)"

@@ -1,0 +1,336 @@
+"""The reference context binary: several converted graphs linked into one file, their weights stored once
+when shared and packed two per byte when they fit 4 bits. ``docs/reference-container.md`` is the format's
+specification; in short (integers little-endian)::
+
+    0        magic b"GBREFCTX"
+    8        uint32 format version (1)
+    12       uint32 reserved (0)
+    16       uint64 H, the header's length
+    24       header: H bytes of UTF-8 JSON, keys sorted
+    24 + H   graph section: each graph's ModelProto, initializer data stripped, back to back
+    W        weight section: W is the graph section's end rounded up to 64; header["weight_section"]["bytes"]
+
+Equal inputs give equal bytes. Writing streams one weight at a time through a temporary file, so memory
+holds one weight, not the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+
+from genie_build import __version__
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_open, copy_range
+from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, load_graph
+from genie_build.toolchains.base import BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY
+from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
+from genie_build.toolchains.reference.packing import pack_int4, unpack_int4
+from genie_build.toolchains.reference.quantize import broadcast_params
+
+MAGIC = b"GBREFCTX"
+FORMAT_VERSION = 1
+WEIGHT_SECTION_ALIGNMENT = 64
+TOOLCHAIN = "reference"
+_PREAMBLE = struct.Struct("<8sIIQ")
+# Storage of values kept as they are, by numpy dtype name (the container's "u8"/"f16"/... codes).
+_RAW_STORAGE = {"uint8": "u8", "int8": "i8", "uint16": "u16", "int16": "i16", "uint32": "u32", "int32": "i32",
+                "uint64": "u64", "int64": "i64", "float16": "f16", "float32": "f32", "float64": "f64",
+                "bool": "b8"}
+# packed4: 4-bit codes q; packed4_signed: q - zero_point + 8 of wider weights whose q - zero_point is in [-8, 7].
+_PACKED_STORAGE = ("packed4", "packed4_signed")
+_STRIPPED_TENSOR_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
+                           "uint64_data", "external_data", "data_location")
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """A converted graph to link: its name in the container, its file, its weight-less model."""
+
+    name: str
+    path: Path
+    model: onnx.ModelProto
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a container's sections start, read from its preamble and header."""
+
+    header: dict
+    graph_section_start: int
+    weight_section_start: int
+    file_bytes: int
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+def write_container(converted: dict[str, Path], out_path: str | os.PathLike[str], options: CompileOptions) -> None:
+    """Link the converted graphs (graph name -> converted ``.onnx``) into one container at ``out_path``.
+
+    With ``options.weight_sharing_enabled`` a tensor that several graphs hold with the same name, dtype,
+    shape, bytes and quantization is stored once; with ``options.weights_packing`` quantized weights of
+    at most 8 bits whose values fit 4 bits are stored two per byte.
+
+    Raises:
+        GenieBuildError: no graphs, a graph file named differently from its key, unreadable weights, or
+            graphs converted with different float bitwidths.
+    """
+    out_path = Path(out_path)
+    graphs = [_read_converted(name, Path(path)) for name, path in sorted(converted.items())]
+    if not graphs:
+        raise GenieBuildError(out_path, "nothing to compile: no graphs given")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryFile(dir=out_path.parent) as weights:
+            entries = _write_weight_section(graphs, weights, options)
+            weight_bytes = weights.tell()
+            structures = [_structure(graph.model) for graph in graphs]
+            header = _header(graphs, structures, entries, weight_bytes, options)
+            header_bytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+            graph_section_end = _PREAMBLE.size + len(header_bytes) + sum(map(len, structures))
+            with atomic_open(out_path) as out:
+                out.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(header_bytes)))
+                out.write(header_bytes)
+                for structure in structures:
+                    out.write(structure)
+                out.write(b"\0" * _padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT))
+                copy_range(weights, out, 0, weight_bytes)
+    except OSError as exc:
+        raise GenieBuildError(out_path, f"cannot write: {exc.strerror or exc}") from None
+
+
+def _read_converted(name: str, path: Path) -> _Graph:
+    model = load_graph(path)
+    if model.graph.name != name:
+        raise GenieBuildError(path, f"holds graph {model.graph.name!r}, but was given as {name!r} "
+                                    f"(convert it with --graph-name {name})")
+    check_external_data(model, path)
+    return _Graph(name=name, path=path, model=model)
+
+
+def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: CompileOptions) -> list[dict]:
+    """Write every graph's initializers to ``sink``, one at a time; return the weight table."""
+    entries: list[dict] = []
+    stored: dict[tuple, dict] = {}
+    for graph in graphs:
+        quantized = metadata_json(graph.model, QUANTIZED_WEIGHTS_KEY, {})
+        by_name = {tensor.name: tensor for tensor in graph.model.graph.initializer}
+        for tensor in graph.model.graph.initializer:
+            values = read_initializer(tensor, graph.path)
+            quantization = quantized.get(tensor.name)
+            key = (tensor.name, values.dtype.str, values.shape, json.dumps(quantization, sort_keys=True),
+                   hashlib.sha256(values.tobytes()).hexdigest())
+            if options.weight_sharing_enabled and key in stored:
+                stored[key]["graphs"].append(graph.name)
+                continue
+            zero_point = None if quantization is None else read_initializer(by_name[quantization["zero_point"]],
+                                                                           graph.path)
+            storage, payload = _encode(values, quantization, zero_point, options.weights_packing, graph.path)
+            sink.write(b"\0" * _padding(sink.tell(), 1 if storage in _PACKED_STORAGE else values.dtype.itemsize))
+            entry = {"name": tensor.name, "graphs": [graph.name], "dtype": values.dtype.name,
+                     "shape": list(values.shape), "storage": storage, "offset": sink.tell(), "length": len(payload)}
+            if quantization is not None:
+                entry["quantization"] = quantization
+            sink.write(payload)
+            entries.append(entry)
+            stored[key] = entry
+    return entries
+
+
+def _encode(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None, packing: bool,
+            where: Path) -> tuple[str, bytes]:
+    """How one tensor is stored: ``(storage, bytes)``."""
+    if packing and quantization is not None and quantization["bitwidth"] <= 8:
+        if quantization["bitwidth"] <= 4:
+            return "packed4", pack_int4(values)
+        signed = values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization["axis"])
+        if signed.size and signed.min() >= -8 and signed.max() <= 7:
+            return "packed4_signed", pack_int4(signed + 8)
+    if values.dtype.name not in _RAW_STORAGE:
+        raise GenieBuildError(where, f"cannot store a tensor of dtype {values.dtype.name} "
+                                     f"(supported: {', '.join(_RAW_STORAGE)})")
+    return _RAW_STORAGE[values.dtype.name], values.tobytes()
+
+
+def _structure(model: onnx.ModelProto) -> bytes:
+    """The model without initializer data (names, dims and types stay)."""
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    for tensor in stripped.graph.initializer:
+        for field in _STRIPPED_TENSOR_FIELDS:
+            tensor.ClearField(field)
+    return stripped.SerializeToString(deterministic=True)
+
+
+def _header(graphs: list[_Graph], structures: list[bytes], entries: list[dict], weight_bytes: int,
+            options: CompileOptions) -> dict:
+    graph_records, offset = [], 0
+    for graph, structure in zip(graphs, structures):
+        info = _graph_info(graph)
+        graph_records.append({**dataclasses.asdict(info), "structure_offset": offset,
+                              "structure_length": len(structure)})
+        offset += len(structure)
+    return {"toolchain": TOOLCHAIN, "tool_version": __version__,
+            "applied_options": _applied_options(graphs, entries, options),
+            "graphs": graph_records, "graph_section_bytes": offset,
+            "weight_section": {"alignment": WEIGHT_SECTION_ALIGNMENT, "bytes": weight_bytes},
+            "weights": entries}
+
+
+def _graph_info(graph: _Graph) -> GraphInfo:
+    """The graph's IO with the quantization convert recorded for it."""
+    io_encodings = metadata_json(graph.model, IO_ENCODINGS_KEY, {})
+
+    def tensor(spec: TensorSpec) -> TensorInfo:
+        shape = tuple(dim if isinstance(dim, int) else -1 for dim in spec.shape)
+        return TensorInfo(name=spec.name, shape=shape, dtype=spec.dtype, quant=_quant_info(io_encodings.get(spec.name)))
+
+    io = graph_io(graph.model)
+    return GraphInfo(name=graph.name, inputs=tuple(map(tensor, io.inputs)), outputs=tuple(map(tensor, io.outputs)))
+
+
+def _quant_info(encoding: dict | None) -> QuantInfo | None:
+    if encoding is None:
+        return None
+    if encoding["dtype"] == "float":
+        return QuantInfo(dtype=f"float{encoding['bitwidth']}", bitwidth=encoding["bitwidth"])
+    # AIMET's q is unsigned in [0, 2**bw - 1]; the offset carries the sign.
+    return QuantInfo(dtype=f"uint{encoding['bitwidth']}", scale=encoding["scale"], offset=encoding["offset"],
+                     bitwidth=encoding["bitwidth"])
+
+
+def _applied_options(graphs: list[_Graph], entries: list[dict], options: CompileOptions) -> dict:
+    """What the container shows was done. Packing and sharing count as applied only when at least one
+    tensor is packed or shared; the device options are recorded as given (the reference does not tune)."""
+    float_bitwidths = sorted({metadata_json(graph.model, FLOAT_BITWIDTH_KEY) for graph in graphs}, key=str)
+    if len(float_bitwidths) > 1:
+        raise GenieBuildError(graphs[0].path, f"the graphs were converted with different float bitwidths "
+                                              f"{float_bitwidths}; convert them alike")
+    packed = sum(entry["storage"] in _PACKED_STORAGE for entry in entries)
+    shared = sum(len(entry["graphs"]) > 1 for entry in entries)
+    return {"weights_packing": packed > 0, "packed_weights": packed,
+            "weight_sharing_enabled": shared > 0, "shared_weights": shared,
+            "optimization_type": options.optimization_type, "vtcm_mb": options.vtcm_mb,
+            "soc_model": options.soc_model, "dsp_arch": options.dsp_arch, "float_bitwidth": float_bitwidths[0]}
+
+
+def _padding(position: int, alignment: int) -> int:
+    return -position % alignment
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:
+    """Rebuild every graph of a container as a runnable model, weights restored into its initializers.
+
+    Run in onnxruntime, each model computes exactly what the converted ONNX it was compiled from computes.
+
+    Raises:
+        GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
+    """
+    layout = _read_layout(path)
+    models = {}
+    with open(path, "rb") as handle:
+        for graph in layout.header["graphs"]:
+            handle.seek(layout.graph_section_start + graph["structure_offset"])
+            model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
+            entries = {entry["name"]: entry for entry in layout.header["weights"] if graph["name"] in entry["graphs"]}
+            for tensor in model.graph.initializer:
+                if tensor.name not in entries:
+                    raise GenieBuildError(path, f"graph {graph['name']!r}: initializer {tensor.name!r} is missing "
+                                                "from the weight table")
+                tensor.raw_data = _decode(handle, layout, entries, tensor.name).tobytes()
+            models[graph["name"]] = model
+    return models
+
+
+def _decode(handle: BinaryIO, layout: _Layout, entries: dict[str, dict], name: str) -> np.ndarray:
+    """One tensor's values, unpacked from its storage."""
+    entry = entries[name]
+    handle.seek(layout.weight_section_start + entry["offset"])
+    payload = handle.read(entry["length"])
+    shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
+    if entry["storage"] == "packed4":
+        return unpack_int4(payload, math.prod(shape)).reshape(shape).astype(dtype)
+    if entry["storage"] == "packed4_signed":
+        quantization = entry["quantization"]
+        zero_point = _decode(handle, layout, entries, quantization["zero_point"])
+        signed = unpack_int4(payload, math.prod(shape)).reshape(shape).astype(np.int64) - 8
+        return (signed + broadcast_params(zero_point, shape, quantization["axis"])).astype(dtype)
+    return np.frombuffer(payload, dtype=dtype).reshape(shape)
+
+
+def inspect_container(path: str | os.PathLike[str]) -> BinaryInfo:
+    """What a container holds, read from its header: sizes, graphs with IO and quantization, options.
+
+    Raises:
+        GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
+    """
+    layout = _read_layout(path)
+    header = layout.header
+
+    def tensor(record: dict) -> TensorInfo:
+        quant = record["quant"]
+        return TensorInfo(name=record["name"], shape=tuple(record["shape"]), dtype=record["dtype"],
+                          quant=None if quant is None else QuantInfo(**quant))
+
+    graphs = tuple(GraphInfo(name=graph["name"], inputs=tuple(map(tensor, graph["inputs"])),
+                             outputs=tuple(map(tensor, graph["outputs"]))) for graph in header["graphs"])
+    return BinaryInfo(path=os.fspath(path), file_bytes=layout.file_bytes,
+                      weight_bytes=header["weight_section"]["bytes"], graphs=graphs, toolchain=header["toolchain"],
+                      tool_version=header["tool_version"], applied_options=header["applied_options"])
+
+
+def read_header(path: str | os.PathLike[str]) -> dict:
+    """A container's JSON header (graphs, applied options, the weight table), checked against the file.
+
+    Raises:
+        GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
+    """
+    return _read_layout(path).header
+
+
+def _read_layout(path: str | os.PathLike[str]) -> _Layout:
+    try:
+        with open(path, "rb") as handle:
+            preamble = handle.read(_PREAMBLE.size)
+            if len(preamble) < _PREAMBLE.size or not preamble.startswith(MAGIC):
+                raise GenieBuildError(path, f"not a genie-build reference context binary: starts with "
+                                            f"{preamble[:len(MAGIC)]!r}, expected {MAGIC!r}")
+            _, version, _, header_length = _PREAMBLE.unpack(preamble)
+            if version != FORMAT_VERSION:
+                raise GenieBuildError(path, f"reference container format version {version}; this genie-build "
+                                            f"reads version {FORMAT_VERSION}")
+            header = json.loads(handle.read(header_length))
+            file_bytes = os.fstat(handle.fileno()).st_size
+    except FileNotFoundError:
+        raise GenieBuildError(path, "file not found") from None
+    except OSError as exc:
+        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GenieBuildError(path, f"reference container header is not valid JSON (truncated?): {exc}") from None
+    try:
+        graph_section_bytes, weight_bytes = int(header["graph_section_bytes"]), int(header["weight_section"]["bytes"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GenieBuildError(path, f"reference container header lacks section sizes: {exc!r}") from None
+    graph_section_start = _PREAMBLE.size + header_length
+    graph_section_end = graph_section_start + graph_section_bytes
+    weight_section_start = graph_section_end + _padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT)
+    expected = weight_section_start + weight_bytes
+    if file_bytes != expected:
+        raise GenieBuildError(path, f"is {file_bytes} bytes but its header describes {expected} "
+                                    "(truncated or corrupt reference container)")
+    return _Layout(header=header, graph_section_start=graph_section_start,
+                   weight_section_start=weight_section_start, file_bytes=file_bytes)

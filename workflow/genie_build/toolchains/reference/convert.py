@@ -1,0 +1,247 @@
+"""Convert: an ONNX part + its AIMET encodings -> a runnable ONNX holding the weights a device would hold.
+
+Each initializer, read and written one at a time:
+
+- with an integer parameter encoding, it becomes its quantized values ``{name}_quantized`` (uint8 up to 8
+  bits, uint16 up to 16; 32-bit values as int32 ``q - zero_point`` with a zero zero point), ``{name}_scale``
+  (float32) and ``{name}_zero_point``, and a DequantizeLinear whose output takes the original name, so no
+  other node changes. DequantizeLinear takes 8/32-bit per-tensor and per-channel encodings from opset 13
+  and 16-bit and per-block ones from opset 21; below that the same formula ``(q - zero_point) * scale`` is
+  written out as Cast, Sub and Mul (per block: on the values stored as ``[blocks, block_size, out]`` and
+  reshaped back), which gives the same floats. A non-float32 weight gets a Cast back to its own type;
+- float32 without an integer encoding, it becomes ``{name}_float16`` + Cast to float32 when its float
+  bitwidth (its float encoding's, else ``float_bitwidth``) is 16 -- unless a finite value would overflow
+  float16, in which case it stays float32 with a warning;
+- otherwise it is copied unchanged.
+
+The model records in its ``metadata_props`` (JSON values): :data:`QUANTIZED_WEIGHTS_KEY` (values tensor ->
+``weight``, ``bitwidth`` stored, ``encoding`` kind, channel ``axis``, ``block_size``, ``scale`` and
+``zero_point`` tensor names), :data:`IO_ENCODINGS_KEY` (graph input/output -> its activation encoding) and
+:data:`FLOAT_BITWIDTH_KEY`. Tensors of 1 KiB and more go to ``<out>.data`` beside the output, 64-byte
+aligned; smaller ones stay inline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from genie_build.encodings import (Encodings, GraphTensors, TensorEncoding, channel_axis, read_encodings,
+                                   read_graph_tensors, validate_against_model)
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_open
+from genie_build.onnx_graph import check_external_data, graph_io, load_graph
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, read_initializer,
+                                                     set_metadata_json)
+from genie_build.toolchains.reference.quantize import broadcast_params, quantize, stored_bitwidth
+
+QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
+IO_ENCODINGS_KEY = "genie_build.io_encodings"
+FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
+FLOAT_BITWIDTHS = (16, 32)
+
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
+_BLOCKED = ("per_block", "lpbq")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Converted:
+    """What one initializer becomes: initializers to write, the nodes that rebuild the original tensor
+    from them, and (for a quantized weight) the record for :data:`QUANTIZED_WEIGHTS_KEY`."""
+
+    tensors: tuple[tuple[str, np.ndarray], ...]
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    quantization: dict | None = None
+
+
+def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
+                  out_path: str | os.PathLike[str], *, graph_name: str, float_bitwidth: int) -> None:
+    """Write the converted model to ``out_path`` and its weights to ``out_path + ".data"`` (atomically).
+
+    Raises:
+        GenieBuildError: a bad argument, an unreadable model or encodings file, encodings that do not fit
+            the model, or a weight that cannot be quantized as its encoding says.
+    """
+    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    if float_bitwidth not in FLOAT_BITWIDTHS:
+        raise GenieBuildError("float_bitwidth", f"{float_bitwidth} is not one of {FLOAT_BITWIDTHS}")
+    if not graph_name:
+        raise GenieBuildError("graph_name", "must not be empty")
+    if out_path.resolve() == onnx_path.resolve():
+        raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
+    model = load_graph(onnx_path)
+    check_external_data(model, onnx_path)
+    encodings = read_encodings(encodings_path)
+    names = read_graph_tensors(onnx_path)
+    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes)
+    io_encodings = _io_encodings(model, encodings, os.fspath(encodings_path))
+
+    consumers = _first_consumers(model.graph)
+    opset = default_opset(model)
+    initializers, nodes, quantized = [], [], {}
+    data_name = out_path.name + ".data"
+    with atomic_open(out_path.with_name(data_name)) as data:
+        writer = ExternalDataWriter(data, data_name)
+        for tensor in model.graph.initializer:
+            converted = _convert_initializer(read_initializer(tensor, onnx_path), tensor.name,
+                                             encodings.params.get(tensor.name), consumers.get(tensor.name),
+                                             float_bitwidth, opset, os.fspath(encodings_path))
+            initializers += [writer.add(name, array) for name, array in converted.tensors]
+            nodes += converted.nodes
+            if converted.quantization is not None:
+                quantized[converted.tensors[0][0]] = converted.quantization
+    _check_new_names_are_free(initializers, nodes, names, onnx_path)
+    _replace_weights(model.graph, initializers, nodes)
+    model.graph.name = graph_name
+    set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
+    set_metadata_json(model, IO_ENCODINGS_KEY, io_encodings)
+    set_metadata_json(model, FLOAT_BITWIDTH_KEY, float_bitwidth)
+    with atomic_open(out_path) as handle:
+        handle.write(model.SerializeToString())
+
+
+def _convert_initializer(array: np.ndarray, name: str, enc: TensorEncoding | None, consumer_op: str | None,
+                         float_bitwidth: int, opset: int, where: str) -> _Converted:
+    if enc is not None and enc.dtype == "int":
+        if not np.issubdtype(array.dtype, np.floating):
+            raise GenieBuildError(where, f"param encoding {name!r}: an integer encoding on a {array.dtype} "
+                                         "initializer (only float weights can be quantized)")
+        axis = channel_axis(name, array.shape, len(enc.scale), consumer_op) if enc.kind == "per_channel" else None
+        try:
+            q, scale, zero_point = quantize(array, enc, axis)
+        except GenieBuildError as exc:
+            raise GenieBuildError(where, f"param encoding {name!r}: {exc.problem}") from None
+        return _dequantized(name, array.dtype, q, scale, zero_point, enc, axis, opset, where)
+    bitwidth = enc.bitwidth if enc is not None else float_bitwidth
+    if array.dtype == np.float32 and bitwidth == 16:
+        if not np.any(np.isfinite(array) & (np.abs(array) > _FLOAT16_MAX)):
+            return _float16(name, array)
+        log.warning("%s: kept in float32: a value exceeds the float16 range", name)
+    return _Converted(tensors=((name, array),))
+
+
+def _float16(name: str, array: np.ndarray) -> _Converted:
+    stored = f"{name}_float16"
+    return _Converted(tensors=((stored, array.astype(np.float16)),),
+                      nodes=(helper.make_node("Cast", [stored], [name], name=f"{name}/Cast",
+                                              to=onnx.TensorProto.FLOAT),))
+
+
+def _dequantized(name: str, dtype: np.dtype, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
+                 enc: TensorEncoding, axis: int | None, opset: int, where: str) -> _Converted:
+    """The quantized values, scale and zero point, and the nodes that give back the float weight."""
+    if q.dtype == np.uint32:  # DequantizeLinear has no uint32: store the signed values q - zero_point
+        q, zero_point = _as_int32(q, zero_point, axis, name, where), np.zeros(zero_point.shape, np.int32)
+    values, scale_name, zero_point_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
+    output = name if dtype == np.float32 else f"{name}_dequantized"
+    blocked = enc.kind in _BLOCKED
+    if opset >= 21 or (opset >= 13 and q.dtype != np.uint16 and not blocked):
+        attributes = {"axis": 0, "block_size": enc.block_size} if blocked else {}
+        if enc.kind == "per_channel":
+            attributes = {"axis": axis}
+        nodes = [helper.make_node("DequantizeLinear", [values, scale_name, zero_point_name], [output],
+                                  name=f"{name}/DequantizeLinear", **attributes)]
+        tensors = [(values, q), (scale_name, scale), (zero_point_name, zero_point)]
+    else:
+        tensors, nodes = _written_out_dequantize(name, output, q, scale, zero_point, enc, axis)
+    if output != name:
+        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+                                      to=helper.np_dtype_to_tensor_dtype(dtype)))
+    quantization = {"weight": name, "bitwidth": stored_bitwidth(enc), "encoding": enc.kind, "axis": axis,
+                    "block_size": enc.block_size, "scale": scale_name, "zero_point": zero_point_name}
+    return _Converted(tensors=tuple(tensors), nodes=tuple(nodes), quantization=quantization)
+
+
+def _written_out_dequantize(name: str, output: str, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
+                            enc: TensorEncoding, axis: int | None
+                            ) -> tuple[list[tuple[str, np.ndarray]], list[onnx.NodeProto]]:
+    """``(q - zero_point) * scale`` as Cast/Sub/Mul, parameters stored in a shape that broadcasts."""
+    values, scale_name, zero_point_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
+    weight_shape = q.shape
+    if enc.kind in _BLOCKED:  # view [in, out] as [blocks, block_size, out] so [blocks, 1, out] broadcasts
+        blocks, channels = scale.shape
+        q = q.reshape(blocks, enc.block_size, channels)
+        scale, zero_point = scale.reshape(blocks, 1, channels), zero_point.reshape(blocks, 1, channels)
+    elif enc.kind == "per_channel":
+        along_axis = [-1 if dim == axis % q.ndim else 1 for dim in range(q.ndim)]
+        scale, zero_point = scale.reshape(along_axis), zero_point.reshape(along_axis)
+    product = f"{name}_blocks" if enc.kind in _BLOCKED else output
+    float_type = onnx.TensorProto.FLOAT
+    nodes = [helper.make_node("Cast", [values], [f"{values}_float"], name=f"{values}/Cast", to=float_type),
+             helper.make_node("Cast", [zero_point_name], [f"{zero_point_name}_float"], name=f"{zero_point_name}/Cast",
+                              to=float_type),
+             helper.make_node("Sub", [f"{values}_float", f"{zero_point_name}_float"], [f"{name}_centered"],
+                              name=f"{name}/Sub"),
+             helper.make_node("Mul", [f"{name}_centered", scale_name], [product], name=f"{name}/Mul")]
+    tensors = [(values, q), (scale_name, scale), (zero_point_name, zero_point)]
+    if enc.kind in _BLOCKED:
+        nodes.append(helper.make_node("Reshape", [product, f"{name}_shape"], [output], name=f"{name}/Reshape"))
+        tensors.append((f"{name}_shape", np.array(weight_shape, dtype=np.int64)))
+    return tensors, nodes
+
+
+def _as_int32(q: np.ndarray, zero_point: np.ndarray, axis: int | None, name: str, where: str) -> np.ndarray:
+    signed = q.astype(np.int64) - broadcast_params(zero_point, q.shape, axis).astype(np.int64)
+    limits = np.iinfo(np.int32)
+    if signed.size and (signed.min() < limits.min or signed.max() > limits.max):
+        raise GenieBuildError(where, f"param encoding {name!r}: 32-bit values q + offset span "
+                                     f"[{signed.min()}, {signed.max()}], outside int32")
+    return signed.astype(np.int32)
+
+
+def _io_encodings(model: onnx.ModelProto, encodings: Encodings, where: str) -> dict[str, dict]:
+    """The activation encodings of the graph's inputs and outputs, as recorded in the converted model."""
+    io = graph_io(model)
+    recorded = {}
+    for spec in (*io.inputs, *io.outputs):
+        enc = encodings.activations.get(spec.name)
+        if enc is None:
+            continue
+        if enc.dtype == "float":
+            recorded[spec.name] = {"dtype": "float", "bitwidth": enc.bitwidth}
+            continue
+        if enc.kind != "per_tensor":
+            raise GenieBuildError(where, f"activation encoding {spec.name!r}: a graph input or output needs a "
+                                         f"per_tensor encoding, got {enc.kind}")
+        recorded[spec.name] = {"dtype": "int", "bitwidth": enc.bitwidth, "scale": enc.scale[0],
+                               "offset": enc.offset[0], "is_symmetric": enc.is_symmetric}
+    return recorded
+
+
+def _first_consumers(graph: onnx.GraphProto) -> dict[str, str]:
+    """Tensor name -> op type of the first node reading it (decides a Gather table's channel axis)."""
+    consumers: dict[str, str] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, node.op_type)
+    return consumers
+
+
+def _check_new_names_are_free(initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto],
+                              names: GraphTensors, onnx_path: Path) -> None:
+    """Refuse to convert when a name the converter adds (``{name}_quantized``, ...) is already taken."""
+    added = {tensor.name for tensor in initializers} | {output for node in nodes for output in node.output}
+    clashes = sorted((added - names.param_shapes.keys()) & names.tensor_names)
+    if clashes:
+        raise GenieBuildError(onnx_path, f"tensor names the converter adds are already used: {clashes[:3]}")
+
+
+def _replace_weights(graph: onnx.GraphProto, initializers: list[onnx.TensorProto],
+                     nodes: list[onnx.NodeProto]) -> None:
+    """Swap in the converted initializers and put the nodes rebuilding the weights first (they read
+    initializers only, so the node order stays topological)."""
+    old_names = {tensor.name for tensor in graph.initializer}
+    # Old exporters list initializers as graph inputs too; the rebuilt weight is a node output now.
+    inputs = [value for value in graph.input if value.name not in old_names]
+    all_nodes = [*nodes, *graph.node]
+    del graph.initializer[:], graph.node[:], graph.input[:]
+    graph.initializer.extend(initializers)
+    graph.node.extend(all_nodes)
+    graph.input.extend(inputs)

@@ -1,0 +1,98 @@
+"""Reading and writing ONNX initializers one at a time, so memory holds one weight, never the model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from genie_build.errors import GenieBuildError
+
+# Element types whose raw bytes are not one numpy element each (packed nibbles, strings).
+_UNSUPPORTED_TYPES = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1,
+                                onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED})
+
+
+def read_initializer(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> np.ndarray:
+    """The values of one initializer of the model at ``model_path``, inline or external.
+
+    The graph's proto is left as it was (external data is read into a copy), so loading every weight
+    in turn keeps one of them in memory at a time.
+
+    Raises:
+        GenieBuildError: an element type without a one-element-per-item numpy form (4-bit, string), or
+            external data that cannot be read.
+    """
+    if tensor.data_type in _UNSUPPORTED_TYPES:
+        raise GenieBuildError(model_path, f"initializer {tensor.name!r} has element type "
+                                          f"{onnx.TensorProto.DataType.Name(tensor.data_type)}, which the "
+                                          "reference toolchain does not handle")
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    try:
+        return numpy_helper.to_array(copy, base_dir=os.fspath(Path(model_path).parent))
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+        raise GenieBuildError(model_path, f"cannot read initializer {tensor.name!r}: {exc}") from None
+
+
+class ExternalDataWriter:
+    """Appends tensors to an open data file and makes the initializers that point at them.
+
+    Tensors under ``inline_max_bytes`` stay inside the graph instead, as onnx's own writer does: shape
+    inference (onnxruntime's too) reads Reshape shapes and other small constants only from the graph.
+
+    Args:
+        handle: the data file, open for binary writing at position 0.
+        location: its name relative to the model (what the initializers record).
+        alignment: every tensor starts at a multiple of this many bytes.
+        inline_max_bytes: smaller tensors stay inline.
+    """
+
+    def __init__(self, handle: BinaryIO, location: str, alignment: int = 64, inline_max_bytes: int = 1024) -> None:
+        self._handle = handle
+        self._location = location
+        self._alignment = alignment
+        self._inline_max_bytes = inline_max_bytes
+        self._end = 0
+
+    def add(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        """Write ``array`` (unless it is small) and return an initializer called ``name`` holding it."""
+        data = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
+        if data.nbytes < self._inline_max_bytes:
+            return numpy_helper.from_array(data, name)
+        offset = self._end + (-self._end % self._alignment)
+        self._handle.write(b"\0" * (offset - self._end))
+        self._handle.write(data.tobytes())
+        self._end = offset + data.nbytes
+        tensor = onnx.TensorProto(name=name, dims=data.shape,
+                                  data_type=onnx.helper.np_dtype_to_tensor_dtype(data.dtype))
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self._location), ("offset", str(offset)), ("length", str(data.nbytes))):
+            tensor.external_data.add(key=key, value=value)
+        return tensor
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset version of the default (``ai.onnx``) domain."""
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+
+
+def metadata_json(model: onnx.ModelProto, key: str, default: object = None) -> object:
+    """The JSON value stored under ``key`` in the model's ``metadata_props`` (``default`` when absent)."""
+    for entry in model.metadata_props:
+        if entry.key == key:
+            return json.loads(entry.value)
+    return default
+
+
+def set_metadata_json(model: onnx.ModelProto, key: str, value: object) -> None:
+    """Store ``value`` as canonical JSON under ``key`` in ``metadata_props``, replacing an earlier value."""
+    kept = [entry for entry in model.metadata_props if entry.key != key]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=key, value=json.dumps(value, sort_keys=True, separators=(",", ":")))

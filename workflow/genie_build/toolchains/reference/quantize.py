@@ -1,0 +1,132 @@
+"""AIMET quantization of weights in numpy, vectorised.
+
+Semantics (see :mod:`genie_build.encodings`): ``q = clamp(round(x / scale) - offset, 0, 2**bw - 1)`` and
+``x_hat = (q + offset) * scale``. The functions here return the zero point ``-offset`` instead of the offset,
+so that ``x_hat = (q - zero_point) * scale`` reads as ONNX ``DequantizeLinear``. Arithmetic is float32 (the
+precision AIMET quantizes in and the precision the scale is stored in) and rounds half to even.
+
+Shapes of the returned scale and zero point ("parameter layout"):
+
+- per tensor: ``()``;
+- per channel: ``(C,)``, one entry per index of the channel axis;
+- per block and LPBQ: ``(in // block_size, out)``, blocks along axis 0 of an ``[in, out]`` weight
+  (:func:`genie_build.encodings.block_grid`). For LPBQ the scale is the per-block scale
+  ``scale[channel] * per_block_int_scale[block, channel]`` and values are quantized to the compressed
+  bitwidth, symmetric.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from genie_build.encodings import TensorEncoding, block_grid
+from genie_build.errors import GenieBuildError
+
+
+def stored_bitwidth(enc: TensorEncoding) -> int:
+    """The bitwidth the quantized values are stored in: the compressed one for LPBQ."""
+    return enc.compressed_bitwidth if enc.kind == "lpbq" else enc.bitwidth
+
+
+def unsigned_dtype(bitwidth: int) -> np.dtype:
+    """The smallest unsigned integer dtype holding ``bitwidth``-bit values."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if bitwidth <= np.iinfo(dtype).bits:
+            return np.dtype(dtype)
+    raise ValueError(f"no unsigned dtype holds {bitwidth}-bit values")
+
+
+def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize ``w`` as AIMET does with ``enc``.
+
+    Args:
+        w: the float weight.
+        enc: its integer encoding.
+        axis: the channel axis of a per-channel encoding; unused (None) for the others: per-block and
+            LPBQ encodings have the fixed ``[in, out]`` layout of the module docstring.
+
+    Returns:
+        ``(q, scale, zero_point)``: ``q`` unsigned integers of :func:`unsigned_dtype` (``stored_bitwidth``)
+        shaped like ``w``; ``scale`` float32 and ``zero_point`` of q's dtype, both in the parameter layout.
+
+    Raises:
+        GenieBuildError: (``where`` = the tensor) a float encoding, a scale count that does not fit ``w``,
+            an asymmetric LPBQ encoding, or non-finite weights.
+    """
+    if enc.dtype != "int":
+        raise GenieBuildError(enc.name, f"a {enc.dtype} encoding has no integer quantization")
+    x = np.asarray(w, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise GenieBuildError(enc.name, "weight holds NaN or infinite values, which cannot be quantized")
+    scale, offset = _scale_and_offset(enc, x.shape, axis)
+    bits = stored_bitwidth(enc)
+    codes = np.rint(x / broadcast_params(scale, x.shape, axis)) - broadcast_params(offset, x.shape, axis)
+    dtype = unsigned_dtype(bits)
+    q = np.clip(codes, 0, 2**bits - 1).astype(dtype)
+    return q, scale, (-offset).astype(dtype)
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None) -> np.ndarray:
+    """``(q - zero_point) * scale`` in float32, parameters in any layout :func:`broadcast_params` accepts."""
+    centered = q.astype(np.int64) - broadcast_params(zero_point, q.shape, axis).astype(np.int64)
+    return centered.astype(np.float32) * broadcast_params(scale, q.shape, axis).astype(np.float32)
+
+
+def broadcast_params(params: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
+    """Expand a scale or zero point to ``shape``.
+
+    Accepts a single value (per tensor), a 1-D array along ``axis`` (per channel), or an array of the same rank
+    as ``shape`` whose every dimension is 1 or divides the tensor's (broadcast and blocked layouts; a
+    dimension of ``n // k`` entries repeats each entry ``k`` times).
+
+    Raises:
+        ValueError: the parameters fit none of these layouts.
+    """
+    params = np.asarray(params)
+    if params.size == 1:
+        return np.broadcast_to(params.reshape(()), shape)
+    if params.ndim == 1 and len(shape) > 1:
+        if axis is None:
+            raise ValueError(f"1-D parameters of shape {params.shape} need an axis of shape {shape}")
+        params = params.reshape([-1 if dim == axis % len(shape) else 1 for dim in range(len(shape))])
+    if params.ndim not in (0, len(shape)):
+        raise ValueError(f"parameters of shape {params.shape} do not fit a tensor of shape {shape}")
+    for dim, (size, count) in enumerate(zip(shape, params.shape)):
+        if count not in (1, size):
+            if count == 0 or size % count:
+                raise ValueError(f"parameters of shape {params.shape} do not fit a tensor of shape {shape}")
+            params = np.repeat(params, size // count, axis=dim)
+    return np.broadcast_to(params, shape)
+
+
+def _scale_and_offset(enc: TensorEncoding, shape: tuple[int, ...], axis: int | None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """The encoding's scale (float32) and offset (int64) in the parameter layout."""
+    scale = np.asarray(enc.scale, dtype=np.float32)
+    offset = np.asarray(enc.offset, dtype=np.int64)
+    if enc.kind == "per_tensor":
+        _require_count(enc, "scale", scale.size, 1, shape)
+        return scale.reshape(()), offset.reshape(())
+    if enc.kind == "per_channel":
+        if axis is None or not -len(shape) <= axis < len(shape):
+            raise GenieBuildError(enc.name, f"channel axis {axis} is outside shape {list(shape)}")
+        _require_count(enc, "scale", scale.size, shape[axis], shape)
+        return scale, offset
+    blocks, channels = block_grid(enc.name, shape, enc.block_size)
+    if enc.kind == "per_block":
+        _require_count(enc, "scale", scale.size, blocks * channels, shape)
+        return scale.reshape(blocks, channels), offset.reshape(blocks, channels)
+    if not enc.is_symmetric:
+        raise GenieBuildError(enc.name, "LPBQ encodings must be symmetric (is_sym true)")
+    _require_count(enc, "scale", scale.size, channels, shape)
+    _require_count(enc, "per_block_int_scale", len(enc.per_block_int_scale), blocks * channels, shape)
+    int_scale = np.asarray(enc.per_block_int_scale, dtype=np.float32).reshape(blocks, channels)
+    block_scale = int_scale * scale.reshape(1, channels)
+    return block_scale, np.full((blocks, channels), -(2 ** (enc.compressed_bitwidth - 1)), dtype=np.int64)
+
+
+def _require_count(enc: TensorEncoding, what: str, found: int, expected: int, shape: tuple[int, ...]) -> None:
+    if found != expected:
+        block = f" with block_size {enc.block_size}" if enc.block_size else ""
+        raise GenieBuildError(enc.name, f"{found} {what} values for a {enc.kind} encoding, expected {expected} "
+                                        f"for shape {list(shape)}{block}")

@@ -1,0 +1,31 @@
+"""The reference toolchain as the workflow calls it (see :class:`genie_build.toolchains.base.Toolchain`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from genie_build.toolchains.base import BinaryInfo, CompileOptions
+from genie_build.toolchains.reference.container import TOOLCHAIN, inspect_container, write_container
+from genie_build.toolchains.reference.convert import convert_model
+
+
+class ReferenceToolchain:
+    """Quantization, packing and weight sharing in numpy/onnx; runs wherever the package runs."""
+
+    name = TOOLCHAIN
+
+    def check_available(self) -> None:
+        """Nothing to check: everything it uses is a dependency of the package."""
+
+    def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
+                float_bitwidth: int) -> None:
+        """See :func:`genie_build.toolchains.reference.convert.convert_model`."""
+        convert_model(onnx_path, encodings_path, out_path, graph_name=graph_name, float_bitwidth=float_bitwidth)
+
+    def compile(self, converted: dict[str, Path], out_path: Path, options: CompileOptions) -> None:
+        """See :func:`genie_build.toolchains.reference.container.write_container`."""
+        write_container(converted, out_path, options)
+
+    def inspect(self, binary_path: Path) -> BinaryInfo:
+        """See :func:`genie_build.toolchains.reference.container.inspect_container`."""
+        return inspect_container(binary_path)
