@@ -104,7 +104,9 @@ def build_scoped_graph(path: Path | None = None, *, layers: int = 3, hidden: int
     def value(name: str, dtype: int, shape: list[int]) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(name, dtype, shape)
 
+    # attention_mask is only read for its shape (Genie takes CL from it), so no node consumes it here.
     inputs = [value("input_ids", TensorProto.INT64, [1, ar]),
+              value("attention_mask", TensorProto.FLOAT, [1, ar, 64]),
               value("position_ids_cos", TensorProto.FLOAT, [1, ar, rope // 2]),
               value("position_ids_sin", TensorProto.FLOAT, [1, ar, rope // 2]),
               *(value(f"past_value_{i}_in", TensorProto.FLOAT, [1, ar, hidden]) for i in range(layers))]

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -279,3 +280,28 @@ def test_malformed_configs_give_findings_not_tracebacks(bundle: Path, path: list
 def test_demo_hf_config_gives_no_vocab_warning(bundle: Path, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(demo_hf_config()))
     assert check_bundle(bundle, hf_config=tmp_path / "config.json") == []
+
+
+def aihm_metadata(infos: dict, shifted: tuple[str, str] | None = None) -> str:
+    """AIHM's metadata.yaml layout: IO per ctx-bin (here the prompt graph's), quantization as scale/zero_point;
+    ``shifted`` = (ctx-bin, tensor) whose zero point is off by one in that ctx-bin only."""
+    def tensors(file_name: str, items) -> dict:
+        return {t.name: {"shape": list(t.shape), "dtype": t.dtype,
+                         **({"quantization_parameters": {"scale": t.quant.scale, "zero_point": -t.quant.offset
+                                                         + ((file_name, t.name) == shifted)}}
+                            if t.quant else {})} for t in items}
+
+    return yaml.safe_dump({"model_files": {name: {"inputs": tensors(name, info.graphs[0].inputs),
+                                                  "outputs": tensors(name, info.graphs[0].outputs)}
+                                           for name, info in infos.items()}})
+
+
+def test_aihm_metadata_layout_gets_the_tensor_checks_and_a_warning(tmp_path: Path) -> None:
+    infos = synthetic_infos(num_parts=3)
+    bundle = write_bundle(tmp_path / "b", infos)
+    (bundle / METADATA_NAME).write_text(aihm_metadata(infos))
+    findings = check_bundle(bundle)
+    assert errors(findings) == [] and rules(findings, "warning") == {"graph-info"}
+    (bundle / METADATA_NAME).write_text(aihm_metadata(infos, ("demo_part_2_of_3.bin",
+                                                              "/model/embed_tokens/Gather_output_0")))
+    assert rules(check_bundle(bundle)) == {"shared-quant"}

@@ -307,11 +307,14 @@ def test_inspect_reads_sizes_graphs_io_quantization_and_applied_options(tiny, tm
     assert applied["float_bitwidth"] == 16
 
 
-def test_applied_options_report_what_had_no_effect(tiny, tmp_path):
-    lone = compile_to(tiny, tmp_path / "lone.bin", graphs=(PROMPT,))
-    assert REFERENCE.inspect(lone).applied_options["weight_sharing_enabled"] is False
-    unpacked = compile_to(tiny, tmp_path / "unpacked.bin", replace(OPTIONS, weights_packing=False))
-    assert REFERENCE.inspect(unpacked).applied_options["weights_packing"] is False
+def test_applied_options_report_the_options_in_force_and_their_effect(tiny, tmp_path):
+    lone = REFERENCE.inspect(compile_to(tiny, tmp_path / "lone.bin", graphs=(PROMPT,))).applied_options
+    assert lone["weight_sharing_enabled"] is True and lone["shared_weights"] == 0
+    unpacked = REFERENCE.inspect(compile_to(tiny, tmp_path / "unpacked.bin",
+                                            replace(OPTIONS, weights_packing=False))).applied_options
+    assert unpacked["weights_packing"] is False and unpacked["packed_weights"] == 0
+    packed = REFERENCE.inspect(compile_to(tiny, tmp_path / "packed.bin", OPTIONS)).applied_options
+    assert unpacked["packable_weights"] == packed["packable_weights"] == packed["packed_weights"] > 0
 
 
 def test_inspect_refuses_files_that_are_not_whole_reference_containers(tiny, tmp_path):

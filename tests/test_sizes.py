@@ -319,3 +319,20 @@ def test_report_captions_render_as_restructuredtext(caption, config, params, exp
         assert f"literal\">{params['baseline' if 'size' in caption else 'variant']}</tt>" in html
     if params and caption == "memory_plan.rst":
         assert "above 1536 MiB per context binary" in html
+
+
+def test_nothing_to_pack_is_not_flagged_but_an_ignored_option_still_is():
+    """An 8-bit embedding alone has no weight that fits 4 bits: same size, no flag. The binary must say so;
+    without that report, the same sizes are flagged (the field report's silently ignored option)."""
+    nothing_to_pack = {"weights_packing": True, "packable_weights": 0, "packed_weights": 0}
+    records = [record(1, "unpacked", 1000), record(1, "packed", 1000, applied=nothing_to_pack)]
+    assert build_size_table(records, "unpacked")["flag"].tolist() == ["", ""]
+    silent = [record(1, "unpacked", 1000), record(1, "packed", 1000, applied={})]
+    assert build_size_table(silent, "unpacked")["flag"].iloc[1].startswith("weights_packing requested but no effect")
+
+
+def test_weight_sharing_that_shares_nothing_is_flagged():
+    records = [record(1, "unpacked", 1000),
+               record(1, "packed", 500, applied={"weight_sharing_enabled": True, "shared_weights": 0})]
+    assert build_size_table(records, "unpacked")["flag"].iloc[1] == (
+        "weight_sharing_enabled requested but the binary shares no weight between its graphs")

@@ -42,7 +42,7 @@ def test_full_build_writes_every_contract_output(built):
     bundle = out / "genie_bundle"
     for name in ("genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "metadata.yaml"):
         assert (bundle / name).is_file(), name
-    assert load_json(out / "bundle_check.json")["errors"] == []
+    assert load_json(out / "bundle_check.json")["errors"] == 0
 
 
 def test_second_run_does_nothing(built):

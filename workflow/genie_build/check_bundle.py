@@ -45,6 +45,7 @@ from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, Tensor
 Severity = Literal["error", "warning"]
 METADATA_NAME = "metadata.yaml"
 MANIFEST_NAME = "manifest.json"
+UNNAMED_GRAPH = ""  # the graph of a metadata.yaml entry that gives IO per ctx-bin, not per graph (AIHM)
 # libyaml when present: metadata of a many-part bundle takes seconds with the pure-Python parser
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -365,17 +366,22 @@ def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[Gra
 def _check_graphs(config: dict, ctx_bins: list[str], graphs: dict[str, tuple[GraphInfo, ...]]) -> list[Finding]:
     order = list(dict.fromkeys(ctx_bins))
     placed = [(graph, order.index(name)) for name in order for graph in graphs[name]]
-    shapes, findings = {}, []
-    for graph, _ in placed:
-        ar_cl, graph_findings = _graph_ar_cl(graph)
+    all_graphs = [graph for graph, _ in placed]
+    findings = _check_io_ends(graphs[order[0]], graphs[order[-1]])
+    findings += _check_shared_quant(all_graphs)
+    findings += _check_tensor_dims(config, all_graphs)
+    if any(graph.name == UNNAMED_GRAPH for graph in all_graphs):
+        findings.append(Finding("graph-info", "warning", f"{METADATA_NAME} gives IO per ctx-bin, not per graph: "
+                                                         "the graph-names and graph-order checks need the graph "
+                                                         "names (qnn-context-binary-utility lists them)"))
+        return findings + _check_context_size(config, [cl for graph in all_graphs
+                                                       for cl in [_tensor_ar_cl(graph)[1]] if cl is not None])
+    shapes = {}
+    for graph in all_graphs:
+        shapes[graph.name], graph_findings = _graph_ar_cl(graph)
         findings += graph_findings
-        shapes[graph.name] = ar_cl
     findings += _check_order(placed, shapes, len(order))
-    findings += _check_io_ends(graphs[order[0]], graphs[order[-1]])
-    findings += _check_shared_quant([graph for graph, _ in placed])
-    findings += _check_context_size(config, [cl for _, cl in shapes.values() if cl is not None])
-    findings += _check_tensor_dims(config, [graph for graph, _ in placed])
-    return findings
+    return findings + _check_context_size(config, [cl for _, cl in shapes.values() if cl is not None])
 
 
 def graph_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
@@ -559,10 +565,11 @@ def dump_metadata(infos: Mapping[str, BinaryInfo]) -> str:
 def parse_metadata(text: str, where: str | os.PathLike[str]) -> dict[str, tuple[GraphInfo, ...]]:
     """Graphs per ctx-bin file name from ``metadata.yaml`` text.
 
+    A file entry with ``inputs``/``outputs`` and no ``graphs`` (AIHM's layout, IO per file) becomes one
+    graph named :data:`UNNAMED_GRAPH`: its tensors can be checked, its graph names cannot.
+
     Raises:
         GenieBuildError: not YAML, or not the layout of the module docstring (naming the offending entry).
-            A file entry without ``graphs`` (AIHM's per-file layout) is rejected: Genie's checks need the
-            graph names, which only the ctx-bin (``qnn-context-binary-utility``) can then give.
     """
     try:
         document = yaml.load(text, Loader=_YAML_LOADER)
@@ -574,13 +581,14 @@ def parse_metadata(text: str, where: str | os.PathLike[str]) -> dict[str, tuple[
     result = {}
     for file_name, entry in files.items():
         graphs = entry.get("graphs") if isinstance(entry, dict) else None
+        if graphs is None and isinstance(entry, dict) and "inputs" in entry:
+            graphs = {UNNAMED_GRAPH: entry}
         if not isinstance(graphs, dict) or not graphs:
-            raise GenieBuildError(where, f"model_files[{file_name!r}] has no 'graphs' mapping with graph names; "
-                                         "graph checks need them (list them with qnn-context-binary-utility)")
+            raise GenieBuildError(where, f"model_files[{file_name!r}] has neither a 'graphs' mapping nor "
+                                         "'inputs'/'outputs'")
         result[str(file_name)] = tuple(_graph_from_document(str(name), body, f"{where}: {file_name}")
                                        for name, body in graphs.items())
     return result
-
 
 
 def _tensors_document(tensors: Sequence[TensorInfo]) -> dict[str, Any]:

@@ -211,10 +211,8 @@ def _parse_entry_v100(where: _Where, name: str, entry: dict) -> TensorEncoding:
     is_symmetric = _field(where, entry, "is_sym")
     if not isinstance(is_symmetric, bool):
         raise where.error(f"is_sym {_short(is_symmetric)} is not true or false")
-    scale = tuple(_scale_value(where, f"scale[{i}]", value)
-                  for i, value in enumerate(_nonempty_list(where, entry, "scale")))
-    offset = tuple(_offset_value(where, f"offset[{i}]", value, bitwidth)
-                   for i, value in enumerate(_nonempty_list(where, entry, "offset")))
+    scale = _scales(where, _nonempty_list(where, entry, "scale"))
+    offset = _offsets(where, _nonempty_list(where, entry, "offset"), bitwidth)
     if len(scale) != len(offset):
         raise where.error(f"{len(scale)} scales but {len(offset)} offsets")
     if kind == "per_tensor" and len(scale) != 1:
@@ -226,8 +224,7 @@ def _parse_entry_v100(where: _Where, name: str, entry: dict) -> TensorEncoding:
         compressed_bitwidth = _bitwidth(where, entry, "compressed_bw", "int")
         if compressed_bitwidth > bitwidth:
             raise where.error(f"compressed_bw {compressed_bitwidth} exceeds bw {bitwidth}")
-        per_block_int_scale = tuple(_positive_int(where, f"per_block_int_scale[{i}]", value)
-                                    for i, value in enumerate(_nonempty_list(where, entry, "per_block_int_scale")))
+        per_block_int_scale = _block_int_scales(where, _nonempty_list(where, entry, "per_block_int_scale"))
         if len(per_block_int_scale) % len(scale):
             raise where.error(f"{len(per_block_int_scale)} per_block_int_scale values are not a whole number of "
                               f"blocks for {len(scale)} channels")
@@ -264,6 +261,28 @@ def _nonempty_list(where: _Where, entry: dict, key: str) -> list:
     if not isinstance(value, list) or not value:
         raise where.error(f"'{key}' must be a non-empty list, got {_short(value)}")
     return value
+
+
+# Per-block encodings hold millions of values: the list checks below first try one pass without a call per
+# value, and only fall back to the per-value checks (which convert and name the bad value) when that fails.
+
+def _scales(where: _Where, values: list) -> tuple[float, ...]:
+    if all(type(value) is float and 0.0 < value < math.inf for value in values):
+        return tuple(values)
+    return tuple(_scale_value(where, f"scale[{i}]", value) for i, value in enumerate(values))
+
+
+def _offsets(where: _Where, values: list, bitwidth: int) -> tuple[int, ...]:
+    lowest = -(2**bitwidth - 1)
+    if all(type(value) is int and lowest <= value <= 0 for value in values):
+        return tuple(values)
+    return tuple(_offset_value(where, f"offset[{i}]", value, bitwidth) for i, value in enumerate(values))
+
+
+def _block_int_scales(where: _Where, values: list) -> tuple[int, ...]:
+    if all(type(value) is int and value > 0 for value in values):
+        return tuple(values)
+    return tuple(_positive_int(where, f"per_block_int_scale[{i}]", value) for i, value in enumerate(values))
 
 
 def _scale_value(where: _Where, what: str, value: Any) -> float:
@@ -345,14 +364,14 @@ def _entry_v100(encoding: TensorEncoding) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": encoding.name, "dtype": "INT", "enc_type": _KIND_TO_ENC_TYPE[encoding.kind],
         "bw": encoding.bitwidth, "is_sym": encoding.is_symmetric,
-        "scale": list(encoding.scale), "offset": list(encoding.offset),
+        "scale": encoding.scale, "offset": encoding.offset,
     }
     if encoding.block_size is not None:
         entry["block_size"] = encoding.block_size
     if encoding.compressed_bitwidth is not None:
         entry["compressed_bw"] = encoding.compressed_bitwidth
     if encoding.per_block_int_scale is not None:
-        entry["per_block_int_scale"] = list(encoding.per_block_int_scale)
+        entry["per_block_int_scale"] = encoding.per_block_int_scale
     return entry
 
 

@@ -130,7 +130,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
             return json.load(handle)
     except FileNotFoundError:
         raise GenieBuildError(path, "file not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError
         raise GenieBuildError(path, f"not valid JSON: {exc}") from None
     except OSError as exc:
         raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None

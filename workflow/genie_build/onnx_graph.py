@@ -249,3 +249,18 @@ class _DigestSink:
 
     def write(self, chunk: bytes) -> None:
         self.digest.update(chunk)
+
+
+GENIE_TOKEN_INPUT = "input_ids"
+GENIE_MASK_INPUT = "attention_mask"
+
+
+def ar_and_context_length(model: onnx.ModelProto) -> tuple[int, int] | None:
+    """(AR, CL) as Genie reads them: the last dim of ``input_ids`` and of ``attention_mask``.
+
+    Returns None when either input is absent or not statically shaped.
+    """
+    dims = {value.name: [d.dim_value for d in value.type.tensor_type.shape.dim] for value in model.graph.input}
+    ar = (dims.get(GENIE_TOKEN_INPUT) or [0])[-1]
+    context_length = (dims.get(GENIE_MASK_INPUT) or [0])[-1]
+    return (ar, context_length) if ar and context_length else None

@@ -14,7 +14,7 @@ import itertools
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jsonschema
 import onnx
@@ -22,7 +22,7 @@ import onnx
 from genie_build.encodings import Encodings, TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
-from genie_build.naming import part_label
+from genie_build.naming import graph_name, part_label
 from genie_build.onnx_graph import InitializerSpec, initializer_specs
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
@@ -74,6 +74,20 @@ class Plan:
     mode: str                     # "num_parts" | "max_part_mb"
     max_part_bytes: int | None = None   # the budget, in "max_part_mb" mode
     pieces: tuple[Piece, ...] = ()      # every piece with its estimated bytes
+    graph_ar: dict[str, int] = field(default_factory=dict)  # tokens per call of each graph: prompt, token
+    context_length: int | None = None   # the compiled context length CL, shared by both graphs
+
+    def graph_name(self, kind: str, index: int) -> str:
+        """The QNN graph name of part ``index`` of graph ``kind``, e.g. ``prompt_ar32_cl256_01_of_11``.
+
+        Raises:
+            GenieBuildError: the plan records no AR/CL for ``kind`` (graphs without Genie's
+                ``input_ids``/``attention_mask`` inputs).
+        """
+        if kind not in self.graph_ar or not self.context_length:
+            raise GenieBuildError("plan.json", f"no AR/context length recorded for the {kind} graph: its inputs "
+                                               f"need Genie's names input_ids and attention_mask")
+        return graph_name(kind, self.graph_ar[kind], self.context_length, index, self.num_parts)
 
 
 # ------------------------------------------------------------------------------------------- pieces
@@ -341,6 +355,8 @@ PLAN_SCHEMA = {
         "mode": {"enum": list(MODES)},
         "max_part_bytes": _OPTIONAL_INT,
         "num_layers": {"type": "integer", "minimum": 1},
+        "graph_ar": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
+        "context_length": {"type": ["integer", "null"], "minimum": 1},
         "embedding_alone": {"type": "boolean"},
         "boundaries": {"type": "array", "items": _NAME},
         "pieces": {"type": "array", "items": {

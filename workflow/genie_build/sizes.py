@@ -98,20 +98,24 @@ def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float 
 
     ``weights_packing`` is judged by the size against the baseline's binary for the same part (only when
     the baseline does not pack too) and by what the binary reports; ``weight_sharing_enabled`` by what
-    the binary reports. An option the binary does not report on is judged by size alone.
+    the binary reports. An option the binary does not report on is judged by size alone. A binary that
+    reports no weight fitting 4 bits (``packable_weights == 0``, e.g. an 8-bit embedding alone) has
+    nothing to pack, which is no sign of an ignored option.
     """
     baseline = baseline_record["variant"]
     comparison = f"{record['bytes']:,} bytes vs {baseline_record['bytes']:,} bytes in {baseline}"
     reasons = []
-    if record["requested"].get("weights_packing"):
+    if record["requested"].get("weights_packing") and record["applied"].get("packable_weights") != 0:
         if _reported_off(record["applied"], "weights_packing"):
             reasons.append(f"weights_packing requested but the binary reports it not applied: {comparison}")
         elif (not baseline_record["requested"].get("weights_packing")
               and _reduction(record["bytes"], baseline_record["bytes"]) < min_reduction):
             reasons.append(f"weights_packing requested but no effect: {comparison}")
-    if record["requested"].get("weight_sharing_enabled") and _reported_off(record["applied"],
-                                                                           "weight_sharing_enabled"):
-        reasons.append("weight_sharing_enabled requested but the binary reports it not applied")
+    if record["requested"].get("weight_sharing_enabled"):
+        if _reported_off(record["applied"], "weight_sharing_enabled"):
+            reasons.append("weight_sharing_enabled requested but the binary reports it not applied")
+        elif record["applied"].get("shared_weights") == 0:
+            reasons.append("weight_sharing_enabled requested but the binary shares no weight between its graphs")
     return reasons
 
 

@@ -37,14 +37,12 @@ from genie_build import __version__
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, copy_range
 from genie_build.naming import GRAPH_KINDS, graph_name
-from genie_build.onnx_graph import check_external_data, graph_io, load_graph
+from genie_build.onnx_graph import ar_and_context_length, check_external_data, graph_io, load_graph
 from genie_build.plan import PartPlan, Plan
 
 logger = logging.getLogger(__name__)
 
 DATA_ALIGNMENT = 4096
-TOKEN_INPUT = "input_ids"
-MASK_INPUT = "attention_mask"
 
 
 @dataclass(frozen=True)
@@ -414,14 +412,10 @@ def check_part(onnx_path: Path) -> None:
 
 
 def _part_graph_name(model: onnx.ModelProto, kind: str, part: PartPlan, num_parts: int) -> str:
-    """Genie's graph name (``prompt_ar32_cl256_01_of_06``) when the token count and context length can
-    be read from ``input_ids``/``attention_mask``; otherwise ``{kind}_{label}``."""
-    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
-    ar = (dims.get(TOKEN_INPUT) or [0])[-1]
-    cl = (dims.get(MASK_INPUT) or [0])[-1]
-    if ar and cl:
-        return graph_name(kind, ar, cl, part.index, num_parts)
-    return f"{kind}_{part.label}"
+    """Genie's graph name (``prompt_ar32_cl256_01_of_06``) when AR and CL can be read from the graph;
+    otherwise ``{kind}_{label}``."""
+    dims = ar_and_context_length(model)
+    return graph_name(kind, *dims, part.index, num_parts) if dims else f"{kind}_{part.label}"
 
 
 def _part_file(part: PartPlan | PartSpec) -> str:

@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import graph_io, load_graph
-from genie_build.split import TOKEN_INPUT
+from genie_build.onnx_graph import GENIE_TOKEN_INPUT as TOKEN_INPUT
 
 CPU = ["CPUExecutionProvider"]
 FLOAT_RANGE = (-1.0, 1.0)

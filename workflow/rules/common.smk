@@ -84,6 +84,15 @@ wildcard_constraints:
     converter="|".join(map(re.escape, CONVERTERS)),
 
 
+def split_part_files(wildcards):
+    """One graph's part files, named after the split checkpoint has run: files inside a checkpoint's directory
+    have no producing job, so jobs reading them rerun only when their bytes changed (not merely because the
+    plan was rewritten)."""
+    plan = read_plan(checkpoints.plan_split.get().output.plan)
+    parts = checkpoints.split_model.get().output.parts
+    return [f"{parts}/{wildcards.graph}/part_{part.label}.onnx{ext}" for part in plan.parts for ext in ("", ".data")]
+
+
 def part_labels():
     """Part labels from the plan and, through the checkpoints, the per-part files they name.
 
@@ -92,15 +101,16 @@ def part_labels():
     """
     plan = read_plan(checkpoints.plan_split.get().output.plan)
     checkpoints.split_model.get()
-    checkpoints.slice_encodings.get()
+    for graph in GRAPHS:
+        checkpoints.slice_encodings.get(graph=graph)
     return [part.label for part in plan.parts]
 
 
 def graph_name_for(graph, label):
     """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06' (AR and CL from the plan)."""
     plan = read_plan(checkpoints.plan_split.get().output.plan)
-    index, num_parts = naming.parse_part_label(label)
-    return naming.graph_name(graph, plan.graph_ar[graph], plan.context_length, index, num_parts)
+    index, _ = naming.parse_part_label(label)
+    return plan.graph_name(graph, index)
 
 
 def variant_part_files(pattern, variants):

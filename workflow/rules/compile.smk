@@ -10,7 +10,7 @@ def converted_graphs(wildcards):
 
 
 def graph_args(wildcards, input):
-    return " ".join(shlex.quote(f"{graph_name_for(graph, wildcards.part)}={input[graph]}") for graph in GRAPHS)
+    return " ".join(f"--graph {shlex.quote(f'{graph_name_for(graph, wildcards.part)}={input[graph]}')}" for graph in GRAPHS)
 
 
 rule compile_part:

@@ -1,19 +1,20 @@
-# Cut the encodings per part and graph. A checkpoint, so an edit to one tensor's encodings reruns only the
-# parts whose slice bytes changed.
+# Cut each graph's encodings per part. A checkpoint per graph, so an edit to one tensor's encodings reruns
+# only the parts whose slice bytes changed.
+
+OTHER_GRAPH = {"prompt": "token", "token": "prompt"}
 
 
 checkpoint slice_encodings:
     input:
-        parts=f"{OUT}/parts",
-        prompt=SOURCE["prompt_onnx"],
-        token=SOURCE["token_onnx"],
-        prompt_encodings=SOURCE["prompt_encodings"],
-        token_encodings=SOURCE["token_encodings"],
+        parts=split_part_files,
+        model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
+        encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
+        other_encodings=lambda wc: SOURCE[f"{OTHER_GRAPH[wc.graph]}_encodings"],
     output:
-        slices=directory(f"{OUT}/encodings"),
+        slices=directory(f"{OUT}/encodings/{{graph}}"),
     log:
-        f"{OUT}/logs/slice_encodings.log",
+        f"{OUT}/logs/slice_encodings/{{graph}}.log",
     shell:
-        "{GB} slice-encodings --parts-dir {input.parts:q} --out-dir {output.slices:q}"
-        " --model-prompt {input.prompt:q} --model-token {input.token:q}"
-        " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q} > {log:q} 2>&1"
+        "{GB} slice-encodings --graph {wildcards.graph} --model {input.model:q} --encodings {input.encodings:q}"
+        " --consistent-with {input.other_encodings:q} --parts-dir {OUT}/parts/{wildcards.graph}"
+        " --out-dir {output.slices:q} > {log:q} 2>&1"

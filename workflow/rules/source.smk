@@ -41,6 +41,7 @@ rule calibrate_demo_encodings:
         prompt_data=f"{SRC}/prompt.onnx.data",
         token=f"{SRC}/token.onnx",
         token_data=f"{SRC}/token.onnx.data",
+        hf_config=f"{SRC}/config.json",
     output:
         prompt=f"{SRC}/prompt.encodings.json",
         token=f"{SRC}/token.encodings.json",
@@ -49,5 +50,5 @@ rule calibrate_demo_encodings:
     benchmark:
         f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
     shell:
-        "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q}"
+        "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
         " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"

@@ -48,7 +48,7 @@ checkpoint split_model:
 
 rule verify_split:
     input:
-        parts=f"{OUT}/parts",
+        parts=split_part_files,
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
     output:
         f"{OUT}/verify/{{graph}}.json",
@@ -57,5 +57,5 @@ rule verify_split:
     benchmark:
         f"{OUT}/benchmarks/verify_split/{{graph}}.tsv"
     shell:
-        "{GB} verify-split --model {input.model:q} --parts-dir {input.parts:q}/{wildcards.graph}"
+        "{GB} verify-split --model {input.model:q} --parts-dir {OUT}/parts/{wildcards.graph}"
         " --out {output:q} > {log:q} 2>&1"

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+
+import onnx
 
 from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
 from genie_build.boundaries import find_boundaries
 from genie_build.encodings import Encodings, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph
+from genie_build.onnx_graph import (ar_and_context_length, check_external_data, check_shared_initializers,
+                                    load_graph)
 from genie_build.plan import MIB, model_pieces, plan_by_max_part_bytes, plan_by_num_parts, write_plan
 
 log = logging.getLogger(__name__)
@@ -56,10 +60,30 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_by_num_parts(pieces, args.num_parts, embedding_alone)
     else:
         plan = plan_by_max_part_bytes(pieces, int(args.max_part_mb * MIB), embedding_alone)
+    plan = dataclasses.replace(plan, **graph_shapes({"prompt": (prompt, args.prompt), "token": (token, args.token)}))
     write_plan(args.out, plan)
     for part in plan.parts:
         log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
     return 0
+
+
+def graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:
+    """AR of each graph and their common context length, as Genie reads them, for the graph names.
+
+    Raises:
+        GenieBuildError: a graph lacks static ``input_ids``/``attention_mask`` inputs, or the graphs' context
+            lengths differ.
+    """
+    graph_ar, lengths = {}, {}
+    for kind, (model, path) in graphs.items():
+        dims = ar_and_context_length(model)
+        if dims is None:
+            raise GenieBuildError(path, "cannot read AR and context length: Genie needs statically shaped inputs "
+                                        "input_ids [1, AR] and attention_mask [..., CL]")
+        graph_ar[kind], lengths[path] = dims
+    if len(set(lengths.values())) != 1:
+        raise GenieBuildError(next(iter(lengths)), f"context lengths differ between the graphs: {lengths}")
+    return {"graph_ar": graph_ar, "context_length": next(iter(lengths.values()))}
 
 
 def check_shared_param_encodings(prompt: Encodings, prompt_path: str, token: Encodings, token_path: str) -> None:

@@ -135,12 +135,15 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
             if options.weight_sharing_enabled and key in stored:
                 stored[key]["graphs"].append(graph.name)
                 continue
-            zero_point = None if quantization is None else read_initializer(by_name[quantization["zero_point"]],
-                                                                           graph.path)
+            zero_point = None
+            if quantization is not None:
+                zero_point = read_initializer(by_name[quantization["zero_point"]], graph.path)
             storage, payload = _encode(values, quantization, zero_point, options.weights_packing, graph.path)
+            packable = _packable(values, quantization, zero_point)
             sink.write(b"\0" * _padding(sink.tell(), 1 if storage in _PACKED_STORAGE else values.dtype.itemsize))
             entry = {"name": tensor.name, "graphs": [graph.name], "dtype": values.dtype.name,
-                     "shape": list(values.shape), "storage": storage, "offset": sink.tell(), "length": len(payload)}
+                     "shape": list(values.shape), "storage": storage, "packable_int4": packable,
+                     "offset": sink.tell(), "length": len(payload)}
             if quantization is not None:
                 entry["quantization"] = quantization
             sink.write(payload)
@@ -152,16 +155,29 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
 def _encode(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None, packing: bool,
             where: Path) -> tuple[str, bytes]:
     """How one tensor is stored: ``(storage, bytes)``."""
-    if packing and quantization is not None and quantization["bitwidth"] <= 8:
+    if packing and _packable(values, quantization, zero_point):
         if quantization["bitwidth"] <= 4:
             return "packed4", pack_int4(values)
-        signed = values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization["axis"])
-        if signed.size and signed.min() >= -8 and signed.max() <= 7:
-            return "packed4_signed", pack_int4(signed + 8)
+        return "packed4_signed", pack_int4(_signed(values, quantization, zero_point) + 8)
     if values.dtype.name not in _RAW_STORAGE:
         raise GenieBuildError(where, f"cannot store a tensor of dtype {values.dtype.name} "
                                      f"(supported: {', '.join(_RAW_STORAGE)})")
     return _RAW_STORAGE[values.dtype.name], values.tobytes()
+
+
+def _packable(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None) -> bool:
+    """The HTP packing rule: 4-bit weights, and "8-bit weights that are in the 4-bit range" (``q - zero
+    point`` in [-8, 7]), can be stored as packed 4-bit."""
+    if quantization is None or quantization["bitwidth"] > 8:
+        return False
+    if quantization["bitwidth"] <= 4:
+        return True
+    signed = _signed(values, quantization, zero_point)
+    return bool(signed.size and signed.min() >= -8 and signed.max() <= 7)
+
+
+def _signed(values: np.ndarray, quantization: dict, zero_point: np.ndarray) -> np.ndarray:
+    return values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization["axis"])
 
 
 def _structure(model: onnx.ModelProto) -> bytes:
@@ -212,16 +228,18 @@ def _quant_info(encoding: dict | None) -> QuantInfo | None:
 
 
 def _applied_options(graphs: list[_Graph], entries: list[dict], options: CompileOptions) -> dict:
-    """What the container shows was done. Packing and sharing count as applied only when at least one
-    tensor is packed or shared; the device options are recorded as given (the reference does not tune)."""
+    """What the container shows was done: packing and sharing are reported as applied when the compile
+    applied their rule, with the counts of packable, packed and shared weights so a reader can tell "not
+    applied" from "nothing to pack"; the device options are recorded as given (the reference does not tune)."""
     float_bitwidths = sorted({metadata_json(graph.model, FLOAT_BITWIDTH_KEY) for graph in graphs}, key=str)
     if len(float_bitwidths) > 1:
         raise GenieBuildError(graphs[0].path, f"the graphs were converted with different float bitwidths "
                                               f"{float_bitwidths}; convert them alike")
     packed = sum(entry["storage"] in _PACKED_STORAGE for entry in entries)
     shared = sum(len(entry["graphs"]) > 1 for entry in entries)
-    return {"weights_packing": packed > 0, "packed_weights": packed,
-            "weight_sharing_enabled": shared > 0, "shared_weights": shared,
+    packable = sum(entry["packable_int4"] for entry in entries)
+    return {"weights_packing": options.weights_packing, "packable_weights": packable, "packed_weights": packed,
+            "weight_sharing_enabled": options.weight_sharing_enabled, "shared_weights": shared,
             "optimization_type": options.optimization_type, "vtcm_mb": options.vtcm_mb,
             "soc_model": options.soc_model, "dsp_arch": options.dsp_arch, "float_bitwidth": float_bitwidths[0]}
 

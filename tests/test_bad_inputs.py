@@ -1,0 +1,325 @@
+"""The bad-input contract, end to end: every bad input gives one line naming the file (or config key) and the
+problem, a non-zero exit, and no partial output that a later run would take as done.
+
+The commands run as the workflow runs them (``python -m genie_build <command>`` in a subprocess: exit code 2,
+stderr's last line ``genie-build: error: <file>: <problem>``); a few cases also run the whole workflow on a
+user-model config. The readers' own unit tests (test_onnx_graph, test_encodings, test_genie_config, ...) cover
+the messages in detail; this file checks the contract around them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from bundle_helpers import ReferenceBuild, build_reference_bundle
+from workflow_helpers import copy_workflow, run_snakemake, write_config
+
+SHARED_WEIGHT = "model.layers.0.mlp.up_proj.weight"
+SOURCE_FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data", "prompt.encodings.json",
+                "token.encodings.json", "tokenizer.json", "config.json")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> ReferenceBuild:
+    """A tiny demo built once through every command: source files, parts, slices, converted graphs, ctx-bins."""
+    return build_reference_bundle(tmp_path_factory.mktemp("built"))
+
+
+def genie_build(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "genie_build", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def leftovers(directory: Path) -> list[Path]:
+    """Temporary files or staging directories a writer left behind (fileio names them ``.<name>.*.tmp``)."""
+    return sorted(path for path in directory.rglob(".*") if path.name.endswith((".tmp", ".old")))
+
+
+# ------------------------------------------------------------------------------------------- bad inputs
+
+def copy_source(build: ReferenceBuild, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in SOURCE_FILES:
+        shutil.copy2(build.source / name, dest / name)
+    return dest
+
+
+def edit_encodings(path: Path, edit: Callable[[dict], None]) -> Path:
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    return path
+
+
+def change_shared_weight(onnx_path: Path, change: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Rewrite one initializer of ``onnx_path`` (and its external data file) with ``change`` applied."""
+    model = onnx.load(onnx_path)
+    for init in model.graph.initializer:
+        if init.name == SHARED_WEIGHT:
+            init.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(init)), init.name))
+    onnx.save(model, onnx_path, save_as_external_data=True, location=f"{onnx_path.name}.data", size_threshold=0)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A command line with one bad input: the error must name ``where``, match ``problem``, and leave nothing
+    at ``outputs``."""
+
+    args: tuple
+    where: str
+    problem: str
+    outputs: tuple[Path, ...]
+
+
+def plan_case(src: Path, out: Path, where: object, problem: str, *, prompt: Path | None = None,
+              token: Path | None = None, encodings: Path | None = None, num_parts: int = 2) -> Case:
+    args = ("plan", "--prompt", prompt or src / "prompt.onnx", "--token", token or src / "token.onnx",
+            "--encodings-prompt", encodings or src / "prompt.encodings.json",
+            "--encodings-token", src / "token.encodings.json", "--num-parts", num_parts, "--out", out / "plan.json")
+    return Case(args, str(where), problem, (out / "plan.json",))
+
+
+def missing_onnx(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    return plan_case(src, out, src / "none.onnx", "file not found", prompt=src / "none.onnx")
+
+
+def truncated_onnx(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    path = src / "prompt.onnx"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return plan_case(src, out, path, "not a valid ONNX model")
+
+
+def corrupt_onnx(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    path = src / "token.onnx"
+    path.write_bytes(b"\xff" * 64 + path.read_bytes()[64:])
+    return plan_case(src, out, path, "not a valid ONNX model")
+
+
+def missing_external_data(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    (src / "prompt.onnx.data").unlink()
+    return plan_case(src, out, src / "prompt.onnx", r"external data file .*prompt\.onnx\.data not found")
+
+
+def truncated_external_data(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    data = src / "token.onnx.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    return plan_case(src, out, src / "token.onnx", r"runs past the end of .*token\.onnx\.data")
+
+
+def initializer_shapes_differ(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    change_shared_weight(src / "token.onnx", lambda array: array.T.copy())
+    return plan_case(src, out, src / "token.onnx", rf"'{SHARED_WEIGHT}' has shape \[\d+, \d+\] in the prompt graph")
+
+
+def initializer_values_differ(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    change_shared_weight(src / "token.onnx", lambda array: array + np.float32(1))
+    return plan_case(src, out, src / "token.onnx", rf"'{SHARED_WEIGHT}' has the same shape .* but different values")
+
+
+def malformed_encodings(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    path = src / "prompt.encodings.json"
+    path.write_text(path.read_text()[:200])
+    return plan_case(src, out, path, "not valid JSON")
+
+
+def unsupported_bitwidth(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    path = edit_encodings(src / "prompt.encodings.json", lambda doc: doc["param_encodings"][0].update(bw=3))
+    return plan_case(src, out, path, r"param encoding '.*': bw 3 is not supported for int")
+
+
+def non_positive_scale(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    def zero_scale(doc: dict) -> None:
+        doc["activation_encodings"][0]["scale"][0] = 0.0
+    path = edit_encodings(src / "prompt.encodings.json", zero_scale)
+    return plan_case(src, out, path, r"activation encoding '.*': scale\[0\] 0\.0 is not a positive finite number")
+
+
+def impossible_split(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    return plan_case(src, out, "split.num_parts", r"99 parts requested.*feasible: 2\.\.3", num_parts=99)
+
+
+def encodings_name_unknown_tensors(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    def add_unknown(doc: dict) -> None:
+        doc["activation_encodings"].append(dict(doc["activation_encodings"][0], name="no_such_tensor"))
+    path = edit_encodings(src / "prompt.encodings.json", add_unknown)
+    return Case(("slice-encodings", "--graph", "prompt", "--model", src / "prompt.onnx", "--encodings", path,
+                 "--parts-dir", build.root / "parts" / "prompt", "--out-dir", out / "encodings"),
+                str(path), "1 encodings name tensors the model does not have: activation 'no_such_tensor'",
+                (out / "encodings",))
+
+
+def split_with_truncated_data(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    data = src / "token.onnx.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    return Case(("split", "--plan", build.root / "plan.json", "--prompt", src / "prompt.onnx",
+                 "--token", src / "token.onnx", "--out-dir", out / "parts"),
+                str(src / "token.onnx"), r"runs past the end of .*token\.onnx\.data", (out / "parts",))
+
+
+def compile_for_unknown_chipset(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    graphs = [item for kind in ("prompt", "token")
+              for item in ("--graph", f"{kind}={build.root / 'converted' / kind / 'part_1_of_3.onnx'}")]
+    variant = {"weights_packing": True, "optimization_type": 3, "weight_sharing_enabled": True, "vtcm_mb": 0,
+               "float_bitwidth": 16}
+    return Case(("compile", "--toolchain", "reference", *graphs, "--variant-json", json.dumps(variant),
+                 "--chipset", "SM0000", "--out", out / "part.bin"),
+                "target.chipset", "unknown chipset 'SM0000'; known: SM8550", (out / "part.bin",))
+
+
+def bundle_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str, *,
+                tokenizer: Path | None = None, chipset: str = "SM8750") -> Case:
+    return Case(("bundle", "--binaries", *build.binaries, "--toolchain", "reference", "--model-name", "demo",
+                 "--hf-config", src / "config.json", "--tokenizer", tokenizer or src / "tokenizer.json",
+                 "--chipset", chipset, "--out-dir", out / "genie_bundle"),
+                str(where), problem, (out / "genie_bundle",))
+
+
+def hf_config_with_both_rope_styles(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    path = src / "config.json"
+    config = json.loads(path.read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192}
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    path.write_text(json.dumps(config))
+    return bundle_case(build, src, out, path, "states both rope styles: rope_scaling says 'llama3', "
+                                              "rope_parameters says 'default'; keep one")
+
+
+def hf_config_without_bos(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    path = src / "config.json"
+    config = json.loads(path.read_text())
+    del config["bos_token_id"]
+    path.write_text(json.dumps(config))
+    return bundle_case(build, src, out, path, "bos_token_id must be an integer token id, got None")
+
+
+def missing_tokenizer(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    return bundle_case(build, src, out, src / "none.json", "tokenizer not found", tokenizer=src / "none.json")
+
+
+def bundle_for_unknown_chipset(build: ReferenceBuild, src: Path, out: Path) -> Case:
+    return bundle_case(build, src, out, "target.chipset", "unknown chipset 'QX1'", chipset="QX1")
+
+
+CASES = [missing_onnx, truncated_onnx, corrupt_onnx, missing_external_data, truncated_external_data,
+         initializer_shapes_differ, initializer_values_differ, malformed_encodings, unsupported_bitwidth,
+         non_positive_scale, impossible_split, encodings_name_unknown_tensors, split_with_truncated_data,
+         compile_for_unknown_chipset, hf_config_with_both_rope_styles, hf_config_without_bos, missing_tokenizer,
+         bundle_for_unknown_chipset]
+
+
+@pytest.mark.parametrize("make_case", CASES, ids=[case.__name__ for case in CASES])
+def test_command_fails_with_one_line_and_no_output(build: ReferenceBuild, tmp_path: Path,
+                                                  make_case: Callable[..., Case]) -> None:
+    src, out = copy_source(build, tmp_path / "src"), tmp_path / "out"
+    case = make_case(build, src, out)
+    before = {path: path.read_bytes() for path in src.iterdir()}
+    result = genie_build(*case.args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"genie-build: error: {case.where}: "), last
+    assert re.search(case.problem, last.removeprefix(f"genie-build: error: {case.where}: ")), last
+    assert [line for line in result.stderr.splitlines() if "error" in line.lower()] == [last]
+    assert not any(path.exists() for path in case.outputs)
+    assert leftovers(tmp_path) == []
+    assert {path: path.read_bytes() for path in src.iterdir()} == before, "an input was modified"
+
+
+def test_the_unchanged_inputs_pass_every_command_above(build: ReferenceBuild, tmp_path: Path) -> None:
+    """Without the one bad input, the same command lines succeed: each case fails for its own reason."""
+    src, out = copy_source(build, tmp_path / "src"), tmp_path / "out"
+    good = [plan_case(src, out, "", ""), bundle_case(build, src, out, "", "")]
+    for case in good:
+        result = genie_build(*case.args, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert all(path.exists() for path in case.outputs)
+
+
+# ------------------------------------------------------------------------------------------- the workflow
+
+@pytest.fixture(scope="module")
+def workflow(build: ReferenceBuild, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the workflow with the tiny demo's files as a user export in exports/."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("wf"))
+    copy_source(build, workdir / "exports")
+    return workdir
+
+
+USER_MODEL = {"prompt_onnx": "exports/prompt.onnx", "token_onnx": "exports/token.onnx",
+              "encodings": {"prompt": "exports/prompt.encodings.json", "token": "exports/token.encodings.json"},
+              "tokenizer": "exports/tokenizer.json", "hf_config": "exports/config.json"}
+
+
+def user_config(workdir: Path, name: str, model: dict | None = None, **sections: dict) -> Path:
+    """A config for the export in exports/ with ``model`` keys and whole ``sections`` replaced."""
+    overrides = {"model": {"name": name, **USER_MODEL, **(model or {})}, "split": {"num_parts": 2}, **sections}
+    return write_config(workdir, overrides, name=f"{name}.yaml")
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"target": {"chipset": "SM0000"}}, "config target.chipset: unknown chipset 'SM0000'"),
+    ({"bogus_key": {"x": 1}}, "bogus_key"),
+    ({"split": {"num_parts": "two"}}, "config split.num_parts: 'two' is not of type 'integer'"),
+])
+def test_bad_config_stops_the_workflow_before_any_job(workflow: Path, sections: dict, message: str) -> None:
+    result = run_snakemake(workflow, "-n", config_file=user_config(workflow, "badconfig", **sections), check=False)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+    assert not (workflow / "results").exists()
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b"])
+def test_model_name_cannot_write_outside_results(workflow: Path, name: str) -> None:
+    config = user_config(workflow, "escape", model={"name": name})
+    before = sorted(workflow.iterdir())
+    result = run_snakemake(workflow, config_file=config, check=False)
+    assert result.returncode != 0
+    assert f"config model.name: {name!r} does not match" in result.stdout + result.stderr
+    assert sorted(path for path in workflow.iterdir() if path.name != ".snakemake") == before
+    assert not (workflow / "results").exists()
+
+
+def test_missing_user_file_is_named_before_any_job(workflow: Path) -> None:
+    config = user_config(workflow, "notok", model={"tokenizer": "exports/none.json"})
+    result = run_snakemake(workflow, config_file=config, check=False)
+    assert result.returncode != 0
+    assert "exports/none.json" in result.stdout + result.stderr
+    assert not (workflow / "results" / "notok").exists()
+
+
+@pytest.mark.parametrize("edit, rule, log, message, absent", [
+    (lambda text: text[:200], "plan_split", "plan_split.log", "exports/bad.encodings.json: not valid JSON",
+     "plan.json"),
+    (lambda text: text.replace('"name": "attention_mask"', '"name": "no_such_tensor"', 1), "slice_encodings",
+     "slice_encodings/prompt.log", "exports/bad.encodings.json: 1 encodings name tensors the model does not have",
+     "encodings/prompt"),
+])
+def test_bad_encodings_fail_their_job_with_the_one_line_in_its_log(workflow: Path, edit: Callable[[str], str],
+                                                                  rule: str, log: str, message: str,
+                                                                  absent: str) -> None:
+    text = (workflow / "exports" / "prompt.encodings.json").read_text()
+    (workflow / "exports" / "bad.encodings.json").write_text(edit(text))
+    name = f"bad-{rule}".replace("_", "-")
+    encodings = {"prompt": "exports/bad.encodings.json", "token": "exports/token.encodings.json"}
+    result = run_snakemake(workflow, config_file=user_config(workflow, name, model={"encodings": encodings}),
+                           check=False)
+    out = workflow / "results" / name
+    assert result.returncode != 0
+    assert f"Error in rule {rule}" in result.stdout
+    assert (out / "logs" / log).read_text().strip().splitlines()[-1].startswith(f"genie-build: error: {message}")
+    assert not (out / absent).exists() and not (out / "genie_bundle").exists()
+    assert leftovers(out) == []

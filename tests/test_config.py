@@ -1,0 +1,169 @@
+"""The config loader: schema defaults filled, every bad value one line naming its dotted key, and the same
+validator in Snakemake (common.smk) as here."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from genie_build.config import DEFAULT_SCHEMA, load_config, validate_config
+from genie_build.errors import GenieBuildError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def changed(**edits: object) -> dict:
+    """The default config with ``section__key=value`` edits (``key=value`` for a top-level key)."""
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    for name, value in edits.items():
+        section, _, key = name.partition("__")
+        if key:
+            config[section][key] = value
+        else:
+            config[section] = value
+    return config
+
+
+def error_of(config: object) -> str:
+    with pytest.raises(GenieBuildError) as caught:
+        validate_config(config)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_default_config_is_valid_and_gets_the_schema_defaults() -> None:
+    original = copy.deepcopy(DEFAULT_CONFIG)
+    config = validate_config(DEFAULT_CONFIG)
+    assert DEFAULT_CONFIG == original, "the caller's dict must not be changed"
+    assert config["variants"]["packed"] == {"toolchain": "reference", "weights_packing": True,
+                                            "optimization_type": 3, "weight_sharing_enabled": True,
+                                            "vtcm_mb": 0, "float_bitwidth": 16}
+    assert config["report"]["max_session_mb"] == 3840 and config["toolchains"] == {"qairt": {}}
+
+
+def test_a_config_naming_only_its_variants_gets_every_other_section_from_the_defaults() -> None:
+    config = validate_config({"variants": {"unpacked": {}, "packed": {"weights_packing": True}}})
+    assert config["model"] == {"name": "demo"}
+    assert config["target"] == {"chipset": "SM8750"}
+    assert config["split"] == {"num_parts": 6, "embedding_alone": True}
+    assert config["demo"]["layers"] == 8 and config["bundle"]["variant"] == "packed"
+
+
+def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
+    first = validate_config({"variants": {"packed": {}, "unpacked": {}}})
+    first["model"]["name"] = "changed"
+    second = validate_config({"variants": {"packed": {}, "unpacked": {}}})
+    assert second["model"]["name"] == "demo"
+
+
+@pytest.mark.parametrize("config, expected", [
+    (changed(split__num_parts="x"), "config split.num_parts: 'x' is not of type 'integer', 'null'"),
+    (changed(split__num_parts=1), "config split.num_parts: 1 is less than the minimum of 2"),
+    (changed(bogus_key=1),
+     "config bogus_key: unknown key (known: model, demo, target, split, variants, bundle, report, toolchains)"),
+    (changed(bogus_key=1, zz=2), "config bogus_key: unknown key (known: model, demo, target, split, variants, "
+                                 "bundle, report, toolchains); also unknown: zz"),
+    (changed(variants={"packed": {"bogus": 1}, "unpacked": {}}),
+     "config variants.packed.bogus: unknown key (known: toolchain, weights_packing, optimization_type, "
+     "weight_sharing_enabled, vtcm_mb, float_bitwidth)"),
+    (changed(split={"boundaries": ["a", 3]}), "config split.boundaries[1]: 3 is not of type 'string'"),
+    (changed(variants={"a b": {}}), "config variants: 'a b' does not match '^[A-Za-z0-9_-]+$'"),
+    (changed(target__chipset="SM0000"), "config target.chipset: unknown chipset 'SM0000'; known: SM8550,"),
+    (changed(bundle__variant="nope"), "config bundle.variant: 'nope' is not one of the variants: unpacked, packed"),
+    (changed(report__baseline_variant="nope"),
+     "config report.baseline_variant: 'nope' is not one of the variants: unpacked, packed"),
+    (changed(split={"num_parts": None}), "config split: set exactly one of num_parts and max_part_mb (the other "
+                                         "to null), got num_parts=None, max_part_mb=None"),
+    (changed(split={"num_parts": 4, "max_part_mb": 10}), "config split: set exactly one of num_parts and "
+                                                         "max_part_mb (the other to null), got num_parts=4"),
+    (changed(split={"num_parts": None, "max_part_mb": float("nan")}),
+     "config split.max_part_mb: nan is not a finite number"),
+    (changed(report={"max_context_mb": float("inf")}), "config report.max_context_mb: inf is not a finite number"),
+    (changed(demo__hidden=30), "config demo.hidden: 30 must split into 4 heads of even size"),
+    (changed(demo__kv_heads=3), "config demo.kv_heads: 3 does not divide heads=4"),
+    (changed(model={"name": "x", "prompt_onnx": "p.onnx"}), "config model: 'token_onnx' is a dependency of "
+                                                            "'prompt_onnx'"),
+    (changed(variants={1: {}}), "config variants.1: key 1 is not a string; quote it"),
+    (changed(demo={"": 1}), "config demo.'': unknown key (known: layers,"),
+    (["model"], "config: must be a mapping of keys to values, got ['model']"),
+    ({}, "config: 'variants' is a required property"),
+])
+def test_bad_values_are_one_line_naming_the_dotted_key(config: object, expected: str) -> None:
+    assert error_of(config).startswith(expected)
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "..", "", "a b", "x$y"])
+def test_model_names_that_are_not_one_safe_folder_name_are_refused(name: str) -> None:
+    message = error_of(changed(model={"name": name}))
+    assert message.startswith(f"config model.name: {name!r} ")
+    assert "cannot point outside results/" in message or "should be non-empty" in message
+
+
+def test_demo_sizes_are_not_checked_for_a_user_model() -> None:
+    paths = {"prompt_onnx": "p.onnx", "token_onnx": "t.onnx", "encodings": "e.json", "tokenizer": "tok.json",
+             "hf_config": "c.json"}
+    config = changed(model={"name": "mine", **paths}, demo__hidden=30)
+    assert validate_config(config)["model"]["prompt_onnx"] == "p.onnx"
+
+
+def test_the_caller_names_the_config_in_errors() -> None:
+    with pytest.raises(GenieBuildError, match=r"^my\.yaml target\.chipset: unknown chipset"):
+        validate_config(changed(target__chipset="nope"), where="my.yaml")
+
+
+def test_load_config_reads_and_validates_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("variants: {a: {}}\nbundle: {variant: a}\nreport: {baseline_variant: a}\n")
+    config = load_config(path)
+    assert config["variants"]["a"]["toolchain"] == "reference" and config["split"]["num_parts"] == 6
+    path.write_text("variants: {a: {}}\nbundle: {variant: b}\n")
+    with pytest.raises(GenieBuildError, match=rf"^{re.escape(str(path))} bundle\.variant: 'b' is not one"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("split: {num_parts: 3\n", r"not valid YAML: .* at line 2, column 1"),
+    ("variants:\n  a: {}\n b: 1\n", r"not valid YAML: .* at line 3, column 2"),
+    ("", r"'variants' is a required property"),
+    ("on: 1\nvariants: {a: {}}\n", r"key True is not a string; quote it"),
+    ("split: {boundaries: &b [x, *b]}\nvariants: {a: {}}\n", r"split\.boundaries\[1\]: refers to itself"),
+    ("- a\n- b\n", r"must be a mapping of keys to values, got \['a', 'b'\]"),
+    ("\udcff", r"not UTF-8 text"),
+])
+def test_load_config_names_the_file_for_unreadable_yaml(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(GenieBuildError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(str(path))
+    assert re.search(problem, str(caught.value)) and "\n" not in str(caught.value)
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(GenieBuildError, match="missing.yaml: file not found$"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_a_copied_workflow_can_bring_its_own_schema(tmp_path: Path) -> None:
+    schema = yaml.safe_load(DEFAULT_SCHEMA.read_text())
+    schema["properties"]["target"]["properties"]["chipset"]["default"] = "SM8650"
+    schema["properties"]["target"]["default"] = {"chipset": "SM8650"}
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    config = validate_config({"variants": {"packed": {}, "unpacked": {}}}, schema_path=tmp_path / "schema.yaml")
+    assert config["target"]["chipset"] == "SM8650"
+    with pytest.raises(GenieBuildError, match="nothing.yaml: cannot read the config schema"):
+        validate_config(DEFAULT_CONFIG, schema_path=tmp_path / "nothing.yaml")
+
+
+def test_snakemake_validates_with_this_function() -> None:
+    """common.smk must call validate_config (one validator for the workflow and the tests), not Snakemake's
+    validate followed by its own cross-key checks."""
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "validate_config(config" in common
+    assert "snakemake.utils import validate" not in common

@@ -1,0 +1,67 @@
+"""``estimate``: plan the split and predict every part's context binary per variant from shapes alone: an HF
+config.json or an ONNX graph read without its weights, plus a precision recipe. Takes seconds, even for 7B.
+
+Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``estimate.json``,
+``size_table.{csv,md,png}`` and ``memory_plan.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, weights_from_hf_config,
+                                  weights_from_onnx, write_estimate)
+from genie_build.errors import GenieBuildError
+from genie_build.plan import MIB
+
+log = logging.getLogger(__name__)
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("estimate", help="plan and predict context binary sizes from shapes alone",
+                                   description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf-config", help="the model's HF config.json (Qwen2, Llama or Mistral)")
+    source.add_argument("--onnx", help="the prompt graph .onnx; its external data is not read")
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
+    size.add_argument("--max-part-mb", type=_positive_float,
+                      help="largest part in MiB (2**20 bytes), as the plan command weighs it")
+    parser.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
+                                         "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
+                                         "biases, per channel")
+    parser.add_argument("--embedding-with-layers", action="store_true",
+                        help="put the embedding in part 1 with the first layer(s) instead of alone")
+    parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
+                        help="with --onnx: the L + 1 residual tensors; default: found from node scopes")
+    parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in VARIANTS],
+                        help="the variant the memory plan checks (default %(default)s)")
+    parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.boundaries and args.hf_config is not None:
+        raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
+    model = (weights_from_hf_config(args.hf_config) if args.hf_config is not None
+             else weights_from_onnx(args.onnx, args.boundaries))
+    recipe = read_recipe(args.recipe) if args.recipe else Recipe()
+    max_part_bytes = None if args.max_part_mb is None else int(args.max_part_mb * MIB)
+    result = estimate(model, recipe, num_parts=args.num_parts, max_part_bytes=max_part_bytes,
+                      embedding_alone=not args.embedding_with_layers)
+    write_estimate(args.out_dir, result, source=os.fspath(args.hf_config or args.onnx), recipe=recipe,
+                   memory_variant=args.memory_variant)
+    for part in result.plan.parts:
+        sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
+                          for predicted in result.parts if predicted.part == part.index)
+        log.info("part %s: %s: %s", part.label, "+".join(part.pieces), sizes)
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value

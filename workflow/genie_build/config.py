@@ -1,0 +1,198 @@
+"""The workflow config: read it, check it against ``config/schema/config.schema.yaml`` with the schema's
+defaults filled in, then check what a schema cannot say (rules that tie one key to another).
+
+Snakemake's ``common.smk`` and the tests call the same :func:`validate_config`, so a config is judged one
+way everywhere. Every failure is one :class:`GenieBuildError` naming the dotted key, e.g.
+``config split.num_parts: 'x' is not of type 'integer', 'null'``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
+
+from genie_build.chipsets import lookup
+from genie_build.demo import DemoShape
+from genie_build.errors import GenieBuildError
+
+# The package sits in workflow/genie_build/ of the repository, the schema in config/schema/.
+DEFAULT_SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schema" / "config.schema.yaml"
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def load_config(path: str | os.PathLike[str], schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
+    """Read a YAML config file and validate it (:func:`validate_config`); errors name the file.
+
+    Raises:
+        GenieBuildError: the file is missing, not YAML, or not a valid config.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GenieBuildError(path, "file not found") from None
+    except UnicodeDecodeError as exc:
+        raise GenieBuildError(path, f"not UTF-8 text: {exc}") from None
+    except OSError as exc:
+        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise GenieBuildError(path, f"not valid YAML: {_yaml_problem(exc)}") from None
+    return validate_config({} if data is None else data, where=os.fspath(path), schema_path=schema_path)
+
+
+def validate_config(config: Any, where: str = "config",
+                    schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
+    """Check a whole config and return a copy with the schema's defaults filled in (``config`` is not changed).
+
+    Checks, in order: plain data (string keys, finite numbers), the JSON schema (Draft 2020-12), then the
+    rules across keys: exactly one of ``split.num_parts`` / ``split.max_part_mb``; ``bundle.variant`` and
+    ``report.baseline_variant`` name variants; ``target.chipset`` is in the chipset table; the demo sizes fit
+    together when the demo is built. ``model.name`` is held to a single path component by the schema pattern.
+
+    Args:
+        config: the config as YAML or Snakemake gives it.
+        where: what to call the config in errors ("config", or its file).
+        schema_path: the JSON schema (YAML); a copied workflow passes its own.
+
+    Raises:
+        GenieBuildError: one line, ``<where> <dotted.key>: <problem with the value>``.
+    """
+    if not isinstance(config, Mapping):
+        raise GenieBuildError(where, f"must be a mapping of keys to values, got {_short(config)}")
+    _check_plain_data(config, where, ())
+    filled = copy.deepcopy(dict(config))
+    filler, checker = _validators(os.fspath(schema_path))
+    # Fill first, judge after: a "required" checked before its sibling "properties" would miss the defaults.
+    for _ in filler.iter_errors(filled):
+        pass
+    error = best_match(checker.iter_errors(filled))
+    if error is not None:
+        raise _schema_error(error, where)
+    _check_cross_fields(filled, where)
+    return filled
+
+
+# ---------------------------------------------------------------------------------------------- the schema
+
+def _fill_defaults(validator_class: type) -> type:
+    """A validator class that sets each missing property to a copy of its schema ``default`` before checking
+    the object (the jsonschema FAQ recipe, as Snakemake's ``validate`` does)."""
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def properties_with_defaults(validator, properties: dict, instance: Any, schema: dict) -> Iterator:
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    instance[name] = copy.deepcopy(subschema["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    return validators.extend(validator_class, {"properties": properties_with_defaults})
+
+
+_DefaultFillingValidator = _fill_defaults(Draft202012Validator)
+
+
+@cache
+def _validators(schema_path: str) -> tuple[Draft202012Validator, Draft202012Validator]:
+    """The default-filling validator and the plain one for the schema at ``schema_path``."""
+    try:
+        schema = yaml.safe_load(Path(schema_path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise GenieBuildError(schema_path, f"cannot read the config schema: {exc}") from None
+    return _DefaultFillingValidator(schema), Draft202012Validator(schema)
+
+
+def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
+    """One line for a schema violation: the dotted key, and the problem (unknown keys listed by name)."""
+    path = tuple(error.absolute_path)
+    known = list(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
+    unknown = sorted(set(error.instance) - set(known)) if isinstance(error.instance, dict) else []
+    if error.validator == "additionalProperties" and unknown:
+        also = f"; also unknown: {', '.join(unknown[1:])}" if len(unknown) > 1 else ""
+        return GenieBuildError(_key(where, (*path, unknown[0])),
+                               f"unknown key (known: {', '.join(known)}){also}")
+    problem = error.message
+    if error.validator == "pattern" and "description" in error.schema:
+        problem += f" ({error.schema['description']})"
+    return GenieBuildError(_key(where, path), problem)
+
+
+# ---------------------------------------------------------------------------------------------- beyond the schema
+
+def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] = frozenset()) -> None:
+    """Refuse what YAML can build but the schema cannot judge: non-string keys (``1:``, ``null:``, ``on:``),
+    NaN or infinite numbers (``.nan``, ``.inf`` pass every bound), and aliases that contain themselves."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise GenieBuildError(_key(where, path), f"{value} is not a finite number")
+    if not isinstance(value, (Mapping, list, tuple)):
+        return
+    if id(value) in seen:
+        raise GenieBuildError(_key(where, path), "refers to itself (a YAML alias inside its own anchor)")
+    seen = seen | {id(value)}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise GenieBuildError(_key(where, (*path, str(key))), f"key {key!r} is not a string; quote it")
+            _check_plain_data(item, where, (*path, key), seen)
+    else:
+        for index, item in enumerate(value):
+            _check_plain_data(item, where, (*path, index), seen)
+
+
+def _check_cross_fields(config: dict, where: str) -> None:
+    split = config["split"]
+    if (split.get("num_parts") is None) == (split.get("max_part_mb") is None):
+        raise GenieBuildError(_key(where, ("split",)),
+                              "set exactly one of num_parts and max_part_mb (the other to null), got "
+                              f"num_parts={split.get('num_parts')!r}, max_part_mb={split.get('max_part_mb')!r}")
+    variants = config["variants"]
+    for section, key in (("bundle", "variant"), ("report", "baseline_variant")):
+        name = config[section][key]
+        if name not in variants:
+            raise GenieBuildError(_key(where, (section, key)),
+                                  f"{name!r} is not one of the variants: {', '.join(variants)}")
+    try:
+        lookup(config["target"]["chipset"])
+    except GenieBuildError as exc:
+        raise GenieBuildError(_key(where, ("target", "chipset")), exc.problem) from None
+    if "prompt_onnx" not in config["model"]:  # the demo is built: its sizes must make a model
+        try:
+            DemoShape(**config["demo"])
+        except GenieBuildError as exc:  # where is "demo.<field>"
+            raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+def _key(where: str, path: tuple) -> str:
+    """``config split.num_parts``; list items as ``split.boundaries[2]``; a key that is empty or holds other
+    characters than letters, digits, '_' and '-' quoted (``variants.'a b'``); the whole config as ``config``."""
+    dotted = ""
+    for part in path:
+        if isinstance(part, int) and not isinstance(part, bool):
+            dotted += f"[{part}]"
+        else:
+            dotted += f".{part}" if _PLAIN_KEY.fullmatch(str(part)) else f".{str(part)!r}"
+    return f"{where} {dotted.removeprefix('.')}" if dotted else where
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

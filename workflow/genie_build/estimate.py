@@ -1,0 +1,454 @@
+"""Plan and estimate context binary sizes from shapes alone: no weights, no encodings, no compile.
+
+The input is an HF ``config.json`` (Qwen2, Llama or Mistral architecture) or an ONNX graph loaded without its
+external data, plus a *precision recipe* (bits per weight role, overridable per tensor-name pattern). The
+output is the plan the workflow would make (``plan.json``), and per part and variant the size of the
+reference toolchain's context binary (``docs/reference-container.md``):
+
+- **weight bytes**, exact up to alignment padding: every weight as convert stores it (quantized values one
+  per byte, or two per byte when packed and at most 4 bits; a float32 scale and a zero point per channel or
+  block; float weights as float16 or float32) plus the conventions' graph constants, once per part with
+  weight sharing, once per graph without;
+- **file bytes** = weight bytes + an overhead model: the header JSON and the graph structures of a part grow
+  with its graphs, decoder layers and weight-table entries. Their per-unit costs below were fitted to demo
+  parts compiled by the reference toolchain (``docs/field-report-comparison.md``, "How the estimate is
+  computed").
+
+Weights follow ``docs/conventions.md``. From an ONNX graph, every float initializer of rank >= 1 is a weight;
+scalars and integer tensors (eps, Reshape shapes) are graph constants, counted per layer as the conventions'
+graph has them, so that a graph and its config estimate alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import jsonschema
+import numpy as np
+import yaml
+
+from genie_build import __version__
+from genie_build.boundaries import find_boundaries
+from genie_build.demo import shape_from_hf_config
+from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json, write_json
+from genie_build.memory_plan import PartSize, plan_memory, write_memory_plan
+from genie_build.naming import GRAPH_KINDS
+from genie_build.onnx_graph import InitializerSpec, initializer_specs, load_graph
+from genie_build.plan import (Piece, Plan, initializer_pieces, plan_by_max_part_bytes, plan_by_num_parts,
+                              quantized_bytes, write_plan)
+from genie_build.sizes import build_size_table, write_size_table
+from genie_build.toolchains.reference.packing import packed_nbytes
+from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
+
+Role = Literal["embedding", "layers", "lm_head", "float"]
+Granularity = Literal["per_tensor", "per_channel", "per_block"]
+
+GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
+TOOLCHAIN_LABEL = "reference (predicted)"
+EMBED_WEIGHT = "model.embed_tokens.weight"
+LM_HEAD_WEIGHT = "lm_head.weight"
+FINAL_NORM_WEIGHT = "model.norm.weight"
+EMBEDDING_BOUNDARY = "/model/embed_tokens/Gather_output_0"
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
+SCALE_BYTES = np.dtype(np.float32).itemsize   # convert stores every scale as float32
+
+# Overhead of the reference container beyond its weight section, per graph unless said otherwise. Fitted by
+# least squares to 96 compiled demo parts (7 shapes x 4 variants: hidden 64..512, 2..12 layers, AR 4..128,
+# CL 32..4096, embedding alone or with layer 0); every file came out within 0.42% (the worst: hidden 64,
+# where the overhead is half the file; 0.25% at hidden >= 128).
+GRAPH_BYTES = 677               # preamble, fixed header keys, alignment, the graph's proto skeleton and record
+LAYER_PART_GRAPH_BYTES = 709    # a part with layers also takes attention_mask, position_ids_cos/sin
+EMBEDDING_GRAPH_BYTES = 912     # the Gather and its IO
+LAYER_GRAPH_BYTES = 24_910      # a decoder layer: nodes, value_info, KV IO, constants, convert's metadata
+HEAD_GRAPH_BYTES = 2_237        # final norm, LM head, logits
+TABLE_ENTRY_BYTES = 260         # one stored tensor's entry in the header's weight table
+# Graph constants of a decoder layer stored with its weights (eps and attention scale as float16, Reshape
+# shapes as int64, alignment), per copy; the conventions fix them, a config does not name them.
+LAYER_CONSTANT_BYTES = 204
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """A recipe override: weights whose name matches ``pattern`` (fnmatch) get this encoding."""
+
+    pattern: str
+    bitwidth: int
+    dtype: Literal["int", "float"] = "int"
+    granularity: Granularity = "per_channel"
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Bits per weight role; overrides are tried first, in order. ``activations`` is recorded only:
+    activation encodings do not change the weight bytes. Float weights without an integer encoding
+    (norms, biases) are stored at ``float_bitwidth``. LPBQ stores like ``per_block`` at its compressed
+    bitwidth."""
+
+    layers: int = 4
+    embedding: int = 8
+    lm_head: int = 8
+    activations: int = 16
+    float_bitwidth: int = 16
+    granularity: Granularity = "per_channel"
+    block_size: int | None = None
+    overrides: tuple[WeightRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A weight without values: its declared shape, the role that picks its precision, and the pieces
+    that use it (0 = embedding, i + 1 = layer i, L + 1 = head; a tied table is in two)."""
+
+    spec: InitializerSpec
+    role: Role
+    pieces: frozenset[int]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    """What the estimate knows about a model: its weights and its L + 1 boundary tensors."""
+
+    weights: tuple[Weight, ...]
+    boundaries: tuple[str, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.boundaries) - 1
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    weights_packing: bool
+    weight_sharing_enabled: bool
+
+
+# Packing x sharing. The first, with neither, is the size table's baseline: the table judges an option by
+# the size against the baseline, so the baseline must differ from each variant only in what it enables.
+VARIANTS = (Variant("unpacked_unshared", False, False), Variant("unpacked", False, True),
+            Variant("packed_unshared", True, False), Variant("packed", True, True))
+MEMORY_VARIANT = "packed"           # what the bundle ships
+
+
+@dataclass(frozen=True)
+class StoredSize:
+    """What one weight becomes in the container: bytes and weight-table entries."""
+
+    bytes: int
+    tensors: int
+
+
+@dataclass(frozen=True)
+class PartEstimate:
+    part: int
+    variant: str
+    weight_bytes: int
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    plan: Plan
+    parts: tuple[PartEstimate, ...]   # part by part, each in VARIANTS order
+
+
+# ------------------------------------------------------------------------------------------- models
+
+def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
+    """The weights of a Qwen2/Llama ``config.json``, named and shaped as ``docs/conventions.md`` says.
+
+    Raises:
+        GenieBuildError: the file is unreadable, a key is missing or invalid, or the architecture is not
+            one the conventions describe (an explicit ``head_dim`` other than hidden / heads included).
+    """
+    config = read_json(path)
+    where = os.fspath(path)
+    if not isinstance(config, dict):
+        raise GenieBuildError(where, "expected a JSON object (an HF config.json)")
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise GenieBuildError(where, f"model_type {model_type!r} is not supported "
+                                     f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    shape = shape_from_hf_config(config, ar=1, where=where)
+    if config.get("head_dim", shape.head_dim) != shape.head_dim:
+        raise GenieBuildError(where, f"head_dim {config['head_dim']} differs from hidden_size / "
+                                     f"num_attention_heads = {shape.head_dim}; not supported")
+    qkv_bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
+    o_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
+    mlp_bias = bool(config.get("mlp_bias", False))
+    hidden, inter, kv_width = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
+    head_piece = shape.layers + 1
+
+    def weight(name: str, dims: tuple[int, ...], role: Role, *pieces: int) -> Weight:
+        return Weight(InitializerSpec(name, dims, "float32", math.prod(dims) * 4), role, frozenset(pieces))
+
+    tied = bool(config.get("tie_word_embeddings", False))
+    weights = [weight(EMBED_WEIGHT, (shape.vocab, hidden), "embedding", 0, *((head_piece,) if tied else ()))]
+    for i in range(shape.layers):
+        prefix, piece = f"model.layers.{i}", i + 1
+        projections = (("self_attn.q_proj", hidden, hidden, qkv_bias), ("self_attn.k_proj", hidden, kv_width, qkv_bias),
+                       ("self_attn.v_proj", hidden, kv_width, qkv_bias), ("self_attn.o_proj", hidden, hidden, o_bias),
+                       ("mlp.gate_proj", hidden, inter, mlp_bias), ("mlp.up_proj", hidden, inter, mlp_bias),
+                       ("mlp.down_proj", inter, hidden, mlp_bias))
+        for module, fan_in, fan_out, bias in projections:
+            weights.append(weight(f"{prefix}.{module}.weight", (fan_in, fan_out), "layers", piece))
+            if bias:
+                weights.append(weight(f"{prefix}.{module}.bias", (fan_out,), "float", piece))
+        weights += [weight(f"{prefix}.{norm}.weight", (hidden,), "float", piece)
+                    for norm in ("input_layernorm", "post_attention_layernorm")]
+    weights.append(weight(FINAL_NORM_WEIGHT, (hidden,), "float", head_piece))
+    if not tied:
+        weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
+    boundaries = (EMBEDDING_BOUNDARY, *(f"/model/layers.{i}/Add_1_output_0" for i in range(shape.layers)))
+    return ModelWeights(tuple(weights), boundaries)
+
+
+def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | None = None) -> ModelWeights:
+    """The weights of an ONNX graph (read without its external data) and the pieces using each.
+
+    A float initializer of rank >= 1 is a weight: a 2-D one is the ``embedding`` when the embedding piece
+    uses it, else ``lm_head`` in the head and ``layers`` in a layer; the others are ``float``.
+
+    Raises:
+        GenieBuildError: the graph cannot be read or its boundaries not found.
+    """
+    model = load_graph(path)
+    found = find_boundaries(model, path, boundaries)
+    owners = initializer_pieces(model, found)
+    head_piece = len(found)
+    weights = []
+    for name, spec in initializer_specs(model).items():
+        if name not in owners or not spec.shape or "float" not in spec.dtype:  # float16, bfloat16, float8...
+            continue
+        pieces = owners[name]
+        role: Role = "float"
+        if len(spec.shape) == 2:
+            role = "embedding" if 0 in pieces else "lm_head" if pieces == {head_piece} else "layers"
+        weights.append(Weight(spec, role, pieces))
+    return ModelWeights(tuple(weights), found)
+
+
+# ------------------------------------------------------------------------------------------- recipe
+
+_BITS = {"enum": list(SUPPORTED_INT_BITWIDTHS)}
+_GRANULARITY = {"enum": ["per_tensor", "per_channel", "per_block"]}
+_BLOCK = {"type": ["integer", "null"], "minimum": 1}
+RECIPE_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "layers": _BITS, "embedding": _BITS, "lm_head": _BITS, "activations": _BITS,
+        "float_bitwidth": {"enum": list(SUPPORTED_FLOAT_BITWIDTHS)}, "granularity": _GRANULARITY, "block_size": _BLOCK,
+        "overrides": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["pattern", "bitwidth"],
+            "properties": {"pattern": {"type": "string", "minLength": 1}, "bitwidth": {"type": "integer"},
+                           "dtype": {"enum": ["int", "float"]}, "granularity": _GRANULARITY, "block_size": _BLOCK}}},
+    },
+}
+
+
+def read_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """The ``recipe`` mapping of a YAML (or JSON) file, e.g. an estimate config (``config/qwen2_5_7b_*.yaml``).
+
+    Raises:
+        GenieBuildError: the file is unreadable, has no ``recipe``, or a field is invalid (named).
+    """
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise GenieBuildError(path, f"not valid YAML: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("recipe"), dict):
+        raise GenieBuildError(path, "expected a top-level 'recipe' mapping")
+    return recipe_from_dict(document["recipe"], os.fspath(path))
+
+
+def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
+    """A :class:`Recipe` from its mapping (keys as the dataclass fields).
+
+    Raises:
+        GenieBuildError: an unknown key, a bad value, a per-block rule without ``block_size``, or a float
+            override whose bitwidth is not 16 or 32.
+    """
+    try:
+        jsonschema.validate(data, RECIPE_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        field = "/".join(str(key) for key in exc.absolute_path) or "top level"
+        raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
+    overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
+    recipe = Recipe(**{**data, "overrides": overrides})
+    if recipe.granularity == "per_block" and recipe.block_size is None:
+        raise GenieBuildError(where, "recipe granularity: per_block needs a block_size")
+    for rule in overrides:
+        allowed = SUPPORTED_FLOAT_BITWIDTHS if rule.dtype == "float" else SUPPORTED_INT_BITWIDTHS
+        if rule.bitwidth not in allowed:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.dtype} bitwidth {rule.bitwidth} "
+                                         f"is not one of {allowed}")
+        if rule.dtype == "int" and rule.granularity == "per_block" and rule.block_size is None:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: per_block needs a block_size")
+    return recipe
+
+
+def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
+    """The shape-only encoding the recipe gives a weight (scales counted, not computed); None: float
+    weight stored at ``recipe.float_bitwidth``.
+
+    Per-channel scales run along the output axis, the last of an ``[in, out]`` MatMul weight, and along
+    axis 0 (vocab) for the embedding table, as calibration does.
+
+    Raises:
+        GenieBuildError: a per-block rule on a weight that is not a whole number of blocks.
+    """
+    spec = weight.spec
+    rule = next((rule for rule in recipe.overrides if fnmatch.fnmatchcase(spec.name, rule.pattern)), None)
+    if rule is None and weight.role == "float":
+        return None
+    if rule is None:  # the role's bits: recipe.layers, recipe.embedding or recipe.lm_head
+        rule = WeightRule("", getattr(recipe, weight.role), granularity=recipe.granularity,
+                          block_size=recipe.block_size)
+    if rule.dtype == "float":
+        return TensorEncoding(spec.name, "float", rule.bitwidth)
+    if rule.granularity == "per_tensor":
+        count = 1
+    elif rule.granularity == "per_channel":
+        count = spec.shape[0 if weight.role == "embedding" else -1]
+    else:
+        blocks, channels = block_grid(spec.name, spec.shape, rule.block_size)
+        count = blocks * channels
+    return TensorEncoding(spec.name, "int", rule.bitwidth, rule.granularity, is_symmetric=True,
+                          scale=(1.0,) * count, offset=(-(2 ** (rule.bitwidth - 1)),) * count,
+                          block_size=rule.block_size)
+
+
+# ------------------------------------------------------------------------------------------- sizes
+
+def stored_size(spec: InitializerSpec, encoding: TensorEncoding | None, float_bitwidth: int,
+                packing: bool) -> StoredSize:
+    """What one weight takes in the reference container, as convert and compile store it.
+
+    An adapter: the container exposes no size function, so this restates its rule from its parts
+    (``stored_bitwidth``, ``unsigned_dtype``, ``packed_nbytes``). Not modelled: 8-bit values that happen to
+    fit 4 bits (packed when packing; real weights use their range), a blocked weight's reshape constant
+    below opset 21, and alignment padding (at most an element per tensor).
+    """
+    count = math.prod(spec.shape)
+    if encoding is not None and encoding.dtype == "int":
+        bits = stored_bitwidth(encoding)
+        itemsize = unsigned_dtype(bits).itemsize  # 32-bit values go to int32: same size
+        values = packed_nbytes(count) if packing and bits <= 4 else count * itemsize
+        return StoredSize(values + len(encoding.scale) * (SCALE_BYTES + itemsize), 3)
+    bitwidth = encoding.bitwidth if encoding is not None else float_bitwidth
+    if spec.dtype == "float32" and bitwidth == 16:
+        return StoredSize(count * 2, 1)
+    return StoredSize(spec.nbytes, 1)
+
+
+def pieces_of(model: ModelWeights, encodings: dict[str, TensorEncoding | None]) -> list[Piece]:
+    """The planner's pieces, sized by the planner's own rule (``plan.quantized_bytes``), so that the
+    predicted plan is the plan the workflow makes from encodings of this recipe."""
+    totals = [0] * (model.num_layers + 2)
+    for weight in model.weights:
+        size = quantized_bytes(weight.spec, encodings[weight.spec.name])
+        for index in weight.pieces:
+            totals[index] += size
+    boundaries = model.boundaries
+    return [Piece("embedding", "embedding", totals[0], output_boundary=boundaries[0]),
+            *(Piece(f"layer_{i}", "layer", totals[i + 1], i, boundaries[i + 1]) for i in range(model.num_layers)),
+            Piece("head", "head", totals[-1])]
+
+
+def container_overhead(pieces: Sequence[Piece], table_entries: int) -> int:
+    """Bytes of a part's container beyond its weight section: header and graph structures (the overhead
+    model of the module docstring)."""
+    layers = sum(piece.kind == "layer" for piece in pieces)
+    per_graph = (GRAPH_BYTES + (LAYER_PART_GRAPH_BYTES if layers else 0) + LAYER_GRAPH_BYTES * layers
+                 + EMBEDDING_GRAPH_BYTES * any(piece.kind == "embedding" for piece in pieces)
+                 + HEAD_GRAPH_BYTES * any(piece.kind == "head" for piece in pieces))
+    return GRAPHS_PER_PART * per_graph + TABLE_ENTRY_BYTES * table_entries
+
+
+def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = None,
+             max_part_bytes: int | None = None, embedding_alone: bool = True) -> Estimate:
+    """Plan the split and predict every part's container for every variant of :data:`VARIANTS`.
+
+    Exactly one of ``num_parts`` and ``max_part_bytes`` is given.
+
+    Raises:
+        GenieBuildError: the split is infeasible (from the planner) or a recipe rule does not fit a weight.
+    """
+    if (num_parts is None) == (max_part_bytes is None):
+        raise ValueError("give exactly one of num_parts and max_part_bytes")
+    encodings = {weight.spec.name: weight_encoding(weight, recipe) for weight in model.weights}
+    pieces = pieces_of(model, encodings)
+    plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
+            else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    index_of = {piece.name: index for index, piece in enumerate(pieces)}
+    parts = []
+    for part in plan.parts:
+        held = {index_of[name] for name in part.pieces}
+        held_pieces = [pieces[index] for index in sorted(held)]
+        weights = [weight for weight in model.weights if weight.pieces & held]
+        constants = LAYER_CONSTANT_BYTES * sum(piece.kind == "layer" for piece in held_pieces)
+        for variant in VARIANTS:
+            sizes = [stored_size(weight.spec, encodings[weight.spec.name], recipe.float_bitwidth,
+                                 variant.weights_packing) for weight in weights]
+            copies = 1 if variant.weight_sharing_enabled else GRAPHS_PER_PART
+            weight_bytes = copies * (sum(size.bytes for size in sizes) + constants)
+            overhead = container_overhead(held_pieces, copies * sum(size.tensors for size in sizes))
+            parts.append(PartEstimate(part.index, variant.name, weight_bytes, weight_bytes + overhead))
+    return Estimate(plan, tuple(parts))
+
+
+# ------------------------------------------------------------------------------------------- outputs
+
+def size_records(result: Estimate) -> list[dict]:
+    """The predictions as accounting records (``sizes.read_record`` fields), for ``sizes.build_size_table``.
+    ``applied`` is empty: there is no binary to read back, so an option is judged by size alone."""
+    options = {variant.name: {"weights_packing": variant.weights_packing,
+                              "weight_sharing_enabled": variant.weight_sharing_enabled} for variant in VARIANTS}
+    return [{"part": part.part, "variant": part.variant, "toolchain": TOOLCHAIN_LABEL, "tool_version": __version__,
+             "bytes": part.file_bytes, "weight_bytes": part.weight_bytes, "requested": options[part.variant],
+             "applied": {}} for part in result.parts]
+
+
+def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, recipe: Recipe,
+                   memory_variant: str = MEMORY_VARIANT) -> None:
+    """Write ``plan.json``, ``estimate.json``, ``size_table.{csv,md,png}`` (baseline: the first variant)
+    and ``memory_plan.{json,md}`` (default limits) into ``out_dir``, each atomically.
+
+    Raises:
+        GenieBuildError: ``memory_variant`` is not one of :data:`VARIANTS`, or a file cannot be written.
+    """
+    out = Path(out_dir)
+    records = size_records(result)
+    memory_sizes = [PartSize(part.part, part.weight_bytes, part.file_bytes)
+                    for part in result.parts if part.variant == memory_variant]
+    if not memory_sizes:
+        raise GenieBuildError("--memory-variant", f"{memory_variant!r} is not one of "
+                                                  f"{[variant.name for variant in VARIANTS]}")
+    write_plan(out / "plan.json", result.plan)
+    write_json(out / "estimate.json", {
+        "source": source, "recipe": dataclasses.asdict(recipe), "graphs_per_part": GRAPHS_PER_PART,
+        "variants": [dataclasses.asdict(variant) for variant in VARIANTS],
+        "overhead_model": {"graph_bytes": GRAPH_BYTES, "layer_part_graph_bytes": LAYER_PART_GRAPH_BYTES,
+                           "embedding_graph_bytes": EMBEDDING_GRAPH_BYTES, "layer_graph_bytes": LAYER_GRAPH_BYTES,
+                           "head_graph_bytes": HEAD_GRAPH_BYTES, "table_entry_bytes": TABLE_ENTRY_BYTES,
+                           "layer_constant_bytes": LAYER_CONSTANT_BYTES},
+        "parts": [dataclasses.asdict(part) for part in result.parts],
+        "totals": {variant.name: {key: sum(getattr(part, key) for part in result.parts if part.variant == variant.name)
+                                  for key in ("weight_bytes", "file_bytes")} for variant in VARIANTS},
+    })
+    write_size_table(build_size_table(records, VARIANTS[0].name), out / "size_table.csv", out / "size_table.md",
+                     out / "size_table.png")
+    write_memory_plan(plan_memory(memory_sizes, memory_variant, basis="predicted"),
+                      out / "memory_plan.json", out / "memory_plan.md")
