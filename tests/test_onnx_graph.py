@@ -253,3 +253,18 @@ def test_tensor_hash_is_independent_of_storage(tmp_path: Path, monkeypatch: pyte
     assert tensor_sha256(stored, external) == expected
     assert tensor_sha256(numpy_helper.from_array(array, "w"), external) == expected
     assert tensor_sha256(typed, external) == expected
+
+
+def test_external_data_files_lists_each_data_file_once(tmp_path):
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from genie_build.onnx_graph import external_data_files
+
+    inits = [numpy_helper.from_array(np.ones((64, 64), np.float32), f"w{i}") for i in range(3)]
+    node = helper.make_node("Add", ["w0", "w1"], ["y"])
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [64, 64])],
+                              inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    assert external_data_files(load_graph(path), path) == [tmp_path / "m.onnx.data"]

@@ -18,8 +18,32 @@ def built(tmp_path_factory):
     """One full build of the small demo, shared by the tests of this module (they restore what they change)."""
     workdir = copy_workflow(tmp_path_factory.mktemp("wf"))
     config_file = write_config(workdir, SMALL_DEMO)
-    run_snakemake(workdir, config_file=config_file)
+    result = run_snakemake(workdir, config_file=config_file)
+    (workdir / "first-run.log").write_text(result.stdout + result.stderr)
     return workdir, config_file
+
+
+def test_independent_parts_run_in_parallel(built):
+    """With 2 cores, Snakemake starts independent per-part jobs together ("Execute 2 jobs...")."""
+    workdir, _ = built
+    log = (workdir / "first-run.log").read_text()
+    assert "Execute 2 jobs" in log or "Execute 3 jobs" in log or "Execute 4 jobs" in log
+
+
+def test_report_holds_the_size_table_chart_and_memory_plan(built):
+    workdir, config_file = built
+    run_snakemake(workdir, "--report", "report.zip", config_file=config_file)
+    import zipfile
+
+    names = zipfile.ZipFile(workdir / "report.zip").namelist()
+    for output in ("size_table.csv", "size_table.png", "memory_plan.md"):
+        assert any(name.endswith(output) for name in names), output
+
+
+def test_host_run_reproduces_the_unsplit_model(built):
+    workdir, _ = built
+    host_run = load_json(workdir / "results" / "demo" / "host_run.json")
+    assert len(host_run["new_ids"]) == 16 and host_run["new_ids"] == host_run["unsplit_ids"]
 
 
 def test_full_build_writes_every_contract_output(built):

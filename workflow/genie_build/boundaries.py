@@ -26,6 +26,9 @@ from genie_build.onnx_graph import InitializerSpec, Shape, initializer_specs, te
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 PRE_LAYER = -1
+# Ops between a weight and its consumer that keep its values and shape: float16 weights are Cast to
+# float32, quantized ones dequantized, some exporters add an Identity.
+VALUE_PRESERVING_OPS = frozenset({"Cast", "DequantizeLinear", "Identity"})
 CONFIG_KEY = "split.boundaries"
 
 _LAYER_SCOPE = re.compile(r"(?<![A-Za-z0-9])layers[._](\d+)(?!\d)")
@@ -126,24 +129,37 @@ def node_scopes(nodes: Sequence[onnx.NodeProto], layers: Sequence[int | None], n
 
 
 def embedding_table(model: onnx.ModelProto, path: str | os.PathLike[str]) -> InitializerSpec:
-    """The token embedding table: the rank-2 initializer a Gather reads; when several are, the one
+    """The token embedding table: the rank-2 initializer a Gather reads, directly or through
+    :data:`VALUE_PRESERVING_OPS` (a float16 table is Cast to float32 first); when several are, the one
     indexed directly by a graph input (the token ids).
 
     Raises:
         GenieBuildError: no such Gather, or no way to tell one table from the others.
     """
     specs = initializer_specs(model)
-    lookups = [node for node in model.graph.node if node.op_type == "Gather" and len(node.input) == 2
-               and node.input[0] in specs and len(specs[node.input[0]].shape) == 2]
-    tables = {node.input[0] for node in lookups}
+    source = _initializer_sources(model, specs)
+    lookups = [(node.input[1], source[node.input[0]]) for node in model.graph.node
+               if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in source
+               and len(specs[source[node.input[0]]].shape) == 2]
+    tables = {table for _, table in lookups}
     if len(tables) > 1:
         graph_inputs = {value.name for value in model.graph.input}
-        tables = {node.input[0] for node in lookups if node.input[1] in graph_inputs} or tables
+        tables = {table for index, table in lookups if index in graph_inputs} or tables
     if len(tables) != 1:
         found = f"found {sorted(tables)}" if tables else "found none"
         raise GenieBuildError(path, f"cannot tell the embedding table (a Gather of a [vocab, hidden] initializer "
                                     f"by the token ids): {found}; set {CONFIG_KEY}")
     return specs[tables.pop()]
+
+
+def _initializer_sources(model: onnx.ModelProto, specs: dict[str, InitializerSpec]) -> dict[str, str]:
+    """Tensor name -> the initializer it carries: each initializer itself, and the output of a
+    :data:`VALUE_PRESERVING_OPS` node fed by one (chains too; relies on ONNX's topological node order)."""
+    source = {name: name for name in specs}
+    for node in model.graph.node:
+        if node.op_type in VALUE_PRESERVING_OPS and node.input and node.input[0] in source and len(node.output) == 1:
+            source[node.output[0]] = source[node.input[0]]
+    return source
 
 
 def _count_layers(layers: Sequence[int | None], path: str | os.PathLike[str]) -> int:

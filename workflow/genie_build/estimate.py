@@ -27,26 +27,27 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
 import jsonschema
-import numpy as np
 import yaml
 
 from genie_build import __version__
 from genie_build.boundaries import find_boundaries
+from genie_build.config import DEFAULT_SCHEMA
 from genie_build.demo import shape_from_hf_config
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
-from genie_build.memory_plan import PartSize, plan_memory, write_memory_plan
+from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.naming import GRAPH_KINDS
 from genie_build.onnx_graph import InitializerSpec, initializer_specs, load_graph
 from genie_build.plan import (Piece, Plan, initializer_pieces, plan_by_max_part_bytes, plan_by_num_parts,
-                              quantized_bytes, write_plan)
+                              weighed_pieces, write_plan)
 from genie_build.sizes import build_size_table, write_size_table
-from genie_build.toolchains.reference.packing import packed_nbytes
+from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 
 Role = Literal["embedding", "layers", "lm_head", "float"]
@@ -59,7 +60,6 @@ LM_HEAD_WEIGHT = "lm_head.weight"
 FINAL_NORM_WEIGHT = "model.norm.weight"
 EMBEDDING_BOUNDARY = "/model/embed_tokens/Gather_output_0"
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
-SCALE_BYTES = np.dtype(np.float32).itemsize   # convert stores every scale as float32
 
 # Overhead of the reference container beyond its weight section, per graph unless said otherwise. Fitted by
 # least squares to 96 compiled demo parts (7 shapes x 4 variants: hidden 64..512, 2..12 layers, AR 4..128,
@@ -240,20 +240,18 @@ def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | 
 
 # ------------------------------------------------------------------------------------------- recipe
 
-_BITS = {"enum": list(SUPPORTED_INT_BITWIDTHS)}
-_GRANULARITY = {"enum": ["per_tensor", "per_channel", "per_block"]}
-_BLOCK = {"type": ["integer", "null"], "minimum": 1}
-RECIPE_SCHEMA = {
-    "type": "object", "additionalProperties": False,
-    "properties": {
-        "layers": _BITS, "embedding": _BITS, "lm_head": _BITS, "activations": _BITS,
-        "float_bitwidth": {"enum": list(SUPPORTED_FLOAT_BITWIDTHS)}, "granularity": _GRANULARITY, "block_size": _BLOCK,
-        "overrides": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["pattern", "bitwidth"],
-            "properties": {"pattern": {"type": "string", "minLength": 1}, "bitwidth": {"type": "integer"},
-                           "dtype": {"enum": ["int", "float"]}, "granularity": _GRANULARITY, "block_size": _BLOCK}}},
-    },
-}
+@cache
+def recipe_schema() -> dict:
+    """The ``recipe`` section of the workflow's config schema (``config/schema/config.schema.yaml``): recipe
+    files and workflow configs are judged by one definition.
+
+    Raises:
+        GenieBuildError: the schema file cannot be read.
+    """
+    try:
+        return yaml.safe_load(DEFAULT_SCHEMA.read_text(encoding="utf-8"))["properties"]["recipe"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise GenieBuildError(DEFAULT_SCHEMA, f"cannot read the recipe section of the config schema: {exc}") from None
 
 
 def read_recipe(path: str | os.PathLike[str]) -> Recipe:
@@ -281,7 +279,7 @@ def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
             override whose bitwidth is not 16 or 32.
     """
     try:
-        jsonschema.validate(data, RECIPE_SCHEMA)
+        jsonschema.validate(data, recipe_schema())
     except jsonschema.ValidationError as exc:
         field = "/".join(str(key) for key in exc.absolute_path) or "top level"
         raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
@@ -334,37 +332,23 @@ def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
 
 def stored_size(spec: InitializerSpec, encoding: TensorEncoding | None, float_bitwidth: int,
                 packing: bool) -> StoredSize:
-    """What one weight takes in the reference container, as convert and compile store it.
+    """What one weight takes in the reference container: the container's :func:`stored_nbytes` of each
+    tensor convert makes of it (quantized values, a float32 scale and a zero point per channel or block;
+    or the float weight, as float16 at float bitwidth 16).
 
-    An adapter: the container exposes no size function, so this restates its rule from its parts
-    (``stored_bitwidth``, ``unsigned_dtype``, ``packed_nbytes``). Not modelled: 8-bit values that happen to
-    fit 4 bits (packed when packing; real weights use their range), a blocked weight's reshape constant
-    below opset 21, and alignment padding (at most an element per tensor).
+    Not modelled: 8-bit values that happen to fit 4 bits (packed when packing; real weights use their
+    range), a blocked weight's reshape constant below opset 21, and alignment padding (at most an element
+    per tensor).
     """
-    count = math.prod(spec.shape)
     if encoding is not None and encoding.dtype == "int":
         bits = stored_bitwidth(encoding)
-        itemsize = unsigned_dtype(bits).itemsize  # 32-bit values go to int32: same size
-        values = packed_nbytes(count) if packing and bits <= 4 else count * itemsize
-        return StoredSize(values + len(encoding.scale) * (SCALE_BYTES + itemsize), 3)
+        values = unsigned_dtype(bits).name      # convert keeps 32-bit values as int32: the same size
+        scales = (len(encoding.scale),)
+        return StoredSize(stored_nbytes(spec.shape, values, packed=packing and bits <= 4)
+                          + stored_nbytes(scales, "float32") + stored_nbytes(scales, values), 3)
     bitwidth = encoding.bitwidth if encoding is not None else float_bitwidth
-    if spec.dtype == "float32" and bitwidth == 16:
-        return StoredSize(count * 2, 1)
-    return StoredSize(spec.nbytes, 1)
-
-
-def pieces_of(model: ModelWeights, encodings: dict[str, TensorEncoding | None]) -> list[Piece]:
-    """The planner's pieces, sized by the planner's own rule (``plan.quantized_bytes``), so that the
-    predicted plan is the plan the workflow makes from encodings of this recipe."""
-    totals = [0] * (model.num_layers + 2)
-    for weight in model.weights:
-        size = quantized_bytes(weight.spec, encodings[weight.spec.name])
-        for index in weight.pieces:
-            totals[index] += size
-    boundaries = model.boundaries
-    return [Piece("embedding", "embedding", totals[0], output_boundary=boundaries[0]),
-            *(Piece(f"layer_{i}", "layer", totals[i + 1], i, boundaries[i + 1]) for i in range(model.num_layers)),
-            Piece("head", "head", totals[-1])]
+    return StoredSize(stored_nbytes(spec.shape, "float16" if spec.dtype == "float32" and bitwidth == 16
+                                    else spec.dtype), 1)
 
 
 def container_overhead(pieces: Sequence[Piece], table_entries: int) -> int:
@@ -389,7 +373,11 @@ def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = Non
     if (num_parts is None) == (max_part_bytes is None):
         raise ValueError("give exactly one of num_parts and max_part_bytes")
     encodings = {weight.spec.name: weight_encoding(weight, recipe) for weight in model.weights}
-    pieces = pieces_of(model, encodings)
+    # Sized by the planner's own rule, so the predicted plan is the one the workflow makes from encodings
+    # of this recipe.
+    pieces = weighed_pieces({weight.spec.name: weight.spec for weight in model.weights},
+                            {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
+                            model.boundaries)
     plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
             else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
     index_of = {piece.name: index for index, piece in enumerate(pieces)}
@@ -422,9 +410,9 @@ def size_records(result: Estimate) -> list[dict]:
 
 
 def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, recipe: Recipe,
-                   memory_variant: str = MEMORY_VARIANT) -> None:
+                   memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> None:
     """Write ``plan.json``, ``estimate.json``, ``size_table.{csv,md,png}`` (baseline: the first variant)
-    and ``memory_plan.{json,md}`` (default limits) into ``out_dir``, each atomically.
+    and ``memory_plan.{json,md}`` (``memory_variant`` against ``limits``) into ``out_dir``, each atomically.
 
     Raises:
         GenieBuildError: ``memory_variant`` is not one of :data:`VARIANTS`, or a file cannot be written.
@@ -450,5 +438,5 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
     })
     write_size_table(build_size_table(records, VARIANTS[0].name), out / "size_table.csv", out / "size_table.md",
                      out / "size_table.png")
-    write_memory_plan(plan_memory(memory_sizes, memory_variant, basis="predicted"),
+    write_memory_plan(plan_memory(memory_sizes, memory_variant, limits, basis="predicted"),
                       out / "memory_plan.json", out / "memory_plan.md")

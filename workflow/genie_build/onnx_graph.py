@@ -113,6 +113,18 @@ def check_external_data(model: onnx.ModelProto, path: str | os.PathLike[str]) ->
                                         f"{onnx.TensorProto.DataType.Name(tensor.data_type)} needs {expected} bytes")
 
 
+def external_data_files(model: onnx.ModelProto, path: str | os.PathLike[str]) -> list[Path]:
+    """The external data files a graph's initializers live in (sorted, each once), for declaring them as
+    inputs of the jobs that read the graph: a changed weight must rerun them even if the ``.onnx`` did not change.
+
+    Raises:
+        GenieBuildError: a location is absolute or escapes the model's folder.
+    """
+    base = Path(path).parent
+    return sorted({base / _external_info(tensor, path)["location"] for tensor in model.graph.initializer
+                   if tensor.data_location == onnx.TensorProto.EXTERNAL})
+
+
 def _external_info(tensor: onnx.TensorProto, path: str | os.PathLike[str]) -> dict[str, str]:
     info = {entry.key: entry.value for entry in tensor.external_data}
     location = info.get("location", "")

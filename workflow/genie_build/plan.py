@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import jsonschema
@@ -22,7 +22,7 @@ import onnx
 from genie_build.encodings import Encodings, TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
-from genie_build.naming import graph_name, part_label
+from genie_build.naming import part_label
 from genie_build.onnx_graph import InitializerSpec, initializer_specs
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
@@ -77,37 +77,43 @@ class Plan:
     graph_ar: dict[str, int] = field(default_factory=dict)  # tokens per call of each graph: prompt, token
     context_length: int | None = None   # the compiled context length CL, shared by both graphs
 
-    def graph_name(self, kind: str, index: int) -> str:
-        """The QNN graph name of part ``index`` of graph ``kind``, e.g. ``prompt_ar32_cl256_01_of_11``.
-
-        Raises:
-            GenieBuildError: the plan records no AR/CL for ``kind`` (graphs without Genie's
-                ``input_ids``/``attention_mask`` inputs).
-        """
-        if kind not in self.graph_ar or not self.context_length:
-            raise GenieBuildError("plan.json", f"no AR/context length recorded for the {kind} graph: its inputs "
-                                               f"need Genie's names input_ids and attention_mask")
-        return graph_name(kind, self.graph_ar[kind], self.context_length, index, self.num_parts)
-
 
 # ------------------------------------------------------------------------------------------- pieces
 
 def model_pieces(model: onnx.ModelProto, encodings: Encodings, boundaries: Sequence[str]) -> list[Piece]:
-    """The model's pieces with their weight bytes after quantization, computed without loading weights.
-
-    An initializer counts towards every piece that consumes it (a tied embedding/LM-head table is in the
-    first and the last part, as the split will duplicate it).
+    """The model's pieces with their weight bytes after quantization, computed without loading weights:
+    :func:`weighed_pieces` of the graph's initializers and the pieces consuming each.
 
     Args:
         model: the prompt graph, loaded without weights.
         encodings: its AIMET encodings; only ``params`` are used.
         boundaries: the L + 1 boundary tensors (:func:`genie_build.boundaries.find_boundaries`).
+
+    Raises:
+        GenieBuildError: the boundaries do not cut the residual stream in order (:func:`initializer_pieces`).
     """
-    owners = initializer_pieces(model, boundaries)
-    specs = initializer_specs(model)
+    return weighed_pieces(initializer_specs(model), initializer_pieces(model, boundaries), encodings.params,
+                          boundaries)
+
+
+def weighed_pieces(specs: Mapping[str, InitializerSpec], owners: Mapping[str, frozenset[int]],
+                   encodings: Mapping[str, TensorEncoding | None], boundaries: Sequence[str]) -> list[Piece]:
+    """The pieces of a model of ``len(boundaries) - 1`` layers, each weighing the :func:`quantized_bytes` of
+    the initializers it owns.
+
+    An initializer counts towards every piece that owns it (a tied embedding/LM-head table is in the
+    first and the last part, as the split will duplicate it).
+
+    Args:
+        specs: initializer name -> its declared shape and type (no values needed).
+        owners: initializer name -> the pieces using it (0 = embedding, i + 1 = layer i, L + 1 = head), as
+            :func:`initializer_pieces` gives; initializers not listed weigh nothing.
+        encodings: initializer name -> its parameter encoding; missing or None: none.
+        boundaries: the L + 1 boundary tensors.
+    """
     totals = [0] * (len(boundaries) + 1)
     for name, piece_indices in owners.items():
-        size = quantized_bytes(specs[name], encodings.params.get(name))
+        size = quantized_bytes(specs[name], encodings.get(name))
         for index in piece_indices:
             totals[index] += size
     num_layers = len(boundaries) - 1

@@ -154,6 +154,16 @@ def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: 
                       decode_seconds=decode_seconds)
 
 
+def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
+                   prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,
+    compiled with the bundle variant's options): what the bundle's parts must reproduce."""
+    loaded = load_bundle(bundle_dir)
+    runner = make_runner([load_container(unsplit_binary)], head_dim=loaded.runner.head_dim,
+                         rope_theta=loaded.runner.rope_theta)
+    return generate(runner, prompt_ids, max_new_tokens, eos_ids=loaded.eos_ids, context_size=loaded.context_size)
+
+
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
                     context_size: int | None) -> tuple[list[int], float, float]:
     limit = min(context_size or runner.context_length, runner.context_length)

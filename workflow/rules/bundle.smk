@@ -39,3 +39,68 @@ rule check_bundle:
     shell:
         "{GB} check-bundle {input.bundle:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
         " --out {output:q} > {log:q} 2>&1"
+
+
+# Host run (reference toolchain only): the bundle generates text on the CPU, and its greedy tokens must equal
+# those of the unsplit model converted with the whole encodings and compiled with the same options.
+UNSPLIT = f"{OUT}/unsplit"
+
+
+rule convert_unsplit:
+    input:
+        onnx=lambda wc: SOURCE[f"{wc.graph}_onnx"],
+        weights=lambda wc: SOURCE_DATA[wc.graph],
+        encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
+    output:
+        onnx=f"{UNSPLIT}/{{graph}}.onnx",
+        data=f"{UNSPLIT}/{{graph}}.onnx.data",
+    params:
+        graph_name=lambda wc: unsplit_graph_name(wc.graph),
+        float_bitwidth=config["variants"][BUNDLE_VARIANT]["float_bitwidth"],
+    log:
+        f"{OUT}/logs/convert_unsplit/{{graph}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/convert_unsplit/{{graph}}.tsv"
+    shell:
+        "{GB} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
+        " --out {output.onnx:q} > {log:q} 2>&1"
+
+
+rule compile_unsplit:
+    input:
+        prompt=f"{UNSPLIT}/prompt.onnx",
+        token=f"{UNSPLIT}/token.onnx",
+    output:
+        f"{UNSPLIT}/model.bin",
+    params:
+        graphs=lambda wc, input: " ".join(
+            f"--graph {shlex.quote(unsplit_graph_name(graph) + '=' + input[graph])}" for graph in GRAPHS
+        ),
+        options=variant_json(BUNDLE_VARIANT),
+        chipset=config["target"]["chipset"],
+    log:
+        f"{OUT}/logs/compile_unsplit.log",
+    benchmark:
+        f"{OUT}/benchmarks/compile_unsplit.tsv"
+    shell:
+        "{GB} compile --toolchain reference {params.graphs} --variant-json {params.options:q}"
+        " --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule host_run:
+    input:
+        bundle=f"{OUT}/genie_bundle",
+        check=f"{OUT}/bundle_check.json",
+        unsplit=f"{UNSPLIT}/model.bin",
+    output:
+        f"{OUT}/host_run.json",
+    params:
+        prompt="What is 2+3? Explain briefly.",
+    log:
+        f"{OUT}/logs/host_run.log",
+    benchmark:
+        f"{OUT}/benchmarks/host_run.tsv"
+    shell:
+        "{GB} run-bundle {input.bundle:q} --prompt {params.prompt:q} --max-new-tokens 16"
+        " --compare-with {input.unsplit:q} --out {output:q} > {log:q} 2>&1"

@@ -1,5 +1,6 @@
 # Plumbing only: config validation, paths, wildcard vocabulary, and the targets. Logic lives in genie_build.
 import json
+import os
 import re
 import shlex
 import sys
@@ -7,8 +8,10 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from genie_build import chipsets, naming
+from genie_build import __version__ as GENIE_BUILD_VERSION, chipsets, naming, onnx_graph
+from genie_build.errors import GenieBuildError
 from genie_build.plan import read_plan
+from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
 
 
 validate(config, schema="../../config/schema/config.schema.yaml")
@@ -26,7 +29,7 @@ for _key, _name in (("bundle.variant", config["bundle"]["variant"]),
         _config_error(_key, f"{_name!r} is not one of the variants: {', '.join(config['variants'])}")
 try:
     CHIPSET = chipsets.lookup(config["target"]["chipset"])
-except Exception as exc:  # GenieBuildError: unknown chipset, with the known ones listed
+except GenieBuildError as exc:  # unknown chipset, with the known ones listed
     _config_error("target.chipset", str(exc))
 
 MODEL = config["model"]["name"]
@@ -39,9 +42,44 @@ GB = f"{shlex.quote(sys.executable)} -m genie_build"
 QAIRT_PY = shlex.quote(config["toolchains"]["qairt"].get("python") or sys.executable)
 
 
+def toolchain_version(toolchain):
+    """The build of a toolchain, as a param of the rules that run it (convert, compile): a new one reruns them
+    and keys their between-workflow cache entries apart. The reference toolchain is genie_build's own code; an
+    SDK toolchain is its resolved $QAIRT_SDK_ROOT, a directory QAIRT names after its version."""
+    if toolchain == "reference":
+        return f"genie-build {GENIE_BUILD_VERSION}"
+    sdk_root = os.environ.get(SDK_ROOT_VARIABLE)
+    return f"QAIRT SDK at {os.path.realpath(sdk_root) if sdk_root else '(not set)'}"
+
+
+# Between-workflow cache of the per-part convert and compile jobs (docs/cluster.md). "omit-software": this workflow
+# deploys no conda env or container; what built an output is the tool_version param instead. Snakemake refuses
+# benchmark: on a cacheable rule, so those rules have none.
+CACHE_PER_PART = "omit-software"
+# The cache key hashes params but not wildcards: without the part in a param, parts could share one entry
+# (snakemake-findings §2.3).
+CACHE_KEY_PART = "{part}"
+# On a cluster, one submission per part holds its converts, compiles and accounts (no effect on local runs).
+GROUP_PER_PART = "part_{part}"
+
 def _user_encodings(graph):
     encodings = config["model"]["encodings"]
     return encodings if isinstance(encodings, str) else encodings[graph]
+
+
+def _read_user_graph(graph):
+    """A user's graph at parse time (structure only, no weights): its external data files and (AR, CL)."""
+    path = SOURCE[f"{graph}_onnx"]
+    try:
+        model = onnx_graph.load_graph(path)
+        data_files = [str(p) for p in onnx_graph.external_data_files(model, path)]
+    except GenieBuildError as exc:
+        _config_error(f"model.{graph}_onnx", str(exc))
+    dims = onnx_graph.ar_and_context_length(model)
+    if dims is None:
+        _config_error(f"model.{graph}_onnx", f"{path}: cannot read AR and context length: Genie needs statically "
+                      "shaped inputs input_ids [1, AR] and attention_mask [..., CL]")
+    return data_files, dims
 
 
 if IS_DEMO:
@@ -62,6 +100,15 @@ else:
         "tokenizer": config["model"]["tokenizer"],
         "hf_config": config["model"]["hf_config"],
     }
+# SOURCE_DATA: the weights; a changed weight must rerun what reads the graph even when the .onnx is unchanged.
+# GRAPH_DIMS: (AR, CL) of each graph, which the QNN graph names carry.
+if IS_DEMO:
+    SOURCE_DATA = {graph: [f"{SRC}/{graph}.onnx.data"] for graph in GRAPHS}
+    GRAPH_DIMS = {"prompt": (config["demo"]["ar"], config["demo"]["context"]), "token": (1, config["demo"]["context"])}
+else:
+    _user_graphs = {graph: _read_user_graph(graph) for graph in GRAPHS}
+    SOURCE_DATA = {graph: data_files for graph, (data_files, _) in _user_graphs.items()}
+    GRAPH_DIMS = {graph: dims for graph, (_, dims) in _user_graphs.items()}
 
 
 def converter_of(variant):
@@ -107,10 +154,14 @@ def part_labels():
 
 
 def graph_name_for(graph, label):
-    """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06' (AR and CL from the plan)."""
-    plan = read_plan(checkpoints.plan_split.get().output.plan)
-    index, _ = naming.parse_part_label(label)
-    return plan.graph_name(graph, index)
+    """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06'."""
+    return naming.graph_name(graph, *GRAPH_DIMS[graph], *naming.parse_part_label(label))
+
+
+def unsplit_graph_name(graph):
+    """The graph name of the whole (unsplit) model, e.g. 'prompt_ar32_cl256'."""
+    ar, context_length = GRAPH_DIMS[graph]
+    return f"{graph}_ar{ar}_cl{context_length}"
 
 
 def variant_part_files(pattern, variants):
@@ -125,4 +176,5 @@ def final_outputs(wildcards):
         f"{OUT}/size_table.png",
         f"{OUT}/memory_plan.md",
         f"{OUT}/bundle_check.json",
+        *([f"{OUT}/host_run.json"] if config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
     ]

@@ -24,12 +24,14 @@ rule compile_part:
         options=lambda wc: variant_json(wc.variant),
         chipset=config["target"]["chipset"],
         python=lambda wc: QAIRT_PY if config["variants"][wc.variant]["toolchain"] == "qairt" else shlex.quote(sys.executable),
+        tool_version=lambda wc: toolchain_version(config["variants"][wc.variant]["toolchain"]),
+        part=CACHE_KEY_PART,
+    cache: CACHE_PER_PART
+    group: GROUP_PER_PART
     resources:
         mem_mb=lambda wc, input: max(1000, int(4 * input.size_mb)),
     log:
         f"{OUT}/logs/compile_part/{{variant}}/part_{{part}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/compile_part/{{variant}}/part_{{part}}.tsv"
     shell:
         "{params.python} -m genie_build compile --toolchain {params.toolchain:q} {params.graphs}"
         " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"

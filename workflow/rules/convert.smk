@@ -27,12 +27,14 @@ rule convert_part_reference:
     params:
         graph_name=graph_name_of,
         float_bitwidth=lambda wc: converter_parts(wc)[1],
+        tool_version=toolchain_version("reference"),
+        part=CACHE_KEY_PART,
+    cache: CACHE_PER_PART
+    group: GROUP_PER_PART
     resources:
         mem_mb=lambda wc, input: max(500, int(4 * input.size_mb)),
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
     shell:
         "{GB} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
@@ -52,12 +54,14 @@ rule convert_part_sdk:
         toolchain=lambda wc: converter_parts(wc)[0],
         float_bitwidth=lambda wc: converter_parts(wc)[1],
         python=lambda wc: QAIRT_PY if converter_parts(wc)[0] == "qairt" else shlex.quote(sys.executable),
+        tool_version=lambda wc: toolchain_version(converter_parts(wc)[0]),
+        part=CACHE_KEY_PART,
+    cache: CACHE_PER_PART
+    group: GROUP_PER_PART
     resources:
         mem_mb=lambda wc, input: max(1000, int(4 * input.size_mb)),
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
     shell:
         "{params.python} -m genie_build convert --toolchain {params.toolchain:q} --onnx {input.onnx:q}"
         " --encodings {input.encodings:q} --graph-name {params.graph_name:q}"

@@ -10,6 +10,7 @@ rule account_part:
         toolchain=lambda wc: config["variants"][wc.variant]["toolchain"],
         options=lambda wc: variant_json(wc.variant),
         python=lambda wc: QAIRT_PY if config["variants"][wc.variant]["toolchain"] == "qairt" else shlex.quote(sys.executable),
+    group: GROUP_PER_PART
     log:
         f"{OUT}/logs/account_part/{{variant}}/part_{{part}}.log",
     shell:

@@ -16,6 +16,7 @@ checkpoint plan_split:
         token=SOURCE["token_onnx"],
         prompt_encodings=SOURCE["prompt_encodings"],
         token_encodings=SOURCE["token_encodings"],
+        weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
     output:
         plan=f"{OUT}/plan.json",
     params:
@@ -35,6 +36,7 @@ checkpoint split_model:
         plan=f"{OUT}/plan.json",
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
+        weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
     output:
         parts=directory(f"{OUT}/parts"),
     log:
@@ -50,6 +52,7 @@ rule verify_split:
     input:
         parts=split_part_files,
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
+        weights=lambda wc: SOURCE_DATA[wc.graph],
     output:
         f"{OUT}/verify/{{graph}}.json",
     log:

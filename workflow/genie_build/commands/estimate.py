@@ -8,12 +8,14 @@ Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``est
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
-from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, weights_from_hf_config,
-                                  weights_from_onnx, write_estimate)
 from genie_build.errors import GenieBuildError
+from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, recipe_from_dict,
+                                  weights_from_hf_config, weights_from_onnx, write_estimate)
+from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
 
 log = logging.getLogger(__name__)
@@ -29,15 +31,22 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
     size.add_argument("--max-part-mb", type=_positive_float,
                       help="largest part in MiB (2**20 bytes), as the plan command weighs it")
-    parser.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
+    recipe = parser.add_mutually_exclusive_group()
+    recipe.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
                                          "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
                                          "biases, per channel")
+    recipe.add_argument("--recipe-json", type=json.loads,
+                        help="the recipe mapping as JSON (the workflow passes config 'recipe')")
     parser.add_argument("--embedding-with-layers", action="store_true",
                         help="put the embedding in part 1 with the first layer(s) instead of alone")
     parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
                         help="with --onnx: the L + 1 residual tensors; default: found from node scopes")
     parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
+    parser.add_argument("--max-context-mb", type=_positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+                        help="memory plan: per context binary, MiB (default %(default)s)")
+    parser.add_argument("--max-session-mb", type=_positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+                        help="memory plan: per HTP session, MiB (default %(default)s)")
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
     return parser
 
@@ -47,12 +56,17 @@ def run(args: argparse.Namespace) -> int:
         raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
     model = (weights_from_hf_config(args.hf_config) if args.hf_config is not None
              else weights_from_onnx(args.onnx, args.boundaries))
-    recipe = read_recipe(args.recipe) if args.recipe else Recipe()
+    if args.recipe_json is not None:
+        recipe = recipe_from_dict(args.recipe_json, "--recipe-json")
+    else:
+        recipe = read_recipe(args.recipe) if args.recipe else Recipe()
     max_part_bytes = None if args.max_part_mb is None else int(args.max_part_mb * MIB)
     result = estimate(model, recipe, num_parts=args.num_parts, max_part_bytes=max_part_bytes,
                       embedding_alone=not args.embedding_with_layers)
+    limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
+                          max_session_bytes=round(args.max_session_mb * MIB))
     write_estimate(args.out_dir, result, source=os.fspath(args.hf_config or args.onnx), recipe=recipe,
-                   memory_variant=args.memory_variant)
+                   memory_variant=args.memory_variant, limits=limits)
     for part in result.plan.parts:
         sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
                           for predicted in result.parts if predicted.part == part.index)

@@ -23,6 +23,7 @@ import math
 import os
 import struct
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -37,7 +38,7 @@ from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, lo
 from genie_build.toolchains.base import BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
-from genie_build.toolchains.reference.packing import pack_int4, unpack_int4
+from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import broadcast_params
 
 MAGIC = b"GBREFCTX"
@@ -152,6 +153,22 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
     return entries
 
 
+def stored_nbytes(shape: Sequence[int], dtype: str, packed: bool = False) -> int:
+    """The bytes one weight-table entry takes (its ``length``): a tensor of ``shape`` and numpy ``dtype``
+    stored raw, or, ``packed``, as 4-bit values two per byte (``packed4``, ``packed4_signed``). The writer
+    packs quantized values of at most 4 bits whenever packing is on, and wider ones up to 8 bits only
+    when their values fit 4 bits. Alignment padding between entries is not included.
+
+    Raises:
+        GenieBuildError: the container stores no tensor of ``dtype`` raw.
+    """
+    count = math.prod(shape)
+    if packed:
+        return packed_nbytes(count)
+    _raw_storage(dtype, "reference container")
+    return count * np.dtype(dtype).itemsize
+
+
 def _encode(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None, packing: bool,
             where: Path) -> tuple[str, bytes]:
     """How one tensor is stored: ``(storage, bytes)``."""
@@ -159,10 +176,14 @@ def _encode(values: np.ndarray, quantization: dict | None, zero_point: np.ndarra
         if quantization["bitwidth"] <= 4:
             return "packed4", pack_int4(values)
         return "packed4_signed", pack_int4(_signed(values, quantization, zero_point) + 8)
-    if values.dtype.name not in _RAW_STORAGE:
-        raise GenieBuildError(where, f"cannot store a tensor of dtype {values.dtype.name} "
-                                     f"(supported: {', '.join(_RAW_STORAGE)})")
-    return _RAW_STORAGE[values.dtype.name], values.tobytes()
+    return _raw_storage(values.dtype.name, where), values.tobytes()
+
+
+def _raw_storage(dtype: str, where: str | os.PathLike[str]) -> str:
+    """The storage code of values kept as they are, e.g. ``"u8"``."""
+    if dtype not in _RAW_STORAGE:
+        raise GenieBuildError(where, f"cannot store a tensor of dtype {dtype} (supported: {', '.join(_RAW_STORAGE)})")
+    return _RAW_STORAGE[dtype]
 
 
 def _packable(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None) -> bool:

@@ -1,0 +1,154 @@
+"""Interruption: a build killed at any moment resumes to exactly the bundle an uninterrupted build makes, and a
+writer killed mid-write leaves nothing that a later run takes as done or that lingers after it.
+
+After a SIGKILL, Snakemake's lock stays behind; ``snakemake --unlock`` (what its own message says to run) is
+part of the documented way on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bundle_helpers import ReferenceBuild, build_reference_bundle
+from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+
+# The small demo cut to 2 layers and 2 parts: fewer jobs, the same rules.
+TINY_WORKFLOW = {"demo": {**SMALL_DEMO["demo"], "layers": 2, "hidden": 32, "intermediate": 64, "vocab": 300},
+                 "split": {"num_parts": 2}}
+KILL_TIMEOUT_S = 300
+
+
+def temporaries(directory: Path) -> list[Path]:
+    """Files or folders that fileio's atomic writers stage under (``.<name>.<random>.tmp``, ``.<name>.old``)."""
+    return sorted(path for path in directory.rglob(".*") if path.name.endswith((".tmp", ".old")))
+
+
+# ------------------------------------------------------------------------------------------- one writer
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> ReferenceBuild:
+    return build_reference_bundle(tmp_path_factory.mktemp("built"))
+
+
+def _plan_args(build: ReferenceBuild, out: Path) -> list[object]:
+    source = build.source
+    return ["plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
+            "--encodings-prompt", source / "prompt.encodings.json", "--encodings-token", source / "token.encodings.json",
+            "--num-parts", 3, "--out", out]
+
+
+def _convert_args(build: ReferenceBuild, out: Path) -> list[object]:
+    return ["convert", "--toolchain", "reference", "--onnx", build.root / "parts" / "prompt" / "part_3_of_3.onnx",
+            "--encodings", build.root / "encodings" / "prompt" / "part_3_of_3.encodings.json",
+            "--graph-name", "prompt_ar8_cl64_3_of_3", "--float-bitwidth", 16, "--out", out]
+
+
+def _split_args(build: ReferenceBuild, out: Path) -> list[object]:
+    return ["split", "--plan", build.root / "plan.json", "--prompt", build.source / "prompt.onnx",
+            "--token", build.source / "token.onnx", "--out-dir", out]
+
+
+# Python ignores SIGXFSZ from startup; restoring the default makes the kernel kill the writer the moment a write
+# crosses the file-size limit: a deterministic "killed mid-write", as by SIGKILL or a power cut. The limit is set
+# after the imports (loading onnxruntime writes more than it).
+_KILLED_AT_LIMIT = ("import resource, signal, sys; from genie_build.cli import build_parser, main; build_parser(); "
+                    "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000)); "
+                    "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); sys.exit(main(sys.argv[1:]))")
+
+
+def _genie_build(args: list[object], cwd: Path, killed_mid_write: bool = False) -> subprocess.CompletedProcess:
+    prefix = ["-c", _KILLED_AT_LIMIT] if killed_mid_write else ["-m", "genie_build"]
+    return subprocess.run([sys.executable, *prefix, *map(str, args)], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("make_args, output", [(_plan_args, "plan.json"), (_convert_args, "part_3_of_3.onnx"),
+                                               (_split_args, "parts")], ids=["plan", "convert", "split"])
+def test_a_writer_killed_mid_write_leaves_no_output_and_the_rerun_no_leftovers(
+        build: ReferenceBuild, tmp_path: Path, make_args: Callable[[ReferenceBuild, Path], list[object]],
+        output: str) -> None:
+    out = tmp_path / "out" / output
+    killed = _genie_build(make_args(build, out), tmp_path, killed_mid_write=True)
+    assert killed.returncode == -signal.SIGXFSZ, killed.stderr[-2000:]
+    assert temporaries(out.parent), "the writer was not killed while writing"
+    assert not out.exists(), "a killed writer left something at the final path"
+
+    rerun = _genie_build(make_args(build, out), tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert out.exists()
+    assert temporaries(out.parent) == [], "the killed writer's temporary outlived the rerun"
+
+
+# ------------------------------------------------------------------------------------------- the workflow
+
+def _start_snakemake(workdir: Path, config_file: Path, log: Path) -> subprocess.Popen:
+    """Snakemake in its own session, so that the whole process group (jobs included) can be killed at once."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
+    with open(log, "w") as handle:
+        return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config_file)],
+                                cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _running_in_group(pgid: int, needle: str) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[2]) == pgid and needle in cmdline:
+            return True
+    return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _fresh_dir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def test_a_run_killed_during_compile_resumes_to_the_bundle_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    interrupted = copy_workflow(_fresh_dir(tmp_path / "interrupted"))
+    config = write_config(interrupted, TINY_WORKFLOW)
+    process = _start_snakemake(interrupted, config, tmp_path / "killed-run.log")
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    try:
+        while process.poll() is None and time.monotonic() < deadline \
+                and not _running_in_group(process.pid, "genie_build compile"):
+            time.sleep(0.02)
+        caught_compiling = process.poll() is None and _running_in_group(process.pid, "genie_build compile")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert caught_compiling, f"no compile_part job was seen running:\n{(tmp_path / 'killed-run.log').read_text()}"
+    while _group_alive(process.pid):  # children are reaped by init; wait until none can still write
+        time.sleep(0.02)
+    out = interrupted / "results" / "demo"
+    assert not (out / "genie_bundle").exists()
+
+    run_snakemake(interrupted, "--unlock", config_file=config)
+    run_snakemake(interrupted, config_file=config)
+
+    uninterrupted = copy_workflow(_fresh_dir(tmp_path / "uninterrupted"))
+    run_snakemake(uninterrupted, config_file=write_config(uninterrupted, TINY_WORKFLOW))
+    resumed = load_json(out / "genie_bundle" / "manifest.json")["files"]
+    reference = load_json(uninterrupted / "results" / "demo" / "genie_bundle" / "manifest.json")["files"]
+    assert resumed == reference
+    assert temporaries(interrupted / "results") == []
+    settled = run_snakemake(interrupted, "-n", config_file=config)
+    assert "Nothing to be done" in settled.stdout + settled.stderr
