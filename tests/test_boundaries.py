@@ -10,10 +10,13 @@ import pytest
 from onnx import helper
 
 from genie_build.boundaries import embedding_table, find_boundaries, node_layer
+from genie_build.calibrate import calibrate
+from genie_build.cli import main
+from genie_build.demo import DemoShape, generate_demo
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph, tensor_shapes
-from genie_build.plan import model_pieces
+from genie_build.plan import model_pieces, read_plan
 from hf_export import export_tiny_qwen2
 from scoped_graph import EMBED_OUT, NAME_SCOPES_KEY, build_scoped_graph, layer_out
 
@@ -95,6 +98,59 @@ def test_node_layer(name: str, metadata: str | None, layer: int | None) -> None:
     if metadata is not None:
         node.metadata_props.add(key=NAME_SCOPES_KEY, value=metadata)
     assert node_layer(node) == layer
+
+
+def route_table_through(model: onnx.ModelProto, ops: list[str]) -> onnx.ModelProto:
+    """Make the embedding Gather read its table through a chain of ``ops`` (in the embedding's scope)."""
+    gather = next(node for node in model.graph.node if node.op_type == "Gather")
+    source = gather.input[0]
+    chain = []
+    for index, op in enumerate(ops):
+        extra = {"Cast": {"to": onnx.TensorProto.FLOAT}, "Transpose": {"perm": [1, 0]}}.get(op, {})
+        inputs = [source, "table_scale"] if op == "DequantizeLinear" else [source]
+        output = f"/model/embed_tokens/{op}_{index}_output_0"
+        chain.append(helper.make_node(op, inputs, [output], name=f"/model/embed_tokens/{op}_{index}", **extra))
+        source = output
+    gather.input[0] = source
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.1, np.float32), "table_scale"))
+    nodes = [*chain, *model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+@pytest.mark.parametrize("ops", [["Cast"], ["Identity"], ["DequantizeLinear"], ["Cast", "Identity"]])
+def test_embedding_table_is_found_behind_value_preserving_ops(ops: list[str]) -> None:
+    """A float16 table is Cast to float32 before the Gather (generate-demo --weight-dtype float16)."""
+    model = route_table_through(build_scoped_graph(layers=3, hidden=8, vocab=32), ops)
+    table = embedding_table(model, WHERE)
+    assert (table.name, table.shape) == ("model.embed_tokens.weight", (32, 8))
+    assert find_boundaries(model, WHERE) == expected_boundaries(3)
+
+
+def test_a_table_reshaped_before_the_gather_is_not_the_embedding() -> None:
+    model = route_table_through(build_scoped_graph(hidden=8, vocab=32), ["Transpose"])
+    with pytest.raises(GenieBuildError, match="cannot tell the embedding table.*found none"):
+        embedding_table(model, WHERE)
+
+
+def test_plan_of_a_float16_demo_equals_the_float32_plan(tmp_path: Path) -> None:
+    """The whole plan command on fp16-stored weights: same boundaries and piece bytes as the fp32 model
+    (quantized weights and the fp16 fallback take the same bytes either way)."""
+    plans = {}
+    for dtype in ("float32", "float16"):
+        source = tmp_path / dtype
+        generate_demo(DemoShape(layers=3, hidden=32, heads=2, kv_heads=1, intermediate=64, vocab=320, context=16,
+                                ar=4, weight_dtype=dtype), source)
+        encodings = [source / f"{kind}.encodings.json" for kind in ("prompt", "token")]
+        calibrate(source / "prompt.onnx", source / "token.onnx", *encodings, num_samples=1)
+        assert main(["plan", "--prompt", str(source / "prompt.onnx"), "--token", str(source / "token.onnx"),
+                     "--encodings-prompt", str(encodings[0]), "--encodings-token", str(encodings[1]),
+                     "--num-parts", "3", "--out", str(source / "plan.json")]) == 0
+        plans[dtype] = read_plan(source / "plan.json")
+    assert embedding_table(load_graph(tmp_path / "float16" / "prompt.onnx"), WHERE).dtype == "float16"
+    assert plans["float16"].boundaries == (EMBED_OUT, *(layer_out(i) for i in range(3)))
+    assert plans["float16"] == plans["float32"]
 
 
 def test_embedding_table_gives_hidden() -> None:

@@ -24,7 +24,7 @@ from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake
 # The small demo cut to 2 layers and 2 parts: fewer jobs, the same rules.
 TINY_WORKFLOW = {"demo": {**SMALL_DEMO["demo"], "layers": 2, "hidden": 32, "intermediate": 64, "vocab": 300},
                  "split": {"num_parts": 2}}
-KILL_TIMEOUT_S = 300
+KILL_TIMEOUT_S = 300  # seconds until a compile_part job must have started
 
 
 def temporaries(directory: Path) -> list[Path]:
@@ -97,24 +97,36 @@ def _start_snakemake(workdir: Path, config_file: Path, log: Path) -> subprocess.
                                 cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _running_in_group(pgid: int, needle: str) -> bool:
+def _group_members(pgid: int) -> list[str]:
+    """Command lines of the live (not zombie) processes of process group ``pgid``."""
+    members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
             cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # the process ended while we looked
             continue
-        if int(fields[2]) == pgid and needle in cmdline:
-            return True
-    return False
+        if int(group) == pgid and state != "Z":
+            members.append(cmdline)
+    return members
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _compiling(pgid: int) -> bool:
+    return any("genie_build compile" in cmdline for cmdline in _group_members(pgid))
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def _pending_jobs(workdir: Path, config: Path) -> list[str]:
+    """The rules a dry run would still run (none once a build is complete)."""
+    result = run_snakemake(workdir, "-n", config_file=config)
+    return sorted(line.split()[-1].rstrip(":") for line in (result.stdout + result.stderr).splitlines()
+                  if line.startswith(("rule ", "localrule ", "checkpoint ", "localcheckpoint ")))
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -126,18 +138,14 @@ def test_a_run_killed_during_compile_resumes_to_the_bundle_of_an_uninterrupted_r
     interrupted = copy_workflow(_fresh_dir(tmp_path / "interrupted"))
     config = write_config(interrupted, TINY_WORKFLOW)
     process = _start_snakemake(interrupted, config, tmp_path / "killed-run.log")
-    deadline = time.monotonic() + KILL_TIMEOUT_S
     try:
-        while process.poll() is None and time.monotonic() < deadline \
-                and not _running_in_group(process.pid, "genie_build compile"):
-            time.sleep(0.02)
-        caught_compiling = process.poll() is None and _running_in_group(process.pid, "genie_build compile")
+        caught_compiling = _wait_until(lambda: process.poll() is not None or _compiling(process.pid), KILL_TIMEOUT_S) \
+            and process.poll() is None
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     assert caught_compiling, f"no compile_part job was seen running:\n{(tmp_path / 'killed-run.log').read_text()}"
-    while _group_alive(process.pid):  # children are reaped by init; wait until none can still write
-        time.sleep(0.02)
+    assert _wait_until(lambda: not _group_members(process.pid), 30), "a killed job is still running"
     out = interrupted / "results" / "demo"
     assert not (out / "genie_bundle").exists()
 
@@ -145,10 +153,10 @@ def test_a_run_killed_during_compile_resumes_to_the_bundle_of_an_uninterrupted_r
     run_snakemake(interrupted, config_file=config)
 
     uninterrupted = copy_workflow(_fresh_dir(tmp_path / "uninterrupted"))
-    run_snakemake(uninterrupted, config_file=write_config(uninterrupted, TINY_WORKFLOW))
+    reference_config = write_config(uninterrupted, TINY_WORKFLOW)
+    run_snakemake(uninterrupted, config_file=reference_config)
     resumed = load_json(out / "genie_bundle" / "manifest.json")["files"]
     reference = load_json(uninterrupted / "results" / "demo" / "genie_bundle" / "manifest.json")["files"]
     assert resumed == reference
     assert temporaries(interrupted / "results") == []
-    settled = run_snakemake(interrupted, "-n", config_file=config)
-    assert "Nothing to be done" in settled.stdout + settled.stderr
+    assert _pending_jobs(interrupted, config) == _pending_jobs(uninterrupted, reference_config)

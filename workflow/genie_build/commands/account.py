@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from genie_build import fileio, naming
+from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.sizes import account_binary, check_part_graphs
 from genie_build.toolchains import get_toolchain
@@ -29,20 +29,10 @@ def run(args: argparse.Namespace) -> int:
         part, _ = naming.parse_part_label(args.part_label)
     except ValueError as exc:
         raise GenieBuildError("--part-label", str(exc)) from None
-    requested = _parse_options(args.variant_json)
+    requested = json_object(args.variant_json, "--variant-json")
     if not args.binary.is_file():
         raise GenieBuildError(args.binary, "file not found")
     info = get_toolchain(args.toolchain).inspect(args.binary)
     check_part_graphs(info, args.part_label)
     fileio.write_json(args.out, account_binary(info, part, args.variant, requested))
     return 0
-
-
-def _parse_options(text: str) -> dict:
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GenieBuildError("--variant-json", f"not valid JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise GenieBuildError("--variant-json", f"expected a JSON object, got {text!r}")
-    return options

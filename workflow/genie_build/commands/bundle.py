@@ -7,11 +7,10 @@ metadata.yaml (graphs and IO read back from each ctx-bin) and manifest.json (has
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from genie_build.bundle import assemble_bundle, runtime_tool_versions
-from genie_build.errors import GenieBuildError
+from genie_build.cli_args import json_object
 from genie_build.toolchains import TOOLCHAINS
 
 
@@ -35,16 +34,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     assemble_bundle(args.out_dir, args.binaries, args.toolchain, args.hf_config, args.tokenizer, args.chipset,
-                    args.context_size, _config_used(args.config_json), runtime_tool_versions(),
+                    args.context_size, json_object(args.config_json, "--config-json"), runtime_tool_versions(),
                     model_name=args.model_name)
     return 0
-
-
-def _config_used(text: str) -> dict:
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GenieBuildError("--config-json", f"not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise GenieBuildError("--config-json", f"expected a JSON object, got {type(config).__name__}")
-    return config

@@ -4,10 +4,10 @@ variant's options (weights packing, optimization level, weight sharing, VTCM) fo
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from genie_build.chipsets import Chipset, lookup
+from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 from genie_build.toolchains.base import CompileOptions
@@ -32,7 +32,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    variant = _parse_variant(args.variant_json)
+    variant = json_object(args.variant_json, "--variant-json")
     if variant.get("toolchain", args.toolchain) != args.toolchain:
         raise GenieBuildError("--variant-json", f"toolchain {variant['toolchain']!r} differs from "
                                                 f"--toolchain {args.toolchain!r}")
@@ -61,16 +61,6 @@ def compile_options(variant: dict, chipset: Chipset) -> CompileOptions:
                                                     f"{'boolean' if kind is bool else 'integer'}")
     return CompileOptions(**{key: variant[key] for key in _VARIANT_OPTIONS},
                           soc_model=chipset.soc_model, dsp_arch=chipset.dsp_arch)
-
-
-def _parse_variant(text: str) -> dict:
-    try:
-        variant = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GenieBuildError("--variant-json", f"not valid JSON: {exc}") from None
-    if not isinstance(variant, dict):
-        raise GenieBuildError("--variant-json", f"expected a JSON object, got {text!r}")
-    return variant
 
 
 def _parse_graphs(items: list[str]) -> dict[str, Path]:
