@@ -50,7 +50,7 @@ WHOLE_MODEL_RULES = ("calibrate_demo_encodings", "verify_split")
 RSS_TARGET_FACTOR = 2
 RSS_FLOOR = 300 * MIB       # the interpreter with numpy/onnx/onnxruntime alone takes 100-200 MiB
 SPLIT_TARGET = 300 * MIB
-# Rule (the benchmark file's first path component) -> the genie_build subcommand it runs.
+# Rule (the benchmark file's first path component) -> the genie_build subcommand it runs, in workflow order.
 COMMANDS = {"generate_demo_model": "generate-demo", "train_demo_tokenizer": "train-tokenizer",
             "calibrate_demo_encodings": "calibrate", "plan_split": "plan", "split_model": "split",
             "verify_split": "verify-split", "slice_encodings": "slice-encodings", "convert_part": "convert",
@@ -139,29 +139,31 @@ def add_missing_benchmarks(rules_dir: Path) -> list[str]:
     return sorted(patched)
 
 
-def run_workflow(workflow: Path, shape: dict, cores: int, num_parts: int, hook_dir: Path, rss_log: Path) -> float:
-    """``snakemake --cores N`` on the demo of ``shape``; its wall time in seconds.
-
-    Raises:
-        SystemExit: the run failed (its log is in the scratch directory).
-    """
+def run_workflow(workflow: Path, shape: dict, cores: int, num_parts: int, hook_dir: Path,
+                 rss_log: Path) -> tuple[float, bool]:
+    """``snakemake --cores N --keep-going`` on the demo of ``shape``: its wall time in seconds, and whether
+    every job succeeded (``workflow/snakemake.log`` says which failed)."""
     total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB
     whole_model_mb = int(total_mb * 0.6)
     # A config file, not --config demo='{...}': Snakemake 9 reads --config values with YAML's BaseLoader, so
     # nested numbers arrive as strings and fail the schema.
     overrides = workflow / "large.yaml"
     overrides.write_text(json.dumps({"demo": shape, "split": {"num_parts": num_parts}}))
-    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--configfile", "config/config.yaml",
-               overrides.name, "--resources", f"mem_mb={int(total_mb * 0.9)}",
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--keep-going",
+               "--configfile", "config/config.yaml", overrides.name, "--resources", f"mem_mb={int(total_mb * 0.9)}",
                "--set-resources", *(f"{rule}:mem_mb={whole_model_mb}" for rule in WHOLE_MODEL_RULES)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook_dir), str(workflow / "workflow")]),
            "GENIE_BENCH_RSS_LOG": str(rss_log)}
     start = time.perf_counter()
     with open(workflow / "snakemake.log", "w") as log:
         result = subprocess.run(command, cwd=workflow, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode:
-        raise SystemExit(f"snakemake failed ({result.returncode}); see {workflow / 'snakemake.log'}")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, result.returncode == 0
+
+
+def failed_jobs(workflow: Path) -> list[str]:
+    """The rules Snakemake reports as failed, with the reason the kernel log gives for a killed process."""
+    log = (workflow / "snakemake.log").read_text()
+    return sorted(set(re.findall(r"^Error in rule (\w+):", log, re.MULTILINE)))
 
 
 # ------------------------------------------------------------------------------------------- collection
@@ -212,6 +214,7 @@ def peak_of(rule: str, wildcards: tuple[str, ...], records: list[dict]) -> int |
 
 
 def collect(out: Path, rss_log: Path) -> list[Job]:
+    """Every job that wrote a benchmark file, in workflow order."""
     records = [json.loads(line) for line in rss_log.read_text().splitlines()] if rss_log.exists() else []
     jobs = []
     for tsv in sorted((out / "benchmarks").rglob("*.tsv")):
@@ -222,7 +225,8 @@ def collect(out: Path, rss_log: Path) -> list[Job]:
         what, nbytes = handled(out, rule, wildcards)
         jobs.append(Job(rule, wildcards, float(row["s"]), int(float(row["max_rss"]) * MIB),
                         peak_of(rule, wildcards, records), what, nbytes))
-    return jobs
+    order = list(COMMANDS)
+    return sorted(jobs, key=lambda job: (order.index(job.rule) if job.rule in order else len(order), job.wildcards))
 
 
 def markdown(jobs: list[Job]) -> str:
@@ -247,7 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", type=json.loads, default=LARGE_SHAPE, help="demo.* keys as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (default: delete it)")
     parser.add_argument("--report", type=Path, help="also write the jobs as JSON here")
+    parser.add_argument("--collect-only", action="store_true",
+                        help="only tabulate the jobs of an earlier run kept in --scratch")
     args = parser.parse_args(argv)
+    workflow, hooks, rss_log = args.scratch / "workflow", args.scratch / "hooks", args.scratch / "rss.jsonl"
+    if args.collect_only:
+        print(markdown(collect(workflow / "results" / "demo", rss_log)))
+        print(f"\nfailed: {', '.join(failed_jobs(workflow)) or 'none'}")
+        return 0
 
     shape = {**LARGE_SHAPE, **args.shape}
     params = shape["vocab"] * shape["hidden"] * 2 + shape["layers"] * (
@@ -259,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     if free < DISK_FACTOR * model_bytes:
         raise SystemExit(f"{args.scratch.parent}: {free / GIB:.1f} GiB free, the run needs about "
                          f"{DISK_FACTOR * model_bytes / GIB:.1f} GiB")
-    workflow, hooks = args.scratch / "workflow", args.scratch / "hooks"
     copy_workflow(workflow)
     patched = add_missing_benchmarks(workflow / "workflow" / "rules")
     hooks.mkdir()
@@ -267,17 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {params / 1e9:.2f} B parameters, {model_bytes / GIB:.2f} GiB per graph; "
           f"benchmark added to: {', '.join(patched) or 'none'}", flush=True)
     try:
-        seconds = run_workflow(workflow, shape, args.cores, args.num_parts, hooks, args.scratch / "rss.jsonl")
-        jobs = collect(workflow / "results" / "demo", args.scratch / "rss.jsonl")
-        print(f"whole workflow: {seconds / 60:.1f} min wall\n")
+        seconds, succeeded = run_workflow(workflow, shape, args.cores, args.num_parts, hooks, rss_log)
+        jobs, failed = collect(workflow / "results" / "demo", rss_log), failed_jobs(workflow)
+        print(f"whole workflow: {seconds / 60:.1f} min wall; failed: {', '.join(failed) or 'none'}\n")
         print(markdown(jobs))
         if args.report:
             args.report.write_text(json.dumps({"shape": shape, "seconds": seconds, "rules_patched": patched,
-                                               "jobs": [job.__dict__ for job in jobs]}, indent=1))
+                                               "failed": failed, "jobs": [job.__dict__ for job in jobs]}, indent=1))
     finally:
         if not args.keep:
             shutil.rmtree(args.scratch)
-    return 0
+    return 0 if succeeded else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import yaml
 
-from workflow_helpers import SMALL_DEMO, run_snakemake, write_config
+from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake, write_config
 
 USER_MODEL = "user"
 EXPORTS = "exports"
@@ -36,6 +36,14 @@ def export_small_demo(workdir: Path) -> Path:
         shutil.move(workdir / source / name, exports / name)
     shutil.rmtree(workdir / "results")
     return exports
+
+
+def user_model_checkout(workdir: Path, exports: Path) -> Path:
+    """A new working directory ``workdir`` holding the workflow and a copy of ``exports``."""
+    workdir.mkdir(parents=True)
+    copy_workflow(workdir)
+    shutil.copytree(exports, workdir / EXPORTS)
+    return workdir
 
 
 def user_model_config(workdir: Path, overrides: dict | None = None, name: str = "user-config.yaml") -> Path:

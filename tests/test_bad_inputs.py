@@ -9,7 +9,6 @@ the messages in detail; this file checks the contract around them.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
@@ -24,7 +23,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from bundle_helpers import ReferenceBuild, build_reference_bundle
+from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild, build_reference_bundle
 from workflow_helpers import copy_workflow, run_snakemake, write_config
 
 SHARED_WEIGHT = "model.layers.0.mlp.up_proj.weight"
@@ -151,32 +150,42 @@ def impossible_split(build: ReferenceBuild, src: Path, out: Path) -> Case:
     return plan_case(src, out, "split.num_parts", r"99 parts requested.*feasible: 2\.\.3", num_parts=99)
 
 
+def slice_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
+    encodings = src / "prompt.encodings.json"
+    return Case(("slice-encodings", "--graph", "prompt", "--model", src / "prompt.onnx", "--encodings", encodings,
+                 "--parts-dir", build.root / "parts" / "prompt", "--out-dir", out / "encodings"),
+                str(where), problem, (out / "encodings",))
+
+
 def encodings_name_unknown_tensors(build: ReferenceBuild, src: Path, out: Path) -> Case:
     def add_unknown(doc: dict) -> None:
         doc["activation_encodings"].append(dict(doc["activation_encodings"][0], name="no_such_tensor"))
     path = edit_encodings(src / "prompt.encodings.json", add_unknown)
-    return Case(("slice-encodings", "--graph", "prompt", "--model", src / "prompt.onnx", "--encodings", path,
-                 "--parts-dir", build.root / "parts" / "prompt", "--out-dir", out / "encodings"),
-                str(path), "1 encodings name tensors the model does not have: activation 'no_such_tensor'",
-                (out / "encodings",))
+    return slice_case(build, src, out, path, "1 encodings name tensors the model does not have: "
+                                             "activation 'no_such_tensor'")
+
+
+def split_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
+    return Case(("split", "--plan", build.root / "plan.json", "--prompt", src / "prompt.onnx",
+                 "--token", src / "token.onnx", "--out-dir", out / "parts"), str(where), problem, (out / "parts",))
 
 
 def split_with_truncated_data(build: ReferenceBuild, src: Path, out: Path) -> Case:
     data = src / "token.onnx.data"
     data.write_bytes(data.read_bytes()[:1000])
-    return Case(("split", "--plan", build.root / "plan.json", "--prompt", src / "prompt.onnx",
-                 "--token", src / "token.onnx", "--out-dir", out / "parts"),
-                str(src / "token.onnx"), r"runs past the end of .*token\.onnx\.data", (out / "parts",))
+    return split_case(build, src, out, src / "token.onnx", r"runs past the end of .*token\.onnx\.data")
+
+
+def compile_case(build: ReferenceBuild, out: Path, where: object, problem: str, chipset: str = "SM8750") -> Case:
+    graphs = [item for kind, ar in (("prompt", TINY_DEMO["ar"]), ("token", 1))
+              for item in ("--graph", f"{kind}_ar{ar}_cl{TINY_DEMO['context']}_1_of_3="
+                                      f"{build.root / 'converted' / kind / 'part_1_of_3.onnx'}")]
+    return Case(("compile", "--toolchain", "reference", *graphs, "--variant-json", json.dumps(VARIANT),
+                 "--chipset", chipset, "--out", out / "part.bin"), str(where), problem, (out / "part.bin",))
 
 
 def compile_for_unknown_chipset(build: ReferenceBuild, src: Path, out: Path) -> Case:
-    graphs = [item for kind in ("prompt", "token")
-              for item in ("--graph", f"{kind}={build.root / 'converted' / kind / 'part_1_of_3.onnx'}")]
-    variant = {"weights_packing": True, "optimization_type": 3, "weight_sharing_enabled": True, "vtcm_mb": 0,
-               "float_bitwidth": 16}
-    return Case(("compile", "--toolchain", "reference", *graphs, "--variant-json", json.dumps(variant),
-                 "--chipset", "SM0000", "--out", out / "part.bin"),
-                "target.chipset", "unknown chipset 'SM0000'; known: SM8550", (out / "part.bin",))
+    return compile_case(build, out, "target.chipset", "unknown chipset 'SM0000'; known: SM8550", chipset="SM0000")
 
 
 def bundle_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str, *,
@@ -242,7 +251,8 @@ def test_command_fails_with_one_line_and_no_output(build: ReferenceBuild, tmp_pa
 def test_the_unchanged_inputs_pass_every_command_above(build: ReferenceBuild, tmp_path: Path) -> None:
     """Without the one bad input, the same command lines succeed: each case fails for its own reason."""
     src, out = copy_source(build, tmp_path / "src"), tmp_path / "out"
-    good = [plan_case(src, out, "", ""), bundle_case(build, src, out, "", "")]
+    good = [plan_case(src, out, "", ""), slice_case(build, src, out, "", ""), split_case(build, src, out, "", ""),
+            compile_case(build, out, "", ""), bundle_case(build, src, out, "", "")]
     for case in good:
         result = genie_build(*case.args, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -275,11 +285,12 @@ def user_config(workdir: Path, name: str, model: dict | None = None, **sections:
     return write_config(workdir, overrides, name=f"{name}.yaml")
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("sections, message", [
     ({"target": {"chipset": "SM0000"}}, "config target.chipset: unknown chipset 'SM0000'"),
-    ({"bogus_key": {"x": 1}}, "bogus_key"),
+    ({"bogus_key": {"x": 1}}, "config bogus_key: unknown key (known: model,"),
     ({"split": {"num_parts": "two"}}, "config split.num_parts: 'two' is not of type 'integer'"),
-])
+], ids=["unknown-chipset", "unknown-key", "wrong-type"])
 def test_bad_config_stops_the_workflow_before_any_job(workflow: Path, sections: dict, message: str) -> None:
     result = run_snakemake(workflow, "-n", config_file=user_config(workflow, "badconfig", **sections), check=False)
     assert result.returncode != 0
@@ -287,6 +298,7 @@ def test_bad_config_stops_the_workflow_before_any_job(workflow: Path, sections: 
     assert not (workflow / "results").exists()
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("name", ["../x", "/abs", "a/b"])
 def test_model_name_cannot_write_outside_results(workflow: Path, name: str) -> None:
     config = user_config(workflow, "escape", model={"name": name})
@@ -298,6 +310,7 @@ def test_model_name_cannot_write_outside_results(workflow: Path, name: str) -> N
     assert not (workflow / "results").exists()
 
 
+@pytest.mark.workflow
 def test_missing_user_file_is_named_before_any_job(workflow: Path) -> None:
     config = user_config(workflow, "notok", model={"tokenizer": "exports/none.json"})
     result = run_snakemake(workflow, config_file=config, check=False)
@@ -306,25 +319,33 @@ def test_missing_user_file_is_named_before_any_job(workflow: Path) -> None:
     assert not (workflow / "results" / "notok").exists()
 
 
-@pytest.mark.parametrize("edit, rule, log, message, absent", [
-    (lambda text: text[:200], "plan_split", "plan_split.log", "exports/bad.encodings.json: not valid JSON",
-     "plan.json"),
-    (lambda text: text.replace('"name": "attention_mask"', '"name": "no_such_tensor"', 1), "slice_encodings",
-     "slice_encodings/prompt.log", "exports/bad.encodings.json: 1 encodings name tensors the model does not have",
-     "encodings/prompt"),
-])
-def test_bad_encodings_fail_their_job_with_the_one_line_in_its_log(workflow: Path, edit: Callable[[str], str],
-                                                                  rule: str, log: str, message: str,
-                                                                  absent: str) -> None:
+def failed_job_logs(snakemake_output: str) -> dict[str, str]:
+    """Rule -> log file of every job Snakemake reports as failed ("Error in rule X:" ... "log: <path> (check")."""
+    blocks = snakemake_output.split("Error in rule ")[1:]
+    return {block.split(":", 1)[0]: re.search(r"\n\s+log: (\S+) \(check", block).group(1) for block in blocks}
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("edit, message, absent", [
+    (lambda text: text[:200], "exports/bad.encodings.json: not valid JSON", ("plan.json",)),
+    (lambda text: text.replace('"name": "attention_mask"', '"name": "no_such_tensor"', 1),
+     "exports/bad.encodings.json: 1 encodings name tensors the model does not have",
+     ("encodings/prompt", "unsplit/prompt.onnx")),
+], ids=["malformed", "unknown-tensor"])
+def test_bad_encodings_fail_the_jobs_reading_them_with_the_one_line_in_their_logs(
+        workflow: Path, edit: Callable[[str], str], message: str, absent: tuple[str, ...]) -> None:
     text = (workflow / "exports" / "prompt.encodings.json").read_text()
     (workflow / "exports" / "bad.encodings.json").write_text(edit(text))
-    name = f"bad-{rule}".replace("_", "-")
+    name = f"bad-encodings-{len(absent)}"
     encodings = {"prompt": "exports/bad.encodings.json", "token": "exports/token.encodings.json"}
     result = run_snakemake(workflow, config_file=user_config(workflow, name, model={"encodings": encodings}),
                            check=False)
     out = workflow / "results" / name
     assert result.returncode != 0
-    assert f"Error in rule {rule}" in result.stdout + result.stderr
-    assert (out / "logs" / log).read_text().strip().splitlines()[-1].startswith(f"genie-build: error: {message}")
-    assert not (out / absent).exists() and not (out / "genie_bundle").exists()
+    failed = failed_job_logs(result.stdout + result.stderr)
+    assert failed, "no job failed"
+    for rule, log in failed.items():  # which reader fails first depends on the job order
+        last = (workflow / log).read_text().strip().splitlines()[-1]
+        assert last.startswith(f"genie-build: error: {message}"), f"{rule}: {last}"
+    assert not any((out / path).exists() for path in absent) and not (out / "genie_bundle").exists()
     assert leftovers(out) == []

@@ -7,11 +7,9 @@ weights changed is built again, not restored.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from rebuild_helpers import USER_MODEL, export_small_demo, scale_initializer, user_model_config
+from rebuild_helpers import USER_MODEL, export_small_demo, scale_initializer, user_model_checkout, user_model_config
 from workflow_helpers import copy_workflow, load_json, run_snakemake
 
 pytestmark = pytest.mark.workflow
@@ -31,14 +29,6 @@ def build_with_cache(workdir, cache):
     return result.stdout + result.stderr
 
 
-def checkout(root, name, exports):
-    workdir = root / name
-    workdir.mkdir()
-    copy_workflow(workdir)
-    shutil.copytree(exports, workdir / "exports")
-    return workdir
-
-
 def cached_outputs(workdir):
     """The outputs of the cached rules, relative to ``workdir`` as Snakemake logs them."""
     out = workdir / "results" / USER_MODEL
@@ -56,7 +46,7 @@ def builds(tmp_path_factory):
     exporter = root / "exporter"
     exporter.mkdir()
     exports = export_small_demo(copy_workflow(exporter))
-    workdirs = {name: checkout(root, name, exports) for name in ("first", "second", "changed")}
+    workdirs = {name: user_model_checkout(root / name, exports) for name in ("first", "second", "changed")}
     for graph in ("prompt", "token"):
         scale_initializer(workdirs["changed"] / "exports" / f"{graph}.onnx",
                           f"model.layers.{LAYER}.mlp.down_proj.weight", 1.5)

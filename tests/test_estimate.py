@@ -3,17 +3,24 @@ sizes by hand, config == graph, and the prediction against compiled reference co
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+import yaml
+from onnx import helper, numpy_helper
 
 from genie_build.boundaries import find_boundaries
-from genie_build.calibrate import calibrate
+from genie_build.calibrate import ACTIVATION_BITWIDTH, MATMUL_WEIGHT_BITWIDTH, TABLE_BITWIDTH, calibrate
 from genie_build.cli import main
+from genie_build.config import load_config, validate_config
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import part_tensor_names, read_encodings, slice_encodings, write_encodings
+from genie_build.encodings import (SUPPORTED_INT_BITWIDTHS, part_tensor_names, read_encodings, slice_encodings,
+                                   write_encodings)
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import (
     EMBED_WEIGHT,
@@ -27,16 +34,22 @@ from genie_build.estimate import (
     estimate,
     read_recipe,
     recipe_from_dict,
+    recipe_schema,
+    stored_size,
     weight_encoding,
     weights_from_hf_config,
     weights_from_onnx,
 )
-from genie_build.onnx_graph import load_graph
+from genie_build.onnx_graph import initializer_specs, load_graph
 from genie_build.plan import model_pieces, plan_by_num_parts, read_plan
 from genie_build.split import split_model
 from genie_build.toolchains.base import CompileOptions
-from genie_build.toolchains.reference.container import inspect_container, write_container
-from genie_build.toolchains.reference.convert import convert_model
+from genie_build.toolchains.reference.container import inspect_container, read_header, stored_nbytes, write_container
+from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY,
+                                                      convert_model)
+from genie_build.toolchains.reference.onnx_io import set_metadata_json
+from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake
+from workflow_helpers import write_config as write_workflow_config
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN_7B = REPO / "config" / "hf" / "qwen2_5_7b_instruct.json"
@@ -192,17 +205,16 @@ def demo(request, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("num_parts, embedding_alone", [(2, True), (3, True), (3, False), (4, True)])
 def test_config_and_graph_of_the_same_shape_estimate_exactly_alike(demo, num_parts, embedding_alone):
     recipe = Recipe(overrides=(WeightRule("model.layers.1.mlp.*", 8), WeightRule("*.bias", 16, dtype="float")))
-    model = weights_from_hf_config(demo / "config.json")
-    from_config = estimate(model, recipe, num_parts=num_parts, embedding_alone=embedding_alone)
-    # boundary discovery does not see an embedding Gather behind a Cast (float16 demo): name them
-    from_graph = estimate(weights_from_onnx(demo / "prompt.onnx", model.boundaries), recipe, num_parts=num_parts,
+    from_config = estimate(weights_from_hf_config(demo / "config.json"), recipe, num_parts=num_parts,
+                           embedding_alone=embedding_alone)
+    from_graph = estimate(weights_from_onnx(demo / "prompt.onnx"), recipe, num_parts=num_parts,
                           embedding_alone=embedding_alone)
     assert from_graph == from_config
     assert len(from_config.parts) == num_parts * len(VARIANTS)
 
 
 def test_graph_weights_leave_constants_out_and_take_roles_from_their_pieces(demo):
-    model = weights_from_onnx(demo / "prompt.onnx", weights_from_hf_config(demo / "config.json").boundaries)
+    model = weights_from_onnx(demo / "prompt.onnx")
     roles = {weight.spec.name: weight.role for weight in model.weights}
     assert roles[EMBED_WEIGHT] == "embedding" and roles[LM_HEAD_WEIGHT] == "lm_head"
     assert roles["model.layers.2.mlp.up_proj.weight"] == "layers"
@@ -246,7 +258,7 @@ def compiled(tmp_path_factory) -> dict:
             write_container(converted[part.label], binary, options)
             info = inspect_container(binary)
             measured[(part.index, variant.name)] = (info.weight_bytes, info.file_bytes)
-    return {"source": source, "plan": plan, "measured": measured}
+    return {"source": source, "plan": plan, "measured": measured, "root": root}
 
 
 @pytest.mark.parametrize("source", ["config", "graph"])
@@ -270,6 +282,111 @@ def test_the_overhead_model_is_needed_for_1_percent(compiled):
     layer_part = next(part for part in result.parts if part.part == 2 and part.variant == "packed")
     file_bytes = compiled["measured"][(2, "packed")][1]
     assert layer_part.weight_bytes < 0.95 * file_bytes
+
+
+def weight_of_entries(entries: list[dict]) -> dict[str, str]:
+    """Weight-table entry name -> the initializer of the source graph it stores (values, scale and zero point
+    of a quantized weight; the float16 copy of a float32 one)."""
+    owner = {}
+    for entry in entries:
+        quantization = entry.get("quantization")
+        if quantization is not None:
+            owner.update({name: quantization["weight"] for name in
+                          (entry["name"], quantization["scale"], quantization["zero_point"])})
+    return {entry["name"]: owner.get(entry["name"], entry["name"].removesuffix("_float16")) for entry in entries}
+
+
+@pytest.mark.parametrize("variant", ["unpacked", "packed"])
+def test_stored_size_of_every_weight_is_what_the_container_stores(compiled, variant):
+    """Per initializer of every part: the bytes and entries :func:`stored_size` predicts from its shape and
+    encoding are the lengths and entries the compiled container holds for it."""
+    source = compiled["source"]
+    specs = initializer_specs(load_graph(source / "prompt.onnx"))
+    params = read_encodings(source / "prompt.encodings.json").params
+    checked = 0
+    for binary in sorted((compiled["root"] / "compiled" / variant).glob("*.bin")):
+        entries = read_header(binary)["weights"]
+        stored: dict[str, list[int]] = {}
+        for entry in entries:
+            stored.setdefault(weight_of_entries(entries)[entry["name"]], []).append(entry["length"])
+        for name, lengths in stored.items():
+            predicted = stored_size(specs[name], params.get(name), 16, packing=variant == "packed")
+            assert (sum(lengths), len(lengths)) == (predicted.bytes, predicted.tensors), name
+            checked += predicted.tensors > 1
+    assert checked == len(params)      # every quantized weight was among them
+
+
+STORAGE_KINDS = {"u8", "i8", "u16", "i16", "u32", "i32", "u64", "i64", "f16", "f32", "f64", "b8", "packed4",
+                 "packed4_signed"}
+
+
+def write_converted_graph(path: Path, name: str) -> Path:
+    """A converted graph (as convert writes it) with a tensor for each storage kind of the container: raw
+    tensors of every dtype, 4-bit values, 8-bit values in the 4-bit range and full-range 8-bit values, all of
+    an odd count."""
+    rng = np.random.default_rng(0)
+    shape = (3, 5)
+    tensors = {f"raw_{dtype}": rng.integers(0, 100, size=shape).astype(dtype) for dtype in
+               ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32",
+                "float64", "bool")}
+    codes = {"w4": rng.integers(0, 16, size=shape), "w8_narrow": 128 + rng.integers(-8, 8, size=shape),
+             "w8_wide": rng.integers(0, 256, size=shape)}
+    quantized = {}
+    for weight, values in codes.items():
+        tensors |= {f"{weight}_quantized": values.astype(np.uint8), f"{weight}_scale": np.array(0.1, np.float32),
+                    f"{weight}_zero_point": np.array(8 if weight == "w4" else 128, np.uint8)}
+        quantized[f"{weight}_quantized"] = {"weight": weight, "bitwidth": 4 if weight == "w4" else 8,
+                                            "encoding": "per_tensor", "axis": None, "block_size": None,
+                                            "scale": f"{weight}_scale", "zero_point": f"{weight}_zero_point"}
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name,
+                              [value("x", onnx.TensorProto.FLOAT, [1])], [value("y", onnx.TensorProto.FLOAT, [1])],
+                              [numpy_helper.from_array(array, tensor) for tensor, array in tensors.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    for key, recorded in ((QUANTIZED_WEIGHTS_KEY, quantized), (IO_ENCODINGS_KEY, {}), (FLOAT_BITWIDTH_KEY, 16)):
+        set_metadata_json(model, key, recorded)
+    onnx.save(model, path)
+    return path
+
+
+def test_stored_nbytes_is_the_length_the_container_writes_for_every_storage_kind(tmp_path):
+    graph = write_converted_graph(tmp_path / "g.onnx", "g")
+    seen = set()
+    for packing in (False, True):
+        binary = tmp_path / f"packing_{packing}.bin"
+        write_container({"g": graph}, binary, CompileOptions(weights_packing=packing, optimization_type=3,
+                                                             weight_sharing_enabled=True, vtcm_mb=0, soc_model=69,
+                                                             dsp_arch="v79"))
+        for entry in read_header(binary)["weights"]:
+            packed = entry["storage"] in ("packed4", "packed4_signed")
+            assert stored_nbytes(entry["shape"], entry["dtype"], packed) == entry["length"], entry["name"]
+            seen.add(entry["storage"])
+    assert seen == STORAGE_KINDS
+    assert stored_nbytes((3, 5), "uint8", packed=True) == 8      # odd count: half a byte of padding
+    with pytest.raises(GenieBuildError, match="cannot store a tensor of dtype bfloat16"):
+        stored_nbytes((2,), "bfloat16")
+
+
+# ------------------------------------------------------------------------------------------- recipe in config
+
+def test_the_default_recipe_is_the_demo_calibration_and_the_config_default():
+    """The estimate's defaults, the config schema's defaults and what calibrate gives the demo agree."""
+    recipe = Recipe()
+    assert (recipe.layers, recipe.embedding, recipe.lm_head, recipe.activations) == (
+        MATMUL_WEIGHT_BITWIDTH, TABLE_BITWIDTH, TABLE_BITWIDTH, ACTIVATION_BITWIDTH)
+    assert recipe_from_dict(load_config(REPO / "config" / "config.yaml")["recipe"], "config") == recipe
+    assert recipe_schema()["properties"]["layers"]["enum"] == list(SUPPORTED_INT_BITWIDTHS)
+
+
+@pytest.mark.parametrize("parts", [6, 11])
+def test_estimate_only_configs_validate_without_onnx_paths(parts):
+    """As Snakemake merges them over config/config.yaml: an HF config and no ONNX, encodings or tokenizer."""
+    merged = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for key, value in yaml.safe_load((REPO / "config" / f"qwen2_5_7b_{parts}parts.yaml").read_text()).items():
+        merged[key] = {**merged.get(key, {}), **value}
+    config = validate_config(merged)
+    assert config["model"] == {"name": f"qwen2_5_7b_{parts}parts", "hf_config": "config/hf/qwen2_5_7b_instruct.json"}
+    assert recipe_from_dict(config["recipe"]) == Recipe()
 
 
 # ------------------------------------------------------------------------------------------- Qwen2.5-7B
@@ -316,7 +433,59 @@ def test_command_from_a_graph_with_a_part_budget(tmp_path, demo):
     assert plan.mode == "max_part_mb" and max(part.estimated_bytes for part in plan.parts) <= 0.02 * MIB
 
 
+def test_command_takes_the_recipe_as_json_and_the_memory_limits(tmp_path, demo):
+    out = tmp_path / "predicted"
+    assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
+                 "--recipe-json", '{"lm_head": 16}', "--max-context-mb", "0.01", "--out-dir", str(out)]) == 0
+    assert json.loads((out / "estimate.json").read_text())["recipe"]["lm_head"] == 16
+    memory = json.loads((out / "memory_plan.json").read_text())
+    assert memory["limits"]["max_context_bytes"]["value"] == round(0.01 * MIB)
+    assert {warning["part"] for warning in memory["warnings"] if warning["check"] == "context_size"} == {1, 2, 3}
+    assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
+                 "--recipe-json", '{"lm_head": 3}', "--out-dir", str(out)]) == 2
+
+
 def test_command_refuses_boundaries_with_a_config(tmp_path, demo, capsys):
     code = main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "2",
                  "--boundaries", "a", "b", "--out-dir", str(tmp_path)])
     assert code == 2 and "--boundaries" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- workflow
+
+PREDICTED_FILES = ["estimate.json", "memory_plan.json", "memory_plan.md", "plan.json", "size_table.csv",
+                   "size_table.md", "size_table.png"]
+
+
+def predicted_bytes(out: Path) -> dict[tuple[int, str], int]:
+    with open(out / "size_table.csv", newline="") as handle:
+        return {(int(row["part"]), row["variant"]): int(row["bytes"]) for row in csv.DictReader(handle)}
+
+
+@pytest.mark.workflow
+def test_estimate_target_predicts_a_7b_model_from_its_config_alone(tmp_path):
+    """``snakemake estimate`` with the shipped estimate-only config: no weights, no demo built, and the recipe
+    is the config's (here overridden by a second config file, as Snakemake merges them)."""
+    workdir = copy_workflow(tmp_path)
+    (workdir / "wide_head.yaml").write_text("recipe: {lm_head: 16}\n")
+    # targets before --configfile, which takes several files
+    run_snakemake(workdir, "estimate", "--configfile", "config/qwen2_5_7b_6parts.yaml", "wide_head.yaml")
+    out = workdir / "results" / "qwen2_5_7b_6parts"
+    assert sorted(path.name for path in (out / "predicted").iterdir()) == PREDICTED_FILES
+    assert not (out / "source").exists()
+    direct = estimate(weights_from_hf_config(QWEN_7B), Recipe(lm_head=16), num_parts=6)
+    assert predicted_bytes(out / "predicted") == {(part.part, part.variant): part.file_bytes for part in direct.parts}
+    assert read_plan(out / "predicted" / "plan.json") == direct.plan
+
+
+@pytest.mark.workflow
+def test_estimate_of_the_demo_predicts_the_plan_the_workflow_makes(tmp_path):
+    """From the demo's prompt graph (no weights read) and the default recipe: the parts of the real plan,
+    which the workflow makes from the calibrated encodings."""
+    workdir = copy_workflow(tmp_path)
+    run_snakemake(workdir, "estimate", "results/demo/plan.json", "--configfile",
+                  str(write_workflow_config(workdir, SMALL_DEMO)))
+    predicted = read_plan(workdir / "results" / "demo" / "predicted" / "plan.json")
+    planned = read_plan(workdir / "results" / "demo" / "plan.json")
+    assert [part.pieces for part in predicted.parts] == [part.pieces for part in planned.parts]
+    assert predicted.boundaries == planned.boundaries

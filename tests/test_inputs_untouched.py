@@ -13,6 +13,8 @@ import pytest
 from bundle_helpers import build_reference_bundle
 from workflow_helpers import copy_workflow, run_snakemake, write_config
 
+pytestmark = pytest.mark.workflow
+
 SOURCE_FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data", "prompt.encodings.json",
                 "token.encodings.json", "tokenizer.json", "config.json")
 USER_MODEL = {"prompt_onnx": "exports/prompt.onnx", "token_onnx": "exports/token.onnx",

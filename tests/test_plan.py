@@ -17,7 +17,7 @@ from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
 from genie_build.encodings import Encodings, TensorEncoding
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import InitializerSpec
+from genie_build.onnx_graph import InitializerSpec, initializer_specs
 from genie_build.plan import (
     MIB,
     Piece,
@@ -28,6 +28,7 @@ from genie_build.plan import (
     plan_by_num_parts,
     quantized_bytes,
     read_plan,
+    weighed_pieces,
     write_plan,
 )
 from scoped_graph import EMBED_OUT, build_scoped_graph, layer_out
@@ -113,6 +114,29 @@ def test_model_pieces_bytes_per_piece() -> None:
         ("layer_0", "layer", 0, layer), ("layer_1", "layer", 1, layer),
         ("head", "head", None, 8 * 2 + 8 * 32 * 2)]
     assert [p.output_boundary for p in pieces] == [EMBED_OUT, layer_out(0), layer_out(1), None]
+
+
+def test_weighed_pieces_sum_each_initializer_into_every_piece_that_owns_it() -> None:
+    """From specs and owners alone (what the shape-only estimate has): a tied table weighs in the embedding
+    and the head, an unowned initializer nowhere, encodings default to none (fp16 fallback)."""
+    specs = {"table": InitializerSpec("table", (32, 8), "float32", 1024),
+             "w0": InitializerSpec("w0", (8, 16), "float32", 512),
+             "w1": InitializerSpec("w1", (8, 16), "float32", 512),
+             "eps": InitializerSpec("eps", (1,), "float32", 4),
+             "unused": InitializerSpec("unused", (100,), "float32", 400)}
+    owners = {"table": frozenset({0, 3}), "w0": frozenset({1}), "w1": frozenset({2}), "eps": frozenset({1, 2})}
+    pieces = weighed_pieces(specs, owners, {"w1": four_bit("w1", 16)}, ["b0", "b1", "b2"])
+    assert [(p.name, p.bytes, p.output_boundary) for p in pieces] == [
+        ("embedding", 32 * 8 * 2, "b0"), ("layer_0", 8 * 16 * 2 + 2, "b1"),
+        ("layer_1", 8 * 16 // 2 + 4 * 16 + 2, "b2"), ("head", 32 * 8 * 2, None)]
+
+
+def test_model_pieces_weigh_the_graph_initializers_by_their_owners() -> None:
+    model = build_scoped_graph(layers=3, tied=True)
+    boundaries = find_boundaries(model, "m.onnx")
+    params = {"model.layers.1.mlp.up_proj.weight": four_bit("model.layers.1.mlp.up_proj.weight", 16)}
+    assert model_pieces(model, Encodings(params=params), boundaries) == weighed_pieces(
+        initializer_specs(model), initializer_pieces(model, boundaries), params, boundaries)
 
 
 def test_initializer_pieces_follow_the_data_flow() -> None:

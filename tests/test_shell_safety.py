@@ -27,8 +27,8 @@ from workflow_helpers import REPO, copy_workflow, load_json, write_config
 # Placeholders allowed without ":q", and why each cannot carry a shell metacharacter.
 UNQUOTED_ALLOWED = {
     "GB": "shlex.quote(sys.executable) + ' -m genie_build' (common.smk)",
-    "OUT": "'results/' + model.name, which the schema limits to [A-Za-z0-9_-]+",
     "params.python": "shlex.quote()d interpreter path",
+    "params.source": "the constant '--hf-config' or '--onnx' (estimate.smk)",
     "params.graphs": "each NAME=PATH item shlex.quote()d by the rule's function",
     "params.split": "integers/numbers from the schema; boundary names shlex.quote()d",
     "params.shape": "demo sizes: integers and an enum from the schema, shlex.quote()d (DEMO_ARGS)",
@@ -126,6 +126,7 @@ def hostile_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     return workdir, model
 
 
+@pytest.mark.workflow
 def test_build_with_hostile_paths_succeeds_and_runs_nothing(hostile_build: tuple[Path, dict]) -> None:
     workdir, _ = hostile_build
     out = workdir / "results" / "hostile"
@@ -135,6 +136,7 @@ def test_build_with_hostile_paths_succeeds_and_runs_nothing(hostile_build: tuple
     assert list(workdir.parent.rglob("PWNED")) == [] and not Path("PWNED").exists()
 
 
+@pytest.mark.workflow
 def test_hostile_values_reached_the_commands_unchanged(hostile_build: tuple[Path, dict]) -> None:
     """The config travels to the bundle command as one shell-quoted JSON argument; the manifest records what
     arrived, so any expansion or word splitting on the way would show here."""

@@ -123,7 +123,7 @@ def test_dry_run_lists_jobs(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"bogus_key": 1}, "Additional properties are not allowed"),
+    ({"bogus_key": 1}, "config bogus_key: unknown key"),
     ({"target": {"chipset": "SM0000"}}, "unknown chipset"),
     ({"model": {"name": "../escape"}}, "does not match"),
     ({"bundle": {"variant": "nope"}}, "is not one of the variants"),

@@ -12,6 +12,7 @@ import copy
 import math
 import os
 import re
+import reprlib
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -69,7 +70,7 @@ def validate_config(config: Any, where: str = "config",
         GenieBuildError: one line, ``<where> <dotted.key>: <problem with the value>``.
     """
     if not isinstance(config, Mapping):
-        raise GenieBuildError(where, f"must be a mapping of keys to values, got {_short(config)}")
+        raise GenieBuildError(where, f"must be a mapping of keys to values, got {reprlib.repr(config)}")
     _check_plain_data(config, where, ())
     filled = copy.deepcopy(dict(config))
     filler, checker = _validators(os.fspath(schema_path))
@@ -191,8 +192,3 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Any]
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(target)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
@@ -80,6 +82,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     except OSError as exc:
         raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
@@ -97,6 +100,9 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
+    except GenieBuildError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _outside_staging(exc, staging, target) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -139,3 +145,24 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove what a writer killed mid-write (SIGKILL, power cut) left beside ``target``: the mkstemp/mkdtemp
+    ``.<name>.<8 random characters>.tmp`` and a swapped-out ``.<name>.old``. One job writes a given output at a
+    time (Snakemake), so any that exist are stale."""
+    stale = re.compile(rf"\.{re.escape(target.name)}\.(?:[a-z0-9_]{{8}}\.tmp|old)")
+    for path in target.parent.iterdir():
+        if stale.fullmatch(path.name):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _unlink_quietly(str(path))
+
+
+def _outside_staging(error: GenieBuildError, staging: Path, target: Path) -> GenieBuildError:
+    """``error`` naming the final path instead of the staging directory it was raised in (which is gone)."""
+    where = Path(error.where)
+    if where == staging or staging in where.parents:
+        return GenieBuildError(target / where.relative_to(staging), error.problem)
+    return error

@@ -6,31 +6,25 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
-from genie_build import __version__ as GENIE_BUILD_VERSION, chipsets, naming, onnx_graph
+from genie_build import __version__ as GENIE_BUILD_VERSION, naming, onnx_graph
+from genie_build.config import validate_config
 from genie_build.errors import GenieBuildError
 from genie_build.plan import read_plan
 from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
 
 
-validate(config, schema="../../config/schema/config.schema.yaml")
+# One validator for Snakemake and the tests (genie_build.config): the schema with its defaults filled, then the
+# rules across keys; every failure is one line "config <dotted.key>: <problem>".
+try:
+    config.update(validate_config(config, schema_path=f"{workflow.basedir}/config/schema/config.schema.yaml"))
+except GenieBuildError as exc:
+    raise WorkflowError(str(exc)) from None
 
 
 def _config_error(key, problem):
     raise WorkflowError(f"config {key}: {problem}")
 
-
-if (config["split"].get("num_parts") is None) == (config["split"].get("max_part_mb") is None):
-    _config_error("split", "set exactly one of num_parts and max_part_mb (the other to null)")
-for _key, _name in (("bundle.variant", config["bundle"]["variant"]),
-                    ("report.baseline_variant", config["report"]["baseline_variant"])):
-    if _name not in config["variants"]:
-        _config_error(_key, f"{_name!r} is not one of the variants: {', '.join(config['variants'])}")
-try:
-    CHIPSET = chipsets.lookup(config["target"]["chipset"])
-except GenieBuildError as exc:  # unknown chipset, with the known ones listed
-    _config_error("target.chipset", str(exc))
 
 MODEL = config["model"]["name"]
 OUT = f"results/{MODEL}"

@@ -16,5 +16,5 @@ checkpoint slice_encodings:
         f"{OUT}/logs/slice_encodings/{{graph}}.log",
     shell:
         "{GB} slice-encodings --graph {wildcards.graph} --model {input.model:q} --encodings {input.encodings:q}"
-        " --consistent-with {input.other_encodings:q} --parts-dir {OUT}/parts/{wildcards.graph}"
+        " --consistent-with {input.other_encodings:q} --parts-dir {OUT:q}/parts/{wildcards.graph}"
         " --out-dir {output.slices:q} > {log:q} 2>&1"

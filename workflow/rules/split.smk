@@ -60,5 +60,5 @@ rule verify_split:
     benchmark:
         f"{OUT}/benchmarks/verify_split/{{graph}}.tsv"
     shell:
-        "{GB} verify-split --model {input.model:q} --parts-dir {OUT}/parts/{wildcards.graph}"
+        "{GB} verify-split --model {input.model:q} --parts-dir {OUT:q}/parts/{wildcards.graph}"
         " --out {output:q} > {log:q} 2>&1"

@@ -1,0 +1,293 @@
+"""Benchmark the whole workflow: a full build at --cores 1 and at --cores 2, an incremental rebuild after one weight's
+encodings changed, and a no-op run, with the ratios the project targets.
+
+The model is the demo, widened (BENCH_DEMO; ``--demo`` changes it), generated once and then built as a user's
+export (files under ``exports/``), so every timed build starts from ONNX files and encodings as a user's would;
+generating the demo is timed on its own. Each full build starts from nothing (no results/, no .snakemake/). Times
+are wall-clock seconds of the whole ``python -m snakemake`` command, start-up and DAG included. The jobs of the
+--cores 1 build and of the incremental one are then summed per rule from Snakemake's own records
+(.snakemake/metadata), with the longest chain of dependent jobs, to show what dominates.
+
+The figures are only as quiet as the machine: the load average before each run is printed next to it.
+
+Usage::
+
+    .venv/bin/python scripts/bench_workflow.py --work-dir bench/workflow [--demo layers=12] [--num-parts 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "resources")
+SOURCE_FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data",
+                "prompt.encodings.json", "token.encodings.json", "tokenizer.json", "config.json")
+MODEL = "bench"
+# The default demo (8 layers) made wider, so that a full build takes 1-2 min at --cores 1 on a 2-core box and the
+# per-part work, not the per-job start-up, is most of it.
+BENCH_DEMO = {"hidden": 512, "intermediate": 1536, "vocab": 8192}
+SPEED_UP_TARGET = 1.8
+NO_OP_TARGET = 0.05
+INCREMENTAL_SLACK = 0.10  # the incremental target is 1/N of the full build plus this
+
+
+@dataclass(frozen=True)
+class Run:
+    cores: int
+    seconds: float
+    load_before: float
+
+
+@dataclass(frozen=True)
+class Job:
+    rule: str
+    started: float  # epoch seconds
+    seconds: float
+    inputs: frozenset[str]
+    outputs: frozenset[str]
+
+
+@dataclass(frozen=True)
+class RuleTime:
+    rule: str
+    jobs: int
+    seconds: float
+
+
+def copy_workflow(dest: Path) -> None:
+    """The workflow's files (not results/, .snakemake/ or caches) into ``dest``."""
+    for name in WORKFLOW_FILES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(source, dest / name)
+
+
+def snakemake(workdir: Path, cores: int, *args: str) -> float:
+    """Run Snakemake in ``workdir``; its wall time in seconds.
+
+    Raises:
+        SystemExit: Snakemake failed (its log is in ``workdir/bench-failed.log``).
+    """
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
+                            env={**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")})
+    seconds = time.perf_counter() - start
+    if result.returncode:
+        (workdir / "bench-failed.log").write_text(result.stdout + result.stderr)
+        raise SystemExit(f"snakemake {' '.join(args)} failed; see {workdir / 'bench-failed.log'}")
+    return seconds
+
+
+def write_yaml(path: Path, document: dict) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def base_config(demo: dict, num_parts: int) -> dict:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["demo"] = {**config["demo"], **demo}
+    config["split"] = {**config["split"], "num_parts": num_parts}
+    return config
+
+
+def export_demo(workdir: Path, config: dict) -> float:
+    """Generate the demo's source files and move them to ``workdir/exports``; the seconds it took."""
+    config_file = write_yaml(workdir / "demo-config.yaml", config)
+    source = Path("results") / config["model"]["name"] / "source"
+    seconds = snakemake(workdir, 2, *(str(source / name) for name in SOURCE_FILES), "--configfile", str(config_file))
+    (workdir / "exports").mkdir()
+    for name in SOURCE_FILES:
+        shutil.move(workdir / source / name, workdir / "exports" / name)
+    shutil.rmtree(workdir / "results")
+    shutil.rmtree(workdir / ".snakemake")
+    return seconds
+
+
+def user_config(config: dict) -> dict:
+    """``config`` building the files under exports/ as a user's model."""
+    model = {"name": MODEL, "prompt_onnx": "exports/prompt.onnx", "token_onnx": "exports/token.onnx",
+             "encodings": {graph: f"exports/{graph}.encodings.json" for graph in ("prompt", "token")},
+             "tokenizer": "exports/tokenizer.json", "hf_config": "exports/config.json"}
+    return {**config, "model": model}
+
+
+def fresh_build(workdir: Path, config_file: Path, cores: int) -> Run:
+    """A build from nothing: no results, no Snakemake state."""
+    for state in (workdir / "results", workdir / ".snakemake"):
+        shutil.rmtree(state, ignore_errors=True)
+    return timed(workdir, config_file, cores)
+
+
+def timed(workdir: Path, config_file: Path, cores: int) -> Run:
+    load = os.getloadavg()[0]
+    return Run(cores, snakemake(workdir, cores, "--configfile", str(config_file)), load)
+
+
+def job_startup_seconds(repeat: int = 3) -> float:
+    """What every job pays before its work: starting Python and the genie_build CLI (the fastest of ``repeat``)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "genie_build", "--help"], capture_output=True, check=True)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def scale_weight_encoding(encodings_path: Path, tensor: str, factor: float) -> None:
+    """Multiply one parameter encoding's scale by ``factor`` (AIMET 1.0.0 list form, as the demo writes)."""
+    encodings = json.loads(encodings_path.read_text())
+    entry = next((e for e in encodings["param_encodings"] if e["name"] == tensor), None)
+    if entry is None:
+        raise SystemExit(f"{encodings_path}: no parameter encoding {tensor!r}")
+    entry["scale"] = [scale * factor for scale in entry["scale"]]
+    encodings_path.write_text(json.dumps(encodings))
+
+
+def recorded_jobs(workdir: Path) -> list[Job]:
+    """The jobs of the last runs, from Snakemake's per-output records (.snakemake/metadata; one job may have several
+    outputs, each with its own record, named by the urlsafe base64 of its path, split into '@'-prefixed folders)."""
+    metadata = workdir / ".snakemake" / "metadata"
+    by_job: dict[tuple[str, int], dict] = {}
+    for record_path in (path for path in metadata.rglob("*") if path.is_file()):
+        record = json.loads(record_path.read_text())
+        if not (record.get("starttime") and record.get("endtime")):
+            continue
+        encoded = "".join(part.removeprefix("@") for part in record_path.relative_to(metadata).parts)
+        job = by_job.setdefault((record["rule"], record["job_hash"]), {
+            "rule": record["rule"], "started": record["starttime"], "seconds": record["endtime"] - record["starttime"],
+            "inputs": frozenset(record["input"]), "outputs": set()})
+        job["outputs"].add(base64.urlsafe_b64decode(encoded).decode())
+    return [Job(job["rule"], job["started"], job["seconds"], job["inputs"], frozenset(job["outputs"]))
+            for job in by_job.values()]
+
+
+def rule_times(jobs: list[Job]) -> list[RuleTime]:
+    """Job time summed per rule, longest first."""
+    per_rule: dict[str, list[float]] = defaultdict(list)
+    for job in jobs:
+        per_rule[job.rule].append(job.seconds)
+    return sorted((RuleTime(rule, len(times), sum(times)) for rule, times in per_rule.items()),
+                  key=lambda entry: -entry.seconds)
+
+
+def critical_path_seconds(jobs: list[Job]) -> float:
+    """The longest chain of dependent jobs, in job seconds: no number of cores finishes the build faster.
+    A job depends on the job whose output is one of its inputs, or a folder holding one (checkpoint outputs)."""
+    producer = {output: job for job in jobs for output in job.outputs}
+
+    def producers(job: Job) -> set[Job]:
+        found = set()
+        for path in job.inputs:
+            candidates = [path, *(str(parent) for parent in Path(path).parents)]
+            found.update(producer[candidate] for candidate in candidates if candidate in producer)
+        found.discard(job)
+        return found
+
+    finish: dict[Job, float] = {}
+
+    def finish_time(job: Job) -> float:
+        if job not in finish:
+            finish[job] = job.seconds + max((finish_time(dep) for dep in producers(job)), default=0.0)
+        return finish[job]
+
+    return max(finish_time(job) for job in jobs)
+
+
+def rule_table(jobs: list[Job]) -> list[str]:
+    lines = ["| rule | jobs | seconds | mean s/job |", "|---|---:|---:|---:|"]
+    return lines + [f"| {entry.rule} | {entry.jobs} | {entry.seconds:.1f} | {entry.seconds / entry.jobs:.2f} |"
+                    for entry in rule_times(jobs)]
+
+
+def report(runs: dict[str, Run], num_parts: int, generate_seconds: float, jobs: list[Job], startup: float,
+           incremental_jobs: list[Job]) -> str:
+    """The timings, their ratios against the targets, and where the --cores 1 build spent its time (Markdown)."""
+    full1, full2 = runs["full1"], runs["full2"]
+    incremental_target = 1 / num_parts + INCREMENTAL_SLACK
+    rows = [
+        ("full build", full1, "1.00 (reference)", ""),
+        ("full build", full2, f"speed-up {full1.seconds / full2.seconds:.2f}x", f">= {SPEED_UP_TARGET}x"),
+        ("incremental: one weight's encodings", runs["incremental"],
+         f"{runs['incremental'].seconds / full2.seconds:.3f} of the full build", f"<= {incremental_target:.3f}"),
+        ("no-op", runs["noop"], f"{runs['noop'].seconds / full2.seconds:.3f} of the full build", f"<= {NO_OP_TARGET}"),
+    ]
+    lines = ["| run | cores | seconds | load before | ratio (vs full build, same cores) | target |",
+             "|---|---:|---:|---:|---|---|"]
+    lines += [f"| {name} | {run.cores} | {run.seconds:.1f} | {run.load_before:.2f} | {ratio} | {target} |"
+              for name, run, ratio, target in rows]
+    lines += ["", f"Generating the demo model (not part of the builds above): {generate_seconds:.1f} s.", "",
+              "Jobs of the --cores 1 full build, summed per rule (Snakemake's records):", ""]
+    lines += rule_table(jobs)
+    work = sum(job.seconds for job in jobs)
+    chain = critical_path_seconds(jobs)
+    best_two_cores = max(chain, work / 2)
+    lines += ["", f"{len(jobs)} jobs, {work:.1f} s of job time, in a {full1.seconds:.1f} s build. Longest chain of "
+                  f"dependent jobs: {chain:.1f} s, so no 2-core schedule takes less than {best_two_cores:.1f} s of job "
+                  f"time: a speed-up of at most {work / best_two_cores:.2f}x on an idle machine, before Snakemake's "
+                  "own time.",
+              f"Starting Python and the genie_build CLI takes {startup:.2f} s per job: {startup * len(jobs):.1f} s of "
+              f"the {work:.1f} s.", "", "Jobs of the incremental build:", ""]
+    lines += rule_table(incremental_jobs)
+    return "\n".join(lines)
+
+
+def parse_demo(items: list[str]) -> dict:
+    """``["layers=12", ...]`` -> ``{"layers": 12, ...}``."""
+    demo = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        demo[key] = int(value) if value.isdigit() else value
+    return demo
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", type=Path, required=True, help="scratch directory (emptied first)")
+    parser.add_argument("--demo", nargs="*", default=[], metavar="KEY=VALUE",
+                        help=f"demo size over the default config's and {BENCH_DEMO}, e.g. layers=12")
+    parser.add_argument("--num-parts", type=int, default=6)
+    parser.add_argument("--layer", type=int, default=None,
+                        help="layer whose down_proj encodings the incremental run edits (default: the middle one)")
+    args = parser.parse_args()
+
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    args.work_dir.mkdir(parents=True)
+    workdir = args.work_dir.resolve()
+    copy_workflow(workdir)
+    config = base_config({**BENCH_DEMO, **parse_demo(args.demo)}, args.num_parts)
+    generate_seconds = export_demo(workdir, config)
+    config_file = write_yaml(workdir / "bench-config.yaml", user_config(config))
+
+    runs = {"full1": fresh_build(workdir, config_file, 1)}
+    jobs = recorded_jobs(workdir)
+    runs["full2"] = fresh_build(workdir, config_file, 2)
+    runs["noop"] = timed(workdir, config_file, 2)
+    layer = args.layer if args.layer is not None else config["demo"]["layers"] // 2
+    for graph in ("prompt", "token"):  # one weight, identical in both graphs
+        scale_weight_encoding(workdir / "exports" / f"{graph}.encodings.json",
+                              f"model.layers.{layer}.mlp.down_proj.weight", 1.5)
+    incremental_start = time.time()
+    runs["incremental"] = timed(workdir, config_file, 2)
+    incremental_jobs = [job for job in recorded_jobs(workdir) if job.started >= incremental_start]
+    print(report(runs, args.num_parts, generate_seconds, jobs, job_startup_seconds(), incremental_jobs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

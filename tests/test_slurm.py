@@ -1,0 +1,99 @@
+"""The workflow through the SLURM profile on a single-node SLURM started for the test (scripts/slurm-local.sh):
+the bundle's manifest and the size table equal, byte for byte, those of a local run of the same config.
+
+Both runs build the small demo's files as a user model (exports/, made once locally) up to the bundle and the size
+table: every SLURM submission costs about 12 s here (Snakemake starting inside the job, then the status poll), so
+the demo's own generation, the checks and the host run are left to the local workflow tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from rebuild_helpers import USER_MODEL, export_small_demo, user_model_checkout, user_model_config
+from workflow_helpers import REPO, copy_workflow, load_json, run_snakemake
+
+pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
+
+SLURM_LOCAL = REPO / "scripts" / "slurm-local.sh"
+SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "sbatch", "squeue", "scancel")
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+# The executor can wait forever for a status it never gets (snakemake-findings §4): never let it hang the tests.
+SLURM_RUN_TIMEOUT_S = 600
+COMPARED = ("genie_bundle/manifest.json", "size_table.csv")
+TARGETS = tuple(f"results/{USER_MODEL}/{name}" for name in ("genie_bundle", "size_table.csv"))
+SPLIT = {"split": {"num_parts": 2}}  # the part groups run one after the other on a 2-CPU node: keep them few
+
+
+def why_slurm_cannot_run() -> str | None:
+    """Why this machine cannot start a local SLURM for the test, or None if it can."""
+    if os.geteuid() != 0:
+        return "starting slurmctld, slurmd and munged needs root"
+    search_path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"])
+    missing = [name for name in SLURM_PROGRAMS if shutil.which(name, path=search_path) is None]
+    if missing:
+        return (f"SLURM is not installed (no {', '.join(missing)}): apt-get install slurm-wlm slurmctld slurmd "
+                "munge slurm-client")
+    if SLURM_CONF.exists():
+        return f"{SLURM_CONF} exists: a SLURM is configured here already, and this test will not replace it"
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        return "the SLURM executor plugin is missing: pip install -r envs/requirements-slurm.txt"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A single-node SLURM on localhost; every daemon it started is stopped afterwards, whatever happened."""
+    reason = why_slurm_cannot_run()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("slurm")
+    try:
+        started = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(state)], capture_output=True, text=True)
+        if started.returncode != 0:
+            logs = "\n".join(f"{path.name}: {path.read_text()[-1500:]}" for path in sorted((state / "log").glob("*")))
+            pytest.fail(f"SLURM did not start:\n{started.stdout}{started.stderr}\n{logs}")
+        yield state
+    finally:
+        subprocess.run(["bash", str(SLURM_LOCAL), "stop", str(state)], capture_output=True, text=True)
+
+
+def run_on_slurm(workdir: Path, config_file: Path) -> str:
+    """Build TARGETS through the SLURM profile; Snakemake's log. Killed if it outlives SLURM_RUN_TIMEOUT_S."""
+    command = [sys.executable, "-m", "snakemake", *TARGETS, "--workflow-profile", "workflow/profiles/slurm",
+               "--jobs", "4", "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5",
+               "--configfile", str(config_file)]
+    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,
+                            timeout=SLURM_RUN_TIMEOUT_S)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, f"snakemake on SLURM failed ({result.returncode}):\n{log[-6000:]}"
+    return log
+
+
+def test_slurm_build_equals_the_local_build(slurm, tmp_path):
+    (tmp_path / "exporter").mkdir()
+    exports = export_small_demo(copy_workflow(tmp_path / "exporter"))
+    local, cluster = (user_model_checkout(tmp_path / name, exports) for name in ("local", "cluster"))
+    with ThreadPoolExecutor(1) as pool:  # the local build runs while the SLURM one mostly waits for its polls
+        local_build = pool.submit(run_snakemake, local, *TARGETS, "--configfile", str(user_model_config(local, SPLIT)))
+        log = run_on_slurm(cluster, user_model_config(cluster, SPLIT))
+        local_build.result()
+
+    labels = [part["label"] for part in load_json(cluster / "results" / USER_MODEL / "plan.json")["parts"]]
+    assert "has been submitted with SLURM jobid" in log
+    for label in labels:  # the profile's point: one submission per part, not one per convert/compile/account
+        assert f"slurm_logs/group_part_{label}_account_part_compile_part_convert_part_reference/" in log, label
+    assert "slurm_logs/rule_compile_part/" not in log
+    for output in COMPARED:
+        expected = (local / "results" / USER_MODEL / output).read_bytes()
+        assert (cluster / "results" / USER_MODEL / output).read_bytes() == expected, output
