@@ -19,6 +19,7 @@ include: "workflow/rules/convert.smk"
 include: "workflow/rules/compile.smk"
 include: "workflow/rules/sizes.smk"
 include: "workflow/rules/bundle.smk"
+include: "workflow/rules/estimate.smk"
 
 
 rule all:

@@ -2,16 +2,17 @@
 RSS next to the size of the data the job handles (``docs/large-models.md``).
 
 The workflow (Snakefile, ``workflow/``, ``config/``, ``resources/``) is copied into ``--scratch`` and run there
-with ``snakemake --cores N --configfile config/config.yaml large.yaml`` (the demo shape), so nothing lands in the repository's ``results/``. In the copy,
-every rule without a ``benchmark:`` gets one (beside its log, ``logs/`` -> ``benchmarks/``), and the package is
-imported from the copy (``PYTHONPATH``), so editing the repository during the run changes nothing.
+with ``snakemake --cores N --keep-going --configfile config/config.yaml large.yaml`` (``large.yaml``: the demo
+shape), so nothing lands in the repository's ``results/``. In the copy, every rule without a ``benchmark:`` gets
+one (beside its log, ``logs/`` -> ``benchmarks/``), and the package is imported from the copy (``PYTHONPATH``),
+so editing the repository during the run changes nothing.
 
 Two peak RSS figures per job:
 
 - ``bench_rss``: Snakemake's ``max_rss`` from the job's benchmark TSV. Snakemake samples every 0.5 s for the
   first 15 s, then every 30 s, so it can miss a short peak of a long job;
 - ``peak_rss``: the ``genie_build`` process's own ``ru_maxrss``, written at exit by a ``sitecustomize`` hook
-  put on ``PYTHONPATH``; exact.
+  put on ``PYTHONPATH``; exact. A process the kernel kills (out of memory) records nothing.
 
 Concurrency: ``--cores`` jobs run at once. ``calibrate_demo_encodings`` and ``verify_split`` each run the whole
 model in onnxruntime, so they get ``mem_mb`` resources that keep them from running side by side; a job's peak
@@ -20,6 +21,7 @@ RSS is its own either way.
 Usage::
 
     .venv/bin/python scripts/bench_large.py --scratch /tmp/genie-large [--cores 2] [--num-parts 6] [--keep]
+    .venv/bin/python scripts/bench_large.py --scratch /tmp/genie-large --collect-only   # a kept run, again
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def add_missing_benchmarks(rules_dir: Path) -> list[str]:
             if "\n    log:\n" in block and "\n    benchmark:\n" not in block:
                 log_value = block.split("\n    log:\n", 1)[1].split("\n", 1)[0]
                 if "/logs/" not in log_value or '.log"' not in log_value:
-                    raise SystemExit(f"{path}: rule {header.group(1)}: cannot derive a benchmark path from {log_value}")
+                    raise SystemExit(f"{path}: rule {header.group(1)}: cannot derive a benchmark path from "
+                                     f"{log_value}")
                 bench_value = log_value.replace("/logs/", "/benchmarks/").replace('.log"', '.tsv"')
                 # Snakemake refuses benchmark: on a cacheable rule; this run does not use the cache.
                 block = _CACHE_DIRECTIVE.sub("", block)
@@ -161,7 +164,7 @@ def run_workflow(workflow: Path, shape: dict, cores: int, num_parts: int, hook_d
 
 
 def failed_jobs(workflow: Path) -> list[str]:
-    """The rules Snakemake reports as failed, with the reason the kernel log gives for a killed process."""
+    """The rules Snakemake reports as failed."""
     log = (workflow / "snakemake.log").read_text()
     return sorted(set(re.findall(r"^Error in rule (\w+):", log, re.MULTILINE)))
 
@@ -230,6 +233,7 @@ def collect(out: Path, rss_log: Path) -> list[Job]:
 
 
 def markdown(jobs: list[Job]) -> str:
+    """The jobs as the table of ``docs/large-models.md``."""
     lines = ["| job | wall s | handles | MiB | bench max_rss MiB | peak RSS MiB | peak / handled | verdict |",
              "|---|---:|---|---:|---:|---:|---:|---|"]
     for job in jobs:

@@ -166,3 +166,24 @@ def test_snakemake_validates_with_this_function() -> None:
     common = (REPO / "workflow" / "rules" / "common.smk").read_text()
     assert "validate_config(config" in common
     assert "snakemake.utils import validate" not in common
+
+
+def test_numbers_and_booleans_given_as_text_are_read_as_the_schema_asks():
+    """``snakemake --config demo='{layers: 24}'`` hands the validator strings."""
+    default = yaml.safe_load((Path(DEFAULT_SCHEMA).parents[1] / "config.yaml").read_text())
+
+    def with_changes(**sections):
+        config = copy.deepcopy(default)
+        for section, values in sections.items():
+            config[section].update(values)
+        return config
+
+    config = validate_config(with_changes(demo={"layers": "24", "seed": "3"}, split={"num_parts": "4"},
+                                          report={"strict": "true", "max_context_mb": "1024.5"}))
+    assert (config["demo"]["layers"], config["demo"]["seed"], config["split"]["num_parts"]) == (24, 3, 4)
+    assert config["report"]["strict"] is True and config["report"]["max_context_mb"] == 1024.5
+    with pytest.raises(GenieBuildError, match=r"config demo.layers: 'x24' is not of type 'integer'"):
+        validate_config(with_changes(demo={"layers": "x24"}))
+    with pytest.raises(GenieBuildError, match=r"config demo.layers: 'true' is not of type 'integer'"):
+        validate_config(with_changes(demo={"layers": "true"}))
+    assert validate_config(with_changes(model={"name": "123"}))["model"]["name"] == "123"  # stays a string

@@ -433,7 +433,7 @@ def test_command_from_a_graph_with_a_part_budget(tmp_path, demo):
     assert plan.mode == "max_part_mb" and max(part.estimated_bytes for part in plan.parts) <= 0.02 * MIB
 
 
-def test_command_takes_the_recipe_as_json_and_the_memory_limits(tmp_path, demo):
+def test_command_takes_the_recipe_as_json_and_the_memory_limits(tmp_path, demo, capsys):
     out = tmp_path / "predicted"
     assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
                  "--recipe-json", '{"lm_head": 16}', "--max-context-mb", "0.01", "--out-dir", str(out)]) == 0
@@ -441,8 +441,10 @@ def test_command_takes_the_recipe_as_json_and_the_memory_limits(tmp_path, demo):
     memory = json.loads((out / "memory_plan.json").read_text())
     assert memory["limits"]["max_context_bytes"]["value"] == round(0.01 * MIB)
     assert {warning["part"] for warning in memory["warnings"] if warning["check"] == "context_size"} == {1, 2, 3}
-    assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
-                 "--recipe-json", '{"lm_head": 3}', "--out-dir", str(out)]) == 2
+    for bad, problem in (('{"lm_head": 3}', "recipe lm_head"), ("[4]", "expected a JSON object")):
+        assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
+                     "--recipe-json", bad, "--out-dir", str(out)]) == 2
+        assert problem in capsys.readouterr().err
 
 
 def test_command_refuses_boundaries_with_a_config(tmp_path, demo, capsys):

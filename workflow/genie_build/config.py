@@ -88,7 +88,8 @@ def validate_config(config: Any, where: str = "config",
 
 def _fill_defaults(validator_class: type) -> type:
     """A validator class that sets each missing property to a copy of its schema ``default`` before checking
-    the object (the jsonschema FAQ recipe, as Snakemake's ``validate`` does)."""
+    the object (the jsonschema FAQ recipe, as Snakemake's ``validate`` does), and reads a string given where
+    the schema wants a number or a boolean as YAML: ``snakemake --config demo='{layers: 24}'`` passes ``'24'``."""
     check_properties = validator_class.VALIDATORS["properties"]
 
     def properties_with_defaults(validator, properties: dict, instance: Any, schema: dict) -> Iterator:
@@ -96,12 +97,31 @@ def _fill_defaults(validator_class: type) -> type:
             for name, subschema in properties.items():
                 if "default" in subschema and name not in instance:
                     instance[name] = copy.deepcopy(subschema["default"])
+                elif isinstance(instance.get(name), str):
+                    instance[name] = _scalar_from_text(instance[name], subschema)
         yield from check_properties(validator, properties, instance, schema)
 
     return validators.extend(validator_class, {"properties": properties_with_defaults})
 
 
 _DefaultFillingValidator = _fill_defaults(Draft202012Validator)
+
+_SCALAR_TYPES = {"integer": int, "number": (int, float), "boolean": bool}
+
+
+def _scalar_from_text(text: str, schema: dict) -> Any:
+    """``text`` as the number or boolean ``schema`` asks for, when it reads as one; otherwise unchanged."""
+    wanted = schema.get("type", [])
+    wanted = [wanted] if isinstance(wanted, str) else wanted
+    if "string" in wanted or not any(kind in _SCALAR_TYPES for kind in wanted):
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    matches = any(isinstance(value, _SCALAR_TYPES[kind]) and not (kind != "boolean" and isinstance(value, bool))
+                  for kind in wanted if kind in _SCALAR_TYPES)
+    return value if matches else text
 
 
 @cache

@@ -20,6 +20,8 @@ rule assemble_bundle:
         config_used=json.dumps(config, sort_keys=True),
     log:
         f"{OUT}/logs/assemble_bundle.log",
+    benchmark:
+        f"{OUT}/benchmarks/assemble_bundle.tsv"
     shell:
         "{GB} bundle --out-dir {output.bundle:q} --model-name {params.model:q} --binaries {input.binaries:q}"
         " --toolchain {params.toolchain:q} --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q}"
@@ -36,6 +38,8 @@ rule check_bundle:
         chipset=config["target"]["chipset"],
     log:
         f"{OUT}/logs/check_bundle.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_bundle.tsv"
     shell:
         "{GB} check-bundle {input.bundle:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
         " --out {output:q} > {log:q} 2>&1"

@@ -163,6 +163,9 @@ def variant_part_files(pattern, variants):
 
 
 def final_outputs(wildcards):
+    if "hf_config" in config["model"] and "prompt_onnx" not in config["model"]:
+        raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
+                            "'estimate' target: snakemake estimate --cores 1 --configfile <file>")
     return [
         *(f"{OUT}/verify/{graph}.json" for graph in GRAPHS),
         f"{OUT}/size_table.csv",

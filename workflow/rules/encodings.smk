@@ -14,6 +14,8 @@ checkpoint slice_encodings:
         slices=directory(f"{OUT}/encodings/{{graph}}"),
     log:
         f"{OUT}/logs/slice_encodings/{{graph}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/slice_encodings/{{graph}}.tsv"
     shell:
         "{GB} slice-encodings --graph {wildcards.graph} --model {input.model:q} --encodings {input.encodings:q}"
         " --consistent-with {input.other_encodings:q} --parts-dir {OUT:q}/parts/{wildcards.graph}"

@@ -31,6 +31,8 @@ rule train_demo_tokenizer:
         vocab=config["demo"]["vocab"],
     log:
         f"{OUT}/logs/train_demo_tokenizer.log",
+    benchmark:
+        f"{OUT}/benchmarks/train_demo_tokenizer.tsv"
     shell:
         "{GB} train-tokenizer --corpus {input.corpus:q} --vocab {params.vocab} --out {output:q} > {log:q} 2>&1"
 

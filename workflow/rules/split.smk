@@ -23,6 +23,8 @@ checkpoint plan_split:
         split=SPLIT_ARGS,
     log:
         f"{OUT}/logs/plan_split.log",
+    benchmark:
+        f"{OUT}/benchmarks/plan_split.tsv"
     shell:
         "{GB} plan --prompt {input.prompt:q} --token {input.token:q}"
         " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q}"

@@ -8,10 +8,10 @@ Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``est
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 
+from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, recipe_from_dict,
                                   weights_from_hf_config, weights_from_onnx, write_estimate)
@@ -35,8 +35,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     recipe.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
                                          "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
                                          "biases, per channel")
-    recipe.add_argument("--recipe-json", type=json.loads,
-                        help="the recipe mapping as JSON (the workflow passes config 'recipe')")
+    recipe.add_argument("--recipe-json", help="the recipe mapping as JSON (the workflow passes config 'recipe')")
     parser.add_argument("--embedding-with-layers", action="store_true",
                         help="put the embedding in part 1 with the first layer(s) instead of alone")
     parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
@@ -57,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     model = (weights_from_hf_config(args.hf_config) if args.hf_config is not None
              else weights_from_onnx(args.onnx, args.boundaries))
     if args.recipe_json is not None:
-        recipe = recipe_from_dict(args.recipe_json, "--recipe-json")
+        recipe = recipe_from_dict(json_object(args.recipe_json, "--recipe-json"), "--recipe-json")
     else:
         recipe = read_recipe(args.recipe) if args.recipe else Recipe()
     max_part_bytes = None if args.max_part_mb is None else int(args.max_part_mb * MIB)
