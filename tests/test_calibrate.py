@@ -172,3 +172,30 @@ def test_cli_rejects_bad_arguments(tmp_path: Path, args: list[str], capsys: pyte
     out = ["--out-prompt", str(tmp_path / "p.json"), "--out-token", str(tmp_path / "t.json")]
     assert cli.main(["calibrate", *args, *out]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_low_memory_session_options_give_the_same_encodings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Priority order and no arena (so float16 weights are cast one at a time) change no byte of the result."""
+    generate_demo(dataclasses.replace(TINY, layers=1, weight_dtype="float16"), tmp_path)
+    used: list[ort.SessionOptions] = []
+    original = ort.InferenceSession
+
+    def recording_session(model, options, providers):
+        used.append(options)
+        return original(model, options, providers=providers)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording_session)
+    calibrate(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "p.json", tmp_path / "t.json",
+              num_samples=2)
+    assert used and all(options.execution_order == ort.ExecutionOrder.PRIORITY_BASED
+                        and not options.enable_cpu_mem_arena for options in used)
+
+    def default_order_session(model, options, providers):
+        options.execution_order, options.enable_cpu_mem_arena = ort.ExecutionOrder.DEFAULT, True
+        return original(model, options, providers=providers)
+
+    monkeypatch.setattr(ort, "InferenceSession", default_order_session)
+    calibrate(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "p0.json", tmp_path / "t0.json",
+              num_samples=2)
+    assert (tmp_path / "p.json").read_bytes() == (tmp_path / "p0.json").read_bytes()
+    assert (tmp_path / "t.json").read_bytes() == (tmp_path / "t0.json").read_bytes()

@@ -9,7 +9,8 @@ import pytest
 
 from genie_build.encodings import TensorEncoding
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.reference.quantize import broadcast_params, dequantize, quantize
+from genie_build.toolchains.reference.quantize import (broadcast_params, dequantize, params_of_rows, quantize,
+                                                       row_blocks)
 
 BITWIDTHS = (4, 8, 16)
 IN, OUT, BLOCK = 8, 6, 4
@@ -162,3 +163,63 @@ def test_broadcast_params_accepts_every_stored_layout():
                                   np.tile(per_channel, (4, 1)))
     with pytest.raises(ValueError):
         broadcast_params(np.arange(5), shape, 1)
+
+
+def whole_tensor_quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None) -> np.ndarray:
+    """The codes as quantize computed them before it worked in row blocks: the whole tensor at once."""
+    x = np.asarray(w, dtype=np.float32)
+    _, scale, zero_point = quantize(np.zeros_like(x), enc, axis)
+    offset = -zero_point.astype(np.int64)
+    bits = 4 if enc.kind == "lpbq" else enc.bitwidth
+    codes = np.rint(x / broadcast_params(scale, x.shape, axis)) - broadcast_params(offset, x.shape, axis)
+    return np.clip(codes, 0, 2**bits - 1).astype(zero_point.dtype)
+
+
+@pytest.mark.parametrize("block_values", [1, OUT, OUT + 1, 3 * OUT, BLOCK * OUT, IN * OUT, 10**6])
+def test_quantizing_in_row_blocks_gives_the_whole_tensor_codes(block_values):
+    """Blocks smaller than a row, than a block of a blocked encoding, uneven and whole: same codes."""
+    rng = np.random.default_rng(block_values)
+    for bitwidth in BITWIDTHS:
+        for enc, axis in encodings(rng, bitwidth):
+            largest_scale = max(enc.scale) * max(enc.per_block_int_scale or (1,))
+            w = weight_with_extremes(rng, (IN, OUT), reach=largest_scale * 2**bitwidth)
+            w = w.astype(np.float16) if bitwidth <= 8 else w  # float16 as the large models hold it, where it fits
+            q, _, _ = quantize(w, enc, axis, block_values=block_values)
+            assert q.dtype == whole_tensor_quantize(w, enc, axis).dtype
+            np.testing.assert_array_equal(q, whole_tensor_quantize(w, enc, axis), err_msg=f"{enc.kind} {axis}")
+
+
+@pytest.mark.parametrize("shape, axis", [((), None), ((7,), 0), ((5, 3, 4), 1), ((0, 4), None)])
+def test_quantizing_in_row_blocks_handles_any_rank(shape, axis):
+    rng = np.random.default_rng(1)
+    count = 1 if axis is None else shape[axis]
+    enc = TensorEncoding("w", "int", 8, "per_tensor" if axis is None else "per_channel", False,
+                         tuple(float(s) for s in rng.uniform(0.01, 0.05, count)),
+                         tuple(int(o) for o in rng.integers(-255, 1, count)))
+    w = rng.uniform(-3, 3, shape).astype(np.float32)
+    q, _, _ = quantize(w, enc, axis, block_values=2)
+    assert q.shape == w.shape
+    np.testing.assert_array_equal(q, whole_tensor_quantize(w, enc, axis))
+
+
+def test_non_finite_weights_raise_from_any_row_block():
+    enc = TensorEncoding("w", "int", 8, "per_tensor", True, (0.1,), (-128,))
+    w = np.zeros((IN, OUT), np.float32)
+    w[-1, -1] = np.inf
+    with pytest.raises(GenieBuildError, match="NaN or infinite"):
+        quantize(w, enc, None, block_values=OUT)
+
+
+@pytest.mark.parametrize("params, axis", [(np.arange(8), 0), (np.arange(6), 1), (np.arange(12).reshape(4, 3), None),
+                                          (np.array(3), None), (np.arange(8).reshape(8, 1), None)])
+def test_row_blocks_cover_the_rows_and_carry_their_parameters(params, axis):
+    """Per channel on either axis, blocked (2 rows x 2 columns per entry), per tensor, broadcast."""
+    shape = (8, 6)
+    whole = broadcast_params(params, shape, axis)
+    for block_values in (1, 7, 12, 30, 48, 1000):
+        blocks = row_blocks(shape, params, axis, block_values)
+        assert [index for block in blocks for index in range(block.start, block.stop)] == list(range(shape[0]))
+        for block in blocks:
+            rows = (block.stop - block.start, *shape[1:])
+            np.testing.assert_array_equal(
+                broadcast_params(params_of_rows(params, shape, axis, block), rows, axis), whole[block])

@@ -25,8 +25,10 @@ from genie_build.encodings import Encodings, TensorEncoding, channel_axis, write
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
+from genie_build.toolchains.reference import container
 from genie_build.toolchains.reference.container import load_container, read_header
-from genie_build.toolchains.reference.quantize import dequantize, quantize, stored_bitwidth
+from genie_build.toolchains.reference.packing import pack_int4
+from genie_build.toolchains.reference.quantize import broadcast_params, dequantize, quantize, stored_bitwidth
 
 HIDDEN, VOCAB, LAYERS, AR, CONTEXT = 16, 64, 2, 4, 8
 PROMPT, TOKEN = "prompt_ar4_cl8_1_of_1", "token_ar1_cl8_1_of_1"
@@ -265,6 +267,77 @@ def test_packing_stores_4_bit_values_two_per_byte_and_other_widths_as_they_are(t
 
 def test_compiles_are_byte_identical(tiny, tmp_path):
     assert compile_to(tiny, tmp_path / "a.bin").read_bytes() == compile_to(tiny, tmp_path / "b.bin").read_bytes()
+
+
+def whole_tensor_signed(values: np.ndarray, quantization: dict, zero_point: np.ndarray) -> np.ndarray:
+    """``q - zero_point`` as the container computed it before it avoided tensor-sized temporaries."""
+    return values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization["axis"])
+
+
+def whole_tensor_packable(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None) -> bool:
+    """The packing rule as the container decided it before (an int64 copy of the whole tensor)."""
+    if quantization is None or quantization["bitwidth"] > 8:
+        return False
+    if quantization["bitwidth"] <= 4:
+        return True
+    signed = whole_tensor_signed(values, quantization, zero_point)
+    return bool(signed.size and signed.min() >= -8 and signed.max() <= 7)
+
+
+def packing_cases() -> list[tuple[np.ndarray, dict, np.ndarray]]:
+    """8-bit values against zero points in every layout, at, inside and one past the [-8, 7] bounds."""
+    rng = np.random.default_rng(3)
+    cases = []
+    layouts = [((6, 8), None, ()), ((6, 8), 0, (6,)), ((6, 8), 1, (8,)), ((6, 8), -1, (8,)),
+               ((6, 8), None, (3, 8)), ((6, 8), None, (6, 8)), ((6, 8), None, (1, 8)), ((9,), 0, (9,)),
+               ((9,), None, ()), ((2, 3, 4), 1, (3,)), ((), None, ()), ((0, 8), 1, (8,)), ((0, 8), None, ())]
+    for shape, axis, zero_shape in layouts:
+        for low, high in ((-8, 7), (-9, 7), (-8, 8), (-3, 2), (-20, 20)):
+            zero = rng.integers(9, 248, zero_shape).astype(np.uint8)  # room for -9 and +8 (0 and 255: below)
+            expanded = broadcast_params(zero, shape, axis).astype(np.int64)
+            values = np.clip(expanded + rng.integers(low, high + 1, shape), 0, 255).astype(np.uint8)
+            if values.size:  # make the bounds reached exactly somewhere
+                values.flat[0] = np.clip(expanded.flat[0] + low, 0, 255)
+                values.flat[-1] = np.clip(expanded.flat[-1] + high, 0, 255)
+            cases.append((values, {"bitwidth": 8, "axis": axis}, zero))
+    edge = np.array([[0, 255], [255, 0]], dtype=np.uint8)
+    cases += [(edge, {"bitwidth": 8, "axis": None}, np.array(0, np.uint8)),
+              (edge, {"bitwidth": 8, "axis": None}, np.array(255, np.uint8)),
+              (np.array([[0, 7], [8, 15]], np.uint8), {"bitwidth": 8, "axis": 0}, np.array([8, 8], np.uint8)),
+              (np.array([[0, 7], [8, 16]], np.uint8), {"bitwidth": 8, "axis": 0}, np.array([8, 8], np.uint8)),
+              (np.array([[3, 4]], np.uint8), {"bitwidth": 4, "axis": None}, np.array(0, np.uint8)),
+              (np.array([[3, 4]], np.uint16), {"bitwidth": 16, "axis": None}, np.array(3, np.uint16))]
+    return cases
+
+
+def test_packable_decides_as_the_whole_tensor_formula():
+    decisions = []
+    for values, quantization, zero_point in packing_cases():
+        decision = container._packable(values, quantization, zero_point)
+        assert decision == whole_tensor_packable(values, quantization, zero_point), (values.shape, quantization)
+        decisions.append(decision)
+    assert any(decisions) and not all(decisions)
+
+
+def test_packed_signed_values_are_computed_in_row_blocks_as_on_the_whole_tensor(monkeypatch):
+    monkeypatch.setattr(container, "BLOCK_VALUES", 5)  # blocks of one row, and of less than a row
+    packed = 0
+    for values, quantization, zero_point in packing_cases():
+        if quantization["bitwidth"] == 8 and whole_tensor_packable(values, quantization, zero_point):
+            storage, payload = container._encode(values, quantization, zero_point, True, Path("w"))
+            assert storage == "packed4_signed"
+            assert payload == pack_int4(whole_tensor_signed(values, quantization, zero_point) + 8)
+            packed += 1
+    assert packed >= 10
+
+
+def test_compiled_bytes_do_not_change_with_the_blockwise_packing_rule(tiny, tmp_path, monkeypatch):
+    new = compile_to(tiny, tmp_path / "new.bin").read_bytes()
+    monkeypatch.setattr(container, "_packable", whole_tensor_packable)
+    monkeypatch.setattr(container, "_signed_nibbles", lambda values, quantization, zero_point:
+                        whole_tensor_signed(values, quantization, zero_point) + 8)
+    assert compile_to(tiny, tmp_path / "old.bin").read_bytes() == new
+    assert read_header(tmp_path / "new.bin")["applied_options"]["packable_weights"] > 0
 
 
 def test_converts_are_byte_identical(tiny, tmp_path):

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild, build_reference_bundle
 from genie_build.chipsets import lookup
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
-from genie_build.run_bundle import Runner, generate, load_bundle, make_runner, run_bundle
+from genie_build import run_bundle as run_bundle_module
+from genie_build.run_bundle import (GraphSession, Runner, generate, load_bundle, make_runner, run_bundle,
+                                    unsplit_tokens)
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container import load_container
 from genie_build.toolchains.reference.toolchain import ReferenceToolchain
@@ -106,3 +110,65 @@ def test_a_bundle_failing_its_checks_is_not_run(build: ReferenceBuild, tmp_path:
     (broken / "genie_config.json").write_text(json.dumps(config))
     with pytest.raises(GenieBuildError, match=r"\[context-size\]"):
         load_bundle(broken)
+
+
+def default_options_runner(containers: list[Path], like: Runner) -> Runner:
+    """The runner as it was before it saved memory: each graph in a session with onnxruntime's default
+    options (constant folding), weights inline."""
+    parts = []
+    for path in containers:
+        by_ar = {}
+        for name, model in load_container(path).items():
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            by_ar[int(re.search(r"_ar(\d+)_", name).group(1))] = GraphSession(session=session, weights={})
+        parts.append(by_ar)
+    return dataclasses.replace(like, parts=tuple(parts))
+
+
+def test_tokens_equal_those_of_default_session_options(build: ReferenceBuild) -> None:
+    bundle = load_bundle(build.bundle)
+    config = json.loads((build.bundle / "genie_config.json").read_text())
+    containers = [build.bundle / name for name in config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]]
+    reference = default_options_runner(containers, bundle.runner)
+    assert set(reference.parts[0]) == set(bundle.runner.parts[0]) == {1, TINY_DEMO["ar"]}
+    prompt_ids = bundle.tokenizer.encode(PROMPT).ids
+    assert generate(bundle.runner, prompt_ids, 12) == generate(reference, prompt_ids, 12)
+
+
+def test_a_parts_graphs_are_fed_the_same_weight_arrays(build: ReferenceBuild) -> None:
+    for part in load_bundle(build.bundle).runner.parts:
+        prompt, token = part[TINY_DEMO["ar"]], part[1]
+        common = set(prompt.weights) & set(token.weights)
+        assert common and all(prompt.weights[name] is token.weights[name] for name in common)
+        assert not any(node.name in prompt.weights for node in prompt.inputs())
+
+
+def test_parts_are_loaded_one_at_a_time(build: ReferenceBuild) -> None:
+    """Each part's models have given up their weights before the next part is read."""
+    config = json.loads((build.bundle / "genie_config.json").read_text())
+    containers = [build.bundle / name for name in config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]]
+    loaded: list[dict] = []
+
+    def parts():
+        for path in containers:
+            assert all(not model.graph.initializer for models in loaded for model in models.values())
+            loaded.append(load_container(path))
+            yield loaded[-1]
+
+    runner = make_runner(parts(), head_dim=8, rope_theta=10000.0)
+    assert len(runner.parts) == len(containers) == 3
+
+
+def test_unsplit_tokens_read_the_bundle_config_without_loading_its_binaries(
+        build: ReferenceBuild, unsplit_runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[Path] = []
+
+    def recording_load(path):
+        loaded.append(Path(path))
+        return load_container(path)
+
+    monkeypatch.setattr(run_bundle_module, "load_container", recording_load)
+    prompt_ids = [5, 77, 301, 12]
+    tokens = unsplit_tokens(build.bundle, build.root / "unsplit" / "model.bin", prompt_ids, 6)
+    assert loaded == [build.root / "unsplit" / "model.bin"]
+    assert tokens == generate(unsplit_runner, prompt_ids, 6)

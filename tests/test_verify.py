@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -15,7 +17,7 @@ from genie_build.commands.verify_split import find_parts
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.split import split_model
-from genie_build.verify import build_feed, compare_arrays, find_token_input, verify_chain
+from genie_build.verify import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
 from tiny_decoder import make_plan
 
 SHAPE = DemoShape(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, context=64, ar=8)
@@ -148,3 +150,40 @@ def test_feed_of_the_wrong_shape_fails_naming_the_graph(demo: Path, parts: dict[
     feed = build_feed(full)
     with pytest.raises(GenieBuildError, match=r"prompt\.onnx: onnxruntime cannot run it"):
         verify_chain(full, parts["prompt"], {**feed, "input_ids": feed["input_ids"][:, :1]})
+
+
+def test_full_graph_and_parts_run_with_the_same_unfolded_options(demo: Path, parts: dict[str, list[Path]],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equality means the split changed nothing only if both sides run the same kernels: one set of options."""
+    used: list[tuple[str, ort.SessionOptions]] = []
+    original = ort.InferenceSession
+
+    def recording_session(path, options, providers):
+        used.append((Path(path).name, options))
+        return original(path, options, providers=providers)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording_session)
+    full = demo / "prompt.onnx"
+    verify_chain(full, parts["prompt"], build_feed(full))
+    assert [name for name, _ in used] == ["prompt.onnx"] + [path.name for path in parts["prompt"]]
+    for _, options in used:
+        assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        assert options.execution_order == ort.ExecutionOrder.PRIORITY_BASED
+
+
+def test_float16_weights_chain_bit_exact_and_a_one_ulp_change_is_caught(tmp_path: Path) -> None:
+    """Unfolded, float16 weights are cast at run time on both sides; the check still sees the smallest change."""
+    generate_demo(dataclasses.replace(SHAPE, weight_dtype="float16"), tmp_path / "demo")
+    full = tmp_path / "demo" / "token.onnx"
+    chain = split_model(tmp_path / "demo" / "prompt.onnx", full, PLAN, tmp_path / "parts")["token"]
+    assert verify_chain(full, chain, build_feed(full)).bit_exact
+    last = chain[-1]
+    head = next(t for t in onnx.load(last, load_external_data=False).graph.initializer if t.name == "lm_head.weight")
+    assert head.data_type == TensorProto.FLOAT16
+    offset = int({e.key: e.value for e in head.external_data}["offset"])
+    with open(last.with_name(last.name + ".data"), "r+b") as handle:
+        handle.seek(offset)
+        value = np.frombuffer(handle.read(2), np.float16)
+        handle.seek(offset)
+        handle.write(np.nextafter(value, np.float16(np.inf)).tobytes())
+    assert not compare_chain(full, chain, build_feed(full)).bit_exact

@@ -93,7 +93,7 @@ def check_external_data(model: onnx.ModelProto, path: str | os.PathLike[str]) ->
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = _external_info(tensor, path)
+        info = external_info(tensor, path)
         data_file = base / info["location"]
         if data_file not in sizes:
             if not data_file.is_file():
@@ -121,11 +121,13 @@ def external_data_files(model: onnx.ModelProto, path: str | os.PathLike[str]) ->
         GenieBuildError: a location is absolute or escapes the model's folder.
     """
     base = Path(path).parent
-    return sorted({base / _external_info(tensor, path)["location"] for tensor in model.graph.initializer
+    return sorted({base / external_info(tensor, path)["location"] for tensor in model.graph.initializer
                    if tensor.data_location == onnx.TensorProto.EXTERNAL})
 
 
-def _external_info(tensor: onnx.TensorProto, path: str | os.PathLike[str]) -> dict[str, str]:
+def external_info(tensor: onnx.TensorProto, path: str | os.PathLike[str]) -> dict[str, str]:
+    """An external initializer's ``location``/``offset``/``length`` entries, its location checked to be a file
+    name relative to the model's folder (raises GenieBuildError otherwise)."""
     info = {entry.key: entry.value for entry in tensor.external_data}
     location = info.get("location", "")
     if not location or os.path.isabs(location) or ".." in Path(location).parts:
@@ -242,7 +244,7 @@ def tensor_sha256(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) 
     """
     sink = _DigestSink()
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        info = _external_info(tensor, model_path)
+        info = external_info(tensor, model_path)
         with open(Path(model_path).parent / info["location"], "rb") as source:
             copy_range(source, sink, int(info.get("offset", 0)), int(info.get("length", _stored_nbytes(tensor))))
     elif tensor.HasField("raw_data"):

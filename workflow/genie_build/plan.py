@@ -383,6 +383,11 @@ PLAN_SCHEMA = {
 }
 
 
+# Built once: jsonschema.validate() re-checks the schema itself on every call, and the workflow reads the plan
+# in many input functions.
+_PLAN_VALIDATOR = jsonschema.Draft202012Validator(PLAN_SCHEMA)
+
+
 def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
     """Write ``plan.json`` atomically; the same plan always gives the same bytes."""
     write_json(path, dataclasses.asdict(plan))
@@ -395,11 +400,10 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
         GenieBuildError: the file is missing, not JSON, or not a plan (the message says which field).
     """
     data = read_json(path)
-    try:
-        jsonschema.validate(data, PLAN_SCHEMA)
-    except jsonschema.ValidationError as exc:
-        field = "/".join(str(key) for key in exc.absolute_path) or "top level"
-        raise GenieBuildError(path, f"not a valid plan: {field}: {exc.message}") from None
+    error = jsonschema.exceptions.best_match(_PLAN_VALIDATOR.iter_errors(data))
+    if error is not None:
+        field = "/".join(str(key) for key in error.absolute_path) or "top level"
+        raise GenieBuildError(path, f"not a valid plan: {field}: {error.message}")
     if len(data["parts"]) != data["num_parts"]:
         raise GenieBuildError(path, f"not a valid plan: num_parts is {data['num_parts']} but "
                                     f"{len(data['parts'])} parts are listed")

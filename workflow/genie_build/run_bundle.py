@@ -10,13 +10,17 @@ keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` 
 The graphs come from :func:`genie_build.toolchains.reference.container.load_container`; RoPE tables and
 the mask from :mod:`genie_build.demo`, computed from ``kv-dim`` and ``rope-theta`` of ``genie_config.json``
 as Genie computes them.
+
+Memory: a part's graphs share their weights as the ctx-bin holds them unpacked (integer codes, not float), fed to
+onnxruntime as inputs so that no session copies or folds them, and the parts are loaded one at a time. So the
+host run holds about one copy of the model's stored weights, plus one weight dequantized at a time.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,13 +42,31 @@ KV_KEY_PREFIX, KV_VALUE_PREFIX = "past_key_", "past_value_"
 
 
 @dataclass(frozen=True)
+class GraphSession:
+    """One graph ready to run: its session and the weights it is fed as inputs (the same arrays as the other
+    graphs of its part where the ctx-bin shares them)."""
+
+    session: ort.InferenceSession
+    weights: Mapping[str, np.ndarray]
+
+    def inputs(self) -> list[ort.NodeArg]:
+        """The graph's inputs other than its weights."""
+        return [node for node in self.session.get_inputs() if node.name not in self.weights]
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output by name, for ``feed`` (the inputs of :meth:`inputs`)."""
+        names = [node.name for node in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, {**feed, **self.weights})))
+
+
+@dataclass(frozen=True)
 class Runner:
     """The parts of a model, each a runnable session per AR, and the RoPE geometry to feed them.
 
     ``parts[i][ar]`` runs part ``i`` (0-based) for ``ar`` new tokens; ``context_length`` is the compiled CL.
     """
 
-    parts: tuple[Mapping[int, ort.InferenceSession], ...]
+    parts: tuple[Mapping[int, GraphSession], ...]
     context_length: int
     head_dim: int
     rope_theta: float
@@ -76,8 +98,11 @@ class Generation:
         return (len(self.new_ids) - 1) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def make_runner(parts: Sequence[Mapping[str, onnx.ModelProto]], *, head_dim: int, rope_theta: float) -> Runner:
+def make_runner(parts: Iterable[Mapping[str, onnx.ModelProto]], *, head_dim: int, rope_theta: float) -> Runner:
     """Sessions for each part's graphs, keyed by the AR each graph takes.
+
+    The models are consumed: their initializers move into the runner (one array per weight a part's graphs
+    share). ``parts`` may be a generator, so that a part's models are freed before the next part is loaded.
 
     Raises:
         GenieBuildError: a graph whose AR or CL cannot be told (from its tensors or name), a part with two
@@ -85,7 +110,8 @@ def make_runner(parts: Sequence[Mapping[str, onnx.ModelProto]], *, head_dim: int
     """
     sessions, context_lengths = [], set()
     for index, models in enumerate(parts, start=1):
-        by_ar: dict[int, ort.InferenceSession] = {}
+        by_ar: dict[int, GraphSession] = {}
+        part_weights: dict[str, np.ndarray] = {}
         for name, model in models.items():
             ar, cl = graph_ar_cl(_graph_info(name, model))
             if ar is None or cl is None:
@@ -93,7 +119,7 @@ def make_runner(parts: Sequence[Mapping[str, onnx.ModelProto]], *, head_dim: int
             if ar in by_ar:
                 raise GenieBuildError(name, f"part {index} has two graphs with AR {ar}")
             context_lengths.add(cl)
-            by_ar[ar] = _session(model)
+            by_ar[ar] = _graph_session(model, part_weights)
         sessions.append(by_ar)
     ars = {frozenset(by_ar) for by_ar in sessions}
     if len(ars) != 1 or len(context_lengths) != 1:
@@ -115,12 +141,10 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     dialog = read_json(bundle / GENIE_CONFIG_NAME)["dialog"]
     engine = dialog["engine"]
     head_dim, theta = _plain_rope(engine, bundle / GENIE_CONFIG_NAME)
-    parts = [load_container(bundle / name) for name in engine["model"]["binary"]["ctx-bins"]]
-    eos = dialog["context"]["eos-token"]
+    parts = (load_container(bundle / name) for name in engine["model"]["binary"]["ctx-bins"])
     return LoadedBundle(runner=make_runner(parts, head_dim=head_dim, rope_theta=theta),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"]),
-                        eos_ids=frozenset(eos if isinstance(eos, list) else [eos]),
-                        context_size=dialog["context"]["size"])
+                        eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
 
 
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
@@ -157,11 +181,16 @@ def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: 
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
                    prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,
-    compiled with the bundle variant's options): what the bundle's parts must reproduce."""
-    loaded = load_bundle(bundle_dir)
-    runner = make_runner([load_container(unsplit_binary)], head_dim=loaded.runner.head_dim,
-                         rope_theta=loaded.runner.rope_theta)
-    return generate(runner, prompt_ids, max_new_tokens, eos_ids=loaded.eos_ids, context_size=loaded.context_size)
+    compiled with the bundle variant's options): what the bundle's parts must reproduce.
+
+    RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
+    loaded (run :func:`load_bundle` first to check the bundle)."""
+    config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
+    dialog = read_json(config_path)["dialog"]
+    head_dim, theta = _plain_rope(dialog["engine"], config_path)
+    runner = make_runner([load_container(unsplit_binary)], head_dim=head_dim, rope_theta=theta)
+    return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
+                    context_size=dialog["context"]["size"])
 
 
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
@@ -199,10 +228,10 @@ def _step(runner: Runner, cache: _KVCache, rope: tuple[np.ndarray, np.ndarray], 
             "attention_mask": causal_mask(ar, runner.context_length, past_len),
             "position_ids_cos": rope[0][:, :, positions], "position_ids_sin": rope[1][:, :, positions]}
     for part in runner.parts:
-        session = part[ar]
+        graph = part[ar]
         inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
-                  for node in session.get_inputs()}
-        outputs = dict(zip((node.name for node in session.get_outputs()), session.run(None, inputs)))
+                  for node in graph.inputs()}
+        outputs = graph.run(inputs)
         cache.store(outputs, count)
         feed.update(outputs)
     cache.advance(count)
@@ -273,7 +302,51 @@ def _graph_info(name: str, model: onnx.ModelProto) -> GraphInfo:
     return GraphInfo(name, tuple(map(tensor, io.inputs)), tuple(map(tensor, io.outputs)))
 
 
+def _eos_ids(dialog: dict) -> frozenset[int]:
+    """The stop tokens of a genie config's dialog (one id or a list)."""
+    eos = dialog["context"]["eos-token"]
+    return frozenset(eos if isinstance(eos, list) else [eos])
+
+
+def _graph_session(model: onnx.ModelProto, part_weights: dict[str, np.ndarray]) -> GraphSession:
+    """A session on ``model`` whose initializers become inputs, fed from ``part_weights`` (the part's weights
+    by name) when it already holds equal values, else from the model's own, which it then records. Empties
+    the model's initializers."""
+    weights = {}
+    for tensor in model.graph.initializer:
+        values = _tensor_values(tensor)
+        shared = part_weights.setdefault(tensor.name, values)
+        weights[tensor.name] = shared if _same_values(shared, values) else values
+        model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    model.graph.ClearField("initializer")
+    return GraphSession(session=_session(model), weights=weights)
+
+
+def _same_values(first: np.ndarray, second: np.ndarray) -> bool:
+    """Same dtype, shape and bytes, compared without an array-sized temporary."""
+    def raw(array: np.ndarray) -> memoryview:
+        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+    return first is second or (first.dtype == second.dtype and first.shape == second.shape
+                               and raw(first) == raw(second))
+
+
+def _tensor_values(tensor: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values, read-only, without a second copy when they are raw bytes."""
+    if tensor.HasField("raw_data"):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+    return onnx.numpy_helper.to_array(tensor)
+
+
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A session that computes each weight's float value just before it is used and keeps no copy: no
+    constant folding (it would store every weight dequantized to float32 in each session), priority order
+    (the default runs every weight's DequantizeLinear first) and no CPU arena (it keeps a session's
+    largest buffers after a run)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3  # onnxruntime's warnings about unused initializers are noise here
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -17,7 +17,9 @@ rule assemble_bundle:
         context_size=(
             f"--context-size {config['bundle']['context_size']}" if config["bundle"].get("context_size") else ""
         ),
-        config_used=json.dumps(config, sort_keys=True),
+        # The bundle's own variant only: another variant's options do not change the bundle.
+        config_used=json.dumps({**config, "variants": {BUNDLE_VARIANT: config["variants"][BUNDLE_VARIANT]}},
+                               sort_keys=True),
     log:
         f"{OUT}/logs/assemble_bundle.log",
     benchmark:
@@ -61,6 +63,7 @@ rule convert_unsplit:
     params:
         graph_name=lambda wc: unsplit_graph_name(wc.graph),
         float_bitwidth=config["variants"][BUNDLE_VARIANT]["float_bitwidth"],
+        tool_version=toolchain_version("reference"),
     log:
         f"{OUT}/logs/convert_unsplit/{{graph}}.log",
     benchmark:
@@ -83,6 +86,7 @@ rule compile_unsplit:
         ),
         options=variant_json(BUNDLE_VARIANT),
         chipset=config["target"]["chipset"],
+        tool_version=toolchain_version("reference"),
     log:
         f"{OUT}/logs/compile_unsplit.log",
     benchmark:

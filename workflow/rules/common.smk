@@ -173,5 +173,6 @@ def final_outputs(wildcards):
         f"{OUT}/size_table.png",
         f"{OUT}/memory_plan.md",
         f"{OUT}/bundle_check.json",
-        *([f"{OUT}/host_run.json"] if config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
+        *([f"{OUT}/host_run.json"] if config["bundle"]["host_run"]
+          and config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
     ]

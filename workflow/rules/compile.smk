@@ -26,6 +26,8 @@ rule compile_part:
         python=lambda wc: QAIRT_PY if config["variants"][wc.variant]["toolchain"] == "qairt" else shlex.quote(sys.executable),
         tool_version=lambda wc: toolchain_version(config["variants"][wc.variant]["toolchain"]),
         part=CACHE_KEY_PART,
+        # Rules eligible for between-workflow caching may not have benchmark:, so the job writes its own TSV.
+        benchmark=f"{OUT}/benchmarks/compile_part/{{variant}}/part_{{part}}.tsv",
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
@@ -33,5 +35,5 @@ rule compile_part:
     log:
         f"{OUT}/logs/compile_part/{{variant}}/part_{{part}}.log",
     shell:
-        "{params.python} -m genie_build compile --toolchain {params.toolchain:q} {params.graphs}"
+        "{params.python} -m genie_build --benchmark {params.benchmark:q} compile --toolchain {params.toolchain:q} {params.graphs}"
         " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"

@@ -4,6 +4,8 @@
 PART_ONNX = f"{OUT}/parts/{{graph}}/part_{{part}}.onnx"
 PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
 CONVERTED = f"{OUT}/converted/{{converter}}/{{graph}}/part_{{part}}"
+# Rules eligible for between-workflow caching may not have benchmark:, so the job writes its own TSV.
+CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
 
 
 def graph_name_of(wildcards):
@@ -18,6 +20,7 @@ def converter_parts(wildcards):
 rule convert_part_reference:
     input:
         onnx=PART_ONNX,
+        data=f"{PART_ONNX}.data",  # the part's weights: a changed weight must reconvert (and re-key the cache)
         encodings=PART_ENCODINGS,
     output:
         onnx=f"{CONVERTED}.onnx",
@@ -29,6 +32,7 @@ rule convert_part_reference:
         float_bitwidth=lambda wc: converter_parts(wc)[1],
         tool_version=toolchain_version("reference"),
         part=CACHE_KEY_PART,
+        benchmark=CONVERT_BENCHMARK,
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
@@ -36,7 +40,7 @@ rule convert_part_reference:
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
     shell:
-        "{GB} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        "{GB} --benchmark {params.benchmark:q} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
         " --out {output.onnx:q} > {log:q} 2>&1"
 
@@ -44,6 +48,7 @@ rule convert_part_reference:
 rule convert_part_sdk:
     input:
         onnx=PART_ONNX,
+        data=f"{PART_ONNX}.data",  # the part's weights: a changed weight must reconvert (and re-key the cache)
         encodings=PART_ENCODINGS,
     output:
         dlc=f"{CONVERTED}.dlc",
@@ -56,6 +61,7 @@ rule convert_part_sdk:
         python=lambda wc: QAIRT_PY if converter_parts(wc)[0] == "qairt" else shlex.quote(sys.executable),
         tool_version=lambda wc: toolchain_version(converter_parts(wc)[0]),
         part=CACHE_KEY_PART,
+        benchmark=CONVERT_BENCHMARK,
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
@@ -63,6 +69,6 @@ rule convert_part_sdk:
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
     shell:
-        "{params.python} -m genie_build convert --toolchain {params.toolchain:q} --onnx {input.onnx:q}"
+        "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain {params.toolchain:q} --onnx {input.onnx:q}"
         " --encodings {input.encodings:q} --graph-name {params.graph_name:q}"
         " --float-bitwidth {params.float_bitwidth} --out {output.dlc:q} > {log:q} 2>&1"

@@ -13,6 +13,8 @@ rule account_part:
     group: GROUP_PER_PART
     log:
         f"{OUT}/logs/account_part/{{variant}}/part_{{part}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/account_part/{{variant}}/part_{{part}}.tsv"
     shell:
         "{params.python} -m genie_build account --toolchain {params.toolchain:q} --binary {input.binary:q}"
         " --part-label {wildcards.part} --variant {wildcards.variant}"
@@ -31,6 +33,8 @@ rule size_table:
         strict="--strict" if config["report"]["strict"] else "",
     log:
         f"{OUT}/logs/size_table.log",
+    benchmark:
+        f"{OUT}/benchmarks/size_table.tsv"
     shell:
         "{GB} size-table --records {input.records:q} --baseline {params.baseline:q} {params.strict}"
         " --csv {output.csv:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"
@@ -48,6 +52,8 @@ rule memory_plan:
         max_session_mb=config["report"]["max_session_mb"],
     log:
         f"{OUT}/logs/memory_plan.log",
+    benchmark:
+        f"{OUT}/benchmarks/memory_plan.tsv"
     shell:
         "{GB} memory-plan --records {input.records:q} --variant {params.variant:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"

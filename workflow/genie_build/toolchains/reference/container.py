@@ -39,7 +39,8 @@ from genie_build.toolchains.base import BinaryInfo, CompileOptions, GraphInfo, Q
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
-from genie_build.toolchains.reference.quantize import broadcast_params
+from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,
+                                                       row_blocks, same_rank_params)
 
 MAGIC = b"GBREFCTX"
 FORMAT_VERSION = 1
@@ -175,7 +176,7 @@ def _encode(values: np.ndarray, quantization: dict | None, zero_point: np.ndarra
     if packing and _packable(values, quantization, zero_point):
         if quantization["bitwidth"] <= 4:
             return "packed4", pack_int4(values)
-        return "packed4_signed", pack_int4(_signed(values, quantization, zero_point) + 8)
+        return "packed4_signed", pack_int4(_signed_nibbles(values, quantization, zero_point))
     return _raw_storage(values.dtype.name, where), values.tobytes()
 
 
@@ -188,17 +189,38 @@ def _raw_storage(dtype: str, where: str | os.PathLike[str]) -> str:
 
 def _packable(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None) -> bool:
     """The HTP packing rule: 4-bit weights, and "8-bit weights that are in the 4-bit range" (``q - zero
-    point`` in [-8, 7]), can be stored as packed 4-bit."""
+    point`` in [-8, 7]), can be stored as packed 4-bit.
+
+    Each zero point is compared with the extremes of the values it applies to, so no tensor-sized
+    temporary is made (an 8-bit embedding table is hundreds of MiB)."""
     if quantization is None or quantization["bitwidth"] > 8:
         return False
     if quantization["bitwidth"] <= 4:
         return True
-    signed = _signed(values, quantization, zero_point)
-    return bool(signed.size and signed.min() >= -8 and signed.max() <= 7)
+    if not values.size:
+        return False
+    zero = same_rank_params(zero_point, values.shape, quantization["axis"]).astype(np.int64)
+    low, high = _extremes_per_entry(values, zero.shape)
+    return bool((low.astype(np.int64) - zero >= -8).all() and (high.astype(np.int64) - zero <= 7).all())
 
 
-def _signed(values: np.ndarray, quantization: dict, zero_point: np.ndarray) -> np.ndarray:
-    return values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization["axis"])
+def _extremes_per_entry(values: np.ndarray, entries: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of the values each parameter entry applies to, for parameters of same-rank shape
+    ``entries`` (:func:`~genie_build.toolchains.reference.quantize.same_rank_params`), both shaped ``entries``."""
+    # Dimension d of n values under k entries splits into (k, n // k): entry index, then the values it covers.
+    grouped = values.reshape([part for size, count in zip(values.shape, entries) for part in (count, size // count)])
+    covered = tuple(range(1, grouped.ndim, 2))
+    return grouped.min(axis=covered), grouped.max(axis=covered)
+
+
+def _signed_nibbles(values: np.ndarray, quantization: dict, zero_point: np.ndarray) -> np.ndarray:
+    """``q - zero_point + 8`` of :func:`_packable` 8-bit values, as uint8, computed a block of rows at a time."""
+    axis, rows = quantization["axis"], np.atleast_1d(values)
+    nibbles = np.empty(rows.shape, dtype=np.uint8)
+    for block in row_blocks(rows.shape, zero_point, axis, BLOCK_VALUES):
+        block_zero = params_of_rows(zero_point, rows.shape, axis, block)
+        nibbles[block] = rows[block].astype(np.int64) - broadcast_params(block_zero, rows[block].shape, axis) + 8
+    return nibbles.reshape(values.shape)
 
 
 def _structure(model: onnx.ModelProto) -> bytes:

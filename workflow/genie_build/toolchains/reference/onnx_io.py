@@ -12,6 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import external_info
 
 # Element types whose raw bytes are not one numpy element each (packed nibbles, strings).
 _UNSUPPORTED_TYPES = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1,
@@ -35,9 +36,22 @@ def read_initializer(tensor: onnx.TensorProto, model_path: str | os.PathLike[str
     copy = onnx.TensorProto()
     copy.CopyFrom(tensor)
     try:
-        return numpy_helper.to_array(copy, base_dir=os.fspath(Path(model_path).parent))
+        if copy.data_location == onnx.TensorProto.EXTERNAL:
+            _read_external_bytes(copy, model_path)
+        return numpy_helper.to_array(copy)
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise GenieBuildError(model_path, f"cannot read initializer {tensor.name!r}: {exc}") from None
+
+
+def _read_external_bytes(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> None:
+    """Move an external tensor's bytes into ``tensor.raw_data``. Read here rather than by onnx, which refuses a
+    data file reached through a symlink, as Snakemake's between-workflow cache leaves its outputs."""
+    info = external_info(tensor, model_path)
+    with open(Path(model_path).parent / info["location"], "rb") as data:
+        data.seek(int(info.get("offset", 0)))
+        tensor.raw_data = data.read(int(info["length"])) if "length" in info else data.read()
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 class ExternalDataWriter:

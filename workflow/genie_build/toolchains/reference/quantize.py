@@ -17,10 +17,16 @@ Shapes of the returned scale and zero point ("parameter layout"):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from genie_build.encodings import TensorEncoding, block_grid
 from genie_build.errors import GenieBuildError
+
+# Values per block of rows that quantize works on at once: 16 MiB of float32 temporaries (float64 after the
+# int64 offset), instead of several copies of a whole embedding or LM-head table.
+BLOCK_VALUES = 4 * 2**20
 
 
 def stored_bitwidth(enc: TensorEncoding) -> int:
@@ -36,14 +42,21 @@ def unsigned_dtype(bitwidth: int) -> np.dtype:
     raise ValueError(f"no unsigned dtype holds {bitwidth}-bit values")
 
 
-def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None, *,
+             block_values: int = BLOCK_VALUES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantize ``w`` as AIMET does with ``enc``.
+
+    The arithmetic runs on blocks of rows (axis 0) of at most about ``block_values`` values, so memory holds
+    ``w``, the codes and one block's float temporaries, not several float copies of the whole tensor; each
+    value gets the same float32 operations as on the whole tensor, so the codes are identical.
 
     Args:
         w: the float weight.
         enc: its integer encoding.
         axis: the channel axis of a per-channel encoding; unused (None) for the others: per-block and
             LPBQ encodings have the fixed ``[in, out]`` layout of the module docstring.
+        block_values: the size of a block of rows, in values (rounded to whole rows and whole blocks of a
+            blocked encoding, at least one of them).
 
     Returns:
         ``(q, scale, zero_point)``: ``q`` unsigned integers of :func:`unsigned_dtype` (``stored_bitwidth``)
@@ -55,15 +68,21 @@ def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None) -> tuple[np.n
     """
     if enc.dtype != "int":
         raise GenieBuildError(enc.name, f"a {enc.dtype} encoding has no integer quantization")
-    x = np.asarray(w, dtype=np.float32)
-    if not np.isfinite(x).all():
-        raise GenieBuildError(enc.name, "weight holds NaN or infinite values, which cannot be quantized")
-    scale, offset = _scale_and_offset(enc, x.shape, axis)
+    w = np.asarray(w)
+    scale, offset = _scale_and_offset(enc, w.shape, axis)
     bits = stored_bitwidth(enc)
-    codes = np.rint(x / broadcast_params(scale, x.shape, axis)) - broadcast_params(offset, x.shape, axis)
     dtype = unsigned_dtype(bits)
-    q = np.clip(codes, 0, 2**bits - 1).astype(dtype)
-    return q, scale, (-offset).astype(dtype)
+    rows = np.atleast_1d(w)
+    q = np.empty(rows.shape, dtype=dtype)
+    for block in row_blocks(rows.shape, scale, axis, block_values):
+        x = np.asarray(rows[block], dtype=np.float32)
+        if not np.isfinite(x).all():
+            raise GenieBuildError(enc.name, "weight holds NaN or infinite values, which cannot be quantized")
+        block_scale, block_offset = (params_of_rows(params, rows.shape, axis, block) for params in (scale, offset))
+        codes = np.rint(x / broadcast_params(block_scale, x.shape, axis)) - broadcast_params(block_offset, x.shape,
+                                                                                              axis)
+        q[block] = np.clip(codes, 0, 2**bits - 1)
+    return q.reshape(w.shape), scale, (-offset).astype(dtype)
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None) -> np.ndarray:
@@ -82,21 +101,60 @@ def broadcast_params(params: np.ndarray, shape: tuple[int, ...], axis: int | Non
     Raises:
         ValueError: the parameters fit none of these layouts.
     """
+    params = same_rank_params(params, shape, axis)
+    for dim, (size, count) in enumerate(zip(shape, params.shape)):
+        if count not in (1, size):
+            params = np.repeat(params, size // count, axis=dim)
+    return np.broadcast_to(params, shape)
+
+
+def same_rank_params(params: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
+    """A scale or zero point in any layout :func:`broadcast_params` accepts, reshaped (not expanded) to the
+    rank of ``shape``: dimension ``d`` holds ``k`` entries, each covering ``shape[d] // k`` indices.
+
+    Raises:
+        ValueError: the parameters fit no accepted layout.
+    """
     params = np.asarray(params)
     if params.size == 1:
-        return np.broadcast_to(params.reshape(()), shape)
+        return params.reshape((1,) * len(shape))
     if params.ndim == 1 and len(shape) > 1:
         if axis is None:
             raise ValueError(f"1-D parameters of shape {params.shape} need an axis of shape {shape}")
         params = params.reshape([-1 if dim == axis % len(shape) else 1 for dim in range(len(shape))])
-    if params.ndim not in (0, len(shape)):
+    if params.ndim != len(shape) or any(count not in (1, size) and (count == 0 or size % count)
+                                        for size, count in zip(shape, params.shape)):
         raise ValueError(f"parameters of shape {params.shape} do not fit a tensor of shape {shape}")
-    for dim, (size, count) in enumerate(zip(shape, params.shape)):
-        if count not in (1, size):
-            if count == 0 or size % count:
-                raise ValueError(f"parameters of shape {params.shape} do not fit a tensor of shape {shape}")
-            params = np.repeat(params, size // count, axis=dim)
-    return np.broadcast_to(params, shape)
+    return params
+
+
+def row_blocks(shape: tuple[int, ...], params: np.ndarray, axis: int | None, block_values: int) -> list[slice]:
+    """Blocks of rows (axis 0) of a tensor of ``shape`` (at least 1-D), of about ``block_values`` values each,
+    cut where the parameters' entries along axis 0 change, so :func:`params_of_rows` can give each block's.
+
+    Raises:
+        ValueError: the parameters fit no layout :func:`broadcast_params` accepts.
+    """
+    rows_per_entry = _rows_per_entry(same_rank_params(params, shape, axis), shape)
+    values_per_row = max(1, math.prod(shape[1:]))
+    rows = max(1, block_values // values_per_row // rows_per_entry) * rows_per_entry
+    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
+
+
+def params_of_rows(params: np.ndarray, shape: tuple[int, ...], axis: int | None, rows: slice) -> np.ndarray:
+    """The parameters of rows ``rows`` (a block of :func:`row_blocks`) of a tensor of ``shape``, in the
+    same-rank layout of :func:`same_rank_params`."""
+    params = same_rank_params(params, shape, axis)
+    if params.shape[0] == 1:
+        return params
+    rows_per_entry = _rows_per_entry(params, shape)
+    return params[rows.start // rows_per_entry:-(-rows.stop // rows_per_entry)]
+
+
+def _rows_per_entry(same_rank: np.ndarray, shape: tuple[int, ...]) -> int:
+    """Rows of the tensor that one entry along axis 0 of same-rank parameters covers (1 when they broadcast)."""
+    count = same_rank.shape[0]
+    return shape[0] // count if count > 1 else 1
 
 
 def _scale_and_offset(enc: TensorEncoding, shape: tuple[int, ...], axis: int | None
