@@ -32,7 +32,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "resources")
+sys.path.insert(0, str(REPO / "tests"))  # the same workflow copy and encodings edit as the tests
+from workflow_helpers import copy_workflow, scale_encoding  # noqa: E402
 SOURCE_FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data",
                 "prompt.encodings.json", "token.encodings.json", "tokenizer.json", "config.json")
 MODEL = "bench"
@@ -65,16 +66,6 @@ class RuleTime:
     rule: str
     jobs: int
     seconds: float
-
-
-def copy_workflow(dest: Path) -> None:
-    """The workflow's files (not results/, .snakemake/ or caches) into ``dest``."""
-    for name in WORKFLOW_FILES:
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(source, dest / name)
 
 
 def snakemake(workdir: Path, cores: int, *args: str) -> float:
@@ -147,16 +138,6 @@ def job_startup_seconds(repeat: int = 3) -> float:
         subprocess.run([sys.executable, "-m", "genie_build", "--help"], capture_output=True, check=True)
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def scale_weight_encoding(encodings_path: Path, tensor: str, factor: float) -> None:
-    """Multiply one parameter encoding's scale by ``factor`` (AIMET 1.0.0 list form, as the demo writes)."""
-    encodings = json.loads(encodings_path.read_text())
-    entry = next((e for e in encodings["param_encodings"] if e["name"] == tensor), None)
-    if entry is None:
-        raise SystemExit(f"{encodings_path}: no parameter encoding {tensor!r}")
-    entry["scale"] = [scale * factor for scale in entry["scale"]]
-    encodings_path.write_text(json.dumps(encodings))
 
 
 def recorded_jobs(workdir: Path) -> list[Job]:
@@ -280,7 +261,7 @@ def main() -> int:
     runs["noop"] = timed(workdir, config_file, 2)
     layer = args.layer if args.layer is not None else config["demo"]["layers"] // 2
     for graph in ("prompt", "token"):  # one weight, identical in both graphs
-        scale_weight_encoding(workdir / "exports" / f"{graph}.encodings.json",
+        scale_encoding(workdir / "exports" / f"{graph}.encodings.json",
                               f"model.layers.{layer}.mlp.down_proj.weight", 1.5)
     incremental_start = time.time()
     runs["incremental"] = timed(workdir, config_file, 2)

@@ -3,7 +3,6 @@ edits of one weight or one encoding as a user would make them, and copies of a b
 
 from __future__ import annotations
 
-import json
 import shutil
 from fnmatch import fnmatch
 from pathlib import Path
@@ -79,16 +78,6 @@ def scale_initializer(model_path: Path, name: str, factor: float) -> None:
         values = np.frombuffer(data.read(length), dtype=dtype)
         data.seek(offset)
         data.write((values * dtype.type(factor)).astype(dtype).tobytes())
-
-
-def scale_activation_encoding(encodings_path: Path, tensor: str, factor: float) -> None:
-    """Multiply one activation encoding's scale by ``factor`` (AIMET 1.0.0 list form, as the demo writes)."""
-    encodings = json.loads(encodings_path.read_text())
-    entry = next((e for e in encodings["activation_encodings"] if e["name"] == tensor), None)
-    if entry is None:
-        raise ValueError(f"{encodings_path}: no activation encoding {tensor!r}")
-    entry["scale"] = [scale * factor for scale in entry["scale"]]
-    encodings_path.write_text(json.dumps(encodings))
 
 
 def clone_workdir(source: Path, dest: Path) -> Path:

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from genie_build.fileio import sha256_file
-from rebuild_helpers import (USER_MODEL, clone_workdir, export_small_demo, matching, scale_activation_encoding,
+from rebuild_helpers import (USER_MODEL, clone_workdir, export_small_demo, matching,
                              scale_initializer, user_model_config, variant_options)
-from workflow_helpers import changed_since, copy_workflow, load_json, output_mtimes, run_snakemake
+from workflow_helpers import changed_since, copy_workflow, load_json, output_mtimes, run_snakemake, scale_encoding
 
 pytestmark = pytest.mark.workflow
 
@@ -94,7 +94,7 @@ def test_boundary_activation_encoding_rebuilds_the_two_parts_that_share_it(case)
     sharing = (parts[index]["label"], parts[index + 1]["label"])
     before = output_mtimes(workdir, USER_MODEL)
     for graph in ("prompt", "token"):  # a boundary keeps identical encodings in both graphs
-        scale_activation_encoding(workdir / "exports" / f"{graph}.encodings.json", tensor, 1.5)
+        scale_encoding(workdir / "exports" / f"{graph}.encodings.json", tensor, 1.5, "activation_encodings")
 
     changed = rebuild(workdir, config_file, before)
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from workflow_helpers import (SMALL_DEMO, changed_since, copy_workflow, load_json, output_mtimes,
+from workflow_helpers import (SMALL_DEMO, changed_since, copy_workflow, load_json, output_mtimes, scale_encoding,
                               run_snakemake, write_config)
 
 pytestmark = pytest.mark.workflow
@@ -75,17 +74,6 @@ def test_second_run_does_nothing(built):
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
-def _edit_weight_encoding(path, tensor):
-    encodings = json.loads(path.read_text())
-    for entry in encodings["param_encodings"]:
-        if entry["name"] == tensor:
-            entry["scale"] = [s * 1.5 for s in entry["scale"]]
-            break
-    else:
-        raise AssertionError(f"{tensor} not in {path}")
-    path.write_text(json.dumps(encodings))
-
-
 def test_one_weight_encoding_change_rebuilds_only_its_part(built):
     workdir, config_file = built
     out = workdir / "results" / "demo"
@@ -97,7 +85,7 @@ def test_one_weight_encoding_change_rebuilds_only_its_part(built):
     time.sleep(1.1)
     try:
         for graph in ("prompt", "token"):  # one tensor, identical in both graphs as Genie requires
-            _edit_weight_encoding(out / "source" / f"{graph}.encodings.json", tensor)
+            scale_encoding(out / "source" / f"{graph}.encodings.json", tensor, 1.5)
         run_snakemake(workdir, config_file=config_file)
         changed = changed_since(before, output_mtimes(workdir))
     finally:

@@ -77,3 +77,16 @@ def changed_since(before: dict[str, int], after: dict[str, int]) -> set[str]:
 
 def load_json(path: Path):
     return json.loads(Path(path).read_text())
+
+
+def scale_encoding(encodings_path: Path, tensor: str, factor: float, section: str = "param_encodings") -> None:
+    """Multiply one tensor's encoding scale by ``factor`` in an AIMET 1.0.0 file (the demo's form), in place.
+
+    ``section`` is ``param_encodings`` or ``activation_encodings``.
+    """
+    encodings = json.loads(Path(encodings_path).read_text())
+    entry = next((e for e in encodings[section] if e["name"] == tensor), None)
+    if entry is None:
+        raise ValueError(f"{encodings_path}: no {section} entry {tensor!r}")
+    entry["scale"] = [scale * factor for scale in entry["scale"]]
+    Path(encodings_path).write_text(json.dumps(encodings))
