@@ -243,6 +243,9 @@ def main() -> int:
     parser.add_argument("--demo", nargs="*", default=[], metavar="KEY=VALUE",
                         help=f"demo size over the default config's and {BENCH_DEMO}, e.g. layers=12")
     parser.add_argument("--num-parts", type=int, default=6)
+    parser.add_argument("--no-host-run", action="store_true",
+                        help="build without the host run (bundle.host_run: false), a whole-model check that reruns "
+                             "in full on any change")
     parser.add_argument("--layer", type=int, default=None,
                         help="layer whose down_proj encodings the incremental run edits (default: the middle one)")
     args = parser.parse_args()
@@ -252,6 +255,7 @@ def main() -> int:
     workdir = args.work_dir.resolve()
     copy_workflow(workdir)
     config = base_config({**BENCH_DEMO, **parse_demo(args.demo)}, args.num_parts)
+    config["bundle"] = {**config["bundle"], "host_run": not args.no_host_run}
     generate_seconds = export_demo(workdir, config)
     config_file = write_yaml(workdir / "bench-config.yaml", user_config(config))
 
