@@ -8,23 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
 from genie_build.naming import graph_name
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.qairt import QairtToolchain
-from doubles import FAIL_VARIABLE, FAKE_PYTHON_PATH, LOG_VARIABLE, install_fake_sdk, read_log, write_tiny_part
+from doubles import compile_options, FAIL_VARIABLE, FAKE_PYTHON_PATH, LOG_VARIABLE, install_fake_sdk, read_log, write_tiny_part
 
 AWKWARD = "dir with space 'single' \"double\" $HOME `tick`"
 PROMPT = graph_name("prompt", 32, 256, 2, 2)
 TOKEN = graph_name("token", 1, 256, 2, 2)
 
 
-def options(*, packing: bool = True, o_level: int = 3, chipset: str = "SM8750") -> CompileOptions:
-    device = lookup(chipset)
-    return CompileOptions(weights_packing=packing, optimization_type=o_level, weight_sharing_enabled=True,
-                          vtcm_mb=0, soc_model=device.soc_model, dsp_arch=device.dsp_arch)
+def options(**changes) -> CompileOptions:
+    return compile_options(**{"vtcm_mb": 0, **changes})
 
 
 @pytest.fixture

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
 from genie_build.naming import graph_name
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.qnn_cli import QnnCliToolchain
 from genie_build.toolchains.qnn_sdk import binary_info_from_utility_json
-from doubles import FAIL_VARIABLE, LOG_VARIABLE, install_fake_sdk, read_log, write_tiny_part
+from doubles import compile_options, FAIL_VARIABLE, LOG_VARIABLE, install_fake_sdk, read_log, write_tiny_part
 
 # Spaces, both quotes, $ and a backtick: anything a shell would reinterpret.
 AWKWARD = "dir with space 'single' \"double\" $HOME `tick`"
@@ -23,10 +22,8 @@ PROMPT = graph_name("prompt", 32, 256, 1, 2)
 TOKEN = graph_name("token", 1, 256, 1, 2)
 
 
-def options(*, packing: bool = True, o_level: int = 3, chipset: str = "SM8750") -> CompileOptions:
-    device = lookup(chipset)
-    return CompileOptions(weights_packing=packing, optimization_type=o_level, weight_sharing_enabled=True,
-                          vtcm_mb=8, soc_model=device.soc_model, dsp_arch=device.dsp_arch)
+def options(**changes) -> CompileOptions:
+    return compile_options(**{"vtcm_mb": 8, **changes})
 
 
 @pytest.fixture

@@ -24,6 +24,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from genie_build.chipsets import lookup
+from genie_build.toolchains.base import CompileOptions
+
 FAKE_PYTHON_PATH = Path(__file__).resolve().parent / "python"
 LOG_VARIABLE = "GENIE_BUILD_DOUBLE_LOG"
 FAIL_VARIABLE = "GENIE_BUILD_DOUBLE_FAIL"
@@ -82,3 +85,11 @@ def write_tiny_part(directory: Path, ar: int) -> tuple[Path, Path]:
         "param_encodings": [{"name": "model.embed_tokens.weight", "dtype": "INT", "enc_type": "PER_TENSOR",
                              "bw": 8, "is_sym": True, "scale": [float(table.max()) / 127], "offset": [-128]}]}))
     return onnx_path, encodings_path
+
+
+def compile_options(*, packing: bool = True, o_level: int = 3, chipset: str = "SM8750",
+                    vtcm_mb: int = 0) -> CompileOptions:
+    """A variant's compile options for ``chipset``, as the compile command builds them."""
+    device = lookup(chipset)
+    return CompileOptions(weights_packing=packing, optimization_type=o_level, weight_sharing_enabled=True,
+                          vtcm_mb=vtcm_mb, soc_model=device.soc_model, dsp_arch=device.dsp_arch)
