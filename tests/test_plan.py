@@ -397,3 +397,25 @@ def test_command_reports_infeasible_request(inputs: dict[str, Path], tmp_path: P
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(plan_args(inputs, tmp_path / "plan.json", "--num-parts", "9")) == 2
     assert "feasible: 2..5" in capsys.readouterr().err
+
+
+def test_check_model_takes_over_the_weight_check_the_workflow_skips_in_plan(inputs: dict[str, Path], tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    token = inputs["token"]
+    model = onnx.load(token)
+    model.graph.initializer[-1].CopyFrom(numpy_helper.from_array(
+        np.zeros((8, 32), dtype=np.float32), model.graph.initializer[-1].name))
+    token.with_name("token.onnx.data").unlink()
+    onnx.save(model, token, save_as_external_data=True, location="token.onnx.data", size_threshold=0)
+    assert main(plan_args(inputs, tmp_path / "plan.json", "--num-parts", "3", "--skip-weight-check")) == 0
+    out = tmp_path / "model_check.json"
+    assert main(["check-model", "--prompt", str(inputs["prompt"]), "--token", str(token), "--out", str(out)]) == 2
+    assert "'lm_head.weight'" in capsys.readouterr().err and not out.exists()
+
+
+def test_check_model_summarises_the_shared_weights(inputs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "model_check.json"
+    assert main(["check-model", "--prompt", str(inputs["prompt"]), "--token", str(inputs["token"]),
+                 "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["shared_initializers"] == len(onnx.load(inputs["prompt"], load_external_data=False).graph.initializer)

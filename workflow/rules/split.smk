@@ -9,6 +9,22 @@ if config["split"].get("boundaries"):
     SPLIT_ARGS += " --boundaries " + " ".join(map(shlex.quote, config["split"]["boundaries"]))
 
 
+# Hashes every shared weight of both graphs: its own job, so an encodings change does not repeat it.
+rule check_model:
+    input:
+        prompt=SOURCE["prompt_onnx"],
+        token=SOURCE["token_onnx"],
+        weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
+    output:
+        f"{OUT}/model_check.json",
+    log:
+        f"{OUT}/logs/check_model.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_model.tsv"
+    shell:
+        "{GB} check-model --prompt {input.prompt:q} --token {input.token:q} --out {output:q} > {log:q} 2>&1"
+
+
 # A checkpoint, so that a plan rewritten with the same bytes does not force a new split.
 checkpoint plan_split:
     input:
@@ -28,7 +44,7 @@ checkpoint plan_split:
     shell:
         "{GB} plan --prompt {input.prompt:q} --token {input.token:q}"
         " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q}"
-        " {params.split} --out {output.plan:q} > {log:q} 2>&1"
+        " {params.split} --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
 # A checkpoint: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,
@@ -36,6 +52,7 @@ checkpoint plan_split:
 checkpoint split_model:
     input:
         plan=f"{OUT}/plan.json",
+        model_check=f"{OUT}/model_check.json",
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
         weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],

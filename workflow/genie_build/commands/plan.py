@@ -35,6 +35,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
                         help="the L + 1 residual tensors (after the embedding, after each layer); "
                              "default: found from node scopes")
+    parser.add_argument("--skip-weight-check", action="store_true",
+                        help="do not compare the graphs' shared weights (the workflow runs check-model for that, "
+                             "once per model change, not once per encodings change)")
     parser.add_argument("--out", required=True, help="plan.json to write")
     return parser
 
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     prompt, token = load_graph(args.prompt), load_graph(args.token)
     check_external_data(prompt, args.prompt)
     check_external_data(token, args.token)
-    check_shared_initializers(args.prompt, args.token)
+    if not args.skip_weight_check:
+        check_shared_initializers(args.prompt, args.token)
     prompt_encodings = read_encodings(args.encodings_prompt)
     check_shared_param_encodings(prompt_encodings, args.encodings_prompt,
                                  read_encodings(args.encodings_token), args.encodings_token)
