@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the same workflow copy as the tests
+from workflow_helpers import copy_workflow  # noqa: E402
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 # About 2.1 B parameters, 4.2 GB of float16 weights per graph (a 1.5B-class shape with Qwen2's vocabulary).
@@ -101,15 +103,6 @@ class Job:
 
 
 # ------------------------------------------------------------------------------------------- set-up
-
-def copy_workflow(destination: Path) -> None:
-    """The files a workflow run needs, without caches, results or the egg-info."""
-    destination.mkdir(parents=True)
-    shutil.copy2(REPO / "Snakefile", destination / "Snakefile")
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in ("workflow", "config", "resources"):
-        shutil.copytree(REPO / folder, destination / folder, ignore=ignore)
-
 
 def add_missing_benchmarks(rules_dir: Path) -> list[str]:
     """Give every rule with a ``log:`` and no ``benchmark:`` one beside its log, dropping its ``cache:``;
@@ -275,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if free < DISK_FACTOR * model_bytes:
         raise SystemExit(f"{args.scratch.parent}: {free / GIB:.1f} GiB free, the run needs about "
                          f"{DISK_FACTOR * model_bytes / GIB:.1f} GiB")
+    workflow.mkdir(parents=True)
     copy_workflow(workflow)
     patched = add_missing_benchmarks(workflow / "workflow" / "rules")
     hooks.mkdir()

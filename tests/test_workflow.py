@@ -103,11 +103,14 @@ def test_one_weight_encoding_change_rebuilds_only_its_part(built):
     assert not any(path.startswith("verify/") for path in changed), "the split did not change"
 
 
-def test_dry_run_lists_jobs(tmp_path):
+def test_dry_run_lists_jobs_and_uses_the_default_profile(tmp_path):
+    """The default profile (max-checksum-file-size and friends) must be in force: without it, parts over 1 MB
+    get no checksum and every part rebuilds after any checkpoint reruns."""
     workdir = copy_workflow(tmp_path)
     result = run_snakemake(workdir, "-n", config_file=write_config(workdir, SMALL_DEMO))
     text = result.stdout + result.stderr
     assert "generate_demo_model" in text and "plan_split" in text
+    assert "Using workflow specific profile profiles/default" in text
 
 
 @pytest.mark.parametrize("override, message", [

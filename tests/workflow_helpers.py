@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "resources")
+WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config", "resources")
 
 # A demo small enough for CI: the same code path as the default, a fraction of the time.
 SMALL_DEMO = {
