@@ -364,14 +364,19 @@ def test_command_explicit_boundaries(inputs: dict[str, Path], tmp_path: Path) ->
     assert read_plan(out).parts[2].input_boundary == layer_out(0)
 
 
-def test_command_rejects_differing_weights(inputs: dict[str, Path], tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    token = inputs["token"]
+def zero_the_token_graphs_lm_head(token: Path) -> Path:
+    """Make the token graph's LM head differ from the prompt graph's (same name and shape, other values)."""
     model = onnx.load(token)
     model.graph.initializer[-1].CopyFrom(numpy_helper.from_array(
         np.zeros((8, 32), dtype=np.float32), model.graph.initializer[-1].name))
     token.with_name("token.onnx.data").unlink()
     onnx.save(model, token, save_as_external_data=True, location="token.onnx.data", size_threshold=0)
+    return token
+
+
+def test_command_rejects_differing_weights(inputs: dict[str, Path], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    token = zero_the_token_graphs_lm_head(inputs["token"])
     out = tmp_path / "plan.json"
     assert main(plan_args(inputs, out, "--num-parts", "3")) == 2
     error = capsys.readouterr().err.strip()
@@ -401,12 +406,7 @@ def test_command_reports_infeasible_request(inputs: dict[str, Path], tmp_path: P
 
 def test_check_model_takes_over_the_weight_check_the_workflow_skips_in_plan(inputs: dict[str, Path], tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    token = inputs["token"]
-    model = onnx.load(token)
-    model.graph.initializer[-1].CopyFrom(numpy_helper.from_array(
-        np.zeros((8, 32), dtype=np.float32), model.graph.initializer[-1].name))
-    token.with_name("token.onnx.data").unlink()
-    onnx.save(model, token, save_as_external_data=True, location="token.onnx.data", size_threshold=0)
+    token = zero_the_token_graphs_lm_head(inputs["token"])
     assert main(plan_args(inputs, tmp_path / "plan.json", "--num-parts", "3", "--skip-weight-check")) == 0
     out = tmp_path / "model_check.json"
     assert main(["check-model", "--prompt", str(inputs["prompt"]), "--token", str(token), "--out", str(out)]) == 2
