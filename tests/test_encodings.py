@@ -202,24 +202,22 @@ def test_written_entries_are_sorted_and_independent_of_dict_order() -> None:
 def _v100_with(**changes: object) -> dict:
     """V100 with the entry for 'w' (the per-channel param) changed; None deletes a key."""
     doc = json.loads(json.dumps(V100))
-    entry = doc["param_encodings"][0]
-    for key, value in changes.items():
-        if value is None:
-            del entry[key]
-        else:
-            entry[key] = value
+    _change(doc["param_encodings"][0], changes)
     return doc
 
 
 def _v061_with(**changes: object) -> dict:
     doc = json.loads(json.dumps(V061))
-    entry = doc["param_encodings"]["w"][1]
+    _change(doc["param_encodings"]["w"][1], changes)
+    return doc
+
+
+def _change(entry: dict, changes: dict) -> None:
     for key, value in changes.items():
         if value is None:
             del entry[key]
         else:
             entry[key] = value
-    return doc
 
 
 MALFORMED = {
