@@ -60,7 +60,8 @@ COMMANDS = {"generate_demo_model": "generate-demo", "train_demo_tokenizer": "tra
             "verify_split": "verify-split", "slice_encodings": "slice-encodings", "convert_part": "convert",
             "compile_part": "compile", "account_part": "account", "size_table": "size-table",
             "memory_plan": "memory-plan", "assemble_bundle": "bundle", "check_bundle": "check-bundle",
-            "convert_unsplit": "convert", "compile_unsplit": "compile", "host_run": "run-bundle"}
+            "convert_unsplit": "convert", "compile_unsplit": "compile", "host_run": "run-bundle",
+            "check_model": "check-model"}
 RSS_HOOK = '''\
 """Written by scripts/bench_large.py: record each genie_build process's peak RSS at exit."""
 import atexit, json, os, resource, sys, time
@@ -172,7 +173,7 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
     part = wildcards[-1] if wildcards else ""
     if rule in ("generate_demo_model", "calibrate_demo_encodings"):
         return "model (one graph's weights)", size("source/prompt.onnx.data")
-    if rule == "split_model":
+    if rule in ("split_model", "check_model"):
         return "model, both graphs", size("source/*.onnx.data")
     if rule == "plan_split":
         return "graphs, no weights", size("source/*.onnx")
@@ -200,12 +201,23 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
     return "tokenizer corpus", (out.parents[1] / "resources" / "tokenizer_corpus.txt").stat().st_size
 
 
+def subcommand(argv: list[str]) -> str | None:
+    """The genie_build command of a command line, after the global options (``--benchmark TSV``, ``-v``)."""
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-") and (index == 0 or argv[index - 1] != "--benchmark"):
+            return arg
+    return None
+
+
 def peak_of(rule: str, wildcards: tuple[str, ...], records: list[dict]) -> int | None:
     """The exact peak RSS of the job's genie_build process: the record of its subcommand whose command
-    line names all its wildcards."""
+    line names all its wildcards (a convert or compile of the whole model writes under ``unsplit/``, one of a part
+    does not)."""
+    command = COMMANDS.get(rule)
     for record in records:
         line = " ".join(record["argv"])
-        if record["argv"][:1] == [COMMANDS.get(rule)] and all(value in line for value in wildcards):
+        if (subcommand(record["argv"]) == command and all(value in line for value in wildcards)
+                and (command not in ("convert", "compile") or ("/unsplit/" in line) == rule.endswith("_unsplit"))):
             return record["peak_rss_kib"] * 1024
     return None
 

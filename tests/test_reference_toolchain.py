@@ -26,7 +26,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
 from genie_build.toolchains.reference import container
-from genie_build.toolchains.reference.container import load_container, read_header
+from genie_build.toolchains.reference.container import load_container, read_graphs, read_header
 from genie_build.toolchains.reference.packing import pack_int4
 from genie_build.toolchains.reference.quantize import broadcast_params, dequantize, quantize, stored_bitwidth
 
@@ -180,6 +180,28 @@ def test_converted_graph_runs_and_rebuilds_each_weight_exactly_as_the_numpy_form
             assert producers[name] == written_out.get(name, "DequantizeLinear"), name
 
 
+def test_each_weight_is_rebuilt_just_before_the_first_node_reading_it(tiny):
+    """onnxruntime runs ready nodes in node order: rebuilt at the start, every weight would be float at once."""
+    graph = onnx.load(tiny["converted"][PROMPT], load_external_data=False).graph
+    available = {tensor.name for tensor in graph.initializer}
+    top_level_reads = {name for node in graph.node for name in node.input}
+    runs, run = [], []  # consecutive nodes that read initializers or each other only, with the node after them
+    for node in graph.node:
+        if all(name in available for name in node.input if name):
+            available.update(node.output)
+            run.append(node)
+        elif run:
+            runs.append((run, node))
+            run = []
+    assert len(runs) > 10
+    for position, (rebuilding, reader) in enumerate(runs):
+        produced = {name for node in rebuilding for name in node.output}
+        used_later = produced - {name for node in rebuilding for name in node.input}
+        if position == 0 and rebuilding[0] is graph.node[0]:  # weights only If bodies read go first
+            used_later &= top_level_reads
+        assert used_later and used_later <= set(reader.input), (reader.name, sorted(used_later))
+
+
 def test_converted_graph_keeps_the_graph_name_metadata_and_relative_external_data(tiny):
     path = tiny["converted"][PROMPT]
     model = onnx.load(path, load_external_data=False)
@@ -245,6 +267,20 @@ def test_sharing_stores_each_shared_tensor_once_and_twice_without(tiny, tmp_path
     assert len(unshared) == 2 * per_graph
     assert {entry["name"] for entry in unshared} == {entry["name"] for entry in shared}
     assert all(len(entry["graphs"]) == 1 for entry in unshared)
+
+
+@pytest.mark.parametrize("sharing", [False, True])
+def test_read_graphs_decodes_a_shared_weight_once_for_every_graph(tiny, tmp_path, sharing):
+    container = compile_to(tiny, tmp_path / "part.bin", replace(OPTIONS, weights_packing=True,
+                                                                 weight_sharing_enabled=sharing))
+    graphs, models = read_graphs(container), load_container(container)
+    prompt, token = graphs[PROMPT].weights, graphs[TOKEN].weights
+    assert prompt.keys() == token.keys() and prompt
+    assert all((prompt[name] is token[name]) == sharing for name in prompt)
+    for name, graph in graphs.items():
+        assert all(not tensor.HasField("raw_data") for tensor in graph.model.graph.initializer)
+        for tensor in models[name].graph.initializer:
+            assert np.array_equal(graph.weights[tensor.name], numpy_helper.to_array(tensor)), tensor.name
 
 
 def test_packing_stores_4_bit_values_two_per_byte_and_other_widths_as_they_are(tiny, tmp_path):

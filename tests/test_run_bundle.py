@@ -20,7 +20,7 @@ from genie_build import run_bundle as run_bundle_module
 from genie_build.run_bundle import (GraphSession, Runner, generate, load_bundle, make_runner, run_bundle,
                                     unsplit_tokens)
 from genie_build.toolchains.base import CompileOptions
-from genie_build.toolchains.reference.container import load_container
+from genie_build.toolchains.reference.container import load_container, read_graphs
 from genie_build.toolchains.reference.toolchain import ReferenceToolchain
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
@@ -44,7 +44,7 @@ def unsplit_runner(build: ReferenceBuild) -> Runner:
     container = build.root / "unsplit" / "model.bin"
     toolchain.compile(converted, container, CompileOptions(**VARIANT, soc_model=chip.soc_model, dsp_arch=chip.dsp_arch))
     bundle = load_bundle(build.bundle)
-    return make_runner([load_container(container)], head_dim=bundle.runner.head_dim,
+    return make_runner([read_graphs(container)], head_dim=bundle.runner.head_dim,
                        rope_theta=bundle.runner.rope_theta)
 
 
@@ -151,8 +151,8 @@ def test_parts_are_loaded_one_at_a_time(build: ReferenceBuild) -> None:
 
     def parts():
         for path in containers:
-            assert all(not model.graph.initializer for models in loaded for model in models.values())
-            loaded.append(load_container(path))
+            assert all(not graph.model.graph.initializer for graphs in loaded for graph in graphs.values())
+            loaded.append(read_graphs(path))
             yield loaded[-1]
 
     runner = make_runner(parts(), head_dim=8, rope_theta=10000.0)
@@ -163,11 +163,11 @@ def test_unsplit_tokens_read_the_bundle_config_without_loading_its_binaries(
         build: ReferenceBuild, unsplit_runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded: list[Path] = []
 
-    def recording_load(path):
+    def recording_read(path):
         loaded.append(Path(path))
-        return load_container(path)
+        return read_graphs(path)
 
-    monkeypatch.setattr(run_bundle_module, "load_container", recording_load)
+    monkeypatch.setattr(run_bundle_module, "read_graphs", recording_read)
     prompt_ids = [5, 77, 301, 12]
     tokens = unsplit_tokens(build.bundle, build.root / "unsplit" / "model.bin", prompt_ids, 6)
     assert loaded == [build.root / "unsplit" / "model.bin"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -119,6 +120,8 @@ def test_external_tensors_are_aligned_relative_and_identical_inline_ones_stay_in
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 info = external_info(tensor)
                 assert info["location"] == path.name + ".data"
+                data = (path.parent / info["location"]).read_bytes()
+                assert info["checksum"] == hashlib.sha1(data).hexdigest()  # the ONNX key: SHA-1 of the file
                 seen_external += 1
             else:
                 seen_inline += 1
@@ -153,6 +156,8 @@ def test_weight_change_in_one_layer_changes_only_its_part(demo: Path, tmp_path: 
     after = split_graph(changed / "prompt.onnx", PLAN, tmp_path / "after", "prompt")
     same = [tree_bytes_of_part(a) == tree_bytes_of_part(b) for a, b in zip(before, after)]
     assert same == [True, True, False]
+    # the workflow's jobs depend on a part's .onnx only: it must change with the part's weights
+    assert [a.read_bytes() == b.read_bytes() for a, b in zip(before, after)] == [True, True, False]
 
 
 def tree_bytes_of_part(onnx_path: Path) -> tuple[bytes, bytes]:

@@ -33,6 +33,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.naming import GRAPH_KINDS
 from genie_build.onnx_graph import check_external_data, load_graph
+from genie_build.ort_session import cpu_session_options
 
 logger = logging.getLogger(__name__)
 
@@ -161,15 +162,8 @@ def _with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelPro
 
 def _session(model: onnx.ModelProto, model_dir: Path) -> ort.InferenceSession:
     """An ORT session on an in-memory graph whose external data ORT maps from ``model_dir``."""
-    options = ort.SessionOptions()
+    options = cpu_session_options()  # unoptimized: every exposed tensor is the value of the op that names it
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
-    # No fusions: every exposed tensor is the value of the op that names it.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    # Unfolded, each float16 weight's Cast to float32 runs at run time; in the default order all of them run
-    # before the first layer, so every float32 copy is alive at once (2x the model). Priority order runs each
-    # just before its consumer, and without the arena its buffer goes back as soon as it is consumed.
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

@@ -7,13 +7,13 @@ keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` 
 ``CL - a`` cache columns and an additive mask hiding the empty ones (``MASK_MIN``); it returns only the
 ``a`` new entries, of which the host appends the real ones (not the padding).
 
-The graphs come from :func:`genie_build.toolchains.reference.container.load_container`; RoPE tables and
+The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs`; RoPE tables and
 the mask from :mod:`genie_build.demo`, computed from ``kv-dim`` and ``rope-theta`` of ``genie_config.json``
 as Genie computes them.
 
-Memory: a part's graphs share their weights as the ctx-bin holds them unpacked (integer codes, not float), fed to
-onnxruntime as inputs so that no session copies or folds them, and the parts are loaded one at a time. So the
-host run holds about one copy of the model's stored weights, plus one weight dequantized at a time.
+Memory: a part's graphs share their weights as the ctx-bin stores them (each decoded once, to integer codes, not
+float), fed to onnxruntime as inputs so that no session copies or folds them, and the parts are loaded one at a
+time. So the host run holds about one copy of the model's stored weights, plus one weight dequantized at a time.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
 from genie_build.onnx_graph import graph_io
+from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
-from genie_build.toolchains.reference.container import load_container
+from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = "past_key_", "past_value_"
 
@@ -98,28 +99,28 @@ class Generation:
         return (len(self.new_ids) - 1) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def make_runner(parts: Iterable[Mapping[str, onnx.ModelProto]], *, head_dim: int, rope_theta: float) -> Runner:
-    """Sessions for each part's graphs, keyed by the AR each graph takes.
+def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float) -> Runner:
+    """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the AR each graph takes.
 
-    The models are consumed: their initializers move into the runner (one array per weight a part's graphs
-    share). ``parts`` may be a generator, so that a part's models are freed before the next part is loaded.
+    The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
+    graphs of a part that share a weight in the ctx-bin are fed one array. ``parts`` may be a generator, so
+    that a part is read only after the previous one's models are consumed.
 
     Raises:
         GenieBuildError: a graph whose AR or CL cannot be told (from its tensors or name), a part with two
             graphs for one AR, or parts that do not all offer the same ARs and CL.
     """
     sessions, context_lengths = [], set()
-    for index, models in enumerate(parts, start=1):
+    for index, graphs in enumerate(parts, start=1):
         by_ar: dict[int, GraphSession] = {}
-        part_weights: dict[str, np.ndarray] = {}
-        for name, model in models.items():
-            ar, cl = graph_ar_cl(_graph_info(name, model))
+        for name, graph in graphs.items():
+            ar, cl = graph_ar_cl(_graph_info(name, graph.model))
             if ar is None or cl is None:
                 raise GenieBuildError(name, f"part {index}: cannot tell the graph's AR and CL (got {ar}, {cl})")
             if ar in by_ar:
                 raise GenieBuildError(name, f"part {index} has two graphs with AR {ar}")
             context_lengths.add(cl)
-            by_ar[ar] = _graph_session(model, part_weights)
+            by_ar[ar] = _graph_session(graph)
         sessions.append(by_ar)
     ars = {frozenset(by_ar) for by_ar in sessions}
     if len(ars) != 1 or len(context_lengths) != 1:
@@ -141,7 +142,7 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     dialog = read_json(bundle / GENIE_CONFIG_NAME)["dialog"]
     engine = dialog["engine"]
     head_dim, theta = _plain_rope(engine, bundle / GENIE_CONFIG_NAME)
-    parts = (load_container(bundle / name) for name in engine["model"]["binary"]["ctx-bins"])
+    parts = (read_graphs(bundle / name) for name in engine["model"]["binary"]["ctx-bins"])
     return LoadedBundle(runner=make_runner(parts, head_dim=head_dim, rope_theta=theta),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
@@ -188,7 +189,7 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path)["dialog"]
     head_dim, theta = _plain_rope(dialog["engine"], config_path)
-    runner = make_runner([load_container(unsplit_binary)], head_dim=head_dim, rope_theta=theta)
+    runner = make_runner([read_graphs(unsplit_binary)], head_dim=head_dim, rope_theta=theta)
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 
@@ -308,45 +309,18 @@ def _eos_ids(dialog: dict) -> frozenset[int]:
     return frozenset(eos if isinstance(eos, list) else [eos])
 
 
-def _graph_session(model: onnx.ModelProto, part_weights: dict[str, np.ndarray]) -> GraphSession:
-    """A session on ``model`` whose initializers become inputs, fed from ``part_weights`` (the part's weights
-    by name) when it already holds equal values, else from the model's own, which it then records. Empties
+def _graph_session(graph: ContainerGraph) -> GraphSession:
+    """A session on the graph's model whose initializers become inputs, fed from the graph's weights. Empties
     the model's initializers."""
-    weights = {}
+    model = graph.model
     for tensor in model.graph.initializer:
-        values = _tensor_values(tensor)
-        shared = part_weights.setdefault(tensor.name, values)
-        weights[tensor.name] = shared if _same_values(shared, values) else values
         model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     model.graph.ClearField("initializer")
-    return GraphSession(session=_session(model), weights=weights)
-
-
-def _same_values(first: np.ndarray, second: np.ndarray) -> bool:
-    """Same dtype, shape and bytes, compared without an array-sized temporary."""
-    def raw(array: np.ndarray) -> memoryview:
-        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-
-    return first is second or (first.dtype == second.dtype and first.shape == second.shape
-                               and raw(first) == raw(second))
-
-
-def _tensor_values(tensor: onnx.TensorProto) -> np.ndarray:
-    """An initializer's values, read-only, without a second copy when they are raw bytes."""
-    if tensor.HasField("raw_data"):
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
-    return onnx.numpy_helper.to_array(tensor)
+    return GraphSession(session=_session(model), weights=graph.weights)
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """A session that computes each weight's float value just before it is used and keeps no copy: no
-    constant folding (it would store every weight dequantized to float32 in each session), priority order
-    (the default runs every weight's DequantizeLinear first) and no CPU arena (it keeps a session's
-    largest buffers after a run)."""
-    options = ort.SessionOptions()
+    """A session on the in-memory graph (:func:`cpu_session_options`), quiet about unused initializers."""
+    options = cpu_session_options()
     options.log_severity_level = 3  # onnxruntime's warnings about unused initializers are noise here
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

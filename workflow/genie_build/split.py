@@ -3,7 +3,8 @@
 Memory stays bounded by a copy chunk, not by the model: the graph is loaded without its external data,
 each part's nodes are extracted by name, and each external tensor's bytes are copied from the source
 data file into the part's data file in chunks (:func:`genie_build.fileio.copy_range`), 4 KiB aligned,
-with a relative ``location``. Tensors stored inline in the source stay inline.
+with a relative ``location`` and the data file's SHA-1 as ``checksum``. Tensors stored inline in the source stay
+inline.
 
 Which tensors a part gives and takes:
 
@@ -24,6 +25,7 @@ weight change in one layer changes only the part that holds it (the workflow reb
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -43,6 +45,8 @@ from genie_build.plan import PartPlan, Plan
 logger = logging.getLogger(__name__)
 
 DATA_ALIGNMENT = 4096
+# ONNX external data: "checksum (optional) - SHA1 digest of file specified in under 'location' key" (onnx/IR.md)
+CHECKSUM_KEY = "checksum"
 
 
 @dataclass(frozen=True)
@@ -351,13 +355,17 @@ def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path)
     """Copy the part's external tensors into ``data_path`` and point them at it.
 
     Each tensor starts at a multiple of :data:`DATA_ALIGNMENT`; ``location`` is the data file's name
-    (relative, beside the part). The file is written even when no tensor is external, so every part
-    has the same two files.
+    (relative, beside the part). Every external tensor also gets the data file's SHA-1 as ``checksum`` (the
+    ONNX external-data key for it), so the part's ``.onnx`` changes whenever its weights do: the workflow's
+    jobs depend on the ``.onnx`` alone and Snakemake never hashes the weights again. The file is written even
+    when no tensor is external, so every part has the same two files.
 
     Raises:
         GenieBuildError: a source data file is missing or shorter than a tensor says.
     """
-    with open(data_path, "wb") as dst, contextlib.ExitStack() as stack:
+    external = []
+    with open(data_path, "wb") as out, contextlib.ExitStack() as stack:
+        dst = _HashingWriter(out)
         sources: dict[str, BinaryIO] = {}
         for tensor in _all_tensors(part.graph):
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -375,6 +383,25 @@ def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path)
             del tensor.external_data[:]
             for key, value in (("location", data_path.name), ("offset", str(start)), ("length", str(length))):
                 tensor.external_data.add(key=key, value=value)
+            external.append(tensor)
+    checksum = dst.digest.hexdigest()
+    for tensor in external:
+        tensor.external_data.add(key=CHECKSUM_KEY, value=checksum)
+
+
+class _HashingWriter:
+    """A binary file that also feeds what is written to a SHA-1."""
+
+    def __init__(self, sink: BinaryIO) -> None:
+        self.sink = sink
+        self.digest = hashlib.sha1()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.sink.write(data)
+
+    def tell(self) -> int:
+        return self.sink.tell()
 
 
 def _open_source(source_dir: Path, location: str, tensor_name: str) -> BinaryIO:

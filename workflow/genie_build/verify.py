@@ -1,9 +1,10 @@
 """Chain == full: run the full graph and its parts chained in onnxruntime and require bit-exact outputs.
 
 The split only moves nodes and bytes, so every output (logits and each KV output) must be identical in
-dtype, shape and every bit. Both runs use the CPU provider with the same session options (:func:`session_options`:
-no graph optimization, so the full graph and the parts run the same unfused kernels on the same values);
-the feed is any fixed input (:func:`build_feed` makes a deterministic one from the graph's input specs).
+dtype, shape and every bit. Both runs use the CPU provider with the same session options
+(:func:`genie_build.ort_session.cpu_session_options`: no graph optimization, so the full graph and the parts run
+the same unfused kernels on the same values); the feed is any fixed input (:func:`build_feed` makes a
+deterministic one from the graph's input specs).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import onnxruntime as ort
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import graph_io, load_graph
 from genie_build.onnx_graph import GENIE_TOKEN_INPUT as TOKEN_INPUT
+from genie_build.ort_session import cpu_session_options
 
 CPU = ["CPUExecutionProvider"]
 FLOAT_RANGE = (-1.0, 1.0)
@@ -128,21 +130,8 @@ def compare_arrays(name: str, part: str, expected: np.ndarray, actual: np.ndarra
     return OutputCheck(name, part, str(actual.dtype), tuple(actual.shape), diff, bit_exact)
 
 
-def session_options() -> ort.SessionOptions:
-    """The options every graph of a check runs with.
-
-    Constant folding (the default) would turn every float16 weight into a float32 initializer, 2x a
-    float16 model; unfolded, each weight's Cast runs at run time, and priority order runs it just before
-    its consumer, so one float32 copy at a time is alive.
-    """
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    return options
-
-
 def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run one graph in onnxruntime (CPU, :func:`session_options`), taking its inputs by name from ``values``.
+    """Run one graph in onnxruntime (CPU, :func:`cpu_session_options`), taking its inputs by name from ``values``.
 
     The session is dropped on return, so only one graph's weights are in memory at a time.
 
@@ -153,7 +142,7 @@ def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndar
         GenieBuildError: an input is missing from ``values``, or onnxruntime cannot load or run the graph.
     """
     try:
-        session = ort.InferenceSession(os.fspath(path), session_options(), providers=CPU)
+        session = ort.InferenceSession(os.fspath(path), cpu_session_options(), providers=CPU)
     except Exception as exc:  # onnxruntime's error types derive from Exception only and are not exported
         raise GenieBuildError(path, f"onnxruntime cannot load it: {exc}") from None
     wanted = [arg.name for arg in session.get_inputs()]

@@ -8,6 +8,7 @@ rule assemble_bundle:
         binaries=lambda wc: variant_part_files(f"{OUT}/compiled/{{variant}}/part_{{part}}.bin", [BUNDLE_VARIANT]),
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
+        model_check=f"{OUT}/model_check.json",  # no bundle of graphs whose shared weights differ
     output:
         bundle=directory(f"{OUT}/genie_bundle"),
     params:

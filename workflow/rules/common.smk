@@ -125,13 +125,21 @@ wildcard_constraints:
     converter="|".join(map(re.escape, CONVERTERS)),
 
 
+def onnx_with_data_mb(paths):
+    """MB of model files with their external ``.data`` files: what a job loads, for its mem_mb (Snakemake's
+    ``input.size_mb`` counts only the declared .onnx)."""
+    files = [file for path in paths for file in (path, f"{path}.data")]
+    return sum(os.path.getsize(file) for file in files if os.path.exists(file)) / 1e6
+
+
 def split_part_files(wildcards):
-    """One graph's part files, named after the split checkpoint has run: files inside a checkpoint's directory
-    have no producing job, so jobs reading them rerun only when their bytes changed (not merely because the
-    plan was rewritten)."""
+    """One graph's part .onnx files, named after the split checkpoint has run: files inside a checkpoint's
+    directory have no producing job, so jobs reading them rerun only when their bytes changed (not merely
+    because the plan was rewritten). Each .onnx carries its .data file's SHA-1 (ONNX external-data ``checksum``),
+    so it changes with the part's weights, and Snakemake need not hash GBs of weights to see that they did."""
     plan = read_plan(checkpoints.plan_split.get().output.plan)
     parts = checkpoints.split_model.get().output.parts
-    return [f"{parts}/{wildcards.graph}/part_{part.label}.onnx{ext}" for part in plan.parts for ext in ("", ".data")]
+    return [f"{parts}/{wildcards.graph}/part_{part.label}.onnx" for part in plan.parts]
 
 
 def part_labels():

@@ -31,7 +31,7 @@ rule compile_part:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: max(1000, int(4 * input.size_mb)),
+        mem_mb=lambda wc, input: max(1000, int(4 * onnx_with_data_mb(input))),
     log:
         f"{OUT}/logs/compile_part/{{variant}}/part_{{part}}.log",
     shell:

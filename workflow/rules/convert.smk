@@ -19,8 +19,7 @@ def converter_parts(wildcards):
 
 rule convert_part_reference:
     input:
-        onnx=PART_ONNX,
-        data=f"{PART_ONNX}.data",  # the part's weights: a changed weight must reconvert (and re-key the cache)
+        onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=PART_ENCODINGS,
     output:
         onnx=f"{CONVERTED}.onnx",
@@ -36,7 +35,7 @@ rule convert_part_reference:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: max(500, int(4 * input.size_mb)),
+        mem_mb=lambda wc, input: max(500, int(4 * onnx_with_data_mb(input))),
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
     shell:
@@ -47,8 +46,7 @@ rule convert_part_reference:
 
 rule convert_part_sdk:
     input:
-        onnx=PART_ONNX,
-        data=f"{PART_ONNX}.data",  # the part's weights: a changed weight must reconvert (and re-key the cache)
+        onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=PART_ENCODINGS,
     output:
         dlc=f"{CONVERTED}.dlc",
@@ -65,7 +63,7 @@ rule convert_part_sdk:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: max(1000, int(4 * input.size_mb)),
+        mem_mb=lambda wc, input: max(1000, int(4 * onnx_with_data_mb(input))),
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
     shell:

@@ -9,7 +9,8 @@ if config["split"].get("boundaries"):
     SPLIT_ARGS += " --boundaries " + " ".join(map(shlex.quote, config["split"]["boundaries"]))
 
 
-# Hashes every shared weight of both graphs: its own job, so an encodings change does not repeat it.
+# Hashes every shared weight of both graphs: its own job, so an encodings change does not repeat it, and one that
+# runs beside the split (the bundle, not the split, waits for it).
 rule check_model:
     input:
         prompt=SOURCE["prompt_onnx"],
@@ -25,14 +26,15 @@ rule check_model:
         "{GB} check-model --prompt {input.prompt:q} --token {input.token:q} --out {output:q} > {log:q} 2>&1"
 
 
-# A checkpoint, so that a plan rewritten with the same bytes does not force a new split.
+# A checkpoint, so that a plan rewritten with the same bytes does not force a new split. The plan reads the
+# graphs' structure and the weights' sizes, not their bytes: the weights are not inputs, so a weights-only
+# change does not replan, and Snakemake does not hash GBs of weights for this job.
 checkpoint plan_split:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
         prompt_encodings=SOURCE["prompt_encodings"],
         token_encodings=SOURCE["token_encodings"],
-        weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
     output:
         plan=f"{OUT}/plan.json",
     params:
@@ -52,7 +54,6 @@ checkpoint plan_split:
 checkpoint split_model:
     input:
         plan=f"{OUT}/plan.json",
-        model_check=f"{OUT}/model_check.json",
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
         weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
@@ -67,11 +68,12 @@ checkpoint split_model:
         " --out-dir {output.parts:q} > {log:q} 2>&1"
 
 
+# Weights are read but not inputs: a part's .onnx carries its weights' SHA-1, and a changed source weight changes
+# the part holding it. Listing them would have Snakemake hash GBs more per build, in its main process.
 rule verify_split:
     input:
         parts=split_part_files,
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
-        weights=lambda wc: SOURCE_DATA[wc.graph],
     output:
         f"{OUT}/verify/{{graph}}.json",
     log:

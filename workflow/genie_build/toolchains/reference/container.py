@@ -293,43 +293,79 @@ def _padding(position: int, alignment: int) -> int:
 
 # ------------------------------------------------------------------------------------------- reading
 
-def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:
-    """Rebuild every graph of a container as a runnable model, weights restored into its initializers.
+@dataclass(frozen=True)
+class ContainerGraph:
+    """One graph of a container, its weights apart: ``model`` has its initializers without data (name, type,
+    dims), ``weights`` their values by name. A weight the container stores once for several graphs is one
+    array in each of them."""
 
-    Run in onnxruntime, each model computes exactly what the converted ONNX it was compiled from computes.
+    model: onnx.ModelProto
+    weights: dict[str, np.ndarray]
+
+
+def read_graphs(path: str | os.PathLike[str]) -> dict[str, ContainerGraph]:
+    """Every graph of a container, by name, with its weights decoded once per weight-table entry: memory holds
+    the weights once, unpacked to their dtype, and no serialized copy of them.
 
     Raises:
         GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
     """
     layout = _read_layout(path)
-    models = {}
+    decoded: dict[int, np.ndarray] = {}  # by index in the weight table
+    graphs = {}
     with open(path, "rb") as handle:
         for graph in layout.header["graphs"]:
             handle.seek(layout.graph_section_start + graph["structure_offset"])
             model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
-            entries = {entry["name"]: entry for entry in layout.header["weights"] if graph["name"] in entry["graphs"]}
+            indices = {entry["name"]: index for index, entry in enumerate(layout.header["weights"])
+                       if graph["name"] in entry["graphs"]}
+            entries = {name: layout.header["weights"][index] for name, index in indices.items()}
+            weights = {}
             for tensor in model.graph.initializer:
                 if tensor.name not in entries:
                     raise GenieBuildError(path, f"graph {graph['name']!r}: initializer {tensor.name!r} is missing "
                                                 "from the weight table")
-                tensor.raw_data = _decode(handle, layout, entries, tensor.name).tobytes()
-            models[graph["name"]] = model
+                index = indices[tensor.name]
+                if index not in decoded:
+                    decoded[index] = _decode(handle, layout, entries, tensor.name)
+                weights[tensor.name] = decoded[index]
+            graphs[graph["name"]] = ContainerGraph(model=model, weights=weights)
+    return graphs
+
+
+def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:
+    """Rebuild every graph of a container as a runnable model, weights restored into its initializers.
+
+    Run in onnxruntime, each model computes exactly what the converted ONNX it was compiled from computes.
+    It holds each graph's weights in full (a shared weight once per graph); :func:`read_graphs` does not.
+
+    Raises:
+        GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
+    """
+    models = {}
+    for name, graph in read_graphs(path).items():
+        for tensor in graph.model.graph.initializer:
+            tensor.raw_data = graph.weights[tensor.name].tobytes()
+        models[name] = graph.model
     return models
 
 
 def _decode(handle: BinaryIO, layout: _Layout, entries: dict[str, dict], name: str) -> np.ndarray:
-    """One tensor's values, unpacked from its storage."""
+    """One tensor's values, unpacked from its storage, with no temporary wider than 2 bytes per value."""
     entry = entries[name]
     handle.seek(layout.weight_section_start + entry["offset"])
     payload = handle.read(entry["length"])
     shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
     if entry["storage"] == "packed4":
-        return unpack_int4(payload, math.prod(shape)).reshape(shape).astype(dtype)
+        return unpack_int4(payload, math.prod(shape)).reshape(shape).astype(dtype, copy=False)
     if entry["storage"] == "packed4_signed":
+        # q - zero_point + 8 of a weight of at most 8 bits: q and the zero point fit int16
         quantization = entry["quantization"]
-        zero_point = _decode(handle, layout, entries, quantization["zero_point"])
-        signed = unpack_int4(payload, math.prod(shape)).reshape(shape).astype(np.int64) - 8
-        return (signed + broadcast_params(zero_point, shape, quantization["axis"])).astype(dtype)
+        zero_point = _decode(handle, layout, entries, quantization["zero_point"]).astype(np.int16)
+        signed = unpack_int4(payload, math.prod(shape)).reshape(shape).astype(np.int16)
+        signed -= 8
+        signed += broadcast_params(zero_point, shape, quantization["axis"])
+        return signed.astype(dtype)
     return np.frombuffer(payload, dtype=dtype).reshape(shape)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
 
     consumers = _first_consumers(model.graph)
     opset = default_opset(model)
-    initializers, nodes, quantized = [], [], {}
+    initializers, rebuilds, quantized = [], [], {}
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
@@ -94,11 +95,11 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
                                              encodings.params.get(tensor.name), consumers.get(tensor.name),
                                              float_bitwidth, opset, os.fspath(encodings_path))
             initializers += [writer.add(name, array) for name, array in converted.tensors]
-            nodes += converted.nodes
+            rebuilds.append((tensor.name, converted.nodes))
             if converted.quantization is not None:
                 quantized[converted.tensors[0][0]] = converted.quantization
-    _check_new_names_are_free(initializers, nodes, names, onnx_path)
-    _replace_weights(model.graph, initializers, nodes)
+    _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
+    _replace_weights(model.graph, initializers, rebuilds)
     model.graph.name = graph_name
     set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
     set_metadata_json(model, IO_ENCODINGS_KEY, io_encodings)
@@ -234,13 +235,27 @@ def _check_new_names_are_free(initializers: list[onnx.TensorProto], nodes: list[
 
 
 def _replace_weights(graph: onnx.GraphProto, initializers: list[onnx.TensorProto],
-                     nodes: list[onnx.NodeProto]) -> None:
-    """Swap in the converted initializers and put the nodes rebuilding the weights first (they read
-    initializers only, so the node order stays topological)."""
+                     rebuilds: list[tuple[str, list[onnx.NodeProto]]]) -> None:
+    """Swap in the converted initializers, and put the nodes rebuilding each weight (``rebuilds``: weight name,
+    nodes) just before the first node reading it; weights read only inside subgraphs go first. The nodes read
+    initializers only, so the order stays topological. onnxruntime runs ready nodes in node order, so each weight
+    is dequantized just before its use: rebuilt all at the start, a whole model's weights would be float at once."""
     old_names = {tensor.name for tensor in graph.initializer}
     # Old exporters list initializers as graph inputs too; the rebuilt weight is a node output now.
     inputs = [value for value in graph.input if value.name not in old_names]
-    all_nodes = [*nodes, *graph.node]
+    first_reader: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            first_reader.setdefault(name, index)
+    before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+    all_nodes = []
+    for weight, nodes in rebuilds:
+        if weight in first_reader:
+            before[first_reader[weight]].extend(nodes)
+        else:
+            all_nodes.extend(nodes)
+    for index, node in enumerate(graph.node):
+        all_nodes += [*before[index], node]
     del graph.initializer[:], graph.node[:], graph.input[:]
     graph.initializer.extend(initializers)
     graph.node.extend(all_nodes)

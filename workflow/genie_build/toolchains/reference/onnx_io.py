@@ -14,6 +14,11 @@ from onnx import numpy_helper
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import external_info
 
+# Element types stored as little-endian numpy values of the same width, one per element.
+_PLAIN_NUMPY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                                onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16,
+                                onnx.TensorProto.UINT16, onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
+                                onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL})
 # Element types whose raw bytes are not one numpy element each (packed nibbles, strings).
 _UNSUPPORTED_TYPES = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1,
                                 onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED})
@@ -22,8 +27,9 @@ _UNSUPPORTED_TYPES = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, o
 def read_initializer(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> np.ndarray:
     """The values of one initializer of the model at ``model_path``, inline or external.
 
-    The graph's proto is left as it was (external data is read into a copy), so loading every weight
-    in turn keeps one of them in memory at a time.
+    The graph's proto is left as it was, so loading every weight in turn keeps one of them in memory at a time.
+    External bytes of a plain numpy type are read straight into the array: through a proto they would be in
+    memory three times at once (the bytes read, the proto's copy, the array).
 
     Raises:
         GenieBuildError: an element type without a one-element-per-item numpy form (4-bit, string), or
@@ -33,14 +39,30 @@ def read_initializer(tensor: onnx.TensorProto, model_path: str | os.PathLike[str
         raise GenieBuildError(model_path, f"initializer {tensor.name!r} has element type "
                                           f"{onnx.TensorProto.DataType.Name(tensor.data_type)}, which the "
                                           "reference toolchain does not handle")
-    copy = onnx.TensorProto()
-    copy.CopyFrom(tensor)
     try:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and tensor.data_type in _PLAIN_NUMPY_TYPES:
+            return _read_external_array(tensor, model_path)
+        copy = onnx.TensorProto()
+        copy.CopyFrom(tensor)
         if copy.data_location == onnx.TensorProto.EXTERNAL:
             _read_external_bytes(copy, model_path)
         return numpy_helper.to_array(copy)
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise GenieBuildError(model_path, f"cannot read initializer {tensor.name!r}: {exc}") from None
+
+
+def _read_external_array(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> np.ndarray:
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    info = external_info(tensor, model_path)
+    if "length" in info and int(info["length"]) != count * dtype.itemsize:
+        raise ValueError(f"external data length {info['length']} is not {count} x {dtype.itemsize} bytes")
+    with open(Path(model_path).parent / info["location"], "rb") as data:
+        data.seek(int(info.get("offset", 0)))
+        values = np.fromfile(data, dtype=dtype, count=count)
+    if values.size != count:
+        raise ValueError(f"external data file ends after {values.size} of {count} values")
+    return values.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
 
 
 def _read_external_bytes(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> None:

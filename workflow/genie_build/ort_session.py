@@ -1,0 +1,36 @@
+"""The onnxruntime CPU session options every check, calibration and host run uses.
+
+Each weight's float value is computed just before its consumer and not kept: no constant folding (it would
+store every weight as float32 in the session, 2x a float16 model, more for 4-bit ones), priority order (the
+default order runs every weight's Cast/DequantizeLinear before the first layer, so all float32 copies are
+alive at once) and no CPU arena (it keeps a session's largest buffers after a run).
+
+Threads follow the job's share of the machine: Snakemake exports ``OMP_NUM_THREADS`` as the job's ``threads``;
+onnxruntime ignores that variable and would take every core, so a ``--cores 1`` build would still run its
+checks on two.
+"""
+
+from __future__ import annotations
+
+import os
+
+import onnxruntime as ort
+
+THREADS_VARIABLE = "OMP_NUM_THREADS"
+
+
+def job_threads(environ: os._Environ[str] | dict[str, str] = os.environ) -> int:
+    """The threads this process may use: ``OMP_NUM_THREADS`` if it is a positive integer, else 0 (onnxruntime's
+    default, one per core)."""
+    value = environ.get(THREADS_VARIABLE, "")
+    return int(value) if value.isdigit() and int(value) > 0 else 0
+
+
+def cpu_session_options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    options.enable_cpu_mem_arena = False
+    options.intra_op_num_threads = job_threads()
+    options.inter_op_num_threads = 1
+    return options
