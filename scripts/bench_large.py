@@ -173,8 +173,10 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
     part = wildcards[-1] if wildcards else ""
     if rule in ("generate_demo_model", "calibrate_demo_encodings"):
         return "model (one graph's weights)", size("source/prompt.onnx.data")
-    if rule in ("split_model", "check_model"):
+    if rule == "check_model":
         return "model, both graphs", size("source/*.onnx.data")
+    if rule == "split_model":
+        return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
     if rule == "plan_split":
         return "graphs, no weights", size("source/*.onnx")
     if rule == "verify_split":

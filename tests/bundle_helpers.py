@@ -165,9 +165,9 @@ def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
     _cli("plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
          "--encodings-prompt", source / "prompt.encodings.json", "--encodings-token", source / "token.encodings.json",
          "--num-parts", num_parts, "--out", root / "plan.json")
-    _cli("split", "--plan", root / "plan.json", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
-         "--out-dir", root / "parts")
     for kind in ("prompt", "token"):
+        _cli("split", "--plan", root / "plan.json", "--graph", kind, "--model", source / f"{kind}.onnx",
+             "--out-dir", root / "parts" / kind)
         _cli("slice-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--encodings", source / f"{kind}.encodings.json", "--parts-dir", root / "parts" / kind,
              "--out-dir", root / "encodings" / kind)

@@ -166,8 +166,8 @@ def encodings_name_unknown_tensors(build: ReferenceBuild, src: Path, out: Path) 
 
 
 def split_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
-    return Case(("split", "--plan", build.root / "plan.json", "--prompt", src / "prompt.onnx",
-                 "--token", src / "token.onnx", "--out-dir", out / "parts"), str(where), problem, (out / "parts",))
+    return Case(("split", "--plan", build.root / "plan.json", "--graph", "token", "--model", src / "token.onnx",
+                 "--out-dir", out / "parts"), str(where), problem, (out / "parts",))
 
 
 def split_with_truncated_data(build: ReferenceBuild, src: Path, out: Path) -> Case:

@@ -36,8 +36,8 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
         "plan": ["plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
                  "--encodings-prompt", source / "prompt.encodings.json",
                  "--encodings-token", source / "token.encodings.json", "--num-parts", 3, "--out", out],
-        "split": ["split", "--plan", root / "plan.json", "--prompt", source / "prompt.onnx",
-                  "--token", source / "token.onnx", "--out-dir", out],
+        "split": ["split", "--plan", root / "plan.json", "--graph", "prompt", "--model", source / "prompt.onnx",
+                  "--out-dir", out],
         "slice-encodings": ["slice-encodings", "--graph", "prompt", "--model", source / "prompt.onnx",
                             "--encodings", source / "prompt.encodings.json", "--parts-dir", root / "parts" / "prompt",
                             "--out-dir", out],
@@ -58,7 +58,7 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
 def previous_output(build: ReferenceBuild, writer: str) -> Path:
     """What the build wrote with the same command: the complete output a failed rerun must not damage."""
     label = "3_of_3"
-    return {"plan": build.root / "plan.json", "split": build.root / "parts",
+    return {"plan": build.root / "plan.json", "split": build.root / "parts" / "prompt",
             "slice-encodings": build.root / "encodings" / "prompt",
             "convert": build.root / "converted" / "prompt" / f"part_{label}.onnx",
             "compile": build.root / "compiled" / f"part_{label}.bin", "bundle": build.bundle}[writer]

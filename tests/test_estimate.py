@@ -42,7 +42,7 @@ from genie_build.estimate import (
 )
 from genie_build.onnx_graph import initializer_specs, load_graph
 from genie_build.plan import model_pieces, plan_by_num_parts, read_plan
-from genie_build.split import split_model
+from genie_build.split import split_graph
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container import inspect_container, read_header, stored_nbytes, write_container
 from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY,
@@ -237,7 +237,7 @@ def compiled(tmp_path_factory) -> dict:
     pieces = model_pieces(prompt, read_encodings(encodings["prompt"]),
                           find_boundaries(prompt, source / "prompt.onnx"))
     plan = plan_by_num_parts(pieces, 3)
-    parts = split_model(source / "prompt.onnx", source / "token.onnx", plan, root / "parts")
+    parts = {kind: split_graph(source / f"{kind}.onnx", plan, root / "parts" / kind, kind) for kind in encodings}
     converted: dict[str, dict[str, Path]] = {part.label: {} for part in plan.parts}
     for kind, paths in parts.items():
         full = read_encodings(encodings[kind])

@@ -52,8 +52,8 @@ def _convert_args(build: ReferenceBuild, out: Path) -> list[object]:
 
 
 def _split_args(build: ReferenceBuild, out: Path) -> list[object]:
-    return ["split", "--plan", build.root / "plan.json", "--prompt", build.source / "prompt.onnx",
-            "--token", build.source / "token.onnx", "--out-dir", out]
+    return ["split", "--plan", build.root / "plan.json", "--graph", "prompt", "--model", build.source / "prompt.onnx",
+            "--out-dir", out]
 
 
 # Python ignores SIGXFSZ from startup; restoring the default makes the kernel kill the writer the moment a write

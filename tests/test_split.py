@@ -18,7 +18,7 @@ from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
 from genie_build.plan import model_pieces, plan_by_num_parts, write_plan
-from genie_build.split import node_inputs, split_graph, split_model
+from genie_build.split import node_inputs, split_graph
 from genie_build.verify import build_feed, verify_chain
 from tiny_decoder import EMBED_OUT, build_tiny_decoder, layer_out, make_plan
 
@@ -34,9 +34,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def split_both(prompt: Path, token: Path, plan, out_dir: Path) -> dict[str, list[Path]]:
+    """Both graphs split as the workflow does (one ``split`` job per graph), into ``out_dir/{prompt,token}``."""
+    return {kind: split_graph(source, plan, out_dir / kind, kind) for kind, source in (("prompt", prompt),
+                                                                                      ("token", token))}
+
+
 @pytest.fixture(scope="module")
 def parts(demo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
-    return split_model(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path_factory.mktemp("split") / "parts")
+    return split_both(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path_factory.mktemp("split") / "parts")
 
 
 def graph_of(path: Path) -> onnx.GraphProto:
@@ -139,7 +145,7 @@ def test_data_offsets_are_page_aligned(tmp_path: Path) -> None:
 
 
 def test_split_is_deterministic(demo: Path, parts: dict[str, list[Path]], tmp_path: Path) -> None:
-    again = split_model(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "again")
+    again = split_both(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "again")
     assert tree_bytes(again["prompt"][0].parent.parent) == tree_bytes(parts["prompt"][0].parent.parent)
 
 
@@ -169,7 +175,7 @@ def test_bad_plan_leaves_no_output_and_keeps_an_existing_one(demo: Path, tmp_pat
         PLAN.parts[0], dataclasses.replace(PLAN.parts[1], output_boundary="no_such_tensor"),
         dataclasses.replace(PLAN.parts[2], input_boundary="no_such_tensor")))
     with pytest.raises(GenieBuildError, match="no_such_tensor"):
-        split_model(demo / "prompt.onnx", demo / "token.onnx", bad, tmp_path / "parts")
+        split_graph(demo / "token.onnx", bad, tmp_path / "parts", "token")
     assert list(tmp_path.iterdir()) == []
 
     good = split_graph(demo / "prompt.onnx", PLAN, tmp_path / "parts", "prompt")
@@ -244,7 +250,7 @@ def test_hf_export_splits_bit_exact(tmp_path: Path) -> None:
     model = load_graph(prompt)
     cuts = find_boundaries(model, prompt)
     plan = plan_by_num_parts(model_pieces(model, Encodings(), cuts), num_parts=3)
-    parts = split_model(prompt, token, plan, tmp_path / "parts")
+    parts = split_both(prompt, token, plan, tmp_path / "parts")
     for kind, source in (("prompt", prompt), ("token", token)):
         for path in parts[kind]:
             onnx.checker.check_model(path, full_check=True)
@@ -254,7 +260,8 @@ def test_hf_export_splits_bit_exact(tmp_path: Path) -> None:
 
 def test_cli_splits_from_a_plan_file(demo: Path, tmp_path: Path) -> None:
     write_plan(tmp_path / "plan.json", PLAN)
-    assert main(["split", "--plan", str(tmp_path / "plan.json"), "--prompt", str(demo / "prompt.onnx"),
-                 "--token", str(demo / "token.onnx"), "--out-dir", str(tmp_path / "parts")]) == 0
-    assert sorted(p.name for p in (tmp_path / "parts" / "token").glob("*.onnx")) == [
+    assert main(["split", "--plan", str(tmp_path / "plan.json"), "--graph", "token", "--model",
+                 str(demo / "token.onnx"), "--out-dir", str(tmp_path / "parts")]) == 0
+    assert sorted(p.name for p in (tmp_path / "parts").glob("*.onnx")) == [
         "part_1_of_3.onnx", "part_2_of_3.onnx", "part_3_of_3.onnx"]
+    assert graph_of(tmp_path / "parts" / "part_1_of_3.onnx").name.startswith("token_")

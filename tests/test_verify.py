@@ -16,7 +16,7 @@ from genie_build.cli import main
 from genie_build.commands.verify_split import find_parts
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
-from genie_build.split import split_model
+from genie_build.split import split_graph
 from genie_build.verify import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
 from tiny_decoder import make_plan
 
@@ -34,7 +34,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture()
 def parts(demo: Path, tmp_path: Path) -> dict[str, list[Path]]:
     """Fresh per test, since some tests damage them."""
-    return split_model(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "parts")
+    return {kind: split_graph(demo / f"{kind}.onnx", PLAN, tmp_path / "parts" / kind, kind)
+            for kind in ("prompt", "token")}
 
 
 def test_feed_covers_every_input_with_its_dtype_and_shape(demo: Path) -> None:
@@ -175,7 +176,7 @@ def test_float16_weights_chain_bit_exact_and_a_one_ulp_change_is_caught(tmp_path
     """Unfolded, float16 weights are cast at run time on both sides; the check still sees the smallest change."""
     generate_demo(dataclasses.replace(SHAPE, weight_dtype="float16"), tmp_path / "demo")
     full = tmp_path / "demo" / "token.onnx"
-    chain = split_model(tmp_path / "demo" / "prompt.onnx", full, PLAN, tmp_path / "parts")["token"]
+    chain = split_graph(full, PLAN, tmp_path / "parts", "token")
     assert verify_chain(full, chain, build_feed(full)).bit_exact
     last = chain[-1]
     head = next(t for t in onnx.load(last, load_external_data=False).graph.initializer if t.name == "lm_head.weight")

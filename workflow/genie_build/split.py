@@ -59,25 +59,6 @@ class PartSpec:
     node_indices: tuple[int, ...]   # into the source graph's node list, in topological (source) order
 
 
-def split_model(prompt: str | os.PathLike[str], token: str | os.PathLike[str], plan: Plan,
-                out_dir: str | os.PathLike[str]) -> dict[str, list[Path]]:
-    """Split both graphs into ``out_dir/prompt/`` and ``out_dir/token/``, atomically as one directory.
-
-    Returns:
-        The part ``.onnx`` paths per graph kind, in part order.
-
-    Raises:
-        GenieBuildError: a model cannot be read, or the plan does not cut it cleanly.
-    """
-    sources = {"prompt": Path(prompt), "token": Path(token)}
-    target = Path(out_dir)
-    with atomic_directory(target) as staging:
-        for kind, source in sources.items():
-            (staging / kind).mkdir()
-            _write_parts(source, plan, staging / kind, kind)
-    return {kind: [target / kind / _part_file(part) for part in plan.parts] for kind in sources}
-
-
 def split_graph(model_path: str | os.PathLike[str], plan: Plan, out_dir: str | os.PathLike[str],
                 graph_kind: str) -> list[Path]:
     """Split one graph into ``out_dir/part_{label}.onnx`` (+ ``.onnx.data``), atomically.

@@ -138,8 +138,8 @@ def split_part_files(wildcards):
     because the plan was rewritten). Each .onnx carries its .data file's SHA-1 (ONNX external-data ``checksum``),
     so it changes with the part's weights, and Snakemake need not hash GBs of weights to see that they did."""
     plan = read_plan(checkpoints.plan_split.get().output.plan)
-    parts = checkpoints.split_model.get().output.parts
-    return [f"{parts}/{wildcards.graph}/part_{part.label}.onnx" for part in plan.parts]
+    parts = checkpoints.split_model.get(graph=wildcards.graph).output.parts
+    return [f"{parts}/part_{part.label}.onnx" for part in plan.parts]
 
 
 def part_labels():
@@ -149,8 +149,8 @@ def part_labels():
     Snakemake re-evaluates every job behind a checkpoint after it ran (see snakemake-findings §2.3).
     """
     plan = read_plan(checkpoints.plan_split.get().output.plan)
-    checkpoints.split_model.get()
     for graph in GRAPHS:
+        checkpoints.split_model.get(graph=graph)
         checkpoints.slice_encodings.get(graph=graph)
     return [part.label for part in plan.parts]
 

@@ -49,22 +49,21 @@ checkpoint plan_split:
         " {params.split} --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
-# A checkpoint: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,
-# so only parts whose bytes changed are converted again.
+# A checkpoint per graph: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,
+# so only parts whose bytes changed are converted again. The two graphs split side by side.
 checkpoint split_model:
     input:
         plan=f"{OUT}/plan.json",
-        prompt=SOURCE["prompt_onnx"],
-        token=SOURCE["token_onnx"],
-        weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
+        model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
+        weights=lambda wc: SOURCE_DATA[wc.graph],
     output:
-        parts=directory(f"{OUT}/parts"),
+        parts=directory(f"{OUT}/parts/{{graph}}"),
     log:
-        f"{OUT}/logs/split_model.log",
+        f"{OUT}/logs/split_model/{{graph}}.log",
     benchmark:
-        f"{OUT}/benchmarks/split_model.tsv"
+        f"{OUT}/benchmarks/split_model/{{graph}}.tsv"
     shell:
-        "{GB} split --plan {input.plan:q} --prompt {input.prompt:q} --token {input.token:q}"
+        "{GB} split --plan {input.plan:q} --graph {wildcards.graph} --model {input.model:q}"
         " --out-dir {output.parts:q} > {log:q} 2>&1"
 
 
