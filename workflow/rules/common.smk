@@ -53,6 +53,9 @@ CACHE_PER_PART = "omit-software"
 # The cache key hashes params but not wildcards: without the part in a param, parts could share one entry
 # (snakemake-findings §2.3).
 CACHE_KEY_PART = "{part}"
+# No convert starts before both graphs are split and sliced (part_labels), so those jobs go before other ready ones
+# (the shared-weights check, the chain == full checks), which nothing waits for until the bundle.
+CRITICAL_PATH = 10
 # On a cluster, one submission per part holds its converts, compiles and accounts (no effect on local runs).
 GROUP_PER_PART = "part_{part}"
 

@@ -12,6 +12,7 @@ checkpoint slice_encodings:
         other_encodings=lambda wc: SOURCE[f"{OTHER_GRAPH[wc.graph]}_encodings"],
     output:
         slices=directory(f"{OUT}/encodings/{{graph}}"),
+    priority: CRITICAL_PATH
     log:
         f"{OUT}/logs/slice_encodings/{{graph}}.log",
     benchmark:

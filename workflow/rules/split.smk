@@ -58,6 +58,7 @@ checkpoint split_model:
         weights=lambda wc: SOURCE_DATA[wc.graph],
     output:
         parts=directory(f"{OUT}/parts/{{graph}}"),
+    priority: CRITICAL_PATH
     log:
         f"{OUT}/logs/split_model/{{graph}}.log",
     benchmark:
