@@ -13,13 +13,14 @@ checks on two.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import onnxruntime as ort
 
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 
 
-def job_threads(environ: os._Environ[str] | dict[str, str] = os.environ) -> int:
+def job_threads(environ: Mapping[str, str] = os.environ) -> int:
     """The threads this process may use: ``OMP_NUM_THREADS`` if it is a positive integer, else 0 (onnxruntime's
     default, one per core)."""
     value = environ.get(THREADS_VARIABLE, "")
