@@ -150,7 +150,7 @@ def test_a_run_killed_during_compile_resumes_to_the_bundle_of_an_uninterrupted_r
     assert temporaries(interrupted / "results") == []
 
     uninterrupted = copy_workflow(_fresh_dir(tmp_path / "uninterrupted"))  # only as far as the bundle
-    run_snakemake(uninterrupted, "results/demo/genie_bundle", "--configfile",
+    run_snakemake(uninterrupted, "results/demo/genie_bundle/manifest.json", "--configfile",
                   str(write_config(uninterrupted, TINY_WORKFLOW)))  # the target first: --configfile takes a list
     resumed = load_json(out / "genie_bundle" / "manifest.json")["files"]
     reference = load_json(uninterrupted / "results" / "demo" / "genie_bundle" / "manifest.json")["files"]

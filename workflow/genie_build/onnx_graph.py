@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import copy_range
+from genie_build.genie_contract import INPUT_IDS, read_ar, read_cl
 
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
@@ -265,16 +266,14 @@ class _DigestSink:
         self.digest.update(chunk)
 
 
-GENIE_TOKEN_INPUT = "input_ids"
-GENIE_MASK_INPUT = "attention_mask"
+GENIE_TOKEN_INPUT = INPUT_IDS
 
 
 def ar_and_context_length(model: onnx.ModelProto) -> tuple[int, int] | None:
-    """(AR, CL) as Genie reads them: the last dim of ``input_ids`` and of ``attention_mask``.
+    """(AR, CL) as Genie reads them from the graph's tensors (:mod:`genie_build.genie_contract`).
 
-    Returns None when either input is absent or not statically shaped.
+    Returns None when Genie could not read either of them from the tensors.
     """
-    dims = {value.name: [d.dim_value for d in value.type.tensor_type.shape.dim] for value in model.graph.input}
-    ar = (dims.get(GENIE_TOKEN_INPUT) or [0])[-1]
-    context_length = (dims.get(GENIE_MASK_INPUT) or [0])[-1]
+    io = graph_io(model)
+    ar, context_length = read_ar("", io.inputs, io.outputs).value, read_cl("", io.inputs, io.outputs).value
     return (ar, context_length) if ar and context_length else None

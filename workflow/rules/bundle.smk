@@ -1,6 +1,11 @@
 # The Genie bundle of the chosen variant, then the load-time checks Genie would apply on the phone.
 
 BUNDLE_VARIANT = config["bundle"]["variant"]
+# The rule's output is the manifest, not directory(): Snakemake puts a .snakemake_timestamp marker into every
+# directory() output, and the bundle directory must hold the bundle only. The command writes the whole
+# directory atomically, the manifest (listing every other file) among it.
+BUNDLE_DIR = f"{OUT}/genie_bundle"
+BUNDLE = f"{BUNDLE_DIR}/manifest.json"
 
 
 rule assemble_bundle:
@@ -10,7 +15,7 @@ rule assemble_bundle:
         hf_config=SOURCE["hf_config"],
         model_check=f"{OUT}/model_check.json",  # no bundle of graphs whose shared weights differ
     output:
-        bundle=directory(f"{OUT}/genie_bundle"),
+        manifest=BUNDLE,
     params:
         model=MODEL,
         toolchain=config["variants"][BUNDLE_VARIANT]["toolchain"],
@@ -26,14 +31,14 @@ rule assemble_bundle:
     benchmark:
         f"{OUT}/benchmarks/assemble_bundle.tsv"
     shell:
-        "{GB} bundle --out-dir {output.bundle:q} --model-name {params.model:q} --binaries {input.binaries:q}"
+        "{GB} bundle --out-dir {BUNDLE_DIR:q} --model-name {params.model:q} --binaries {input.binaries:q}"
         " --toolchain {params.toolchain:q} --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q}"
         " --chipset {params.chipset:q} {params.context_size} --config-json {params.config_used:q} > {log:q} 2>&1"
 
 
 rule check_bundle:
     input:
-        bundle=f"{OUT}/genie_bundle",
+        manifest=BUNDLE,
         hf_config=SOURCE["hf_config"],
     output:
         f"{OUT}/bundle_check.json",
@@ -44,7 +49,7 @@ rule check_bundle:
     benchmark:
         f"{OUT}/benchmarks/check_bundle.tsv"
     shell:
-        "{GB} check-bundle {input.bundle:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
+        "{GB} check-bundle {BUNDLE_DIR:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -58,6 +63,7 @@ rule convert_unsplit:
         onnx=lambda wc: SOURCE[f"{wc.graph}_onnx"],
         weights=lambda wc: SOURCE_DATA[wc.graph],
         encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
+        contract=f"{OUT}/contract_check.json",  # no convert job for graphs Genie could not load
     output:
         onnx=f"{UNSPLIT}/{{graph}}.onnx",
         data=f"{UNSPLIT}/{{graph}}.onnx.data",
@@ -99,7 +105,7 @@ rule compile_unsplit:
 
 rule host_run:
     input:
-        bundle=f"{OUT}/genie_bundle",
+        manifest=BUNDLE,
         check=f"{OUT}/bundle_check.json",
         unsplit=f"{UNSPLIT}/model.bin",
     output:
@@ -111,5 +117,5 @@ rule host_run:
     benchmark:
         f"{OUT}/benchmarks/host_run.tsv"
     shell:
-        "{GB} run-bundle {input.bundle:q} --prompt {params.prompt:q} --max-new-tokens 16"
+        "{GB} run-bundle {BUNDLE_DIR:q} --prompt {params.prompt:q} --max-new-tokens 16"
         " --compare-with {input.unsplit:q} --out {output:q} > {log:q} 2>&1"

@@ -183,7 +183,7 @@ def final_outputs(wildcards):
         f"{OUT}/size_table.md",
         f"{OUT}/size_table.png",
         f"{OUT}/memory_plan.md",
-        f"{OUT}/bundle_check.json",
-        *([f"{OUT}/host_run.json"] if config["bundle"]["host_run"]
+        *([f"{OUT}/bundle_check.json"] if config["bundle"]["enabled"] else []),
+        *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
           and config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
     ]

@@ -9,6 +9,35 @@ if config["split"].get("boundaries"):
     SPLIT_ARGS += " --boundaries " + " ".join(map(shlex.quote, config["split"]["boundaries"]))
 
 
+# Genie's IO contract, before any split or convert job (the plan waits for it). It reads the graphs' structure
+# only: the .onnx files are its inputs, not the weights, so a weights-only change does not rerun it and Snakemake
+# hashes no weights for it; its report has the same bytes for the same result, so a rerun that finds the same
+# does not rerun the plan. With bundle.enabled false it records the violations instead of failing.
+CONTRACT_ARGS = " ".join(
+    ([f"--expect-ar {config['demo']['ar']} --expect-context {config['demo']['context']}"] if IS_DEMO else [])
+    + ([f"--context-size {config['bundle']['context_size']}"] if config["bundle"].get("context_size") else [])
+    + ([] if config["bundle"]["enabled"] else ["--report-only"])
+)
+
+
+rule check_contract:
+    input:
+        prompt=SOURCE["prompt_onnx"],
+        token=SOURCE["token_onnx"],
+    output:
+        f"{OUT}/contract_check.json",
+    params:
+        checks=CONTRACT_ARGS,
+    priority: CRITICAL_PATH
+    log:
+        f"{OUT}/logs/check_contract.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_contract.tsv"
+    shell:
+        "{GB} check-contract --prompt {input.prompt:q} --token {input.token:q} {params.checks}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
 # Hashes every shared weight of both graphs: its own job, so an encodings change does not repeat it, and one that
 # runs beside the split (the bundle, not the split, waits for it).
 rule check_model:
@@ -35,6 +64,7 @@ checkpoint plan_split:
         token=SOURCE["token_onnx"],
         prompt_encodings=SOURCE["prompt_encodings"],
         token_encodings=SOURCE["token_encodings"],
+        contract=f"{OUT}/contract_check.json",  # nothing is split or converted for graphs Genie could not load
     output:
         plan=f"{OUT}/plan.json",
     params:

@@ -1,0 +1,48 @@
+"""``check-contract``: the prompt and token graphs follow Genie's IO contract (names, ranks, shapes and dtypes
+of input_ids, attention_mask, position_ids_cos/_sin, the KV cache and logits; AR and CL read as Genie reads
+them, agreeing between the graphs and with the config). Reads the graphs' structure only, never their weights,
+and reports every violation at once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import write_json
+from genie_build.genie_contract import contract_error_text, model_violations
+from genie_build.onnx_graph import graph_io, load_graph
+
+log = logging.getLogger(__name__)
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("check-contract", help=__doc__.splitlines()[0], description=__doc__)
+    parser.add_argument("--prompt", required=True, help="prompt graph (AR > 1) .onnx")
+    parser.add_argument("--token", required=True, help="token graph (AR = 1) .onnx")
+    parser.add_argument("--expect-ar", type=int, metavar="N", help="the prompt graph's AR the config gives")
+    parser.add_argument("--expect-context", type=int, metavar="N", help="the graphs' CL the config gives")
+    parser.add_argument("--context-size", type=int, metavar="N", help="Genie's context size (at most the CL)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="no bundle will be built (bundle.enabled: false): record the violations and pass")
+    parser.add_argument("--out", required=True, help="JSON summary, written when the check passes")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = {"prompt": args.prompt, "token": args.token}
+    graphs = {kind: graph_io(load_graph(path)) for kind, path in paths.items()}
+    expected = {}
+    if args.expect_context is not None:
+        expected = {"prompt": (args.expect_ar, args.expect_context), "token": (1, args.expect_context)}
+    dims, violations = model_violations({kind: (io.inputs, io.outputs) for kind, io in graphs.items()},
+                                        expected=expected, context_size=args.context_size)
+    if violations and not args.report_only:
+        culprit = next((paths[v.graph] for v in violations if v.graph in paths), args.prompt)
+        raise GenieBuildError(culprit, contract_error_text(violations))
+    for violation in violations:
+        log.warning("no bundle will be built, so this is not an error: %s", violation)
+    write_json(args.out, {"prompt": args.prompt, "token": args.token,
+                          "graphs": {kind: {"ar": ar, "cl": cl} for kind, (ar, cl) in dims.items()},
+                          "bundle_enabled": not args.report_only, "violations": [str(v) for v in violations]})
+    return 0
