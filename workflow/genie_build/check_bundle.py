@@ -39,6 +39,8 @@ from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, sha256_file
 from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, load_hf_config
+from genie_build.genie_contract import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, MASK, Reading,
+                                        genie_dims, graph_violations, read_ar, read_cl)
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
@@ -58,7 +60,9 @@ RULES = {
     "ctx-bins-exist": "every listed ctx-bin exists in the bundle, once",
     "ctx-bins-listed": "every .bin in the bundle is listed in ctx-bins",
     "graph-info": "graph names and IO are known (metadata.yaml, or reference containers)",
-    "graph-names": "AR and CL are readable from every graph name and agree with its tensors",
+    "graph-names": "AR and CL are readable from every graph name and agree with what Genie reads from its tensors",
+    "tensor-shapes": "attention_mask, position_ids_cos/_sin, the KV cache and logits have the shapes Genie's "
+                     "validateModel requires for the graph's AR and CL (genie_build.genie_contract)",
     "graph-order": "within each (AR, CL) the graph names sort lexicographically into part order",
     "io-ends": "input_ids is an input of the first part's graphs, logits an output of the last part's",
     "shared-quant": "a tensor shared across graphs carries identical quantization (logits excluded)",
@@ -69,11 +73,7 @@ RULES = {
     "manifest": "manifest.json hashes match the files",
 }
 
-_AR_IN_NAME = re.compile(r"(ar|AR)_?(\d+)")  # Genie's regexes (nsp-model.cpp)
-_CL_IN_NAME = re.compile(r"(cl|CL)_?(\d+)")
-_KV_TENSOR = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 _PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
-FIRST_PART_INPUTS = ("input_ids", "inputs_embeds")
 UNSHARED_TENSORS = ("logits",)  # Genie's shared-quantization rule excludes them
 
 
@@ -379,37 +379,64 @@ def _check_graphs(config: dict, ctx_bins: list[str], graphs: dict[str, tuple[Gra
     shapes = {}
     for graph in all_graphs:
         shapes[graph.name], graph_findings = _graph_ar_cl(graph)
-        findings += graph_findings
+        findings += graph_findings + _check_tensor_shapes(graph, *shapes[graph.name])
     findings += _check_order(placed, shapes, len(order))
     return findings + _check_context_size(config, [cl for _, cl in shapes.values() if cl is not None])
 
 
 def graph_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
-    """(AR, CL) as Genie derives them: from ``input_ids``/``attention_mask`` shapes, else from the name."""
-    return _graph_ar_cl(graph)[0]
+    """(AR, CL) as Genie derives them (:func:`genie_build.genie_contract.read_ar` / ``read_cl``): from the
+    tensors, else from the name."""
+    return (read_ar(graph.name, graph.inputs, graph.outputs).value,
+            read_cl(graph.name, graph.inputs, graph.outputs).value)
 
 
 def _graph_ar_cl(graph: GraphInfo) -> tuple[tuple[int | None, int | None], list[Finding]]:
-    named_ar, named_cl = _name_number(_AR_IN_NAME, graph.name), _name_number(_CL_IN_NAME, graph.name)
-    tensor_ar, tensor_cl = _tensor_ar_cl(graph)
+    """Genie's (AR, CL) of a graph, and where its name disagrees with them or lacks them (Genie falls back on
+    the name when the tensors do not tell, as in an embedding-only part: so the name must carry both)."""
+    named_ar, named_cl = _name_number(AR_IN_NAME, graph.name), _name_number(CL_IN_NAME, graph.name)
+    tensor_ar, tensor_cl = _tensor_readings(graph)
     findings = [Finding("graph-names", "error", f"graph {graph.name!r}: no {what} in its name (Genie reads "
-                                                f"{regex.pattern!r}; an embedding-only part has no other source)")
-                for what, regex, value in (("AR", _AR_IN_NAME, named_ar), ("CL", _CL_IN_NAME, named_cl))
+                                                f"{regex.pattern!r} there when the tensors do not tell; an "
+                                                "embedding-only part has no other source)")
+                for what, regex, value in (("AR", AR_IN_NAME, named_ar), ("CL", CL_IN_NAME, named_cl))
                 if value is None]
-    findings += [Finding("graph-names", "error", f"graph {graph.name!r}: its name says {what} {named} "
-                                                 f"but its tensors say {actual}")
-                 for what, named, actual in (("AR", named_ar, tensor_ar), ("CL", named_cl, tensor_cl))
-                 if named is not None and actual is not None and named != actual]
-    ar = tensor_ar if tensor_ar is not None else named_ar
-    cl = tensor_cl if tensor_cl is not None else named_cl
+    findings += [Finding("graph-names", "error", f"graph {graph.name!r}: Genie reads {what} {reading.value} from "
+                                                 f"{reading.source}, but the name says {what} {named}"
+                                                 + _mask_hint(graph, what, named_ar, named_cl))
+                 for what, named, reading in (("AR", named_ar, tensor_ar), ("CL", named_cl, tensor_cl))
+                 if named is not None and reading.value is not None and named != reading.value]
+    ar = tensor_ar.value if tensor_ar.value is not None else named_ar
+    cl = tensor_cl.value if tensor_cl.value is not None else named_cl
     return (ar, cl), findings
 
 
+def _tensor_readings(graph: GraphInfo) -> tuple[Reading, Reading]:
+    """AR and CL as Genie reads them from the graph's tensors alone."""
+    return read_ar("", graph.inputs, graph.outputs), read_cl("", graph.inputs, graph.outputs)
+
+
 def _tensor_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
-    inputs = {tensor.name: tensor.shape for tensor in graph.inputs}
-    mask = inputs.get("attention_mask")
-    ar = _numel(inputs["input_ids"]) if "input_ids" in inputs else (mask[-2] if mask and len(mask) >= 2 else None)
-    return ar, (mask[-1] if mask else None)
+    ar, cl = _tensor_readings(graph)
+    return ar.value, cl.value
+
+
+def _mask_hint(graph: GraphInfo, what: str, named_ar: int | None, named_cl: int | None) -> str:
+    """What Genie needs of the mask when the AR misread comes from it (e.g. a 2-D ``[1, CL]`` mask)."""
+    mask = next((t for t in graph.inputs if t.name == MASK), None)
+    dims = genie_dims(mask.shape) if mask is not None else None
+    if what != "AR" or dims is None or None in (named_ar, named_cl) or dims.hwc == (1, named_ar, named_cl):
+        return ""
+    return f"; Genie needs attention_mask [1, AR, CL] = [1, {named_ar}, {named_cl}]"
+
+
+def _check_tensor_shapes(graph: GraphInfo, ar: int | None, cl: int | None) -> list[Finding]:
+    """The shapes Genie's validateModel checks, for the AR and CL Genie reads (quantized dtypes not checked)."""
+    if ar is None or cl is None or graph.name == UNNAMED_GRAPH:
+        return []
+    return [Finding("tensor-shapes", "error", f"graph {violation}")
+            for violation in graph_violations(repr(graph.name), graph.inputs, graph.outputs, ar=ar, cl=cl,
+                                              whole=False, check_dtypes=False)]
 
 
 def _check_order(placed: list[tuple[GraphInfo, int]], shapes: dict[str, tuple[int | None, int | None]],
@@ -425,7 +452,9 @@ def _check_order(placed: list[tuple[GraphInfo, int]], shapes: dict[str, tuple[in
         per_bin = Counter(bin_index for _, bin_index in members)
         if any(count > 1 for count in per_bin.values()):
             findings.append(Finding("graph-order", "error", f"AR {ar}, CL {cl}: a ctx-bin holds more than one "
-                                                            f"graph ({', '.join(sorted(n for n, _ in members))})"))
+                                                            f"graph Genie reads as AR {ar}, CL {cl} "
+                                                            f"({', '.join(sorted(n for n, _ in members))}); "
+                                                            "Genie stops with 'duplicate graph found'"))
         elif len(per_bin) != num_bins:
             findings.append(Finding("graph-order", "error", f"AR {ar}, CL {cl}: graphs in {len(per_bin)} of "
                                                             f"{num_bins} ctx-bins; every part needs one"))
@@ -454,7 +483,8 @@ def _padding_hint(names: Iterable[str]) -> str:
 
 
 def _check_io_ends(first: tuple[GraphInfo, ...], last: tuple[GraphInfo, ...]) -> list[Finding]:
-    findings = [Finding("io-ends", "error", f"graph {graph.name!r} of the first part has no input_ids input")
+    findings = [Finding("io-ends", "error", f"graph {graph.name!r} of the first part has no input_ids (or "
+                                            "inputs_embeds) input")
                 for graph in first if not any(t.name in FIRST_PART_INPUTS for t in graph.inputs)]
     findings += [Finding("io-ends", "error", f"graph {graph.name!r} of the last part has no logits output")
                  for graph in last if not any(t.name == "logits" for t in graph.outputs)]
@@ -470,7 +500,7 @@ def _check_shared_quant(graphs: list[GraphInfo]) -> list[Finding]:
         for tensor in graph.inputs + graph.outputs:
             if tensor.name in UNSHARED_TENSORS:
                 continue
-            key = _KV_TENSOR.sub(r"past_\1_\2", tensor.name)
+            key = KV_TENSOR.sub(r"past_\1_\2", tensor.name)
             seen = first_seen.setdefault(key, (graph.name, tensor.name, _quant_signature(tensor)))
             if seen[2] != _quant_signature(tensor) and key not in reported:
                 reported.add(key)
@@ -519,7 +549,7 @@ def _check_tensor_dims(config: dict, graphs: list[GraphInfo]) -> list[Finding]:
 
 def _dim_of(tensor_name: str) -> tuple[str | None, int]:
     """Which config dimension a tensor carries, and on which axis."""
-    kv = _KV_TENSOR.match(tensor_name)
+    kv = KV_TENSOR.match(tensor_name)
     if kv:
         return "kv-dim", -2 if kv.group(1) == "key" else -1
     if tensor_name in ("position_ids_cos", "position_ids_sin"):
@@ -680,10 +710,3 @@ def _get(config: Any, dotted: str, kind: type | None = None) -> Any:
 def _name_number(pattern: re.Pattern[str], name: str) -> int | None:
     match = pattern.search(name)
     return int(match.group(2)) if match else None
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
