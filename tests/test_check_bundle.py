@@ -305,3 +305,34 @@ def test_aihm_metadata_layout_gets_the_tensor_checks_and_a_warning(tmp_path: Pat
     (bundle / METADATA_NAME).write_text(aihm_metadata(infos, ("demo_part_2_of_3.bin",
                                                               "/model/embed_tokens/Gather_output_0")))
     assert rules(check_bundle(bundle)) == {"shared-quant"}
+
+
+def test_a_2d_mask_is_read_as_genie_reads_it_and_worded_as_genie_needs(tmp_path: Path) -> None:
+    """The HF dynamo export's ``attention_mask [1, CL]`` in a middle part: Genie reads AR 1 from it (elements /
+    largest dim), so the prompt graph lands beside the token graph; every finding says so in Genie's terms."""
+    infos = replace_tensor(synthetic_infos(num_parts=3), "demo_part_2_of_3.bin", "prompt_ar32_cl256_2_of_3",
+                           "attention_mask", shape=(1, 256))
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", infos)))
+    messages = {f.rule: [g.message for g in findings if g.rule == f.rule] for f in findings}
+    assert messages["graph-names"] == [
+        "graph 'prompt_ar32_cl256_2_of_3': Genie reads AR 1 from attention_mask [1, 256] (its elements / its "
+        "largest dim), but the name says AR 32; Genie needs attention_mask [1, AR, CL] = [1, 32, 256]"]
+    assert messages["graph-order"][:1] == [
+        "AR 1, CL 256: a ctx-bin holds more than one graph Genie reads as AR 1, CL 256 (prompt_ar32_cl256_2_of_3, "
+        "token_ar1_cl256_2_of_3); Genie stops with 'duplicate graph found'"]
+    # read as AR 1, the prompt graph's cache and boundary shapes are what Genie's validateModel then rejects
+    assert messages["graph-order"][1:] == ["AR 32, CL 256: graphs in 2 of 3 ctx-bins; every part needs one"]
+    assert any(m.startswith("graph 'prompt_ar32_cl256_2_of_3': past_value_0_out is [1, 2, 32, 16]")
+               and "Genie takes only the 1 new token" in m for m in messages["tensor-shapes"])
+    assert "graph-names" not in rules(check_bundle(write_bundle(tmp_path / "ok", synthetic_infos(num_parts=3))))
+
+
+def test_tensor_shapes_rule_uses_the_contract(tmp_path: Path) -> None:
+    infos = replace_tensor(synthetic_infos(num_parts=3), "demo_part_3_of_3.bin", "token_ar1_cl256_3_of_3",
+                           "past_value_1_out", shape=(1, 2, 256, 16))
+    findings = errors(check_bundle(write_bundle(tmp_path / "b", infos)))
+    assert rules(findings) == {"tensor-shapes"} and len(findings) == 1
+    assert findings[0].message == (
+        "graph 'token_ar1_cl256_3_of_3': past_value_1_out is [1, 2, 256, 16] (Genie reads it as [2, 256, 16]): it "
+        "holds the whole cache, 256 entries where Genie takes only the 1 new token; Genie needs [*, AR, kv_dim] = "
+        "[*, 1, 16] (kv_dim = head dim 16)")

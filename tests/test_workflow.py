@@ -65,7 +65,14 @@ def test_full_build_writes_every_contract_output(built):
     bundle = out / "genie_bundle"
     for name in ("genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "metadata.yaml"):
         assert (bundle / name).is_file(), name
+    # the bundle and nothing else (no Snakemake marker), every file listed in the manifest but the manifest
+    listed = set(load_json(bundle / "manifest.json")["files"])
+    assert {path.name for path in bundle.iterdir()} == listed | {"manifest.json"}
     assert load_json(out / "bundle_check.json")["errors"] == 0
+    assert load_json(out / "bundle_check.json")["warnings"] == []
+    contract = load_json(out / "contract_check.json")
+    assert contract["violations"] == [] and contract["graphs"] == {"prompt": {"ar": 8, "cl": 64},
+                                                                   "token": {"ar": 1, "cl": 64}}
 
 
 def test_second_run_does_nothing(built):

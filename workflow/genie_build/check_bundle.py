@@ -451,10 +451,11 @@ def _check_order(placed: list[tuple[GraphInfo, int]], shapes: dict[str, tuple[in
     for (ar, cl), members in sorted(groups.items()):
         per_bin = Counter(bin_index for _, bin_index in members)
         if any(count > 1 for count in per_bin.values()):
+            together = sorted(name for name, bin_index in members if per_bin[bin_index] > 1)
             findings.append(Finding("graph-order", "error", f"AR {ar}, CL {cl}: a ctx-bin holds more than one "
                                                             f"graph Genie reads as AR {ar}, CL {cl} "
-                                                            f"({', '.join(sorted(n for n, _ in members))}); "
-                                                            "Genie stops with 'duplicate graph found'"))
+                                                            f"({', '.join(together)}); Genie stops with "
+                                                            "'duplicate graph found'"))
         elif len(per_bin) != num_bins:
             findings.append(Finding("graph-order", "error", f"AR {ar}, CL {cl}: graphs in {len(per_bin)} of "
                                                             f"{num_bins} ctx-bins; every part needs one"))
