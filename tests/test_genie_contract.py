@@ -216,6 +216,8 @@ RULES = {  # rule: (graph edited, edit, fragments of the violations it must give
                      ["logits is [1, 4, 3, 32] (Genie reads it as [4, 3, 32]); Genie needs vocab or AR x vocab"]),
     "static shapes": ("prompt", _set("outputs", "logits", (1, "sequence", 32)),
                       ["logits has shape [1, sequence, 32]; Genie needs fixed sizes"]),
+    "readable AR": ("prompt", _set("inputs", "input_ids", (1, "sequence")),
+                    ["prompt: graph gives Genie no AR (input_ids [1, sequence])", "input_ids has shape [1, sequence]"]),
     "rank": ("prompt", _set("inputs", "position_ids_cos", (1, 1, AR, 4, 1)),
              ["position_ids_cos has rank 5 ([1, 1, 4, 4, 1]); Genie needs rank 4 at most"]),
     "token ids dtype": ("token", _set("inputs", "input_ids", dtype="float32"),
@@ -316,3 +318,28 @@ def test_hf_export_fails_before_anything_is_built_and_builds_its_ab_table_withou
     assert report["bundle_enabled"] is False and len(report["violations"]) == 21
     again = run_snakemake(workdir, "-n", config_file=config_file)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.workflow
+def test_a_graph_genie_cannot_read_ar_from_stops_the_workflow_at_parse_time(tmp_path: Path):
+    """Graph names carry AR and CL, so such a graph cannot be built even without a bundle: the workflow says
+    why before any job, in the contract's words."""
+    from rebuild_helpers import EXPORTS, user_model_config
+    from workflow_helpers import copy_workflow, run_snakemake
+
+    copy_workflow(tmp_path)
+    exports = tmp_path / EXPORTS
+    exports.mkdir()
+    prompt = contract_graph("prompt")
+    _set("inputs", "input_ids", (1, "sequence"))(prompt)
+    write_io_graph(exports / "prompt.onnx", prompt)
+    write_io_graph(exports / "token.onnx", contract_graph("token"))
+    for name in ("prompt.encodings.json", "token.encodings.json", "tokenizer.json", "config.json"):
+        (exports / name).write_text("{}")
+    result = run_snakemake(tmp_path, "-n", config_file=user_model_config(tmp_path), check=False)
+    text = result.stdout + result.stderr
+    assert result.returncode != 0 and "config model.prompt_onnx: exports/prompt.onnx: Genie cannot read AR and CL" \
+        in text
+    assert "prompt: graph gives Genie no AR (input_ids [1, sequence])" in text
+    assert "prompt: input_ids has shape [1, sequence]; Genie needs fixed sizes" in text
+    assert not (tmp_path / "results").exists()

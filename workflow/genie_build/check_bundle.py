@@ -432,8 +432,6 @@ def _mask_hint(graph: GraphInfo, what: str, named_ar: int | None, named_cl: int 
 
 def _check_tensor_shapes(graph: GraphInfo, ar: int | None, cl: int | None) -> list[Finding]:
     """The shapes Genie's validateModel checks, for the AR and CL Genie reads (quantized dtypes not checked)."""
-    if ar is None or cl is None or graph.name == UNNAMED_GRAPH:
-        return []
     return [Finding("tensor-shapes", "error", f"graph {violation}")
             for violation in graph_violations(repr(graph.name), graph.inputs, graph.outputs, ar=ar, cl=cl,
                                               whole=False, check_dtypes=False)]

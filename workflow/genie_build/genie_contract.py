@@ -164,25 +164,25 @@ def read_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]
                          f"{graph_name!r}")
 
 
-def graph_violations(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int, cl: int,
-                     whole: bool, check_dtypes: bool, kv_dim: int | None = None) -> list[Violation]:
-    """Every contract violation of one graph whose AR and CL are known.
+def graph_violations(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int | None,
+                     cl: int | None, whole: bool, check_dtypes: bool) -> list[Violation]:
+    """Every contract violation of one graph; the shape rules need its AR and CL (skipped when one is None).
 
     Args:
         graph: the graph's name in messages.
         whole: the graph is the whole model (first and last split at once): then every contract tensor must be
             there and Genie must feed every input; a split part is checked only on the tensors it has.
         check_dtypes: check dtypes (ONNX graphs; a ctx-bin's dtypes are quantized types).
-        kv_dim: the head dim of the cache (``kv-dim``); None: the last dim of the value tensors.
     """
     by_input, by_output = _by_name(inputs), _by_name(outputs)
     found = [*_unreadable(graph, (*inputs, *outputs))]
     if whole:
         found += _missing(graph, by_input, by_output)
-    found += _check_mask(graph, by_input.get(MASK), ar, cl)
-    found += _check_rope(graph, by_input.get(POS_COS), by_input.get(POS_SIN), ar)
-    found += _check_logits(graph, by_output.get(LOGITS), ar)
-    found += _check_kv(graph, inputs, outputs, ar=ar, cl=cl, whole=whole, kv_dim=kv_dim)
+    if ar is not None and cl is not None:
+        found += _check_mask(graph, by_input.get(MASK), ar, cl)
+        found += _check_rope(graph, by_input.get(POS_COS), by_input.get(POS_SIN), ar)
+        found += _check_logits(graph, by_output.get(LOGITS), ar)
+        found += _check_kv(graph, inputs, outputs, ar=ar, cl=cl, whole=whole)
     if check_dtypes:
         found += _check_dtypes(graph, (*inputs, *outputs))
     return found
@@ -210,9 +210,7 @@ def model_violations(graphs: dict[str, tuple[Sequence[Tensor], Sequence[Tensor]]
             if reading.value is None:
                 found.append(Violation(kind, "graph", f"gives Genie no {what} ({reading.source})",
                                        f"static input_ids [1, AR] and attention_mask [1, AR, CL]"))
-        if ar.value is not None and cl.value is not None:
-            found += graph_violations(kind, inputs, outputs, ar=ar.value, cl=cl.value, whole=True,
-                                      check_dtypes=True)
+        found += graph_violations(kind, inputs, outputs, ar=ar.value, cl=cl.value, whole=True, check_dtypes=True)
     found += _check_pair(dims, expected or {}, context_size)
     return dims, found
 
@@ -286,8 +284,8 @@ def _check_logits(graph: str, logits: Tensor | None, ar: int) -> list[Violation]
                       f"vocab or AR x vocab elements = [1, {ar}, {dims.largest}] (vocab = its largest dim)")]
 
 
-def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int, cl: int, whole: bool,
-              kv_dim: int | None) -> list[Violation]:
+def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int, cl: int,
+              whole: bool) -> list[Violation]:
     found = [Violation(graph, tensor.name, f"looks like a cache {side} but is not named past_key_{{i}}_{suffix} / "
                                            f"past_value_{{i}}_{suffix}",
                        f"past_key_{{i}}_{suffix} and past_value_{{i}}_{suffix} (Genie finds the cache by these "
@@ -305,8 +303,9 @@ def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *
         found += [Violation(graph, name, "is missing", f"all four of past_key_{layer}_in/_out and "
                                                        f"past_value_{layer}_in/_out for layer {layer}")
                   for layer in layers for name in _layer_names(layer) if name not in cache]
-    head_dim = kv_dim if kv_dim is not None else next(
-        (dims.channel for name, (_, dims) in sorted(cache.items()) if "_value_" in name and dims), None)
+    # kv_dim: the values' last dim (values are [*, length, kv_dim] in every layout; genie-build's kv-dim is the
+    # model's head dim, and so is this)
+    head_dim = next((dims.channel for name, (_, dims) in sorted(cache.items()) if "_value_" in name and dims), None)
     key_in_dims = next((dims for name, (_, dims) in sorted(cache.items())
                         if name.startswith("past_key_") and name.endswith("_in") and dims), None)
     scatter = key_in_dims is not None and key_in_dims.channel == cl  # Genie's own test (analyzeCacheGroupKV)

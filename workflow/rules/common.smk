@@ -7,7 +7,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-from genie_build import __version__ as GENIE_BUILD_VERSION, naming, onnx_graph
+from genie_build import __version__ as GENIE_BUILD_VERSION, genie_contract, naming, onnx_graph
 from genie_build.config import validate_config
 from genie_build.errors import GenieBuildError
 from genie_build.plan import read_plan
@@ -73,9 +73,11 @@ def _read_user_graph(graph):
     except GenieBuildError as exc:
         _config_error(f"model.{graph}_onnx", str(exc))
     dims = onnx_graph.ar_and_context_length(model)
-    if dims is None:
-        _config_error(f"model.{graph}_onnx", f"{path}: cannot read AR and context length: Genie needs statically "
-                      "shaped inputs input_ids [1, AR] and attention_mask [..., CL]")
+    if dims is None:  # the graph names carry AR and CL, so not even bundle.enabled: false can build this graph
+        io = onnx_graph.graph_io(model)
+        violations = genie_contract.model_violations({graph: (io.inputs, io.outputs)})[1]
+        _config_error(f"model.{graph}_onnx", f"{path}: Genie cannot read AR and CL from this graph: "
+                      + "; ".join(map(str, violations)))
     return data_files, dims
 
 
