@@ -88,6 +88,20 @@ def test_demo_graphs_follow_the_contract(tmp_path: Path):
     assert dims == {"prompt": (AR, CL), "token": (1, CL)}
 
 
+def test_check_contract_reads_no_weights(tmp_path: Path):
+    """The check reads the graphs' structure only: it passes with the weight files gone (so the workflow need
+    not list, nor Snakemake hash, the weights for it)."""
+    generate_demo(SMALL, tmp_path)
+    weights = sorted(tmp_path.glob("*.onnx.data"))
+    assert [path.name for path in weights] == ["prompt.onnx.data", "token.onnx.data"]
+    for data in weights:
+        data.unlink()
+    out = tmp_path / "contract.json"
+    assert main(["check-contract", "--prompt", str(tmp_path / "prompt.onnx"), "--token", str(tmp_path / "token.onnx"),
+                 "--expect-ar", str(AR), "--expect-context", str(CL), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["violations"] == []
+
+
 @pytest.fixture(scope="module")
 def hf_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     hf_export = pytest.importorskip("hf_export", reason="tests/hf_export.py is not there")
