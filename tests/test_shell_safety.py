@@ -33,6 +33,8 @@ UNQUOTED_ALLOWED = {
     "params.split": "integers/numbers from the schema; boundary names shlex.quote()d",
     "params.shape": "demo sizes: integers and an enum from the schema, shlex.quote()d (DEMO_ARGS)",
     "params.context_size": "'--context-size <integer>' or '' (schema: integer)",
+    "params.checks": "'--expect-ar/--expect-context/--context-size <integer>' (schema: integers) and the "
+                     "constant '--report-only' (CONTRACT_ARGS, split.smk)",
     "params.strict": "the constant '--strict' or ''",
     "params.float_bitwidth": "integer: schema enum [16, 32], or the \\d+ of the converter wildcard",
     "params.vocab": "integer (schema)",
