@@ -107,6 +107,7 @@ def _generator(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="qnn-context-binary-generator")
     for option in ("--backend", "--model", "--dlc_path", "--config_file", "--binary_file", "--output_dir"):
         parser.add_argument(option, required=True)
+    parser.add_argument("--input_output_tensor_mem_type", choices=("raw", "memhandle"), default="raw")
     args = parser.parse_args(argv)
     wrapper = json.loads(Path(args.config_file).read_text())
     extensions = wrapper["backend_extensions"]

@@ -2,8 +2,9 @@
 
 convert: ``qairt-converter --input_network <graph>.onnx --quantization_overrides E.json --float_bitwidth 16
 --output_path <graph>.dlc``. compile: ``qnn-context-binary-generator --backend libQnnHtp.so --model
-libQnnModelDlc.so --dlc_path a.dlc,b.dlc --config_file <wrapper json> --binary_file NAME --output_dir DIR``, with the
-HTP options in the backend-extension JSON the wrapper points to. The field report found this path silently
+libQnnModelDlc.so --dlc_path a.dlc,b.dlc --config_file <wrapper json> --input_output_tensor_mem_type memhandle
+--binary_file NAME --output_dir DIR``, with the HTP options in the backend-extension JSON the wrapper points to --
+the same JSON the ``qairt`` toolchain hands qairt (``qnn_sdk.backend_extension_config``). The field report found this path silently
 ignores ``weights_packing`` for multi-graph binaries; it is kept so that the A/B table can show it (the
 accounting stage flags an option that had no effect). See docs/toolchains.md.
 """
@@ -19,6 +20,8 @@ from genie_build.fileio import write_json
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
 from genie_build.toolchains.qnn_sdk import (
     CONTEXT_BINARY_UTILITY,
+    IO_TENSOR_MEM_TYPE,
+    backend_extension_config,
     check_graph_name,
     inspect_with_sdk,
     link_into,
@@ -53,26 +56,15 @@ def converter_command(converter: Path, network: Path, encodings: Path, float_bit
 
 def generator_command(generator: Path, backend: Path, model: Path, dlc_names: list[str], config_file: Path,
                       binary_name: str, output_dir: Path) -> list[str]:
-    """The ``qnn-context-binary-generator`` argument list; it writes ``output_dir/binary_name.bin``.
+    """The ``qnn-context-binary-generator`` argument list; it writes ``output_dir/binary_name.bin``. IO tensors are
+    memory handles, as the vendor's weight-sharing compile sets them (``qnn_sdk.IO_TENSOR_MEM_TYPE``).
 
     ``dlc_names`` are joined with commas into one ``--dlc_path`` value, so they must be comma-free:
     callers pass the graph-named links they made in the working directory.
     """
     return [str(generator), "--backend", str(backend), "--model", str(model), "--dlc_path", ",".join(dlc_names),
-            "--config_file", str(config_file), "--binary_file", binary_name, "--output_dir", str(output_dir)]
-
-
-def backend_extension_config(graph_names: list[str], options: CompileOptions) -> dict[str, Any]:
-    """The HTP backend-extension JSON: one ``graphs`` entry naming every graph (so ``O``, ``weights_packing`` and
-    ``vtcm_mb`` reach each of them), the target device, weight sharing, shared-buffer memory."""
-    return {
-        "graphs": [{"graph_names": list(graph_names), "O": options.optimization_type,
-                    "weights_packing": options.weights_packing, "vtcm_mb": options.vtcm_mb}],
-        "devices": [{"soc_model": options.soc_model, "dsp_arch": options.dsp_arch,
-                     "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
-        "context": {"weight_sharing_enabled": options.weight_sharing_enabled},
-        "memory": {"mem_type": "shared_buffer"},
-    }
+            "--config_file", str(config_file), "--input_output_tensor_mem_type", IO_TENSOR_MEM_TYPE,
+            "--binary_file", binary_name, "--output_dir", str(output_dir)]
 
 
 def config_file_wrapper(extensions_library: Path, backend_extension_path: Path) -> dict[str, Any]:

@@ -20,13 +20,14 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.base import BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,14 @@ STDERR_TAIL_LINES = 5
 
 # The SDK may rewrite other characters in graph names, and a graph name must reach the binary unchanged
 # (Genie and the per-graph options match on it); it also becomes a file name and a --dlc_path list item.
+# What the vendor's own LLM build (qairt-dev 0.13.0: CompileConfig.set_mode("weight_sharing"),
+# gen_ai_api/builders/htp_mixin.py) sets on every weight-shared compile, adopted by both SDK toolchains
+# (docs/toolchains.md, "The vendor's LLM settings"): IO tensors in shared memory handles, the shared-buffer
+# memory section, and the core in burst mode with a 100 us RPC control latency.
+IO_TENSOR_MEM_TYPE = "memhandle"
+MEMORY_TYPE = "shared_buffer"
+DEVICE_CORE = {"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}
+
 _GRAPH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QNN_DATATYPE = re.compile(r"^QNN_DATATYPE_([A-Z_]+?)_(\d+)$")
 _DTYPE_PREFIX = {"UFIXED_POINT": "uint", "SFIXED_POINT": "int", "FIXED_POINT": "int", "UINT": "uint",
@@ -65,6 +74,21 @@ def bin_dir(root: Path) -> Path:
 
 def lib_dir(root: Path) -> Path:
     return root / "lib" / HOST_PLATFORM
+
+
+def backend_extension_config(graph_names: Sequence[str], options: CompileOptions) -> dict[str, Any]:
+    """The HTP backend-extension JSON of one compile, for both SDK toolchains (``qnn-cli`` writes it, ``qairt``
+    builds its config objects from it), in the shape qairt-dev's ``HtpConfigHelper.to_backend_extension_dict``
+    serializes: ``context`` a one-element list, one ``graphs`` entry per graph (so ``O``, ``weights_packing`` and
+    ``vtcm_mb`` are per graph), the device with its core, the shared-buffer memory section. Only the variant's
+    options vary, so an A/B between the toolchains compares the tools, not two JSON shapes."""
+    return {
+        "context": [{"weight_sharing_enabled": options.weight_sharing_enabled}],
+        "graphs": [{"vtcm_mb": options.vtcm_mb, "O": options.optimization_type,
+                    "weights_packing": options.weights_packing, "graph_names": [name]} for name in graph_names],
+        "devices": [{"soc_model": options.soc_model, "dsp_arch": options.dsp_arch, "cores": [dict(DEVICE_CORE)]}],
+        "memory": {"mem_type": MEMORY_TYPE},
+    }
 
 
 def sdk_root(toolchain: str) -> Path:
@@ -192,10 +216,11 @@ def link_into(directory: Path, name: str, target: Path) -> Path:
 def stage_onnx_as_graph(onnx_path: Path, graph_name: str, staging: Path) -> Path:
     """Copy an ONNX part into ``staging`` as ``<graph_name>.onnx``, with its external data files beside it.
 
-    The SDK names the DLC graph after the ONNX file's stem (``qairt.convert`` names its DLC
-    ``Path(model).stem + ".dlc"``; the graph name following it is third-party knowledge), and the part files are
-    called ``part_NN_of_N.onnx`` -- so the converter is handed a file whose stem is the graph name. Neither
-    ``qairt.convert`` nor ``qairt-converter`` documents a graph-name option. The files are copied, not linked:
+    The SDK names the DLC graph after the ONNX file's stem (qairt-dev documents it: ``graph_name`` "if not
+    specified, base name of model file will be used", ``converter_config.py``), and the part files are called
+    ``part_NN_of_N.onnx`` -- so the converter is handed a file whose stem is the graph name. ``qairt.convert`` is
+    also given ``graph_name=``; ``qairt-converter`` documents no such option, so for it the stem is the only
+    way. The files are copied, not linked:
     onnx (>= 1.17; checked with 1.23) refuses external data reached through a symbolic link, through a file
     with several hard links, or outside the model's directory -- and the SDK reads ONNX with onnx.
 
@@ -218,12 +243,21 @@ def external_data_locations(onnx_path: Path) -> set[str]:
     Raises:
         GenieBuildError: the file is not a readable ONNX model.
     """
-    try:
-        model = onnx.load(onnx_path, load_external_data=False)
-    except (OSError, DecodeError) as exc:
-        raise GenieBuildError(onnx_path, f"not a readable ONNX model: {exc}") from exc
+    model = _load_structure(onnx_path)
     return {entry.value for tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
             for entry in tensor.external_data if entry.key == "location"}
+
+
+def graph_inputs(onnx_path: Path) -> list[tuple[str, str]]:
+    """``(name, datatype)`` of every graph input, the datatype spelled as the vendor's LLM build gives it to the
+    converter (the ONNX type name lower-cased: ``"float"``, ``"int32"``; qairt-dev ``gen_ai_utils.get_input_layout``).
+
+    Raises:
+        GenieBuildError: the file is not a readable ONNX model.
+    """
+    model = _load_structure(onnx_path)
+    return [(value.name, onnx.TensorProto.DataType.Name(value.type.tensor_type.elem_type).lower())
+            for value in model.graph.input]
 
 
 def inspect_with_sdk(toolchain: str, binary_path: Path) -> BinaryInfo:
@@ -336,6 +370,14 @@ def _mapping(container: object, key: str, binary_path: Path) -> dict:
     if not isinstance(value, dict):
         raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON lacks an {key!r} object where expected")
     return value
+
+
+def _load_structure(onnx_path: Path) -> onnx.ModelProto:
+    """The model without its external data (the graph, not the weights)."""
+    try:
+        return onnx.load(onnx_path, load_external_data=False)
+    except (OSError, DecodeError) as exc:
+        raise GenieBuildError(onnx_path, f"not a readable ONNX model: {exc}") from exc
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
