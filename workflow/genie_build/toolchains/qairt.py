@@ -58,8 +58,6 @@ QAIRT_DEV_CONFIG = "qairt/qairt_dev_config.yaml"  # holds min_qairt_version, ins
 # and 32-bit biases where the encodings leave a tensor to the quantizer, every input's layout left as it is.
 CALIBRATION = {"act_precision": 16, "bias_precision": 32}
 INPUT_LAYOUT = "NONTRIVIAL"
-_ENV_HINT = ("create the QAIRT environment (scripts/make_qairt_env.sh, or envs/qairt.yaml) and point "
-             "toolchains.qairt.python at its interpreter")
 
 
 @dataclass(frozen=True)
@@ -97,20 +95,16 @@ def import_qairt(root: Path) -> QairtApi:
     """Import ``qairt`` (only once :func:`check_sdk_version` passed) and the classes this adapter uses.
 
     Raises:
-        GenieBuildError: ``qairt`` fails to import -- whatever it raises, ``sys.exit`` included -- or lacks a
-            module this adapter needs.
+        GenieBuildError: ``qairt`` fails to import -- whatever it raises, ``sys.exit`` included (qairt-dev itself
+            is known to be installed by then) -- or lacks a module this adapter needs.
     """
     try:
         qairt = importlib.import_module("qairt")
-    except ImportError as exc:
-        raise GenieBuildError(f"toolchain {TOOLCHAIN}",
-                              f"the qairt Python package is not importable by {sys.executable} ({exc}): "
-                              f"{_ENV_HINT}; the SDK's own Python modules come from {root}/lib/python") from exc
-    except (Exception, SystemExit) as exc:  # qairt exits when the SDK's native modules do not load
+    except (Exception, SystemExit) as exc:  # qairt calls sys.exit(1) when the SDK's native modules do not load
         raise GenieBuildError(f"toolchain {TOOLCHAIN}",
                               f"import qairt failed with the SDK at {root} ({type(exc).__name__}: {exc}): the "
-                              f"SDK's Python modules in {root}/lib/python must load in {sys.executable} "
-                              "(the SDK built for this Python version, its host libraries present)") from None
+                              f"SDK's Python modules in {root}/lib/python must load in {sys.executable} (an SDK "
+                              "built for this Python version, with its host libraries)") from None
     try:
         compile_config = importlib.import_module(COMPILE_CONFIG_MODULE)
         htp_config = importlib.import_module(HTP_CONFIG_MODULE)
@@ -189,7 +183,8 @@ def _qairt_dev_file(relative: str) -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise GenieBuildError(f"toolchain {TOOLCHAIN}",
                               f"the qairt Python package (qairt-dev) is not installed for {sys.executable}: "
-                              f"{_ENV_HINT}") from None
+                              "create the QAIRT environment (scripts/make_qairt_env.sh, or envs/qairt.yaml) and "
+                              "point toolchains.qairt.python at its interpreter") from None
 
 
 def _read_yaml(path: Path, key: str) -> object:
