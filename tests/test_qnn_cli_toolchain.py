@@ -92,8 +92,10 @@ def test_registry_maps_qnn_cli_to_this_class():
 def test_convert_calls_the_converter_with_the_documented_arguments(sdk, tmp_path, work):
     convert_both(work)
     first, second = calls(tmp_path, "qairt-converter")
-    assert Path(flags(second["argv"])["--input_network"]).name == f"{TOKEN}.onnx"
-    argv = flags(first["argv"])
+    assert Path(flags(second["argv"][:2])["--input_network"]).name == f"{TOKEN}.onnx"
+    layout_at = first["argv"].index("--input_layout")
+    assert first["argv"][layout_at:layout_at + 3] == ["--input_layout", "input_ids", "NONTRIVIAL"]
+    argv = flags(first["argv"][:layout_at] + first["argv"][layout_at + 3:])
     assert list(argv) == ["--input_network", "--quantization_overrides", "--float_bitwidth", "--output_path"]
     assert Path(argv["--input_network"]).name == f"{PROMPT}.onnx"
     assert argv["--quantization_overrides"] == str(work / "parts" / "prompt" / "part_1_of_2.encodings.json")
@@ -116,7 +118,9 @@ def test_compile_calls_the_generator_with_the_documented_arguments(converted, sd
     (call,) = calls(tmp_path, "qnn-context-binary-generator")
     argv = flags(call["argv"])
     lib = sdk / "lib" / "x86_64-linux-clang"
-    assert list(argv) == ["--backend", "--model", "--dlc_path", "--config_file", "--binary_file", "--output_dir"]
+    assert list(argv) == ["--backend", "--model", "--dlc_path", "--config_file", "--input_output_tensor_mem_type",
+                          "--binary_file", "--output_dir"]
+    assert argv["--input_output_tensor_mem_type"] == "memhandle"
     assert argv["--backend"] == str(lib / "libQnnHtp.so")
     assert argv["--model"] == str(lib / "libQnnModelDlc.so")
     assert argv["--dlc_path"] == f"{PROMPT}.dlc,{TOKEN}.dlc"
@@ -128,13 +132,16 @@ def test_compile_calls_the_generator_with_the_documented_arguments(converted, sd
 
 
 def test_compile_writes_the_backend_extension_json_exactly(converted, tmp_path, work):
+    # The shape qairt-dev's HtpConfigHelper serializes (tests/qairt_api checks it against the real serializer):
+    # context a list, one graphs entry per graph.
     QnnCliToolchain().compile(converted, work / "part_1_of_2.bin", options(chipset="SM8650"))
     (call,) = calls(tmp_path, "qnn-context-binary-generator")
     assert call["backend_extension"] == {
-        "graphs": [{"graph_names": [PROMPT, TOKEN], "O": 3, "weights_packing": True, "vtcm_mb": 8}],
+        "context": [{"weight_sharing_enabled": True}],
+        "graphs": [{"vtcm_mb": 8, "O": 3, "weights_packing": True, "graph_names": [PROMPT]},
+                   {"vtcm_mb": 8, "O": 3, "weights_packing": True, "graph_names": [TOKEN]}],
         "devices": [{"soc_model": 57, "dsp_arch": "v75",
                      "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
-        "context": {"weight_sharing_enabled": True},
         "memory": {"mem_type": "shared_buffer"},
     }
 

@@ -94,6 +94,7 @@ def _converter(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="qairt-converter")
     parser.add_argument("--input_network", required=True)
     parser.add_argument("--quantization_overrides")
+    parser.add_argument("--input_layout", nargs=2, action="append", metavar=("NAME", "LAYOUT"))
     parser.add_argument("--float_bitwidth", type=int, choices=(16, 32), default=32)
     parser.add_argument("--output_path", required=True)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The ``qnn-cli`` toolchain: the QAIRT SDK's command-line tools, run through ``subprocess`` with argument lists.
 
-convert: ``qairt-converter --input_network <graph>.onnx --quantization_overrides E.json --float_bitwidth 16
---output_path <graph>.dlc``. compile: ``qnn-context-binary-generator --backend libQnnHtp.so --model
+convert: ``qairt-converter --input_network <graph>.onnx --quantization_overrides E.json [--input_layout NAME
+NONTRIVIAL per input] --float_bitwidth 16 --output_path <graph>.dlc``. compile: ``qnn-context-binary-generator --backend libQnnHtp.so --model
 libQnnModelDlc.so --dlc_path a.dlc,b.dlc --config_file <wrapper json> --input_output_tensor_mem_type memhandle
 --binary_file NAME --output_dir DIR``, with the HTP options in the backend-extension JSON the wrapper points to --
 the same JSON the ``qairt`` toolchain hands qairt (``qnn_sdk.backend_extension_config``). The field report found this path silently
@@ -20,9 +20,11 @@ from genie_build.fileio import write_json
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
 from genie_build.toolchains.qnn_sdk import (
     CONTEXT_BINARY_UTILITY,
+    INPUT_LAYOUT,
     IO_TENSOR_MEM_TYPE,
     backend_extension_config,
     check_graph_name,
+    graph_inputs,
     inspect_with_sdk,
     link_into,
     locate_sdk,
@@ -49,9 +51,11 @@ CONFIG_FILE = "qnn_context_binary_generator_config.json"
 
 def converter_command(converter: Path, network: Path, encodings: Path, float_bitwidth: int,
                       output: Path) -> list[str]:
-    """The ``qairt-converter`` argument list."""
+    """The ``qairt-converter`` argument list: every graph input keeps its layout (``--input_layout NAME
+    NONTRIVIAL``), as the vendor's LLM build asks of ``qairt.convert``."""
+    layouts = [argument for name, _ in graph_inputs(network) for argument in ("--input_layout", name, INPUT_LAYOUT)]
     return [str(converter), "--input_network", str(network), "--quantization_overrides", str(encodings),
-            "--float_bitwidth", str(float_bitwidth), "--output_path", str(output)]
+            *layouts, "--float_bitwidth", str(float_bitwidth), "--output_path", str(output)]
 
 
 def generator_command(generator: Path, backend: Path, model: Path, dlc_names: list[str], config_file: Path,

@@ -41,8 +41,9 @@ STDERR_TAIL_LINES = 5
 # What the vendor's own LLM build (qairt-dev 0.13.0: CompileConfig.set_mode("weight_sharing"),
 # gen_ai_api/builders/htp_mixin.py) sets on every weight-shared compile, adopted by both SDK toolchains
 # (docs/toolchains.md, "The vendor's LLM settings"): IO tensors in shared memory handles, the shared-buffer
-# memory section, and the core in burst mode with a 100 us RPC control latency.
+# memory section, the core in burst mode with a 100 us RPC control latency, and inputs left in their layout.
 IO_TENSOR_MEM_TYPE = "memhandle"
+INPUT_LAYOUT = "NONTRIVIAL"  # every graph input, at convert (gen_ai_utils.get_input_layout): keep it as it is
 MEMORY_TYPE = "shared_buffer"
 DEVICE_CORE = {"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}
 
