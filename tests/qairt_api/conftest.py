@@ -10,6 +10,7 @@ nothing here is collected; tests/test_qairt_api_env.py runs this directory in th
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import sys
@@ -51,3 +52,14 @@ def real_qairt(tmp_path, monkeypatch):
     for module in [name for name in sys.modules
                    if name.split(".")[0] in ("qairt", "qti", "qairt_calls", "genie_build_doubles")]:
         del sys.modules[module]
+
+
+@pytest.fixture
+def genie_models(real_qairt, monkeypatch):
+    """qairt-dev's Genie config models (qairt/modules/genie_execution/genie_config.py); the two packages above
+    them are seeded bare too, their __init__ needs the full qairt."""
+    for name in ("qairt.modules", "qairt.modules.genie_execution"):
+        package = types.ModuleType(name)
+        package.__path__ = [str(Path(real_qairt.__path__[0], *name.split(".")[1:]))]
+        monkeypatch.setitem(sys.modules, name, package)
+    return importlib.import_module("qairt.modules.genie_execution.genie_config")
