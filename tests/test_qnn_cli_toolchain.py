@@ -187,6 +187,30 @@ def test_inspect_reads_graphs_io_and_quantization(converted, work):
     assert (hidden.quant.scale, hidden.quant.offset, hidden.quant.bitwidth) == (2.0 ** -10, -32768, 16)
 
 
+def test_inspect_reports_the_o_level_and_vtcm_each_graph_was_compiled_with(converted, work):
+    toolchain = QnnCliToolchain()
+    out = work / "part_1_of_2.bin"
+    toolchain.compile(converted, out, options(o_level=2, vtcm_mb=8))
+    assert toolchain.inspect(out).applied_options == {"optimization_type": {PROMPT: 2, TOKEN: 2},
+                                                      "vtcm_size": {PROMPT: 8, TOKEN: 8}}
+
+
+def test_spaced_utility_keys_are_read_as_camel_case(tmp_path):
+    # Some SDK versions write "graph name", "graph blob info", ... (qairt-dev normalises them the same way).
+    document = {"info": {"build id": "v2.50.0", "graphs": [{"info": {
+        "graph name": "g", "graph inputs": [{"info": {"name": "x", "dimensions": [1, 4],
+                                                      "data type": "QNN_DATATYPE_INT_32"}}],
+        "graph outputs": [], "graph blob info": {"info": {"optimization level": 3, "vtcm size": 8}}}}]}}
+    info = binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli")
+    assert (info.tool_version, info.graphs[0].name, info.graphs[0].inputs[0].dtype) == ("v2.50.0", "g", "int32")
+    assert info.applied_options == {"optimization_type": {"g": 3}, "vtcm_size": {"g": 8}}
+
+
+def test_a_binary_that_reports_no_blob_info_applies_nothing_known(tmp_path):
+    document = {"info": {"graphs": [{"info": {"graphName": "g", "graphInputs": [], "graphOutputs": []}}]}}
+    assert binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli").applied_options == {}
+
+
 def test_a_failing_executable_gives_tool_exit_code_and_stderr(converted, monkeypatch, work):
     monkeypatch.setenv(FAIL_VARIABLE, "qnn-context-binary-generator")
     out = work / "part_1_of_2.bin"

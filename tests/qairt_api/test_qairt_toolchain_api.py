@@ -248,3 +248,5 @@ def test_the_cli_jobs_run_in_the_qairt_environment(real_qairt, tmp_path, monkeyp
     record = json.loads(record_path.read_text())
     assert [graph["name"] for graph in record["graphs"]] == [PROMPT, TOKEN]
     assert record["bytes"] == binary.stat().st_size
+    # read back from the binary, as the utility reports what the compile applied per graph
+    assert record["applied"] == {"optimization_type": {PROMPT: 3, TOKEN: 3}, "vtcm_size": {PROMPT: 0, TOKEN: 0}}

@@ -66,8 +66,14 @@ def dlc_placeholder(network: str | os.PathLike, encodings: str | os.PathLike | N
             "outputs": [_value_info(onnx, value) for value in model.graph.output]}
 
 
-def binary_placeholder(dlcs: list[dict], producer: str) -> dict:
-    return {"format": BINARY_FORMAT, "producer": producer, "graphs": dlcs}
+def binary_placeholder(dlcs: list[dict], producer: str, backend_extension: dict | None = None) -> dict:
+    """A placeholder binary; each graph keeps the ``O`` and ``vtcm_mb`` its backend-extension entry gave it (the
+    backend's defaults, 2 and 0, when none names it), which the fake utility reports as the real one does."""
+    settings = {name: entry for entry in (backend_extension or {}).get("graphs", []) for name in entry["graph_names"]}
+    return {"format": BINARY_FORMAT, "producer": producer,
+            "graphs": [{**dlc, "applied": {"O": settings.get(dlc["graph_name"], {}).get("O", 2),
+                                           "vtcm_mb": settings.get(dlc["graph_name"], {}).get("vtcm_mb", 0)}}
+                       for dlc in dlcs]}
 
 
 def utility_json(binary: dict) -> dict:
@@ -75,7 +81,9 @@ def utility_json(binary: dict) -> dict:
     return {"info": {"buildId": BUILD_ID, "coreApiVersion": "2.99.0", "backendApiVersion": "5.99.0",
                      "graphs": [{"info": {"graphName": dlc["graph_name"],
                                           "graphInputs": _qnn_tensors(dlc["inputs"], "QNN_TENSOR_TYPE_APP_WRITE"),
-                                          "graphOutputs": _qnn_tensors(dlc["outputs"], "QNN_TENSOR_TYPE_APP_READ")}}
+                                          "graphOutputs": _qnn_tensors(dlc["outputs"], "QNN_TENSOR_TYPE_APP_READ"),
+                                          "graphBlobInfo": {"info": {"optimizationLevel": dlc["applied"]["O"],
+                                                                     "vtcmSize": dlc["applied"]["vtcm_mb"]}}}}
                                 for dlc in binary["graphs"]]},
             "version": "1.0.0"}
 
@@ -121,7 +129,7 @@ def _generator(argv: list[str]) -> int:
             return 1
     dlcs = [read_placeholder(path, DLC_FORMAT) for path in args.dlc_path.split(",")]
     write_json(Path(args.output_dir) / f"{args.binary_file}.bin",
-               binary_placeholder(dlcs, "qnn-context-binary-generator"))
+               binary_placeholder(dlcs, "qnn-context-binary-generator", backend_extension))
     return 0
 
 

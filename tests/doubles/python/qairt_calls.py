@@ -77,11 +77,12 @@ def compile(model, *, backend=None, config=None) -> CompiledModel:  # noqa: A001
     from qairt.api.common.backends.htp.config import HtpConfigHelper
 
     models = model if isinstance(model, list) else [model]
+    extension = None if config is None else HtpConfigHelper.to_backend_extension_dict(
+        config.context_custom_configs, config.graph_custom_configs, config.device_custom_configs,
+        config.memory_custom_config, config.group_context_config)
     record({"call": "qairt.compile", "graph_names": [item.dlc["graph_name"] for item in models],
             "backend": backend, "io_tensor_mem_type": None if config is None else config.io_tensor_mem_type,
-            "backend_extension": None if config is None else HtpConfigHelper.to_backend_extension_dict(
-                config.context_custom_configs, config.graph_custom_configs, config.device_custom_configs,
-                config.memory_custom_config, config.group_context_config)})
+            "backend_extension": extension})
     if asked_to_fail("qairt.compile"):
         raise RuntimeError("Compilation failed: double asked to fail")
-    return CompiledModel(binary_placeholder([item.dlc for item in models], "qairt.compile"))
+    return CompiledModel(binary_placeholder([item.dlc for item in models], "qairt.compile", extension))

@@ -287,23 +287,52 @@ def binary_info_from_utility_json(document: object, binary_path: Path, file_byte
                                   toolchain: str) -> BinaryInfo:
     """Turn ``qnn-context-binary-utility``'s JSON into a :class:`BinaryInfo`.
 
-    The shape assumed (the one ONNX Runtime's ``gen_qnn_ctx_onnx_model.py`` parses; see docs/toolchains.md):
-    ``{"info": {"buildId": ..., "graphs": [{"info": {"graphName": ..., "graphInputs": [{"info": {"name",
-    "dimensions", "dataType": "QNN_DATATYPE_...", "quantizeParams": {"definition", "quantizationEncoding",
-    "scaleOffset": {"scale", "offset"}}}}], "graphOutputs": [...]}}]}}``. The JSON reports no weight-section
-    size, so ``weight_bytes`` is 0 (unknown) and accounting relies on ``file_bytes``. Offsets are kept in QNN's
-    convention, which is AIMET's: ``x = (q + offset) * scale``.
+    The shape assumed (the one ONNX Runtime's ``gen_qnn_ctx_onnx_model.py`` and qairt-dev's ``cache_module.py``
+    parse; see docs/toolchains.md): ``{"info": {"buildId": ..., "graphs": [{"info": {"graphName": ...,
+    "graphInputs": [{"info": {"name", "dimensions", "dataType": "QNN_DATATYPE_...", "quantizeParams":
+    {"definition", "quantizationEncoding", "scaleOffset": {"scale", "offset"}}}}], "graphOutputs": [...],
+    "graphBlobInfo": {"info": {"optimizationLevel", "vtcmSize"}}}}]}}``. Keys some SDK versions write as spaced
+    words (``"graph blob info"``) are first turned into camelCase, as qairt-dev does. The O level and VTCM size
+    each graph was compiled with become ``applied_options`` (``optimization_type``, ``vtcm_size``: graph name ->
+    value, for the graphs that report one). The JSON reports no weight-section size, so ``weight_bytes`` is 0
+    (unknown) and accounting relies on ``file_bytes``. Offsets are kept in QNN's convention, which is AIMET's:
+    ``x = (q + offset) * scale``.
 
     Raises:
         GenieBuildError: a required key is missing.
     """
-    info = _mapping(document, "info", binary_path)
+    info = _mapping(camel_case_keys(document), "info", binary_path)
     graphs = info.get("graphs")
     if not isinstance(graphs, list):
         raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON has no info.graphs list")
-    return BinaryInfo(path=str(binary_path), file_bytes=file_bytes, weight_bytes=0,
-                      graphs=tuple(_graph_info(entry, binary_path) for entry in graphs),
-                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")))
+    graph_infos = tuple(_graph_info(entry, binary_path) for entry in graphs)
+    applied: dict[str, dict[str, int]] = {}
+    for graph, entry in zip(graph_infos, graphs, strict=True):
+        blob = (entry["info"].get("graphBlobInfo") or {}).get("info") or {}
+        for option, key in (("optimization_type", "optimizationLevel"), ("vtcm_size", "vtcmSize")):
+            if _is_count(blob.get(key)):
+                applied.setdefault(option, {})[graph.name] = blob[key]
+    return BinaryInfo(path=str(binary_path), file_bytes=file_bytes, weight_bytes=0, graphs=graph_infos,
+                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")), applied_options=applied)
+
+
+def camel_case_keys(document: object) -> object:
+    """``{"graph blob info": {"vtcm size": 8}}`` -> ``{"graphBlobInfo": {"vtcmSize": 8}}``, through lists too
+    (qairt-dev ``cache_module.get_cache_info_from_binary`` does the same for dicts; keys without spaces stay)."""
+    if isinstance(document, dict):
+        return {_camel_case(str(key)): camel_case_keys(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [camel_case_keys(item) for item in document]
+    return document
+
+
+def _camel_case(key: str) -> str:
+    first, *rest = key.split(" ")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) -> None:
