@@ -103,10 +103,22 @@ def test_convert_calls_the_converter_with_the_documented_arguments(sdk, tmp_path
     assert Path(argv["--output_path"]).name == f"{PROMPT}.dlc"
 
 
+def test_convert_then_quantizes_as_qairt_convert_does(sdk, tmp_path, work):
+    convert_both(work)
+    converter, _ = calls(tmp_path, "qairt-converter")
+    quantizer, _ = calls(tmp_path, "qairt-quantizer")
+    converted = converter["argv"][converter["argv"].index("--output_path") + 1]
+    assert Path(converted).name == f"{PROMPT}.dlc" and Path(converted).parent.name == "converted"
+    assert quantizer["argv"] == ["--input_dlc", converted, "--output_dlc", str(Path(converted).parents[1] /
+                                                                               f"{PROMPT}.dlc"),
+                                 "--float_fallback", "--act_bitwidth", "16", "--bias_bitwidth", "32"]
+
+
 def test_converted_dlcs_carry_the_graph_name_and_sit_only_at_their_final_paths(converted_once):
     for name, path in converted_once.items():
         dlc = json.loads(path.read_text())
         assert dlc["graph_name"] == name
+        assert dlc["quantizer"] == {"float_fallback": True, "act_bitwidth": 16, "bias_bitwidth": 32}
         assert dlc["weight_bytes"] == 16 * 8 * 4  # the converter read the weights from the staged data file
     work = next(iter(converted_once.values())).parents[3]
     assert [path for path in work.rglob("*") if path.name.endswith(".tmp")] == []

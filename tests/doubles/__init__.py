@@ -3,7 +3,8 @@
 - ``python/qairt_calls.py``: ``qairt.convert``/``load``/``compile`` (the calls that need the native SDK), recording
   every call and writing small JSON placeholders instead of DLCs/binaries; tests/qairt_api puts them into a
   ``qairt`` package beside qairt-dev's real config classes.
-- fake executables (``qairt-converter``, ``qnn-context-binary-generator``, ``qnn-context-binary-utility``):
+- fake executables (``qairt-converter``, ``qairt-quantizer``, ``qnn-context-binary-generator``,
+  ``qnn-context-binary-utility``):
   Python scripts installed by :func:`install_fake_sdk` with this interpreter in their shebang; they record their
   argv (and the generator the JSON of ``--config_file`` and of the backend-extension file it points to) and
   write placeholders; the utility writes JSON shaped like the real one (see ``genie_build_doubles``).
@@ -33,7 +34,7 @@ FAIL_VARIABLE = "GENIE_BUILD_DOUBLE_FAIL"
 HOST_PLATFORM = "x86_64-linux-clang"
 FAKE_SDK_VERSION = "2.51.0.251030"  # qairt-dev 0.13.0 accepts 2.46.0 and newer
 PART_VOCAB, PART_HIDDEN = 16, 8
-TOOLS = ("qairt-converter", "qnn-context-binary-generator", "qnn-context-binary-utility")
+TOOLS = ("qairt-converter", "qairt-quantizer", "qnn-context-binary-generator", "qnn-context-binary-utility")
 LIBRARIES = ("libQnnHtp.so", "libQnnModelDlc.so", "libQnnHtpNetRunExtensions.so")
 
 _WRAPPER = """#!{python}

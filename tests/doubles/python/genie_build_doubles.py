@@ -94,8 +94,8 @@ def tool_main(tool: str, argv: list[str]) -> int:
         record({"tool": tool, "argv": argv, "cwd": os.getcwd(), "failed": True})
         print(f"{tool}: loading the model\n{tool}: ERROR: double asked to fail", file=sys.stderr)
         return 1
-    return {"qairt-converter": _converter, "qnn-context-binary-generator": _generator,
-            "qnn-context-binary-utility": _utility}[tool](argv)
+    return {"qairt-converter": _converter, "qairt-quantizer": _quantizer,
+            "qnn-context-binary-generator": _generator, "qnn-context-binary-utility": _utility}[tool](argv)
 
 
 def _converter(argv: list[str]) -> int:
@@ -109,6 +109,22 @@ def _converter(argv: list[str]) -> int:
     record({"tool": "qairt-converter", "argv": argv, "cwd": os.getcwd()})
     dlc = dlc_placeholder(args.input_network, args.quantization_overrides, {"float_bitwidth": args.float_bitwidth})
     write_json(args.output_path, dlc)
+    return 0
+
+
+def _quantizer(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="qairt-quantizer")
+    parser.add_argument("--input_dlc", required=True)
+    parser.add_argument("--output_dlc", required=True)
+    parser.add_argument("--float_fallback", action="store_true")
+    parser.add_argument("--act_bitwidth", type=int, choices=(8, 16), default=8)
+    parser.add_argument("--bias_bitwidth", type=int, choices=(8, 32), default=8)
+    args = parser.parse_args(argv)
+    record({"tool": "qairt-quantizer", "argv": argv, "cwd": os.getcwd()})
+    dlc = read_placeholder(args.input_dlc, DLC_FORMAT)
+    dlc["quantizer"] = {"float_fallback": args.float_fallback, "act_bitwidth": args.act_bitwidth,
+                        "bias_bitwidth": args.bias_bitwidth}
+    write_json(args.output_dlc, dlc)
     return 0
 
 

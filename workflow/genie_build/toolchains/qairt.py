@@ -31,6 +31,7 @@ import yaml
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
 from genie_build.toolchains.qnn_sdk import (
+    CALIBRATION,
     CONTEXT_BINARY_UTILITY,
     INPUT_LAYOUT,
     IO_TENSOR_MEM_TYPE,
@@ -55,9 +56,6 @@ COMPILE_CONFIG_MODULE = "qairt.api.compiler.config"
 HTP_CONFIG_MODULE = "qairt.api.common.backends.htp.config"
 SDK_VERSION_FILE = "sdk.yaml"  # qairt-dev reads the SDK's version from it (qairt_sdk_helper.get_version_from_path)
 QAIRT_DEV_CONFIG = "qairt/qairt_dev_config.yaml"  # holds min_qairt_version, inside the qairt-dev distribution
-# The vendor's LLM convert (qairt-dev gen_ai_builder_htp.py): 16-bit activations and 32-bit biases where the
-# encodings leave a tensor to the quantizer.
-CALIBRATION = {"act_precision": 16, "bias_precision": 32}
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,13 @@ STDERR_TAIL_LINES = 5
 # What the vendor's own LLM build (qairt-dev 0.13.0: CompileConfig.set_mode("weight_sharing"),
 # gen_ai_api/builders/htp_mixin.py) sets on every weight-shared compile, adopted by both SDK toolchains
 # (docs/toolchains.md, "The vendor's LLM settings"): IO tensors in shared memory handles, the shared-buffer
-# memory section, the core in burst mode with a 100 us RPC control latency, and inputs left in their layout.
+# memory section, the core in burst mode with a 100 us RPC control latency, inputs left in their layout, and the
+# calibration bitwidths.
 IO_TENSOR_MEM_TYPE = "memhandle"
 INPUT_LAYOUT = "NONTRIVIAL"  # every graph input, at convert (gen_ai_utils.get_input_layout): keep it as it is
+# qairt.CalibrationConfig of the vendor's LLM convert (gen_ai_builder_htp.py): 16-bit activations, 32-bit biases
+# where the encodings leave a tensor to the quantizer.
+CALIBRATION = {"act_precision": 16, "bias_precision": 32}
 MEMORY_TYPE = "shared_buffer"
 DEVICE_CORE = {"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}
 
@@ -171,7 +175,7 @@ def publish(produced: Path, out_path: Path, producer: str) -> None:
     Raises:
         GenieBuildError: the producer reported success but the file is not there.
     """
-    _require_output(produced, producer)
+    require_output(produced, producer)
     os.replace(produced, out_path)
 
 
@@ -182,7 +186,7 @@ def publish_binary(produced: Path, out_path: Path, producer: str, sdk: Sdk, tool
     Raises:
         GenieBuildError: no binary was written, it cannot be read back, or its graph names differ.
     """
-    _require_output(produced, producer)
+    require_output(produced, producer)
     info = inspect_context_binary(produced, sdk.executables[CONTEXT_BINARY_UTILITY], sdk.environment(), toolchain)
     check_graph_names(info, graph_names, out_path)
     os.replace(produced, out_path)
@@ -348,7 +352,7 @@ def check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) ->
                                      "options would not have been applied")
 
 
-def _require_output(produced: Path, producer: str) -> None:
+def require_output(produced: Path, producer: str) -> None:
     if not produced.is_file():
         found = sorted(path.name for path in produced.parent.iterdir())
         raise GenieBuildError(producer, f"reported success but wrote no {produced.name} "
