@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,9 @@ def test_the_cli_jobs_run_in_the_qairt_environment(real_qairt, tmp_path, monkeyp
     assert record["bytes"] == binary.stat().st_size
     # read back from the binary, as the utility reports what the compile applied per graph
     assert record["applied"] == {"optimization_type": {PROMPT: 3, TOKEN: 3}, "vtcm_size": {PROMPT: 0, TOKEN: 0}}
+
+
+def test_a_qairt_without_the_config_modules_is_named(real_qairt, monkeypatch):
+    monkeypatch.setitem(sys.modules, "qairt.api.compiler.config", None)
+    with pytest.raises(GenieBuildError, match="lacks what this adapter calls.*qairt.api.compiler.config"):
+        QairtToolchain().check_available()
