@@ -32,6 +32,18 @@ def test_our_genie_config_is_a_valid_qairt_genie_config(genie_models, tmp_path, 
     assert parsed.dialog.engine.model.positional_encoding.rope_dim == 8
 
 
+@pytest.mark.parametrize("rope_scaling", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+                                          {"rope_type": "linear", "factor": 2.0}])
+def test_rope_types_genie_knows_but_qairt_dev_does_not(genie_models, tmp_path, rope_scaling):
+    # Genie's Dialog.cpp accepts yarnrope and linear; qairt-dev 0.13.0's RopeType lists neither.
+    from pydantic import ValidationError
+
+    hf_config = {**demo_hf_config(), "rope_scaling": rope_scaling}
+    ours = make_genie_config(hf_config, write_tokenizer(tmp_path / "tokenizer.json"), ["demo_part_1_of_1.bin"], 256)
+    with pytest.raises(ValidationError, match="rope-type"):
+        genie_models.GenieConfig.model_validate(ours)
+
+
 def vendor_bundle(genie_models, directory: Path, model_extras: dict, rope_scaling: dict | None,
                   binary: dict | None = None) -> Path:
     """A bundle in the layout of qairt-dev's directory export, its genie_config.json written by the vendor's models
