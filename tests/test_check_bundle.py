@@ -111,8 +111,9 @@ def test_unlisted_ctx_bin_is_rejected(bundle: Path) -> None:
 
 
 def test_both_rope_styles_are_rejected(bundle: Path) -> None:
-    edit_json(bundle / "genie_config.json", lambda doc: doc["dialog"]["engine"]["model"].update(
-        {"positional-encoding": {"type": "rope", "rope-dim": 8, "rope-theta": 1000000}}))
+    # ours writes model.positional-encoding; adding the QnnHtp style as well is what Genie refuses
+    edit_json(bundle / "genie_config.json", lambda doc: doc["dialog"]["engine"]["backend"]["QnnHtp"].update(
+        {"pos-id-dim": 8, "rope-theta": 1000000}))
     findings = errors(check_bundle(bundle))
     assert rules(findings) == {"rope-style"}
     assert "pos-id-dim and rope-theta" in findings[0].message
@@ -240,6 +241,90 @@ def test_vendor_qwen_bundle_is_accepted_with_an_n_vocab_warning(tmp_path: Path) 
     assert errors(findings) == []
     assert rules(findings, "warning") == {"n-vocab"}
     assert any("n-vocab is 131072 but the model's vocab_size is 152064" in f.message for f in findings)
+
+
+def vendor_layout_bundle(directory: Path, edit=None) -> Path:
+    """The vendor's llama bundle laid out as qairt-dev's directory export writes it (genie_t2t_runner_helper.py):
+    genie_config.json at the top, everything else under artifacts/ -- ctx-bins renamed split_model_{i}.bin, the
+    tokenizer, an embedding LUT (dialog.embedding), the compile's backend extension under a temp-file name."""
+    bundle = vendor_bundle(directory, "llama_v3_2_3b_instruct.json", 128, 128256)
+    config = json.loads((bundle / "genie_config.json").read_text())
+    old_names = config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    new_names = [f"artifacts/split_model_{index}.bin" for index in range(1, len(old_names) + 1)]
+    (bundle / "artifacts").mkdir()
+    for old, new in zip(old_names, new_names, strict=True):
+        (bundle / old).rename(bundle / new)
+    metadata = yaml.safe_load((bundle / METADATA_NAME).read_text())
+    metadata["model_files"] = {new: metadata["model_files"][old] for old, new in zip(old_names, new_names)}
+    (bundle / METADATA_NAME).write_text(yaml.safe_dump(metadata))
+    (bundle / "tokenizer.json").rename(bundle / "artifacts" / "tokenizer.json")
+    (bundle / "htp_backend_ext_config.json").rename(bundle / "artifacts" / "tmpk2j4x9.json")
+    (bundle / "artifacts" / "embedding_table.bin").write_bytes(b"lut")
+    dialog = config["dialog"]
+    dialog["tokenizer"]["path"] = "artifacts/tokenizer.json"
+    dialog["embedding"] = {"version": 1, "type": "lut", "lut-path": "artifacts/embedding_table.bin", "size": 3072,
+                           "datatype": "ufixed16", "quant-param": {"scale": 0.0001, "offset": -32768}}
+    dialog["engine"]["backend"]["extensions"] = "artifacts/tmpk2j4x9.json"
+    dialog["engine"]["model"]["binary"]["ctx-bins"] = new_names
+    if edit is not None:
+        edit(config)
+    (bundle / "genie_config.json").write_text(json.dumps(config))
+    return bundle
+
+
+def test_vendor_directory_layout_is_accepted(tmp_path: Path) -> None:
+    assert check_bundle(vendor_layout_bundle(tmp_path / "b"), chipset="SM8750") == []
+
+
+def test_vendor_qwen_keys_and_rope_types_are_accepted(tmp_path: Path) -> None:
+    def qwen_style(config: dict) -> None:
+        model = config["dialog"]["engine"]["model"]
+        model["linear-attention"] = True
+        model["positional-encoding"]["rope-freqs-type"] = "concat"
+        model["positional-encoding"]["rope-scaling"] = {"rope-type": "qwen3vl", "mrope-section": [16, 24, 24]}
+
+    assert check_bundle(vendor_layout_bundle(tmp_path / "b", qwen_style), chipset="SM8750") == []
+    for rope_type in ("qwen2vl", "qwen2vl-mrope", "qwen3vl-mrope"):
+        bundle = vendor_layout_bundle(tmp_path / rope_type, lambda config: config["dialog"]["engine"]["model"][
+            "positional-encoding"]["rope-scaling"].update({"rope-type": rope_type}))
+        assert errors(check_bundle(bundle)) == []
+
+
+@pytest.mark.parametrize(("edit", "rule", "text"), [
+    (lambda m: m.update({"linear-attention": "yes"}), "required-keys", "linear-attention must be bool"),
+    (lambda m: m["positional-encoding"]["rope-scaling"].update({"rope-type": "yarn"}), "required-keys",
+     "rope-type 'yarn' is not one of"),
+    (lambda m: m.update({"sliding-window": 4096}), "unknown-key", "'sliding-window'"),
+    (lambda m: m["binary"].update({"fcb": ["artifacts/model.dlc"]}), "required-keys", "exactly one of"),
+    (lambda m: m["binary"].pop("ctx-bins"), "required-keys", "exactly one of"),
+    (lambda m: m["binary"].update({"ctx-bins": ["/abs/split_model_1.bin"]}), "ctx-bins-exist", "relative path"),
+    (lambda m: m["binary"].update({"ctx-bins": ["../split_model_1.bin"]}), "ctx-bins-exist", "relative path"),
+])
+def test_vendor_layout_still_rejects_what_genie_rejects(tmp_path: Path, edit, rule, text) -> None:
+    bundle = vendor_layout_bundle(tmp_path / "b", lambda config: edit(config["dialog"]["engine"]["model"]))
+    findings = errors(check_bundle(bundle))
+    assert rule in rules(findings) and any(text in f.message for f in findings if f.rule == rule), findings
+
+
+def test_unlisted_bin_beside_the_listed_ctx_bins_is_rejected(tmp_path: Path) -> None:
+    bundle = vendor_layout_bundle(tmp_path / "b")
+    (bundle / "artifacts" / "split_model_4.bin").write_bytes(b"stale")
+    findings = errors(check_bundle(bundle))
+    assert [(f.rule, f.message) for f in findings] == [
+        ("ctx-bins-listed", "artifacts/split_model_4.bin is in the bundle but not listed in ctx-bins")]
+
+
+def test_fcb_bundle_is_accepted_with_a_warning_that_ctx_bin_checks_do_not_apply(tmp_path: Path) -> None:
+    def multi_soc(config: dict) -> None:
+        config["dialog"]["engine"]["model"]["binary"] = {"version": 1, "fcb": ["artifacts/model.dlc"]}
+
+    bundle = vendor_layout_bundle(tmp_path / "b", multi_soc)
+    for path in (bundle / "artifacts").glob("split_model_*.bin"):
+        path.unlink()
+    (bundle / METADATA_NAME).unlink()
+    findings = check_bundle(bundle)
+    assert errors(findings) == []
+    assert [(f.rule, f.severity) for f in findings] == [("ctx-bins-exist", "warning")]
 
 
 def test_check_bundle_command_exits_non_zero_on_errors(bundle: Path, tmp_path: Path,

@@ -43,14 +43,16 @@ def tokenizer(tmp_path: Path) -> Path:
     return write_tokenizer(tmp_path / "tokenizer.json")
 
 
-def test_plain_rope_config_has_the_qwen_vendor_structure(tokenizer: Path) -> None:
+def test_plain_rope_config_has_the_vendor_structure_without_rope_scaling(tokenizer: Path) -> None:
     config = make_genie_config(demo_hf_config(hidden=64, heads=4), tokenizer, ["m_part_1_of_2.bin",
                                                                                  "m_part_2_of_2.bin"], 256)
-    # the vendor's Qwen file adds the optional eot-token; everything else is the same tree of keys
-    assert key_paths(config) == key_paths(vendor("qwen2_5_7b_instruct.json")) - {"dialog.context.eot-token"}
+    # RoPE as qairt-dev writes it (model.positional-encoding), not as AIHA's older Qwen file (QnnHtp keys)
+    rope_scaling = {path for path in key_paths(vendor("llama_v3_2_3b_instruct.json")) if "rope-scaling" in path}
+    assert key_paths(config) == key_paths(vendor("llama_v3_2_3b_instruct.json")) - rope_scaling
     qnn_htp = config["dialog"]["engine"]["backend"]["QnnHtp"]
-    assert (qnn_htp["kv-dim"], qnn_htp["pos-id-dim"], qnn_htp["rope-theta"]) == (16, 8, 1000000)
-    assert "positional-encoding" not in config["dialog"]["engine"]["model"]
+    assert qnn_htp["kv-dim"] == 16 and "pos-id-dim" not in qnn_htp and "rope-theta" not in qnn_htp
+    assert config["dialog"]["engine"]["model"]["positional-encoding"] == {"type": "rope", "rope-dim": 8,
+                                                                          "rope-theta": 1000000}
     assert config["dialog"]["context"] == {"version": 1, "size": 256, "n-vocab": 64, "bos-token": BOS,
                                            "eos-token": EOS}
     assert config["dialog"]["engine"]["model"]["binary"]["ctx-bins"] == ["m_part_1_of_2.bin", "m_part_2_of_2.bin"]

@@ -92,8 +92,10 @@ def test_registry_maps_qnn_cli_to_this_class():
 def test_convert_calls_the_converter_with_the_documented_arguments(sdk, tmp_path, work):
     convert_both(work)
     first, second = calls(tmp_path, "qairt-converter")
-    assert Path(flags(second["argv"])["--input_network"]).name == f"{TOKEN}.onnx"
-    argv = flags(first["argv"])
+    assert Path(flags(second["argv"][:2])["--input_network"]).name == f"{TOKEN}.onnx"
+    layout_at = first["argv"].index("--input_layout")
+    assert first["argv"][layout_at:layout_at + 3] == ["--input_layout", "input_ids", "NONTRIVIAL"]
+    argv = flags(first["argv"][:layout_at] + first["argv"][layout_at + 3:])
     assert list(argv) == ["--input_network", "--quantization_overrides", "--float_bitwidth", "--output_path"]
     assert Path(argv["--input_network"]).name == f"{PROMPT}.onnx"
     assert argv["--quantization_overrides"] == str(work / "parts" / "prompt" / "part_1_of_2.encodings.json")
@@ -101,10 +103,22 @@ def test_convert_calls_the_converter_with_the_documented_arguments(sdk, tmp_path
     assert Path(argv["--output_path"]).name == f"{PROMPT}.dlc"
 
 
+def test_convert_then_quantizes_as_qairt_convert_does(sdk, tmp_path, work):
+    convert_both(work)
+    converter, _ = calls(tmp_path, "qairt-converter")
+    quantizer, _ = calls(tmp_path, "qairt-quantizer")
+    converted = converter["argv"][converter["argv"].index("--output_path") + 1]
+    assert Path(converted).name == f"{PROMPT}.dlc" and Path(converted).parent.name == "converted"
+    assert quantizer["argv"] == ["--input_dlc", converted, "--output_dlc", str(Path(converted).parents[1] /
+                                                                               f"{PROMPT}.dlc"),
+                                 "--float_fallback", "--act_bitwidth", "16", "--bias_bitwidth", "32"]
+
+
 def test_converted_dlcs_carry_the_graph_name_and_sit_only_at_their_final_paths(converted_once):
     for name, path in converted_once.items():
         dlc = json.loads(path.read_text())
         assert dlc["graph_name"] == name
+        assert dlc["quantizer"] == {"float_fallback": True, "act_bitwidth": 16, "bias_bitwidth": 32}
         assert dlc["weight_bytes"] == 16 * 8 * 4  # the converter read the weights from the staged data file
     work = next(iter(converted_once.values())).parents[3]
     assert [path for path in work.rglob("*") if path.name.endswith(".tmp")] == []
@@ -116,7 +130,9 @@ def test_compile_calls_the_generator_with_the_documented_arguments(converted, sd
     (call,) = calls(tmp_path, "qnn-context-binary-generator")
     argv = flags(call["argv"])
     lib = sdk / "lib" / "x86_64-linux-clang"
-    assert list(argv) == ["--backend", "--model", "--dlc_path", "--config_file", "--binary_file", "--output_dir"]
+    assert list(argv) == ["--backend", "--model", "--dlc_path", "--config_file", "--input_output_tensor_mem_type",
+                          "--binary_file", "--output_dir"]
+    assert argv["--input_output_tensor_mem_type"] == "memhandle"
     assert argv["--backend"] == str(lib / "libQnnHtp.so")
     assert argv["--model"] == str(lib / "libQnnModelDlc.so")
     assert argv["--dlc_path"] == f"{PROMPT}.dlc,{TOKEN}.dlc"
@@ -128,13 +144,16 @@ def test_compile_calls_the_generator_with_the_documented_arguments(converted, sd
 
 
 def test_compile_writes_the_backend_extension_json_exactly(converted, tmp_path, work):
+    # The shape qairt-dev's HtpConfigHelper serializes (tests/qairt_api checks it against the real serializer):
+    # context a list, one graphs entry per graph.
     QnnCliToolchain().compile(converted, work / "part_1_of_2.bin", options(chipset="SM8650"))
     (call,) = calls(tmp_path, "qnn-context-binary-generator")
     assert call["backend_extension"] == {
-        "graphs": [{"graph_names": [PROMPT, TOKEN], "O": 3, "weights_packing": True, "vtcm_mb": 8}],
+        "context": [{"weight_sharing_enabled": True}],
+        "graphs": [{"vtcm_mb": 8, "O": 3, "weights_packing": True, "graph_names": [PROMPT]},
+                   {"vtcm_mb": 8, "O": 3, "weights_packing": True, "graph_names": [TOKEN]}],
         "devices": [{"soc_model": 57, "dsp_arch": "v75",
                      "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
-        "context": {"weight_sharing_enabled": True},
         "memory": {"mem_type": "shared_buffer"},
     }
 
@@ -178,6 +197,30 @@ def test_inspect_reads_graphs_io_and_quantization(converted, work):
     assert (ids.name, ids.shape, ids.dtype, ids.quant) == ("input_ids", (1, 32), "int32", None)
     assert (hidden.name, hidden.shape, hidden.dtype) == ("hidden", (1, 32, 8), "uint16")
     assert (hidden.quant.scale, hidden.quant.offset, hidden.quant.bitwidth) == (2.0 ** -10, -32768, 16)
+
+
+def test_inspect_reports_the_o_level_and_vtcm_each_graph_was_compiled_with(converted, work):
+    toolchain = QnnCliToolchain()
+    out = work / "part_1_of_2.bin"
+    toolchain.compile(converted, out, options(o_level=2, vtcm_mb=8))
+    assert toolchain.inspect(out).applied_options == {"optimization_type": {PROMPT: 2, TOKEN: 2},
+                                                      "vtcm_size": {PROMPT: 8, TOKEN: 8}}
+
+
+def test_spaced_utility_keys_are_read_as_camel_case(tmp_path):
+    # Some SDK versions write "graph name", "graph blob info", ... (qairt-dev normalises them the same way).
+    document = {"info": {"build id": "v2.50.0", "graphs": [{"info": {
+        "graph name": "g", "graph inputs": [{"info": {"name": "x", "dimensions": [1, 4],
+                                                      "data type": "QNN_DATATYPE_INT_32"}}],
+        "graph outputs": [], "graph blob info": {"info": {"optimization level": 3, "vtcm size": 8}}}}]}}
+    info = binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli")
+    assert (info.tool_version, info.graphs[0].name, info.graphs[0].inputs[0].dtype) == ("v2.50.0", "g", "int32")
+    assert info.applied_options == {"optimization_type": {"g": 3}, "vtcm_size": {"g": 8}}
+
+
+def test_a_binary_that_reports_no_blob_info_applies_nothing_known(tmp_path):
+    document = {"info": {"graphs": [{"info": {"graphName": "g", "graphInputs": [], "graphOutputs": []}}]}}
+    assert binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli").applied_options == {}
 
 
 def test_a_failing_executable_gives_tool_exit_code_and_stderr(converted, monkeypatch, work):

@@ -153,6 +153,37 @@ def test_weight_sharing_reported_not_applied_is_flagged():
     assert flags == ["weight_sharing_enabled requested but the binary reports it not applied", ""]
 
 
+def test_an_o_level_the_binary_does_not_show_is_flagged_per_graph_in_the_table():
+    # applied as qnn-context-binary-utility reports it per graph (graphBlobInfo.info.optimizationLevel)
+    asked = {**PACKED, "optimization_type": 3, "vtcm_mb": 0}
+    records = [record(1, "unpacked", 1000),
+               record(1, "packed", 500, requested=asked, applied={"optimization_type": {"p_1": 2, "t_1": 3}})]
+    table = build_size_table(records, "unpacked")
+    assert table["flag"].iloc[1] == "optimization_type 3 requested but the binary reports O 2 for graph p_1"
+    markdown = size_table_markdown(table)
+    assert "[^1]: part 1, `packed`: optimization_type 3 requested but the binary reports O 2 for graph p_1" in markdown
+
+
+@pytest.mark.parametrize(("requested_mb", "reported", "flagged"), [
+    (8, {"p_1": 8, "t_1": 8}, False), (8, {"p_1": 8 * 2**20}, False), (8, {"p_1": 4}, True),
+    (0, {"p_1": 4}, False),  # 0 asks for the device maximum, which the table does not know
+])
+def test_a_vtcm_size_the_binary_does_not_show_is_flagged(requested_mb, reported, flagged):
+    asked = {**PACKED, "optimization_type": 3, "vtcm_mb": requested_mb}
+    records = [record(1, "unpacked", 1000),
+               record(1, "packed", 500, requested=asked, applied={"vtcm_size": reported})]
+    flag = build_size_table(records, "unpacked")["flag"].iloc[1]
+    assert flag == (f"vtcm_mb {requested_mb} requested but the binary reports VTCM size 4 for graph p_1"
+                    if flagged else "")
+
+
+def test_the_reference_toolchains_scalar_options_are_not_judged_per_graph():
+    asked = {**PACKED, "optimization_type": 3, "vtcm_mb": 8}
+    records = [record(1, "unpacked", 1000),
+               record(1, "packed", 500, requested=asked, applied={"optimization_type": 3, "vtcm_mb": 8})]
+    assert build_size_table(records, "unpacked")["flag"].tolist() == ["", ""]
+
+
 def test_no_size_flag_when_the_baseline_packs_too():
     """Two packing variants of the same size are not evidence that packing did nothing."""
     records = [record(1, "packed", 500), record(1, "packed_o3", 500)]

@@ -1,9 +1,10 @@
 """Recording doubles of the QAIRT SDK, for testing the ``qairt`` and ``qnn-cli`` toolchains without it.
 
-- ``python/qairt/``: a fake ``qairt`` package with the modules and classes the adapter imports. Its config
-  classes take exactly the documented fields (unknown ones raise, like qairt's pydantic ``extra="forbid"``);
-  ``convert``/``load``/``compile`` record every call and write small JSON placeholders instead of DLCs/binaries.
-- fake executables (``qairt-converter``, ``qnn-context-binary-generator``, ``qnn-context-binary-utility``):
+- ``python/qairt_calls.py``: ``qairt.convert``/``load``/``compile`` (the calls that need the native SDK), recording
+  every call and writing small JSON placeholders instead of DLCs/binaries; tests/qairt_api puts them into a
+  ``qairt`` package beside qairt-dev's real config classes.
+- fake executables (``qairt-converter``, ``qairt-quantizer``, ``qnn-context-binary-generator``,
+  ``qnn-context-binary-utility``):
   Python scripts installed by :func:`install_fake_sdk` with this interpreter in their shebang; they record their
   argv (and the generator the JSON of ``--config_file`` and of the backend-extension file it points to) and
   write placeholders; the utility writes JSON shaped like the real one (see ``genie_build_doubles``).
@@ -31,8 +32,9 @@ FAKE_PYTHON_PATH = Path(__file__).resolve().parent / "python"
 LOG_VARIABLE = "GENIE_BUILD_DOUBLE_LOG"
 FAIL_VARIABLE = "GENIE_BUILD_DOUBLE_FAIL"
 HOST_PLATFORM = "x86_64-linux-clang"
+FAKE_SDK_VERSION = "2.51.0.251030"  # qairt-dev 0.13.0 accepts 2.46.0 and newer
 PART_VOCAB, PART_HIDDEN = 16, 8
-TOOLS = ("qairt-converter", "qnn-context-binary-generator", "qnn-context-binary-utility")
+TOOLS = ("qairt-converter", "qairt-quantizer", "qnn-context-binary-generator", "qnn-context-binary-utility")
 LIBRARIES = ("libQnnHtp.so", "libQnnModelDlc.so", "libQnnHtpNetRunExtensions.so")
 
 _WRAPPER = """#!{python}
@@ -44,11 +46,13 @@ sys.exit(tool_main({tool!r}, sys.argv[1:]))
 
 
 def install_fake_sdk(root: Path, tools: Sequence[str] = TOOLS, libraries: Sequence[str] = LIBRARIES) -> Path:
-    """Lay out a fake QAIRT SDK under ``root``: executables in ``bin/x86_64-linux-clang/``, empty host
-    libraries in ``lib/x86_64-linux-clang/``. Returns ``root``."""
+    """Lay out a fake QAIRT SDK under ``root``: ``sdk.yaml`` (the file qairt-dev reads the version from),
+    executables in ``bin/x86_64-linux-clang/``, empty host libraries in ``lib/x86_64-linux-clang/``. Returns
+    ``root``."""
     bin_dir, lib_dir = root / "bin" / HOST_PLATFORM, root / "lib" / HOST_PLATFORM
     bin_dir.mkdir(parents=True, exist_ok=True)
     lib_dir.mkdir(parents=True, exist_ok=True)
+    (root / "sdk.yaml").write_text(f"version: {FAKE_SDK_VERSION}\n")
     for tool in tools:
         script = bin_dir / tool
         script.write_text(_WRAPPER.format(python=sys.executable, path=str(FAKE_PYTHON_PATH), tool=tool))

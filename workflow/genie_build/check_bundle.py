@@ -30,7 +30,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -106,8 +106,11 @@ def _section(path: str, mandatory: str, known: str | None, types: str) -> _Secti
                     dict(item.split(":") for item in types.split()))
 
 
-# From Dialog.cpp / Context.cpp (QAIRT 2.4x). QnnHtp and binary are mandatory here because genie-build
-# checks QnnHtp bundles of ctx-bins (backend.type / model.type are checked to say so).
+# From Dialog.cpp / Context.cpp (QAIRT 2.4x), plus what qairt-dev 0.13.0's Genie config models
+# (modules/genie_execution/genie_config.py) write for newer Genie: model.linear-attention,
+# positional-encoding.rope-freqs-type, binary.fcb (instead of ctx-bins), rope types qwen2vl/qwen3vl. QnnHtp and
+# binary are mandatory here because genie-build checks QnnHtp bundles of ctx-bins (backend.type / model.type are
+# checked to say so).
 _SECTIONS = (
     _section("dialog", "version type context tokenizer engine", None, "version:int type:str"),
     _section("dialog.context", "version bos-token eos-token size n-vocab",
@@ -126,11 +129,11 @@ _SECTIONS = (
              "version:int spill-fill-bufsize:number mmap-budget:number use-mmap:bool cpu-mask:str poll:bool "
              "pos-id-dim:int kv-dim:int allow-async-init:bool rope-theta:number"),
     _section("dialog.engine.model", "version type binary",
-             "mask-type cross-attention library checkpoint positional-encoding draft-token-map",
-             "version:int type:str binary:object positional-encoding:object"),
-    _section("dialog.engine.model.binary", "version ctx-bins", "lora", "version:int ctx-bins:str[]"),
-    _section("dialog.engine.model.positional-encoding", "type", "rope-dim rope-theta rope-scaling",
-             "type:str rope-dim:int rope-theta:number rope-scaling:object"),
+             "mask-type cross-attention library checkpoint positional-encoding draft-token-map linear-attention",
+             "version:int type:str binary:object positional-encoding:object linear-attention:bool"),
+    _section("dialog.engine.model.binary", "version", "ctx-bins fcb lora", "version:int ctx-bins:str[] fcb:str[]"),
+    _section("dialog.engine.model.positional-encoding", "type", "rope-dim rope-theta rope-scaling rope-freqs-type",
+             "type:str rope-dim:int rope-theta:number rope-scaling:object rope-freqs-type:str"),
     _section("dialog.engine.model.positional-encoding.rope-scaling", "",
              "rope-type factor low-freq-factor high-freq-factor original-max-position-embeddings time-step "
              "spatial-merge-size dim extrapolation-factor attn-factor beta-fast beta-slow short-factor "
@@ -139,7 +142,9 @@ _SECTIONS = (
 # section -> key -> the one value genie-build's checks understand (Genie accepts others, checked differently)
 _EXPECTED_VALUES = {"dialog": {"type": "basic"}, "dialog.engine.backend": {"type": "QnnHtp"},
                     "dialog.engine.model": {"type": "binary"}}
-_ROPE_TYPES = ("llama3", "default", "longrope", "qwen2vl-mrope", "qwen3vl-mrope", "yarnrope", "linear", "hunyuan")
+_ROPE_TYPES = ("llama3", "default", "longrope", "qwen2vl", "qwen2vl-mrope", "qwen3vl", "qwen3vl-mrope", "yarnrope",
+               "linear", "hunyuan")
+BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check_binary_source)
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
@@ -175,7 +180,7 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     findings += _check_referenced_files(bundle, config)
     ctx_bins = [name for name in _get(config, "dialog.engine.model.binary.ctx-bins", list) or []
                 if isinstance(name, str)]
-    findings += _check_ctx_bins(bundle, ctx_bins)
+    findings += _check_ctx_bins(bundle, ctx_bins, _other_bundle_files(config))
     findings += _check_chipset(bundle / str(_get(config, "dialog.engine.backend.extensions", str)
                                             or HTP_EXT_CONFIG_NAME), chipset)
     findings += _check_manifest(bundle)
@@ -219,6 +224,13 @@ def _check_keys(config: dict) -> list[Finding]:
             findings += _check_section(section, where, body)
     if "engine" in config["dialog"] and not isinstance(config["dialog"]["engine"], dict):
         findings.append(Finding("required-keys", "error", "dialog.engine must be one object for a basic dialog"))
+    binary = _get(config, "dialog.engine.model.binary", dict)
+    if binary is not None and sum(key in binary for key in BINARY_SOURCES) != 1:
+        findings.append(Finding("required-keys", "error", "dialog.engine.model.binary needs exactly one of "
+                                                          f"{' and '.join(map(repr, BINARY_SOURCES))}"))
+    if binary is not None and "fcb" in binary:
+        findings.append(Finding("ctx-bins-exist", "warning", "binary.fcb (a multi-SoC DLC bundle): the ctx-bin "
+                                                             "and graph checks apply to ctx-bins only"))
     rope_type = _get(config, "dialog.engine.model.positional-encoding.rope-scaling.rope-type")
     if rope_type is not None and rope_type not in _ROPE_TYPES:
         findings.append(Finding("required-keys", "error", f"rope-scaling.rope-type {rope_type!r} is not one of "
@@ -264,18 +276,38 @@ def _check_referenced_files(bundle: Path, config: dict) -> list[Finding]:
     return findings
 
 
-def _check_ctx_bins(bundle: Path, ctx_bins: list[str]) -> list[Finding]:
+def _check_ctx_bins(bundle: Path, ctx_bins: list[str], other_files: set[str]) -> list[Finding]:
+    """Listed once, inside the bundle (Genie resolves ctx-bin paths from its working directory, the bundle root:
+    the vendor lists ``artifacts/split_model_1.bin``), present; and no unlisted ``.bin`` where ctx-bins live
+    (the bundle root and every directory holding one) unless the config names it otherwise (an embedding LUT)."""
     findings = [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed {count} times")
                 for name, count in Counter(ctx_bins).items() if count > 1]
-    findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} must be a file name in the bundle "
-                                                    "(Genie resolves it from the working directory)")
-                 for name in dict.fromkeys(ctx_bins) if Path(name).name != name]
+    findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} must be a relative path inside the bundle "
+                                                    "(Genie resolves it from the working directory, the bundle root)")
+                 for name in dict.fromkeys(ctx_bins) if _bundle_path(name) is None]
     findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed but not in the bundle")
-                 for name in dict.fromkeys(ctx_bins) if Path(name).name == name and not (bundle / name).is_file()]
-    listed = set(ctx_bins)
-    findings += [Finding("ctx-bins-listed", "error", f"{path.name} is in the bundle but not listed in ctx-bins")
-                 for path in sorted(bundle.glob("*.bin")) if path.name not in listed]
+                 for name in dict.fromkeys(ctx_bins) if _bundle_path(name) is not None
+                 and not (bundle / _bundle_path(name)).is_file()]
+    listed = {str(_bundle_path(name)) for name in ctx_bins if _bundle_path(name) is not None} | other_files
+    directories = {PurePosixPath(".")} | {PurePosixPath(name).parent for name in listed}
+    findings += [Finding("ctx-bins-listed", "error", f"{name} is in the bundle but not listed in ctx-bins")
+                 for directory in sorted(directories) for path in sorted((bundle / directory).glob("*.bin"))
+                 if (name := str(directory / path.name)) not in listed]
     return findings
+
+
+def _bundle_path(name: str) -> PurePosixPath | None:
+    """A path the config gives, normalised, when it stays inside the bundle; None when absolute or climbing out."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        return None
+    return path
+
+
+def _other_bundle_files(config: dict) -> set[str]:
+    """Bundle files the config names besides ctx-bins (the vendor's embedding LUT is a ``.bin`` too)."""
+    lut = _get(config, "dialog.embedding.lut-path", str)
+    return {str(_bundle_path(lut))} if lut is not None and _bundle_path(lut) is not None else set()
 
 
 def _check_manifest(bundle: Path) -> list[Finding]:
@@ -339,7 +371,8 @@ def _check_device(soc_model: object, dsp_arch: object, expected: Chipset | None)
 
 def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[GraphInfo, ...]] | None, list[Finding]]:
     """Graphs per listed ctx-bin, or None (with the reason) when they are not known for every ctx-bin."""
-    present = [name for name in dict.fromkeys(ctx_bins) if Path(name).name == name and (bundle / name).is_file()]
+    present = [name for name in dict.fromkeys(ctx_bins)
+               if _bundle_path(name) is not None and (bundle / _bundle_path(name)).is_file()]
     if not ctx_bins or len(present) != len(set(ctx_bins)):
         return None, []  # the ctx-bin findings say why
     if (bundle / METADATA_NAME).is_file():

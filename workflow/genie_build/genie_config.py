@@ -1,9 +1,11 @@
 """``genie_config.json`` and ``htp_backend_ext_config.json`` for a Genie bundle.
 
 The keys and their mandatory sets follow Genie's ``Dialog.cpp`` validation and the files AIHM and AIHA ship
-(see the facts file, section 3). RoPE is described in exactly one of two ways, never both (Genie rejects
-both): ``QnnHtp.pos-id-dim`` + ``QnnHtp.rope-theta`` for plain RoPE, or ``model.positional-encoding`` with
-``rope-scaling`` copied from the HF config when the model scales its RoPE (Llama 3 style).
+(see the facts file, section 3). RoPE is always ``model.positional-encoding`` (``type: rope``, ``rope-dim``,
+``rope-theta``, and ``rope-scaling`` copied from the HF config when the model scales its RoPE), the style
+qairt-dev's own LLM builder writes for every RoPE model (``gen_ai_builder_htp.py``; its Genie config model is
+``modules/genie_execution/genie_config.py``) -- never also ``QnnHtp.pos-id-dim``/``rope-theta``, the older style
+of AIHA's Qwen config, because Genie rejects both at once.
 """
 
 from __future__ import annotations
@@ -201,12 +203,9 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
     qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
                                "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": False}
     model: dict[str, Any] = {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}
-    if rope.scaling is None:
-        qnn_htp.update({"pos-id-dim": kv_dim // 2, "rope-theta": _genie_theta(rope.theta)})
-    else:
-        model["positional-encoding"] = {"type": "rope", "rope-dim": kv_dim // 2,
-                                        "rope-theta": _genie_theta(rope.theta),
-                                        "rope-scaling": genie_rope_scaling(rope.scaling, hf_config_path)}
+    model["positional-encoding"] = {"type": "rope", "rope-dim": kv_dim // 2, "rope-theta": _genie_theta(rope.theta)}
+    if rope.scaling is not None:
+        model["positional-encoding"]["rope-scaling"] = genie_rope_scaling(rope.scaling, hf_config_path)
     return {"dialog": {
         "version": 1,
         "type": "basic",

@@ -97,8 +97,8 @@ def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float 
     """Why an option ``record`` requested shows no effect in its binary (empty list: none).
 
     ``weights_packing`` is judged by the size against the baseline's binary for the same part (only when
-    the baseline does not pack too) and by what the binary reports; ``weight_sharing_enabled`` by what
-    the binary reports. An option the binary does not report on is judged by size alone. A binary that
+    the baseline does not pack too) and by what the binary reports; ``weight_sharing_enabled``,
+    ``optimization_type`` and ``vtcm_mb`` by what the binary reports (the last two per graph). An option the binary does not report on is judged by size alone. A binary that
     reports no weight fitting 4 bits (``packable_weights == 0``, e.g. an 8-bit embedding alone) has
     nothing to pack, which is no sign of an ignored option.
     """
@@ -116,6 +116,22 @@ def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float 
             reasons.append("weight_sharing_enabled requested but the binary reports it not applied")
         elif record["applied"].get("shared_weights") == 0:
             reasons.append("weight_sharing_enabled requested but the binary shares no weight between its graphs")
+    return reasons + _unapplied_graph_options(record["requested"], record["applied"])
+
+
+def _unapplied_graph_options(requested: dict[str, Any], applied: dict[str, Any]) -> list[str]:
+    """The O level and VTCM size the binary reports per graph (``{graph: value}``, from the SDK's
+    qnn-context-binary-utility) against the requested ones. ``vtcm_mb`` 0 asks for the device's maximum, which
+    is not known here; the utility's VTCM unit is not documented, so MB and bytes both count as shown."""
+    reasons = []
+    levels, wanted_level = applied.get("optimization_type"), requested.get("optimization_type")
+    if isinstance(levels, dict) and wanted_level is not None:
+        reasons += [f"optimization_type {wanted_level} requested but the binary reports O {level} for graph {graph}"
+                    for graph, level in levels.items() if level != wanted_level]
+    sizes, wanted_mb = applied.get("vtcm_size"), requested.get("vtcm_mb")
+    if isinstance(sizes, dict) and wanted_mb:
+        reasons += [f"vtcm_mb {wanted_mb} requested but the binary reports VTCM size {size} for graph {graph}"
+                    for graph, size in sizes.items() if size not in (wanted_mb, wanted_mb * 2**20)]
     return reasons
 
 

@@ -66,8 +66,14 @@ def dlc_placeholder(network: str | os.PathLike, encodings: str | os.PathLike | N
             "outputs": [_value_info(onnx, value) for value in model.graph.output]}
 
 
-def binary_placeholder(dlcs: list[dict], producer: str) -> dict:
-    return {"format": BINARY_FORMAT, "producer": producer, "graphs": dlcs}
+def binary_placeholder(dlcs: list[dict], producer: str, backend_extension: dict | None = None) -> dict:
+    """A placeholder binary; each graph keeps the ``O`` and ``vtcm_mb`` its backend-extension entry gave it (the
+    backend's defaults, 2 and 0, when none names it), which the fake utility reports as the real one does."""
+    settings = {name: entry for entry in (backend_extension or {}).get("graphs", []) for name in entry["graph_names"]}
+    return {"format": BINARY_FORMAT, "producer": producer,
+            "graphs": [{**dlc, "applied": {"O": settings.get(dlc["graph_name"], {}).get("O", 2),
+                                           "vtcm_mb": settings.get(dlc["graph_name"], {}).get("vtcm_mb", 0)}}
+                       for dlc in dlcs]}
 
 
 def utility_json(binary: dict) -> dict:
@@ -75,7 +81,9 @@ def utility_json(binary: dict) -> dict:
     return {"info": {"buildId": BUILD_ID, "coreApiVersion": "2.99.0", "backendApiVersion": "5.99.0",
                      "graphs": [{"info": {"graphName": dlc["graph_name"],
                                           "graphInputs": _qnn_tensors(dlc["inputs"], "QNN_TENSOR_TYPE_APP_WRITE"),
-                                          "graphOutputs": _qnn_tensors(dlc["outputs"], "QNN_TENSOR_TYPE_APP_READ")}}
+                                          "graphOutputs": _qnn_tensors(dlc["outputs"], "QNN_TENSOR_TYPE_APP_READ"),
+                                          "graphBlobInfo": {"info": {"optimizationLevel": dlc["applied"]["O"],
+                                                                     "vtcmSize": dlc["applied"]["vtcm_mb"]}}}}
                                 for dlc in binary["graphs"]]},
             "version": "1.0.0"}
 
@@ -86,14 +94,15 @@ def tool_main(tool: str, argv: list[str]) -> int:
         record({"tool": tool, "argv": argv, "cwd": os.getcwd(), "failed": True})
         print(f"{tool}: loading the model\n{tool}: ERROR: double asked to fail", file=sys.stderr)
         return 1
-    return {"qairt-converter": _converter, "qnn-context-binary-generator": _generator,
-            "qnn-context-binary-utility": _utility}[tool](argv)
+    return {"qairt-converter": _converter, "qairt-quantizer": _quantizer,
+            "qnn-context-binary-generator": _generator, "qnn-context-binary-utility": _utility}[tool](argv)
 
 
 def _converter(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="qairt-converter")
     parser.add_argument("--input_network", required=True)
     parser.add_argument("--quantization_overrides")
+    parser.add_argument("--input_layout", nargs=2, action="append", metavar=("NAME", "LAYOUT"))
     parser.add_argument("--float_bitwidth", type=int, choices=(16, 32), default=32)
     parser.add_argument("--output_path", required=True)
     args = parser.parse_args(argv)
@@ -103,10 +112,27 @@ def _converter(argv: list[str]) -> int:
     return 0
 
 
+def _quantizer(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="qairt-quantizer")
+    parser.add_argument("--input_dlc", required=True)
+    parser.add_argument("--output_dlc", required=True)
+    parser.add_argument("--float_fallback", action="store_true")
+    parser.add_argument("--act_bitwidth", type=int, choices=(8, 16), default=8)
+    parser.add_argument("--bias_bitwidth", type=int, choices=(8, 32), default=8)
+    args = parser.parse_args(argv)
+    record({"tool": "qairt-quantizer", "argv": argv, "cwd": os.getcwd()})
+    dlc = read_placeholder(args.input_dlc, DLC_FORMAT)
+    dlc["quantizer"] = {"float_fallback": args.float_fallback, "act_bitwidth": args.act_bitwidth,
+                        "bias_bitwidth": args.bias_bitwidth}
+    write_json(args.output_dlc, dlc)
+    return 0
+
+
 def _generator(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="qnn-context-binary-generator")
     for option in ("--backend", "--model", "--dlc_path", "--config_file", "--binary_file", "--output_dir"):
         parser.add_argument(option, required=True)
+    parser.add_argument("--input_output_tensor_mem_type", choices=("raw", "memhandle"), default="raw")
     args = parser.parse_args(argv)
     wrapper = json.loads(Path(args.config_file).read_text())
     extensions = wrapper["backend_extensions"]
@@ -119,7 +145,7 @@ def _generator(argv: list[str]) -> int:
             return 1
     dlcs = [read_placeholder(path, DLC_FORMAT) for path in args.dlc_path.split(",")]
     write_json(Path(args.output_dir) / f"{args.binary_file}.bin",
-               binary_placeholder(dlcs, "qnn-context-binary-generator"))
+               binary_placeholder(dlcs, "qnn-context-binary-generator", backend_extension))
     return 0
 
 

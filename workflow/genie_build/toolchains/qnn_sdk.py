@@ -20,13 +20,14 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.base import BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ STDERR_TAIL_LINES = 5
 
 # The SDK may rewrite other characters in graph names, and a graph name must reach the binary unchanged
 # (Genie and the per-graph options match on it); it also becomes a file name and a --dlc_path list item.
+# What the vendor's own LLM build (qairt-dev 0.13.0: CompileConfig.set_mode("weight_sharing"),
+# gen_ai_api/builders/htp_mixin.py) sets on every weight-shared compile, adopted by both SDK toolchains
+# (docs/toolchains.md, "The vendor's LLM settings"): IO tensors in shared memory handles, the shared-buffer
+# memory section, the core in burst mode with a 100 us RPC control latency, inputs left in their layout, and the
+# calibration bitwidths.
+IO_TENSOR_MEM_TYPE = "memhandle"
+INPUT_LAYOUT = "NONTRIVIAL"  # every graph input, at convert (gen_ai_utils.get_input_layout): keep it as it is
+# qairt.CalibrationConfig of the vendor's LLM convert (gen_ai_builder_htp.py): 16-bit activations, 32-bit biases
+# where the encodings leave a tensor to the quantizer.
+CALIBRATION = {"act_precision": 16, "bias_precision": 32}
+MEMORY_TYPE = "shared_buffer"
+DEVICE_CORE = {"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}
+
 _GRAPH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QNN_DATATYPE = re.compile(r"^QNN_DATATYPE_([A-Z_]+?)_(\d+)$")
 _DTYPE_PREFIX = {"UFIXED_POINT": "uint", "SFIXED_POINT": "int", "FIXED_POINT": "int", "UINT": "uint",
@@ -65,6 +79,21 @@ def bin_dir(root: Path) -> Path:
 
 def lib_dir(root: Path) -> Path:
     return root / "lib" / HOST_PLATFORM
+
+
+def backend_extension_config(graph_names: Sequence[str], options: CompileOptions) -> dict[str, Any]:
+    """The HTP backend-extension JSON of one compile, for both SDK toolchains (``qnn-cli`` writes it, ``qairt``
+    builds its config objects from it), in the shape qairt-dev's ``HtpConfigHelper.to_backend_extension_dict``
+    serializes: ``context`` a one-element list, one ``graphs`` entry per graph (so ``O``, ``weights_packing`` and
+    ``vtcm_mb`` are per graph), the device with its core, the shared-buffer memory section. Only the variant's
+    options vary, so an A/B between the toolchains compares the tools, not two JSON shapes."""
+    return {
+        "context": [{"weight_sharing_enabled": options.weight_sharing_enabled}],
+        "graphs": [{"vtcm_mb": options.vtcm_mb, "O": options.optimization_type,
+                    "weights_packing": options.weights_packing, "graph_names": [name]} for name in graph_names],
+        "devices": [{"soc_model": options.soc_model, "dsp_arch": options.dsp_arch, "cores": [dict(DEVICE_CORE)]}],
+        "memory": {"mem_type": MEMORY_TYPE},
+    }
 
 
 def sdk_root(toolchain: str) -> Path:
@@ -146,7 +175,7 @@ def publish(produced: Path, out_path: Path, producer: str) -> None:
     Raises:
         GenieBuildError: the producer reported success but the file is not there.
     """
-    _require_output(produced, producer)
+    require_output(produced, producer)
     os.replace(produced, out_path)
 
 
@@ -157,7 +186,7 @@ def publish_binary(produced: Path, out_path: Path, producer: str, sdk: Sdk, tool
     Raises:
         GenieBuildError: no binary was written, it cannot be read back, or its graph names differ.
     """
-    _require_output(produced, producer)
+    require_output(produced, producer)
     info = inspect_context_binary(produced, sdk.executables[CONTEXT_BINARY_UTILITY], sdk.environment(), toolchain)
     check_graph_names(info, graph_names, out_path)
     os.replace(produced, out_path)
@@ -192,10 +221,11 @@ def link_into(directory: Path, name: str, target: Path) -> Path:
 def stage_onnx_as_graph(onnx_path: Path, graph_name: str, staging: Path) -> Path:
     """Copy an ONNX part into ``staging`` as ``<graph_name>.onnx``, with its external data files beside it.
 
-    The SDK names the DLC graph after the ONNX file's stem (``qairt.convert`` names its DLC
-    ``Path(model).stem + ".dlc"``; the graph name following it is third-party knowledge), and the part files are
-    called ``part_NN_of_N.onnx`` -- so the converter is handed a file whose stem is the graph name. Neither
-    ``qairt.convert`` nor ``qairt-converter`` documents a graph-name option. The files are copied, not linked:
+    The SDK names the DLC graph after the ONNX file's stem (qairt-dev documents it: ``graph_name`` "if not
+    specified, base name of model file will be used", ``converter_config.py``), and the part files are called
+    ``part_NN_of_N.onnx`` -- so the converter is handed a file whose stem is the graph name. ``qairt.convert`` is
+    also given ``graph_name=``; ``qairt-converter`` documents no such option, so for it the stem is the only
+    way. The files are copied, not linked:
     onnx (>= 1.17; checked with 1.23) refuses external data reached through a symbolic link, through a file
     with several hard links, or outside the model's directory -- and the SDK reads ONNX with onnx.
 
@@ -218,12 +248,21 @@ def external_data_locations(onnx_path: Path) -> set[str]:
     Raises:
         GenieBuildError: the file is not a readable ONNX model.
     """
-    try:
-        model = onnx.load(onnx_path, load_external_data=False)
-    except (OSError, DecodeError) as exc:
-        raise GenieBuildError(onnx_path, f"not a readable ONNX model: {exc}") from exc
+    model = _load_structure(onnx_path)
     return {entry.value for tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
             for entry in tensor.external_data if entry.key == "location"}
+
+
+def graph_inputs(onnx_path: Path) -> list[tuple[str, str]]:
+    """``(name, datatype)`` of every graph input, the datatype spelled as the vendor's LLM build gives it to the
+    converter (the ONNX type name lower-cased: ``"float"``, ``"int32"``; qairt-dev ``gen_ai_utils.get_input_layout``).
+
+    Raises:
+        GenieBuildError: the file is not a readable ONNX model.
+    """
+    model = _load_structure(onnx_path)
+    return [(value.name, onnx.TensorProto.DataType.Name(value.type.tensor_type.elem_type).lower())
+            for value in model.graph.input]
 
 
 def inspect_with_sdk(toolchain: str, binary_path: Path) -> BinaryInfo:
@@ -252,23 +291,52 @@ def binary_info_from_utility_json(document: object, binary_path: Path, file_byte
                                   toolchain: str) -> BinaryInfo:
     """Turn ``qnn-context-binary-utility``'s JSON into a :class:`BinaryInfo`.
 
-    The shape assumed (the one ONNX Runtime's ``gen_qnn_ctx_onnx_model.py`` parses; see docs/toolchains.md):
-    ``{"info": {"buildId": ..., "graphs": [{"info": {"graphName": ..., "graphInputs": [{"info": {"name",
-    "dimensions", "dataType": "QNN_DATATYPE_...", "quantizeParams": {"definition", "quantizationEncoding",
-    "scaleOffset": {"scale", "offset"}}}}], "graphOutputs": [...]}}]}}``. The JSON reports no weight-section
-    size, so ``weight_bytes`` is 0 (unknown) and accounting relies on ``file_bytes``. Offsets are kept in QNN's
-    convention, which is AIMET's: ``x = (q + offset) * scale``.
+    The shape assumed (the one ONNX Runtime's ``gen_qnn_ctx_onnx_model.py`` and qairt-dev's ``cache_module.py``
+    parse; see docs/toolchains.md): ``{"info": {"buildId": ..., "graphs": [{"info": {"graphName": ...,
+    "graphInputs": [{"info": {"name", "dimensions", "dataType": "QNN_DATATYPE_...", "quantizeParams":
+    {"definition", "quantizationEncoding", "scaleOffset": {"scale", "offset"}}}}], "graphOutputs": [...],
+    "graphBlobInfo": {"info": {"optimizationLevel", "vtcmSize"}}}}]}}``. Keys some SDK versions write as spaced
+    words (``"graph blob info"``) are first turned into camelCase, as qairt-dev does. The O level and VTCM size
+    each graph was compiled with become ``applied_options`` (``optimization_type``, ``vtcm_size``: graph name ->
+    value, for the graphs that report one). The JSON reports no weight-section size, so ``weight_bytes`` is 0
+    (unknown) and accounting relies on ``file_bytes``. Offsets are kept in QNN's convention, which is AIMET's:
+    ``x = (q + offset) * scale``.
 
     Raises:
         GenieBuildError: a required key is missing.
     """
-    info = _mapping(document, "info", binary_path)
+    info = _mapping(camel_case_keys(document), "info", binary_path)
     graphs = info.get("graphs")
     if not isinstance(graphs, list):
         raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON has no info.graphs list")
-    return BinaryInfo(path=str(binary_path), file_bytes=file_bytes, weight_bytes=0,
-                      graphs=tuple(_graph_info(entry, binary_path) for entry in graphs),
-                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")))
+    graph_infos = tuple(_graph_info(entry, binary_path) for entry in graphs)
+    applied: dict[str, dict[str, int]] = {}
+    for graph, entry in zip(graph_infos, graphs, strict=True):
+        blob = (entry["info"].get("graphBlobInfo") or {}).get("info") or {}
+        for option, key in (("optimization_type", "optimizationLevel"), ("vtcm_size", "vtcmSize")):
+            if _is_count(blob.get(key)):
+                applied.setdefault(option, {})[graph.name] = blob[key]
+    return BinaryInfo(path=str(binary_path), file_bytes=file_bytes, weight_bytes=0, graphs=graph_infos,
+                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")), applied_options=applied)
+
+
+def camel_case_keys(document: object) -> object:
+    """``{"graph blob info": {"vtcm size": 8}}`` -> ``{"graphBlobInfo": {"vtcmSize": 8}}``, through lists too
+    (qairt-dev ``cache_module.get_cache_info_from_binary`` does the same for dicts; keys without spaces stay)."""
+    if isinstance(document, dict):
+        return {_camel_case(str(key)): camel_case_keys(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [camel_case_keys(item) for item in document]
+    return document
+
+
+def _camel_case(key: str) -> str:
+    first, *rest = key.split(" ")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) -> None:
@@ -284,7 +352,7 @@ def check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) ->
                                      "options would not have been applied")
 
 
-def _require_output(produced: Path, producer: str) -> None:
+def require_output(produced: Path, producer: str) -> None:
     if not produced.is_file():
         found = sorted(path.name for path in produced.parent.iterdir())
         raise GenieBuildError(producer, f"reported success but wrote no {produced.name} "
@@ -336,6 +404,14 @@ def _mapping(container: object, key: str, binary_path: Path) -> dict:
     if not isinstance(value, dict):
         raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON lacks an {key!r} object where expected")
     return value
+
+
+def _load_structure(onnx_path: Path) -> onnx.ModelProto:
+    """The model without its external data (the graph, not the weights)."""
+    try:
+        return onnx.load(onnx_path, load_external_data=False)
+    except (OSError, DecodeError) as exc:
+        raise GenieBuildError(onnx_path, f"not a readable ONNX model: {exc}") from exc
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

@@ -1,3 +1,0 @@
-from qairt.api.compiler.config import CompileConfig
-
-__all__ = ["CompileConfig"]
