@@ -17,7 +17,7 @@ from genie_build.cli import main
 from genie_build.encodings import (
     Encodings,
     TensorEncoding,
-    channel_axis,
+    WeightLayout,
     check_boundary_consistency,
     check_graphs_consistent,
     format_encodings,
@@ -157,7 +157,7 @@ def slice_cli(paths: dict[str, Path], *extra: str) -> int:
 
 # ------------------------------------------------------------------------------------------- read/write
 
-def test_061_reads_strings_and_lists_and_survives_a_100_round_trip(tmp_path: Path) -> None:
+def test_061_reads_strings_and_lists_and_is_written_back_as_061(tmp_path: Path) -> None:
     enc = read_encodings(dump(tmp_path, V061))
     assert enc.version == "0.6.1"
     assert enc.activations["t"] == TensorEncoding(name="t", dtype="int", bitwidth=16, kind="per_tensor",
@@ -168,8 +168,9 @@ def test_061_reads_strings_and_lists_and_survives_a_100_round_trip(tmp_path: Pat
 
     write_encodings(tmp_path / "out.json", enc)
     again = read_encodings(tmp_path / "out.json")
-    assert again.version == "1.0.0"
+    assert again.version == "0.6.1"  # slices keep the version AIMET wrote, for the SDK converter
     assert again == enc
+    assert json.loads((tmp_path / "out.json").read_text()) == V061
 
 
 def test_100_round_trip_is_byte_identical_for_every_kind(tmp_path: Path) -> None:
@@ -223,7 +224,7 @@ def _change(entry: dict, changes: dict) -> None:
 MALFORMED = {
     "top level list": ([1, 2], "top level is a list"),
     "missing version": ({"activation_encodings": {}, "param_encodings": {}}, "missing 'version'"),
-    "unknown version": ({**V100, "version": "2.0.0"}, "version '2.0.0' is not supported"),
+    "unknown version": ({**V100, "version": "3.0.0"}, "version '3.0.0' is not supported"),
     "061 section as list": ({**V061, "activation_encodings": []}, "'activation_encodings' is a list"),
     "100 section as dict": ({**V100, "param_encodings": {}}, "'param_encodings' is an object"),
     "missing section": ({"version": "1.0.0", "activation_encodings": []}, "missing 'param_encodings'"),
@@ -414,21 +415,12 @@ def test_validate_shows_only_a_few_of_many_unknown_names(tmp_path: Path) -> None
 def test_validate_checks_scale_counts_against_param_shapes(name: str, shape: tuple[int, ...], ok: bool) -> None:
     enc = every_kind()
     enc = replace(enc, activations={}, params={name: enc.params[name]})
+    matmul = {name: WeightLayout(len(shape) - 1, len(shape) - 2)}  # an [in, out] MatMul weight
     if ok:
-        validate_against_model(enc, "e.json", set(), {name: shape})
+        validate_against_model(enc, "e.json", set(), {name: shape}, matmul)
     else:
         with pytest.raises(GenieBuildError, match=rf"^e\.json: param encoding '{name}': "):
-            validate_against_model(enc, "e.json", set(), {name: shape})
-
-
-def test_channel_axis_prefers_last_for_matmul_and_first_for_gather() -> None:
-    assert channel_axis("w", (4, 4), 4) == 1
-    assert channel_axis("w", (4, 4), 4, consumer_op="MatMul") == 1
-    assert channel_axis("emb", (4, 4), 4, consumer_op="Gather") == 0
-    assert channel_axis("emb", (100, 8), 100, consumer_op="Gather") == 0
-    assert channel_axis("w", (100, 8), 100) == 0
-    with pytest.raises(GenieBuildError, match="w: 7 per-channel scales match no axis of shape \\[4, 8\\]"):
-        channel_axis("w", (4, 8), 7)
+            validate_against_model(enc, "e.json", set(), {name: shape}, matmul)
 
 
 # ------------------------------------------------------------------------------------------- slicing
@@ -493,7 +485,9 @@ def test_graphs_consistent_requires_identical_shared_tensors() -> None:
                                         "w_channel": replace(prompt.params["w_channel"], bitwidth=8,
                                                              offset=(-128,) * 3)})
     with pytest.raises(GenieBuildError, match=r"^w_channel: param encoding differs between the prompt graph "
-                                              r"and the token graph: bitwidth 4 vs 8; offset\[0\] -8 vs -128$"):
+                                              r"and the token graph: bitwidth 4 vs 8; offset\[0\] -8 vs -128 "
+                                              r"\(calibrate both graphs together, or set encodings.share_from: "
+                                              r"prompt .*\)$"):
         check_graphs_consistent(prompt, token_bad)
 
 
