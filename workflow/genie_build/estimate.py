@@ -360,7 +360,7 @@ def stored_size(spec: InitializerSpec, encoding: TensorEncoding | None, float_bi
     tensor convert makes of it (quantized values, a float32 scale and a zero point per channel or block;
     or the float weight, as float16 at float bitwidth 16).
 
-    LPBQ stores what its encoding gives: the values at the compressed width, a float32 scale and a zero
+    LPBQ stores what its encoding gives: the values at the compressed width, a float64 scale and a zero
     point per channel, an integer scale per block (uint8) and the reshape constant of its written-out
     dequantization.
 
@@ -372,8 +372,9 @@ def stored_size(spec: InitializerSpec, encoding: TensorEncoding | None, float_bi
         bits = stored_bitwidth(encoding)
         values = unsigned_dtype(bits).name      # convert keeps 32-bit values as int32: the same size
         scales = (len(encoding.scale),)
+        scale_dtype = "float64" if encoding.kind == "lpbq" else "float32"
         size = (stored_nbytes(spec.shape, values, packed=packing and bits <= 4)
-                + stored_nbytes(scales, "float32") + stored_nbytes(scales, values))
+                + stored_nbytes(scales, scale_dtype) + stored_nbytes(scales, values))
         if encoding.kind != "lpbq":
             return StoredSize(size, 3)
         int_scale_dtype = unsigned_dtype(encoding.bitwidth - encoding.compressed_bitwidth).name

@@ -13,7 +13,8 @@ Each initializer, read and written one at a time:
   Cast, Sub and Mul (per block: on the values viewed with the block axis split into ``[blocks,
   block_size]``, reshaped back), which gives the same floats. LPBQ is always written out and stores what
   its encoding gives: the 4-bit values, the per-block integer scales ``{name}_block_int_scale`` (uint8)
-  and the per-channel float scales ``{name}_scale``; the graph multiplies the two into the block scale.
+  and the per-channel float scales ``{name}_scale`` (float64); the graph multiplies the two into the block
+  scale.
   A non-float32 weight gets a Cast back to its own type;
 - float32 without an integer encoding, it becomes ``{name}_float16`` + Cast to float32 when its float
   bitwidth (its float encoding's, else ``float_bitwidth``) is 16 -- unless a finite value would overflow
@@ -183,8 +184,9 @@ def _dequantized(name: str, dtype: np.dtype, q: np.ndarray, scale: np.ndarray, z
 
 def _lpbq_tensors(name: str, output: str, q: np.ndarray, enc: TensorEncoding, layout: WeightLayout,
                   grid: tuple[int, ...]) -> tuple[list[tuple[str, np.ndarray]], list[onnx.NodeProto], dict]:
-    """LPBQ as stored: values, per-channel float scale and zero point, per-block integer scale; the graph
-    computes ``block_scale = float(block_int_scale) * scale`` (the float32 product quantize used)."""
+    """LPBQ as stored: values, per-channel float scale (float64, as given) and zero point, per-block integer
+    scale; the graph computes ``block_scale = float32(double(block_int_scale) * scale)``, the scale
+    quantize used."""
     int_scale_name, block_scale = f"{name}_block_int_scale", f"{name}_block_scale"
     int_bits = enc.bitwidth - enc.compressed_bitwidth
     int_scale = blocked_params(np.asarray(enc.per_block_int_scale), grid, layout).astype(unsigned_dtype(int_bits))
@@ -194,10 +196,12 @@ def _lpbq_tensors(name: str, output: str, q: np.ndarray, enc: TensorEncoding, la
     int_scale, channel_scale = (np.expand_dims(array, layout.block_axis + 1) for array in (int_scale, channel_scale))
     tensors, nodes = _written_out_dequantize(name, output, q, None, zero_point, enc, layout, scale_name=block_scale)
     tensors += [(f"{name}_scale", channel_scale), (int_scale_name, int_scale)]
-    nodes[:0] = [helper.make_node("Cast", [int_scale_name], [f"{int_scale_name}_float"],
-                                  name=f"{int_scale_name}/Cast", to=onnx.TensorProto.FLOAT),
-                 helper.make_node("Mul", [f"{int_scale_name}_float", f"{name}_scale"], [block_scale],
-                                  name=f"{block_scale}/Mul")]
+    nodes[:0] = [helper.make_node("Cast", [int_scale_name], [f"{int_scale_name}_double"],
+                                  name=f"{int_scale_name}/Cast", to=onnx.TensorProto.DOUBLE),
+                 helper.make_node("Mul", [f"{int_scale_name}_double", f"{name}_scale"], [f"{block_scale}_double"],
+                                  name=f"{block_scale}/Mul"),
+                 helper.make_node("Cast", [f"{block_scale}_double"], [block_scale], name=f"{block_scale}/Cast",
+                                  to=onnx.TensorProto.FLOAT)]
     return tensors, nodes, {"block_int_scale": int_scale_name, "block_int_scale_bitwidth": int_bits}
 
 

@@ -11,8 +11,8 @@ Shapes of the returned scale and zero point ("parameter layout"):
 - per channel: ``(C,)``, one entry per index of the channel axis;
 - per block and LPBQ: the weight's rank, the channel axis whole, the block axis in blocks, other axes 1
   (:func:`genie_build.encodings.blocked_shape`). For LPBQ the scale is the per-block scale
-  ``scale[channel] * per_block_int_scale[channel, block]`` (float32) and values are quantized to the
-  compressed bitwidth, symmetric.
+  ``scale[channel] * per_block_int_scale[channel, block]``, multiplied in float64 and rounded to float32 as
+  aimet-onnx does, and values are quantized to the compressed bitwidth, symmetric.
 """
 
 from __future__ import annotations
@@ -196,16 +196,19 @@ def blocked_params(values: np.ndarray, grid: tuple[int, ...], layout: WeightLayo
 
 
 def lpbq_channel_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
-    """LPBQ's per-channel float scale (float32), shaped like ``grid`` with the block axis 1."""
+    """LPBQ's per-channel float scale, float64 as the file gives it, shaped like ``grid`` with the block
+    axis 1."""
     shape = tuple(1 if axis == layout.block_axis else size for axis, size in enumerate(grid))
-    return np.asarray(enc.scale, dtype=np.float32).reshape(shape)
+    return np.asarray(enc.scale, dtype=np.float64).reshape(shape)
 
 
 def lpbq_block_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
-    """LPBQ's per-block scale ``per_block_int_scale * scale[channel]`` in float32, laid out as ``grid``:
-    the product the converted graph computes from the stored integer and channel scales."""
-    int_scale = blocked_params(np.asarray(enc.per_block_int_scale, dtype=np.float32), grid, layout)
-    return int_scale * lpbq_channel_scale(enc, grid, layout)
+    """LPBQ's per-block scale ``per_block_int_scale * scale[channel]``, laid out as ``grid``: multiplied in
+    float64 and rounded to float32, as aimet-onnx's ``LPBQEncoding.scale`` and its quantizer do (a float32
+    product differs from it in the last bit for some blocks) and as the converted graph computes it
+    from the stored integer and channel scales."""
+    int_scale = blocked_params(np.asarray(enc.per_block_int_scale, dtype=np.float64), grid, layout)
+    return (int_scale * lpbq_channel_scale(enc, grid, layout)).astype(np.float32)
 
 
 def _require_count(enc: TensorEncoding, what: str, found: int, expected: int, shape: tuple[int, ...]) -> None:
