@@ -239,7 +239,7 @@ def _named_entries(path: str, data: dict, key: str, label: str, entries: dict) -
         name = entry.get("name")
         if not isinstance(name, str) or not name:
             raise where.error(f"missing or empty 'name' (got {_short(name)})")
-        where = _Where(path, f"{label} encoding {name!r}")
+        where = _Where(path, f"{label} {name!r}")
         if (key, name) in entries:
             raise where.error(f"appears more than once in '{key}'")
         entries[key, name] = (entry, None)
@@ -248,7 +248,7 @@ def _named_entries(path: str, data: dict, key: str, label: str, entries: dict) -
 
 def _parse_section_v100(path: str, data: dict, key: str, label: str, entries: dict) -> dict[str, TensorEncoding]:
     encodings = {}
-    for where, name, entry in _named_entries(path, data, key, label, entries):
+    for where, name, entry in _named_entries(path, data, key, f"{label} encoding", entries):
         encodings[name] = _parse_entry_v100(where, name, entry)
         entries[key, name] = (entry, encodings[name])
     return encodings
