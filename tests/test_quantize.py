@@ -49,7 +49,7 @@ def element_params(enc: TensorEncoding, index: tuple[int, int], axis: int | None
     block = column * (IN // enc.block_size) + row // enc.block_size  # channel-major: [out, in // block_size]
     if enc.kind == "per_block":
         return np.float32(enc.scale[block]), enc.offset[block], enc.bitwidth
-    scale = np.float32(enc.per_block_int_scale[block]) * np.float32(enc.scale[column])
+    scale = np.float32(enc.per_block_int_scale[block] * enc.scale[column])  # float64 product, as aimet-onnx
     return scale, -(2 ** (enc.compressed_bitwidth - 1)), enc.compressed_bitwidth
 
 
