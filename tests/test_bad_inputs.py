@@ -23,6 +23,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from genie_build.encodings import read_encodings
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild, build_reference_bundle
 from workflow_helpers import copy_workflow, run_snakemake, write_config
 
@@ -349,3 +350,31 @@ def test_bad_encodings_fail_the_jobs_reading_them_with_the_one_line_in_their_log
         assert last.startswith(f"genie-build: error: {message}"), f"{rule}: {last}"
     assert not any((out / path).exists() for path in absent) and not (out / "genie_bundle").exists()
     assert leftovers(out) == []
+
+
+@pytest.mark.workflow
+def test_graphs_calibrated_one_by_one_stop_the_build_unless_the_token_graph_shares_the_prompts(
+        workflow: Path) -> None:
+    """Calibrated separately, the graphs' shared tensors differ: the slice job stops naming the tensor and
+    encodings.share_from; with share_from: prompt the token graph's slices take the prompt graph's encodings."""
+    token = json.loads((workflow / "exports" / "token.encodings.json").read_text())
+    entry = next(e for e in token["activation_encodings"] if e["name"] == "attention_mask")
+    entry["scale"] = [entry["scale"][0] * 1.5]
+    (workflow / "exports" / "alone.encodings.json").write_text(json.dumps(token))
+    encodings = {"prompt": "exports/prompt.encodings.json", "token": "exports/alone.encodings.json"}
+    for name, share in (("alone-default", "none"), ("alone-shared", "prompt")):
+        config = user_config(workflow, name, model={"encodings": encodings}, encodings={"share_from": share})
+        result = run_snakemake(workflow, "-p", f"results/{name}/encodings/token", config_file=config,
+                               check=share == "prompt")
+        if share == "none":
+            assert result.returncode != 0
+            logs = failed_job_logs(result.stdout + result.stderr)
+            assert "slice_encodings" in logs, result.stdout[-3000:] + result.stderr[-3000:]
+            last = (workflow / logs["slice_encodings"]).read_text().strip().splitlines()[-1]
+            assert last.startswith("genie-build: error: attention_mask: activation encoding differs between "
+                                   "the prompt graph and the token graph: scale[0]") and "share_from: prompt" in last
+            continue
+        prompt = read_encodings(workflow / "exports" / "prompt.encodings.json").activations["attention_mask"]
+        slices = sorted((workflow / "results" / name / "encodings" / "token").glob("*.json"))
+        assert slices and all(read_encodings(path).activations.get("attention_mask", prompt) == prompt
+                              for path in slices)
