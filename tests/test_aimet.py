@@ -174,3 +174,55 @@ def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe,
     record_property("one_step_ties", ties)
     print(f"{model_name} {recipe}: {compared} values compared, {ties} one-step ties")
     assert ties <= compared // 200
+
+
+def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, record_property):
+    """demo.calibrator: aimet writes what aimet-onnx computes (AIMET's LLM recipe, the token graph sharing the
+    prompt graph's encodings, KV in/out tied); loaded back into a fresh QuantizationSimModel with
+    ``load_encodings_to_sim`` and folded, AIMET's weights are the reference toolchain's, value for value."""
+    from aimet_onnx.quantsim import load_encodings_to_sim
+
+    from genie_build.calibrate_aimet import calibrate_with_aimet
+    from genie_build.demo import DemoShape, generate_demo
+    from genie_build.encodings import check_graphs_consistent
+
+    generate_demo(DemoShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=320, context=32, ar=4),
+                  tmp_path)
+    calibrate_with_aimet(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "prompt.encodings.json",
+                         tmp_path / "token.encodings.json", num_samples=2)
+    prompt = read_encodings(tmp_path / "prompt.encodings.json")
+    token = read_encodings(tmp_path / "token.encodings.json")
+    check_graphs_consistent(prompt, token)
+    assert prompt.header["producer"]["package"] == "aimet-onnx"
+    assert prompt.activations["past_key_0_out"].scale == prompt.activations["past_key_0_in"].scale
+    assert (prompt.params["lm_head.weight"].bitwidth, prompt.params["model.layers.0.mlp.up_proj.weight"].bitwidth,
+            prompt.of_initializer("model.embed_tokens.weight").bitwidth) == (8, 4, 16)
+
+    model = onnx.load(tmp_path / "prompt.onnx")
+    sim = QuantizationSimModel(model, param_type="int4", activation_type="int16", config_file="htp_v79")
+    load_encodings_to_sim(sim, str(tmp_path / "prompt.encodings.json"), strict=False)  # the LM head: 8-bit
+    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer
+                if tensor.data_type == TensorProto.FLOAT and tensor.name in prompt.params | prompt.activations}
+    table = "model.embed_tokens.weight"
+    truth = {table: sim.qc_quantize_op_dict[table].quantize_dequantize(original[table])}
+    sim.fold_param_quantizers()
+    truth |= {tensor.name: numpy_helper.to_array(tensor) for tensor in sim.model.model.graph.initializer
+              if tensor.name in original and tensor.name != table}
+
+    convert_model(tmp_path / "prompt.onnx", tmp_path / "prompt.encodings.json", tmp_path / "converted.onnx",
+                  graph_name="g", float_bitwidth=32)
+    converted = onnx.load(tmp_path / "converted.onnx")
+    converted.graph.ClearField("output")
+    converted.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in original)
+    session = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {value.name: np.zeros([dim.dim_value for dim in value.type.tensor_type.shape.dim],
+                                  helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+             for value in converted.graph.input}
+    ours = dict(zip(original, session.run(list(original), feeds)))
+    compared = ties = 0
+    for name, value in original.items():
+        compared += value.size
+        ties += count_one_step_ties(ours[name], truth[name], largest_step(tmp_path / "prompt.encodings.json", name))
+    record_property("values_compared", compared)
+    print(f"demo: {compared} values compared, {ties} one-step ties")
+    assert ties <= compared // 200

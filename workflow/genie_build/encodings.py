@@ -531,7 +531,8 @@ def format_encodings(enc: Encodings) -> str:
     as_read = _entries_as_read(enc)
     if as_read is not None:
         return _format_file({**enc.header, "version": enc.version}, as_read, as_dicts=enc.version == "0.6.1")
-    return _format_file({"version": WRITTEN_VERSION, "quantizer_args": enc.quantizer_args},
+    producer = {"producer": enc.header["producer"]} if "producer" in enc.header else {}
+    return _format_file({"version": WRITTEN_VERSION, "quantizer_args": enc.quantizer_args, **producer},
                         {key: {name: _entry_v100(encodings[name]) for name in encodings}
                          for key, encodings in (("activation_encodings", enc.activations),
                                                 ("param_encodings", enc.params))},

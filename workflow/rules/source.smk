@@ -53,4 +53,5 @@ rule calibrate_demo_encodings:
         f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
     shell:
         "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
-        " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"
+        " --calibrator {config[demo][calibrator]} --out-prompt {output.prompt:q} --out-token {output.token:q}"
+        " > {log:q} 2>&1"
