@@ -226,3 +226,20 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
     record_property("values_compared", compared)
     print(f"demo: {compared} values compared, {ties} one-step ties")
     assert ties <= compared // 200
+
+
+@pytest.mark.workflow
+def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
+    """demo.calibrator: aimet, end to end on the small demo: the bundle passes Genie's load-time rules and the
+    host run of the split, quantized bundle gives the unsplit model's tokens."""
+    from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+
+    workdir = copy_workflow(tmp_path)
+    config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "calibrator": "aimet"},
+                                    "model": {"name": "aimet"}})
+    run_snakemake(workdir, config_file=config)
+    out = workdir / "results" / "aimet"
+    assert json.loads((out / "source" / "prompt.encodings.json").read_text())["producer"]["package"] == "aimet-onnx"
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    host_run = load_json(out / "host_run.json")
+    assert host_run["new_ids"] == host_run["unsplit_ids"]

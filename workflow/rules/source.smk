@@ -1,7 +1,8 @@
 # The built-in demo model: generated decoder, tokenizer trained on text in resources/, calibrated encodings.
 # Only used when config.model names no files of its own.
 
-DEMO_ARGS = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(value))}" for key, value in sorted(config["demo"].items()))
+DEMO_ARGS = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(value))}"
+                     for key, value in sorted(shape_config(config["demo"]).items()))
 
 
 rule generate_demo_model:
