@@ -144,7 +144,7 @@ def count_one_step_ties(ours: np.ndarray, theirs: np.ndarray, step: float) -> in
 def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe, tmp_path, record_property):
     """Every quantized value is AIMET's, but for rounding ties: AIMET's kernel rounds a float32 quotient
     computed from the encoding's minimum, so a value within a float32 rounding of a half step may land on
-    the other side (about 4 in 1,000 values of a 16-bit table, 1 in 10,000 of an 8-bit weight). A wrong
+    the other side (here 2 to 3 in 1,000 values of a 16-bit table, 1 in 10,000 of an 8-bit weight). A wrong
     axis or block layout changes most values by several steps."""
     rng = np.random.default_rng(11)
     make_model, make_feed = MODELS[model_name]
@@ -243,3 +243,16 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
     assert host_run["new_ids"] == host_run["unsplit_ids"]
+
+
+def test_the_aimet_calibrator_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
+    from genie_build.calibrate_aimet import calibrate_with_aimet
+    from genie_build.demo import DemoShape, generate_demo
+    from genie_build.errors import GenieBuildError
+
+    generate_demo(DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=300, context=8, ar=2,
+                            weight_dtype="float16"), tmp_path)
+    with pytest.raises(GenieBuildError, match="needs demo.weight_dtype float32"):
+        calibrate_with_aimet(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "p.json",
+                             tmp_path / "t.json", num_samples=1)
+    assert not (tmp_path / "p.json").exists()

@@ -57,7 +57,11 @@ def calibrate_with_aimet(prompt_path: str | Path, token_path: str | Path, out_pr
                         Path(hf_config_path or paths["prompt"].parent / "config.json"))
     calibrated = {}
     for kind in GRAPH_KINDS:
-        check_external_data(load_graph(paths[kind]), paths[kind])
+        graph = load_graph(paths[kind])
+        check_external_data(graph, paths[kind])
+        if any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in graph.graph.initializer):
+            raise GenieBuildError(paths[kind], "demo.calibrator aimet needs demo.weight_dtype float32: aimet-onnx "
+                                               "does not quantize a float16 weight reaching its op through a Cast")
         model = onnx.load(paths[kind])   # the demo is small: weights in memory
         sim = QuantizationSimModel(model, param_type="int4", activation_type="int16", config_file="htp_v79")
         if LM_HEAD_WEIGHT in sim.qc_quantize_op_dict:
