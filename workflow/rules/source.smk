@@ -48,11 +48,13 @@ rule calibrate_demo_encodings:
     output:
         prompt=f"{SRC}/prompt.encodings.json",
         token=f"{SRC}/token.encodings.json",
+    params:
+        calibrator=config["demo"]["calibrator"],
     log:
         f"{OUT}/logs/calibrate_demo_encodings.log",
     benchmark:
         f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
     shell:
         "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
-        " --calibrator {config[demo][calibrator]} --out-prompt {output.prompt:q} --out-token {output.token:q}"
+        " --calibrator {params.calibrator} --out-prompt {output.prompt:q} --out-token {output.token:q}"
         " > {log:q} 2>&1"
