@@ -735,3 +735,15 @@ def test_command_share_from_lets_separately_calibrated_graphs_through(three_part
     assert main([*token, "--share-from", str(three_parts["encodings"])]) == 0
     part = read_encodings(three_parts["out"] / "part_2_of_3.encodings.json")
     assert part.activations["b1"] == enc.activations["b1"]
+
+
+def test_a_blocked_encoding_without_an_axis_on_a_convtranspose_weight_is_refused(tmp_path: Path) -> None:
+    onnx.save(_consumer_graph(), tmp_path / "g.onnx")
+    model = read_graph_tensors(tmp_path / "g.onnx")
+    blocked = TensorEncoding(name="w_deconv", dtype="int", bitwidth=4, kind="per_block", is_symmetric=True,
+                             scale=(0.1,) * 8 * 2, offset=(-8,) * 8 * 2, block_size=2)
+    with pytest.raises(GenieBuildError, match="'w_deconv': a per_block encoding without an axis .* export it as 2.0.0"):
+        validate_against_model(Encodings(params={"w_deconv": blocked}), "e.json", model.tensor_names,
+                               model.param_shapes, model.param_layouts)
+    validate_against_model(Encodings(params={"w_deconv": replace(blocked, axis=1)}), "e.json", model.tensor_names,
+                           model.param_shapes, model.param_layouts)

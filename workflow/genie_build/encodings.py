@@ -744,6 +744,12 @@ def layout_of(encoding: TensorEncoding, shape: tuple[int, ...],
         raise GenieBuildError(encoding.name, f"a {encoding.kind} encoding on a weight of shape {list(shape)} "
                                              "whose consumer gives no channel axis (MatMul, Gemm, Conv, "
                                              "ConvTranspose, Gather do); a 2.0.0 file states the axis")
+    if (encoding.kind in ("per_block", "lpbq") and len(shape) > 2
+            and consumer_layout.channel_axis > consumer_layout.block_axis):
+        # aimet-onnx lists such scales block-major in 1.0.0 (it transposes only 2-D ones to [out, in/block])
+        raise GenieBuildError(encoding.name, f"a {encoding.kind} encoding without an axis on a weight of shape "
+                                             f"{list(shape)} blocked along axis {consumer_layout.block_axis} "
+                                             "(a ConvTranspose's) is not supported; export it as 2.0.0")
     return consumer_layout
 
 
