@@ -256,3 +256,50 @@ def test_the_aimet_calibrator_refuses_float16_weights_it_would_leave_unquantized
         calibrate_with_aimet(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "p.json",
                              tmp_path / "t.json", num_samples=1)
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.fixture(scope="module")
+def qwen2_dynamo(tmp_path_factory):
+    """The issue's case: a Qwen2 exported by torch.onnx (dynamo), ``[out, in]`` weights reaching MatMul through
+    a Transpose (q_proj and o_proj square), q/k/v biases, the table and inv_freq as AIMET activations."""
+    from hf_export import export_tiny_qwen2
+
+    prompt, _ = export_tiny_qwen2(tmp_path_factory.mktemp("qwen2"), layers=1, hidden=64, heads=2, kv_heads=1,
+                                  intermediate=128, vocab=256, context=16, prompt_ar=4)
+    return onnx.load(prompt)
+
+
+def qwen2_feed(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    shapes = {value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim] for value in model.graph.input}
+    past = shapes["past_key_0_in"][2]
+    feed = {"input_ids": rng.integers(0, 256, shapes["input_ids"]), "attention_mask": np.ones(shapes["attention_mask"],
+                                                                                               np.int64),
+            "position_ids": np.arange(past, past + shapes["position_ids"][1])[None]}
+    feed |= {name: rng.normal(size=shape).astype(np.float32) for name, shape in shapes.items() if name.startswith("past")}
+    return feed
+
+
+@pytest.mark.parametrize("recipe", ["per_channel_4", "per_channel_8", "per_block", "lpbq"])
+def test_a_torch_dynamo_qwen2_quantized_by_aimet_converts_to_aimets_own_weights(qwen2_dynamo, recipe, tmp_path):
+    rng = np.random.default_rng(5)
+    feeds = [qwen2_feed(qwen2_dynamo, rng) for _ in range(2)]
+    truth, exports = aimet_export(qwen2_dynamo, recipe, feeds, tmp_path / "aimet")
+    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in qwen2_dynamo.graph.initializer
+                if tensor.data_type == TensorProto.FLOAT}
+    compared = ties = 0
+    for version, export in exports.items():
+        ours = converted_weights(export, list(original), feeds[0], tmp_path / f"converted_{version}.onnx")
+        stated = encodings_by_name(export / "model.encodings")
+        for name, value in original.items():
+            expected = truth.get(name, value)
+            if stated.get(name, {}).get("output_dtype") == "int32":   # see the test above
+                scale = np.asarray(stated[name]["y_scale"], np.float32)
+                expected = (np.rint(value / scale) * scale).astype(np.float32)
+            compared += value.size
+            step = largest_step(export / "model.encodings", name)
+            if step is None:
+                np.testing.assert_array_equal(ours[name], expected, err_msg=f"{recipe} {version} {name}")
+            else:
+                ties += count_one_step_ties(ours[name], expected, step)
+    print(f"qwen2 {recipe}: {compared} values compared, {ties} one-step ties")
+    assert ties <= compared // 200
