@@ -17,7 +17,7 @@ from genie_build.cli import main
 from genie_build.encodings import (
     Encodings,
     TensorEncoding,
-    channel_axis,
+    WeightLayout,
     check_boundary_consistency,
     check_graphs_consistent,
     format_encodings,
@@ -25,6 +25,7 @@ from genie_build.encodings import (
     part_tensor_names,
     read_encodings,
     read_graph_tensors,
+    share_encodings,
     slice_encodings,
     validate_against_model,
     write_encodings,
@@ -157,7 +158,7 @@ def slice_cli(paths: dict[str, Path], *extra: str) -> int:
 
 # ------------------------------------------------------------------------------------------- read/write
 
-def test_061_reads_strings_and_lists_and_survives_a_100_round_trip(tmp_path: Path) -> None:
+def test_061_reads_strings_and_lists_and_is_written_back_as_061(tmp_path: Path) -> None:
     enc = read_encodings(dump(tmp_path, V061))
     assert enc.version == "0.6.1"
     assert enc.activations["t"] == TensorEncoding(name="t", dtype="int", bitwidth=16, kind="per_tensor",
@@ -168,8 +169,9 @@ def test_061_reads_strings_and_lists_and_survives_a_100_round_trip(tmp_path: Pat
 
     write_encodings(tmp_path / "out.json", enc)
     again = read_encodings(tmp_path / "out.json")
-    assert again.version == "1.0.0"
+    assert again.version == "0.6.1"  # slices keep the version AIMET wrote, for the SDK converter
     assert again == enc
+    assert json.loads((tmp_path / "out.json").read_text()) == V061
 
 
 def test_100_round_trip_is_byte_identical_for_every_kind(tmp_path: Path) -> None:
@@ -223,7 +225,7 @@ def _change(entry: dict, changes: dict) -> None:
 MALFORMED = {
     "top level list": ([1, 2], "top level is a list"),
     "missing version": ({"activation_encodings": {}, "param_encodings": {}}, "missing 'version'"),
-    "unknown version": ({**V100, "version": "2.0.0"}, "version '2.0.0' is not supported"),
+    "unknown version": ({**V100, "version": "3.0.0"}, "version '3.0.0' is not supported"),
     "061 section as list": ({**V061, "activation_encodings": []}, "'activation_encodings' is a list"),
     "100 section as dict": ({**V100, "param_encodings": {}}, "'param_encodings' is an object"),
     "missing section": ({"version": "1.0.0", "activation_encodings": []}, "missing 'param_encodings'"),
@@ -414,21 +416,12 @@ def test_validate_shows_only_a_few_of_many_unknown_names(tmp_path: Path) -> None
 def test_validate_checks_scale_counts_against_param_shapes(name: str, shape: tuple[int, ...], ok: bool) -> None:
     enc = every_kind()
     enc = replace(enc, activations={}, params={name: enc.params[name]})
+    matmul = {name: WeightLayout(len(shape) - 1, len(shape) - 2)}  # an [in, out] MatMul weight
     if ok:
-        validate_against_model(enc, "e.json", set(), {name: shape})
+        validate_against_model(enc, "e.json", set(), {name: shape}, matmul)
     else:
         with pytest.raises(GenieBuildError, match=rf"^e\.json: param encoding '{name}': "):
-            validate_against_model(enc, "e.json", set(), {name: shape})
-
-
-def test_channel_axis_prefers_last_for_matmul_and_first_for_gather() -> None:
-    assert channel_axis("w", (4, 4), 4) == 1
-    assert channel_axis("w", (4, 4), 4, consumer_op="MatMul") == 1
-    assert channel_axis("emb", (4, 4), 4, consumer_op="Gather") == 0
-    assert channel_axis("emb", (100, 8), 100, consumer_op="Gather") == 0
-    assert channel_axis("w", (100, 8), 100) == 0
-    with pytest.raises(GenieBuildError, match="w: 7 per-channel scales match no axis of shape \\[4, 8\\]"):
-        channel_axis("w", (4, 8), 7)
+            validate_against_model(enc, "e.json", set(), {name: shape}, matmul)
 
 
 # ------------------------------------------------------------------------------------------- slicing
@@ -493,7 +486,9 @@ def test_graphs_consistent_requires_identical_shared_tensors() -> None:
                                         "w_channel": replace(prompt.params["w_channel"], bitwidth=8,
                                                              offset=(-128,) * 3)})
     with pytest.raises(GenieBuildError, match=r"^w_channel: param encoding differs between the prompt graph "
-                                              r"and the token graph: bitwidth 4 vs 8; offset\[0\] -8 vs -128$"):
+                                              r"and the token graph: bitwidth 4 vs 8; offset\[0\] -8 vs -128 "
+                                              r"\(calibrate both graphs together, or set encodings.share_from: "
+                                              r"prompt .*\)$"):
         check_graphs_consistent(prompt, token_bad)
 
 
@@ -556,3 +551,199 @@ def test_command_failing_midway_keeps_the_previous_output_whole(three_parts: dic
     assert slice_cli(three_parts) == 2
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     assert [path.name for path in out.parent.iterdir()] == ["prompt"]  # no staging directory left
+
+
+# ------------------------------------------------------------------------------------------- aimet-onnx formats
+
+# Excerpts of what aimet-onnx 2.42 writes (docs/conventions.md, "Encodings"): 2.0.0 with a per-tensor uint8
+# KV cache, the uint16 embedding table, int4 per channel, LPBQ laid out like an [out, in] weight, an int32 bias
+# and a float16 tensor.
+V200 = {
+    "version": "2.0.0",
+    "producer": {"package": "aimet-onnx", "version": "2.42.0"},
+    "encodings": [
+        {"name": "past_key_0", "output_dtype": "uint8", "y_scale": 0.0321, "y_zero_point": 135},
+        {"name": "table", "output_dtype": "uint16", "y_scale": 2.683e-06, "y_zero_point": 31344},
+        {"name": "w_pc", "output_dtype": "int4", "y_scale": [0.5, 0.25], "axis": 0},
+        {"name": "w_lpbq", "output_dtype": "int4", "axis": 1, "block_size": 2,
+         "per_channel_float_scale": [[0.1], [0.2]], "per_block_int_scale": [[16, 14], [13, 15]]},
+        {"name": "w_pb", "output_dtype": "int4", "axis": 0, "block_size": 2, "y_scale": [[1.0, 2.0], [3.0, 4.0]]},
+        {"name": "bias", "output_dtype": "int32", "y_scale": [1e-4, 2e-4], "axis": 0},
+        {"name": "half", "output_dtype": "float16"},
+    ],
+}
+
+
+def test_200_is_read_into_aimet_terms_with_the_stated_axes(tmp_path: Path) -> None:
+    enc = read_encodings(dump(tmp_path, V200))
+    assert enc.version == "2.0.0" and enc.header["producer"] == {"package": "aimet-onnx", "version": "2.42.0"}
+    kv = enc.activations["past_key_0"]
+    assert (kv.bitwidth, kv.is_symmetric, kv.scale, kv.offset) == (8, False, (0.0321,), (-135,))
+    assert enc.of_initializer("table").offset == (-31344,) and enc.of_initializer("table").bitwidth == 16
+    w_pc = enc.params["w_pc"]
+    assert (w_pc.kind, w_pc.bitwidth, w_pc.is_symmetric, w_pc.offset, w_pc.axis) == ("per_channel", 4, True,
+                                                                                       (-8, -8), 0)
+    lpbq = enc.params["w_lpbq"]   # axis 1 is the block axis: channels along axis 0, listed channel-major
+    assert (lpbq.kind, lpbq.bitwidth, lpbq.compressed_bitwidth, lpbq.axis) == ("lpbq", 8, 4, 0)
+    assert lpbq.scale == (0.1, 0.2) and lpbq.per_block_int_scale == (16, 14, 13, 15)
+    w_pb = enc.params["w_pb"]     # [in/bs, out] laid out like an [in, out] weight: channels along axis 1
+    assert (w_pb.axis, w_pb.scale) == (1, (1.0, 3.0, 2.0, 4.0))
+    bias = enc.params["bias"]
+    assert (bias.bitwidth, bias.kind, bias.offset, bias.axis) == (32, "per_channel", (-2**31, -2**31), 0)
+    assert enc.activations["half"] == TensorEncoding(name="half", dtype="float", bitwidth=16)
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ({"name": "t", "output_dtype": "int5", "y_scale": 0.1}, "output_dtype 'int5' is not supported"),
+    ({"name": "t", "output_dtype": "uint8", "y_scale": [0.1, 0.2]}, "2 y_scale values without an 'axis'"),
+    ({"name": "t", "output_dtype": "uint8", "y_scale": 0.1, "y_zero_point": 300}, "offset"),
+    ({"name": "t", "output_dtype": "int4", "y_scale": [[1.0, 2.0]], "axis": 0, "block_size": 2,
+      "y_zero_point": [[0]]}, "does not match y_scale"),
+    ({"name": "t", "output_dtype": "uint4", "axis": 1, "block_size": 2, "per_channel_float_scale": [[0.1]],
+      "per_block_int_scale": [[1]]}, "LPBQ encodings must be symmetric"),
+    ({"name": "t", "output_dtype": "int4", "axis": 1, "block_size": 2, "per_channel_float_scale": [[0.1], [0.2]],
+      "per_block_int_scale": [[1, 2]]}, "2 per_channel_float_scale values for 1 channels"),
+    ({"name": "t", "output_dtype": "float16", "y_scale": 0.5}, "a scaled float16 encoding is not supported"),
+    ({"name": "t", "output_dtype": "int8", "y_scale": [0.1, "x"], "axis": 0}, "not a number"),
+])
+def test_200_errors_name_file_and_tensor(tmp_path: Path, entry: dict, problem: str) -> None:
+    path = dump(tmp_path, {"version": "2.0.0", "encodings": [entry]})
+    with pytest.raises(GenieBuildError, match=re.escape(problem)) as caught:
+        read_encodings(path)
+    assert str(caught.value).startswith(f"{path}: encoding 't': ") and "\n" not in str(caught.value)
+
+
+def test_100_zero_point_shift_is_accepted_only_when_zero(tmp_path: Path) -> None:
+    read_encodings(dump(tmp_path, _v100_with(zero_point_shift=[0.0, 0.0])))
+    with pytest.raises(GenieBuildError, match="zero_point_shift \\[0.5, 0.5\\] is not supported"):
+        read_encodings(dump(tmp_path, _v100_with(zero_point_shift=[0.5, 0.5])))
+
+
+@pytest.mark.parametrize("doc", [V061, {**V100, "producer": {"package": "aimet-onnx", "version": "2.42.0"}}, V200],
+                         ids=["0.6.1", "1.0.0", "2.0.0"])
+def test_a_slice_keeps_the_version_top_level_keys_and_entries_as_read(tmp_path: Path, doc: dict) -> None:
+    enc = read_encodings(dump(tmp_path, doc))
+    some = set(list(enc.activations)[:1]) | set(list(enc.params)[:1])
+    part = slice_encodings(enc, some, some)
+    write_encodings(tmp_path / "part.json", part)
+    written = json.loads((tmp_path / "part.json").read_text())
+    assert {key: value for key, value in written.items() if "encodings" not in key} == \
+        {key: value for key, value in doc.items() if "encodings" not in key}
+    if doc["version"] == "0.6.1":
+        kept = {**written["activation_encodings"], **written["param_encodings"]}
+        assert kept == {name: {**doc["activation_encodings"], **doc["param_encodings"]}[name] for name in some}
+    else:
+        sections = ["encodings"] if doc["version"] == "2.0.0" else ["activation_encodings", "param_encodings"]
+        kept = [entry for key in sections for entry in written[key]]
+        assert sorted(kept, key=str) == sorted([entry for key in sections for entry in doc[key]
+                                                if entry["name"] in some], key=str)
+    assert read_encodings(tmp_path / "part.json") == part
+
+
+def test_an_encoding_changed_in_memory_is_written_as_100(tmp_path: Path) -> None:
+    enc = read_encodings(dump(tmp_path, V200))
+    changed = replace(enc, activations={**enc.activations, "past_key_0": act("past_key_0")})
+    assert json.loads(format_encodings(changed))["version"] == "1.0.0"
+    again = read_encodings(dump(tmp_path, json.loads(format_encodings(changed)), "again.json"))
+    # 1.0.0 states no axis: the consumer's rule gives it back, as for any 1.0.0 file
+    assert again == replace(changed, params={name: replace(e, axis=None) for name, e in changed.params.items()})
+
+
+def _consumer_graph() -> onnx.ModelProto:
+    nodes = [helper.make_node("MatMul", ["x", "w_in_out"], ["a"]),
+             helper.make_node("Transpose", ["w_out_in"], ["w_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "w_t"], ["b"]),
+             helper.make_node("Gemm", ["x", "w_gemm_t", "bias"], ["c"], transB=1),
+             helper.make_node("Gemm", ["x", "w_gemm"], ["d"]),
+             helper.make_node("Conv", ["img", "w_conv"], ["e"]),
+             helper.make_node("ConvTranspose", ["img", "w_deconv"], ["f"]),
+             helper.make_node("Gather", ["table", "ids"], ["g"]),
+             helper.make_node("Cast", ["w_half"], ["w_half_f"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w_half_f"], ["h"]),
+             helper.make_node("Add", ["x", "w_added"], ["i"])]
+    shapes = {"w_in_out": (4, 6), "w_out_in": (6, 4), "w_gemm_t": (6, 4), "w_gemm": (4, 6), "bias": (6,),
+              "w_conv": (8, 4, 3, 3), "w_deconv": (4, 8, 3, 3), "table": (10, 4), "w_half": (4, 6),
+              "w_added": (4, 4)}
+    graph = helper.make_graph(nodes, "g", [], [], [helper.make_tensor(name, TensorProto.FLOAT, shape,
+                                                                      [0.0] * _count(shape))
+                                                   for name, shape in shapes.items()])
+    return helper.make_model(graph)
+
+
+def test_channel_and_block_axes_follow_aimets_rule_for_each_consumer(tmp_path: Path) -> None:
+    onnx.save(_consumer_graph(), tmp_path / "g.onnx")
+    layouts = read_graph_tensors(tmp_path / "g.onnx").param_layouts
+    assert layouts == {"w_in_out": WeightLayout(1, 0), "w_out_in": WeightLayout(0, 1),
+                       "w_gemm_t": WeightLayout(0, 1), "w_gemm": WeightLayout(1, 0), "bias": WeightLayout(0, None),
+                       "w_conv": WeightLayout(0, 1), "w_deconv": WeightLayout(1, 0), "table": WeightLayout(0, 1),
+                       "w_half": WeightLayout(1, 0)}   # w_added: an Add gives no axis
+
+
+def test_a_square_weight_behind_a_transpose_takes_axis_0_and_a_count_that_does_not_fit_is_one_line(
+        tmp_path: Path) -> None:
+    onnx.save(_consumer_graph(), tmp_path / "g.onnx")
+    model = read_graph_tensors(tmp_path / "g.onnx")
+
+    def per_channel(name: str, count: int) -> Encodings:
+        return Encodings(params={name: TensorEncoding(name=name, dtype="int", bitwidth=4, kind="per_channel",
+                                                      is_symmetric=True, scale=(0.1,) * count, offset=(-8,) * count)})
+
+    validate_against_model(per_channel("w_out_in", 6), "e.json", model.tensor_names, model.param_shapes,
+                           model.param_layouts)
+    with pytest.raises(GenieBuildError) as caught:   # 4 scales would fit axis 1; the graph says axis 0
+        validate_against_model(per_channel("w_out_in", 4), "e.json", model.tensor_names, model.param_shapes,
+                               model.param_layouts)
+    assert str(caught.value) == ("e.json: param encoding 'w_out_in': 4 scale values do not fit shape [6, 4]: "
+                                 "6 expected for channel axis 0")
+    with pytest.raises(GenieBuildError, match="'w_added': a per_channel encoding on a weight of shape \\[4, 4\\] "
+                                              "whose consumer gives no channel axis"):
+        validate_against_model(per_channel("w_added", 4), "e.json", model.tensor_names, model.param_shapes,
+                               model.param_layouts)
+
+
+# ------------------------------------------------------------------------------------------- share_from
+
+def test_share_encodings_gives_the_token_graph_the_prompts_for_every_tensor_it_has(tmp_path: Path) -> None:
+    prompt = read_encodings(dump(tmp_path, V200, "prompt.json"))
+    token_doc = json.loads(json.dumps(V200))
+    token_doc["encodings"][0]["y_zero_point"] = 125          # calibrated on its own: past_key_0 differs
+    token_doc["encodings"].append({"name": "only_token", "output_dtype": "uint16", "y_scale": 0.5})
+    token = read_encodings(dump(tmp_path, token_doc, "token.json"))
+    with pytest.raises(GenieBuildError, match="encodings.share_from: prompt"):
+        check_graphs_consistent(prompt, token)
+    shared = share_encodings(prompt, token, {"past_key_0", "table", "w_pc", "only_token"})
+    check_graphs_consistent(prompt, shared)
+    assert shared.activations["past_key_0"] == prompt.activations["past_key_0"]
+    assert "only_token" in shared.activations
+    write_encodings(tmp_path / "shared.json", shared)
+    entries = {entry["name"]: entry for entry in json.loads((tmp_path / "shared.json").read_text())["encodings"]}
+    assert entries["past_key_0"]["y_zero_point"] == 135
+
+
+def test_share_encodings_refuses_files_of_two_versions(tmp_path: Path) -> None:
+    with pytest.raises(GenieBuildError, match="versions 2.0.0 and 1.0.0"):
+        share_encodings(read_encodings(dump(tmp_path, V200)), read_encodings(dump(tmp_path, V100, "b.json")), {"t"})
+
+
+def test_command_share_from_lets_separately_calibrated_graphs_through(three_parts: dict[str, Path]) -> None:
+    enc = read_encodings(three_parts["encodings"])
+    other = three_parts["encodings"].with_name("token.encodings.json")
+    write_encodings(other, replace(enc, activations={**enc.activations, "b1": act("b1", scale=0.5)}))
+    token = ["slice-encodings", "--graph", "token", "--model", str(three_parts["model"]), "--encodings",
+             str(other), "--parts-dir", str(three_parts["parts"]), "--out-dir", str(three_parts["out"])]
+    assert main([*token, "--consistent-with", str(three_parts["encodings"])]) == 2
+    assert main([*token, "--share-from", str(three_parts["encodings"])]) == 0
+    part = read_encodings(three_parts["out"] / "part_2_of_3.encodings.json")
+    assert part.activations["b1"] == enc.activations["b1"]
+
+
+def test_a_blocked_encoding_without_an_axis_on_a_convtranspose_weight_is_refused(tmp_path: Path) -> None:
+    onnx.save(_consumer_graph(), tmp_path / "g.onnx")
+    model = read_graph_tensors(tmp_path / "g.onnx")
+    blocked = TensorEncoding(name="w_deconv", dtype="int", bitwidth=4, kind="per_block", is_symmetric=True,
+                             scale=(0.1,) * 8 * 2, offset=(-8,) * 8 * 2, block_size=2)
+    with pytest.raises(GenieBuildError, match="'w_deconv': a per_block encoding without an axis .* export it as 2.0.0"):
+        validate_against_model(Encodings(params={"w_deconv": blocked}), "e.json", model.tensor_names,
+                               model.param_shapes, model.param_layouts)
+    validate_against_model(Encodings(params={"w_deconv": replace(blocked, axis=1)}), "e.json", model.tensor_names,
+                           model.param_shapes, model.param_layouts)

@@ -29,6 +29,7 @@ from genie_build.estimate import (
     TABLE_ENTRY_BYTES,
     VARIANTS,
     Recipe,
+    StoredSize,
     WeightRule,
     container_overhead,
     estimate,
@@ -43,6 +44,7 @@ from genie_build.estimate import (
 from genie_build.onnx_graph import initializer_specs, load_graph
 from genie_build.plan import model_pieces, plan_by_num_parts, read_plan
 from genie_build.split import split_graph
+from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container import inspect_container, read_header, stored_nbytes, write_container
 from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY,
@@ -54,6 +56,7 @@ from workflow_helpers import write_config as write_workflow_config
 REPO = Path(__file__).resolve().parents[1]
 QWEN_7B = REPO / "config" / "hf" / "qwen2_5_7b_instruct.json"
 MIB = 2 ** 20
+REFERENCE = get_toolchain("reference")
 # hidden 8, 2 heads of 4, 1 KV head, intermediate 16, vocab 32, 2 layers
 SMALL = {"model_type": "qwen2", "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1,
          "intermediate_size": 16, "vocab_size": 32, "num_hidden_layers": 2, "max_position_embeddings": 64,
@@ -286,13 +289,15 @@ def test_the_overhead_model_is_needed_for_1_percent(compiled):
 
 def weight_of_entries(entries: list[dict]) -> dict[str, str]:
     """Weight-table entry name -> the initializer of the source graph it stores (values, scale and zero point
-    of a quantized weight; the float16 copy of a float32 one)."""
+    of a quantized weight, LPBQ's block integer scales and reshape constant; the float16 copy of a float32
+    one)."""
     owner = {}
     for entry in entries:
         quantization = entry.get("quantization")
         if quantization is not None:
-            owner.update({name: quantization["weight"] for name in
-                          (entry["name"], quantization["scale"], quantization["zero_point"])})
+            weight = quantization["weight"]
+            owner.update({name: weight for name in (entry["name"], quantization["scale"], quantization["zero_point"],
+                                                    quantization.get("block_int_scale"), f"{weight}_shape") if name})
     return {entry["name"]: owner.get(entry["name"], entry["name"].removesuffix("_float16")) for entry in entries}
 
 
@@ -491,3 +496,71 @@ def test_estimate_of_the_demo_predicts_the_plan_the_workflow_makes(tmp_path):
     planned = read_plan(workdir / "results" / "demo" / "plan.json")
     assert [part.pieces for part in predicted.parts] == [part.pieces for part in planned.parts]
     assert predicted.boundaries == planned.boundaries
+
+
+# ------------------------------------------------------------------------------------------- LPBQ, 16-bit table
+
+def lpbq_graph(path: Path) -> dict[str, np.ndarray]:
+    """ids -> Gather(table) -> MatMul [in, out] -> Transpose + MatMul [out, in]: LPBQ weights both ways."""
+    rng = np.random.default_rng(3)
+    weights = {"table": rng.normal(size=(16, 64)).astype(np.float32),
+               "w_in_out": rng.normal(size=(64, 96)).astype(np.float32),
+               "w_out_in": rng.normal(size=(32, 96)).astype(np.float32)}
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["x"]), helper.make_node("MatMul", ["x", "w_in_out"], ["a"]),
+             helper.make_node("Transpose", ["w_out_in"], ["w_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["a", "w_t"], ["y"])]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [value("ids", onnx.TensorProto.INT64, [1, 2])],
+                              [value("y", onnx.TensorProto.FLOAT, [1, 2, 32])],
+                              [numpy_helper.from_array(array, name) for name, array in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), path)
+    return weights
+
+
+def lpbq_entry(name: str, channels: int, blocks: int) -> dict:
+    return {"name": name, "dtype": "INT", "enc_type": "LPBQ", "bw": 8, "compressed_bw": 4, "is_sym": True,
+            "block_size": 32, "scale": [0.01 * (c + 1) for c in range(channels)], "offset": [-128] * channels,
+            "per_block_int_scale": [1 + (i % 16) for i in range(channels * blocks)]}
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_lpbq_and_a_16_bit_table_are_stored_as_their_encodings_say_and_estimated_exactly(tmp_path, packing):
+    """LPBQ: 4-bit values, a uint8 integer scale per block, a float scale per channel; the table, which AIMET
+    encodes as an activation (16-bit per tensor), as uint16. stored_size predicts every byte and entry."""
+    weights = lpbq_graph(tmp_path / "g.onnx")
+    doc = {"version": "1.0.0", "activation_encodings": [
+        {"name": "table", "dtype": "INT", "enc_type": "PER_TENSOR", "bw": 16, "is_sym": False,
+         "scale": [1e-4], "offset": [-31344]}],
+        "param_encodings": [lpbq_entry("w_in_out", 96, 2), lpbq_entry("w_out_in", 32, 3)]}
+    (tmp_path / "g.encodings").write_text(json.dumps(doc))
+    enc = read_encodings(tmp_path / "g.encodings")
+    REFERENCE.convert(tmp_path / "g.onnx", tmp_path / "g.encodings", tmp_path / "c.onnx", graph_name="g",
+                      float_bitwidth=16)
+    REFERENCE.compile({"g": tmp_path / "c.onnx"}, tmp_path / "c.bin",
+                      CompileOptions(weights_packing=packing, optimization_type=3, weight_sharing_enabled=True,
+                                     vtcm_mb=0, soc_model=69, dsp_arch="v79"))
+    entries = read_header(tmp_path / "c.bin")["weights"]
+    by_name = {entry["name"]: entry for entry in entries}
+    assert by_name["table_quantized"]["dtype"] == "uint16" and by_name["table_quantized"]["length"] == 16 * 64 * 2
+    for name, channels, blocks in (("w_in_out", 96, 2), ("w_out_in", 32, 3)):
+        values = by_name[f"{name}_quantized"]
+        assert values["storage"] == ("packed4" if packing else "u8")
+        assert by_name[f"{name}_block_int_scale"]["dtype"] == "uint8"
+        assert int(np.prod(by_name[f"{name}_block_int_scale"]["shape"])) == channels * blocks
+        assert int(np.prod(by_name[f"{name}_scale"]["shape"])) == channels
+    specs = initializer_specs(load_graph(tmp_path / "g.onnx"))
+    owner = weight_of_entries(entries)
+    for name in weights:
+        lengths = [entry["length"] for entry in entries if owner[entry["name"]] == name]
+        predicted = stored_size(specs[name], enc.of_initializer(name), 16, packing=packing)
+        assert (sum(lengths), len(lengths)) == (predicted.bytes, predicted.tensors), name
+
+
+def test_an_lpbq_recipe_counts_channel_and_block_scales(tmp_path):
+    model = weights_from_hf_config(write_config(tmp_path))
+    by_name = {weight.spec.name: weight for weight in model.weights}
+    down = weight_encoding(by_name["model.layers.0.mlp.down_proj.weight"], Recipe(granularity="lpbq", block_size=4))
+    assert (down.kind, down.bitwidth, down.compressed_bitwidth) == ("lpbq", 8, 4)
+    assert (len(down.scale), len(down.per_block_int_scale)) == (8, 4 * 8)          # [16, 8]: 8 channels x 4 blocks
+    size = stored_size(by_name[down.name].spec, down, 16, packing=True)
+    assert size == StoredSize(16 * 8 // 2 + 8 * 8 + 8 + 4 * 8 + 2 * 8, 5)

@@ -419,3 +419,13 @@ def test_check_model_summarises_the_shared_weights(inputs: dict[str, Path], tmp_
                  "--out", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert summary["shared_initializers"] == len(onnx.load(inputs["prompt"], load_external_data=False).graph.initializer)
+
+
+def test_an_initializer_with_only_an_activation_encoding_weighs_what_it_is_stored_as() -> None:
+    """AIMET encodes the embedding table as an activation (here 8-bit per tensor): the plan counts it so."""
+    model = build_scoped_graph(layers=2, hidden=8, inter=16, rope=4, vocab=32)
+    boundaries = find_boundaries(model, "m.onnx")
+    table = TensorEncoding("model.embed_tokens.weight", "int", 8, scale=(0.1,), offset=(-128,))
+    plain = model_pieces(model, Encodings(), boundaries)
+    encoded = model_pieces(model, Encodings(activations={table.name: table}), boundaries)
+    assert plain[0].bytes - encoded[0].bytes == 32 * 8 * 2 - (32 * 8 + 4)   # fp16 fallback -> 8-bit + one scale

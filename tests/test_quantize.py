@@ -7,13 +7,25 @@ import itertools
 import numpy as np
 import pytest
 
-from genie_build.encodings import TensorEncoding
+from genie_build.encodings import TensorEncoding, WeightLayout
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.reference.quantize import (broadcast_params, dequantize, params_of_rows, quantize,
                                                        row_blocks)
 
 BITWIDTHS = (4, 8, 16)
 IN, OUT, BLOCK = 8, 6, 4
+
+
+def _quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None, **kwargs: int):
+    """quantize with the layout of an ``[in, out]`` MatMul weight: blocks along axis 0, channels along the
+    last axis, or along ``axis`` for a per-channel encoding."""
+    w = np.asarray(w)
+    layout = None
+    if enc.kind == "per_channel":
+        layout = WeightLayout(axis % w.ndim, None if w.ndim < 2 else (axis + 1) % 2)
+    elif enc.kind in ("per_block", "lpbq"):
+        layout = WeightLayout(1, 0)
+    return quantize(w, enc, layout, **kwargs)
 
 
 def scalar_quantize(x: float, scale: np.float32, offset: int, bitwidth: int) -> int:
@@ -34,10 +46,10 @@ def element_params(enc: TensorEncoding, index: tuple[int, int], axis: int | None
     if enc.kind == "per_channel":
         channel = index[axis]
         return np.float32(enc.scale[channel]), enc.offset[channel], enc.bitwidth
-    block = (row // enc.block_size) * OUT + column          # row-major over [in // block_size, out]
+    block = column * (IN // enc.block_size) + row // enc.block_size  # channel-major: [out, in // block_size]
     if enc.kind == "per_block":
         return np.float32(enc.scale[block]), enc.offset[block], enc.bitwidth
-    scale = np.float32(enc.per_block_int_scale[block]) * np.float32(enc.scale[column])
+    scale = np.float32(enc.per_block_int_scale[block] * enc.scale[column])  # float64 product, as aimet-onnx
     return scale, -(2 ** (enc.compressed_bitwidth - 1)), enc.compressed_bitwidth
 
 
@@ -84,7 +96,7 @@ def test_quantize_and_dequantize_match_the_scalar_formula_for_every_kind(bitwidt
     for enc, axis in encodings(rng, bitwidth):
         largest_scale = max(enc.scale) * max(enc.per_block_int_scale or (1,))
         w = weight_with_extremes(rng, (IN, OUT), reach=largest_scale * 2**bitwidth)
-        q, scale, zero_point = quantize(w, enc, axis)
+        q, scale, zero_point = _quantize(w, enc, axis)
         x_hat = dequantize(q, scale, zero_point, axis)
         for index in itertools.product(range(IN), range(OUT)):
             element_scale, offset, stored_bits = element_params(enc, index, axis)
@@ -99,31 +111,32 @@ def test_quantize_and_dequantize_match_the_scalar_formula_for_every_kind(bitwidt
 def test_values_are_unsigned_and_parameters_have_the_documented_layout(bitwidth, dtype):
     rng = np.random.default_rng(0)
     for enc, axis in encodings(rng, bitwidth):
-        q, scale, zero_point = quantize(np.zeros((IN, OUT), np.float32), enc, axis)
+        q, scale, zero_point = _quantize(np.zeros((IN, OUT), np.float32), enc, axis)
         expected_shape = {"per_tensor": (), "per_channel": ((IN, OUT)[axis or 0],),
                           "per_block": (IN // BLOCK, OUT), "lpbq": (IN // BLOCK, OUT)}[enc.kind]
         assert scale.shape == zero_point.shape == expected_shape
         assert scale.dtype == np.float32
         assert q.dtype == zero_point.dtype == (np.uint8 if enc.kind == "lpbq" else dtype)
-        if enc.kind != "lpbq":
-            np.testing.assert_array_equal(zero_point.ravel(), -np.asarray(enc.offset))
+        if enc.kind != "lpbq":  # blocked offsets are listed channel-major: [out, in // block_size]
+            listed = zero_point.T if enc.kind == "per_block" else zero_point
+            np.testing.assert_array_equal(listed.ravel(), -np.asarray(enc.offset))
 
 
 def test_rounding_is_half_to_even():
     enc = TensorEncoding("w", "int", 8, "per_tensor", True, (1.0,), (-128,))
-    q, _, _ = quantize(np.array([0.5, 1.5, 2.5, -0.5, -1.5]), enc, None)
+    q, _, _ = _quantize(np.array([0.5, 1.5, 2.5, -0.5, -1.5]), enc, None)
     assert (q.astype(int) - 128).tolist() == [0, 2, 2, 0, -2]
 
 
 def test_symmetric_4bit_uses_the_signed_range():
     enc = TensorEncoding("w", "int", 4, "per_tensor", True, (0.1,), (-8,))
-    q, _, zero_point = quantize(np.array([-10.0, -0.8, 0.0, 0.7, 10.0]), enc, None)
+    q, _, zero_point = _quantize(np.array([-10.0, -0.8, 0.0, 0.7, 10.0]), enc, None)
     assert (q.astype(int) - int(zero_point)).tolist() == [-8, -8, 0, 7, 7]
 
 
 def test_32_bit_values_fit_uint32():
     enc = TensorEncoding("b", "int", 32, "per_tensor", True, (1e-6,), (-(2**31),))
-    q, _, zero_point = quantize(np.array([-1.0, 0.0, 1.0, 1e9]), enc, None)
+    q, _, zero_point = _quantize(np.array([-1.0, 0.0, 1.0, 1e9]), enc, None)
     assert q.dtype == np.uint32 and int(zero_point) == 2**31
     assert (q.astype(np.int64) - 2**31).tolist() == [-1_000_000, 0, 1_000_000, 2**31 - 1]
 
@@ -141,14 +154,14 @@ def test_32_bit_values_fit_uint32():
 ])
 def test_encodings_that_do_not_fit_raise_naming_the_tensor(enc, axis, problem):
     with pytest.raises(GenieBuildError, match=problem) as caught:
-        quantize(np.zeros((IN, OUT), np.float32), enc, axis)
+        _quantize(np.zeros((IN, OUT), np.float32), enc, axis)
     assert caught.value.where == "w"
 
 
 def test_non_finite_weights_raise():
     enc = TensorEncoding("w", "int", 8, "per_tensor", True, (0.1,), (-128,))
     with pytest.raises(GenieBuildError, match="NaN or infinite"):
-        quantize(np.array([1.0, np.nan]), enc, None)
+        _quantize(np.array([1.0, np.nan]), enc, None)
 
 
 def test_broadcast_params_accepts_every_stored_layout():
@@ -168,7 +181,7 @@ def test_broadcast_params_accepts_every_stored_layout():
 def whole_tensor_quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None) -> np.ndarray:
     """The codes as quantize computed them before it worked in row blocks: the whole tensor at once."""
     x = np.asarray(w, dtype=np.float32)
-    _, scale, zero_point = quantize(np.zeros_like(x), enc, axis)
+    _, scale, zero_point = _quantize(np.zeros_like(x), enc, axis)
     offset = -zero_point.astype(np.int64)
     bits = 4 if enc.kind == "lpbq" else enc.bitwidth
     codes = np.rint(x / broadcast_params(scale, x.shape, axis)) - broadcast_params(offset, x.shape, axis)
@@ -184,7 +197,7 @@ def test_quantizing_in_row_blocks_gives_the_whole_tensor_codes(block_values):
             largest_scale = max(enc.scale) * max(enc.per_block_int_scale or (1,))
             w = weight_with_extremes(rng, (IN, OUT), reach=largest_scale * 2**bitwidth)
             w = w.astype(np.float16) if bitwidth <= 8 else w  # float16 as the large models hold it, where it fits
-            q, _, _ = quantize(w, enc, axis, block_values=block_values)
+            q, _, _ = _quantize(w, enc, axis, block_values=block_values)
             assert q.dtype == whole_tensor_quantize(w, enc, axis).dtype
             np.testing.assert_array_equal(q, whole_tensor_quantize(w, enc, axis), err_msg=f"{enc.kind} {axis}")
 
@@ -197,7 +210,7 @@ def test_quantizing_in_row_blocks_handles_any_rank(shape, axis):
                          tuple(float(s) for s in rng.uniform(0.01, 0.05, count)),
                          tuple(int(o) for o in rng.integers(-255, 1, count)))
     w = rng.uniform(-3, 3, shape).astype(np.float32)
-    q, _, _ = quantize(w, enc, axis, block_values=2)
+    q, _, _ = _quantize(w, enc, axis, block_values=2)
     assert q.shape == w.shape
     np.testing.assert_array_equal(q, whole_tensor_quantize(w, enc, axis))
 
@@ -207,7 +220,7 @@ def test_non_finite_weights_raise_from_any_row_block():
     w = np.zeros((IN, OUT), np.float32)
     w[-1, -1] = np.inf
     with pytest.raises(GenieBuildError, match="NaN or infinite"):
-        quantize(w, enc, None, block_values=OUT)
+        _quantize(w, enc, None, block_values=OUT)
 
 
 @pytest.mark.parametrize("params, axis", [(np.arange(8), 0), (np.arange(6), 1), (np.arange(12).reshape(4, 3), None),

@@ -21,7 +21,7 @@ from genie_build.chipsets import lookup
 from genie_build.cli import main
 from genie_build.commands.compile import compile_options
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import Encodings, TensorEncoding, channel_axis, write_encodings
+from genie_build.encodings import Encodings, TensorEncoding, WeightLayout, layout_of, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
@@ -149,13 +149,15 @@ def compile_to(tiny: dict, out: Path, options: CompileOptions = OPTIONS, graphs:
 
 def expected_weight(name: str, w: np.ndarray, encodings: Encodings, consumer_op: str | None) -> np.ndarray:
     """What the converted graph must hand its nodes for ``name``: the numpy formula, or fp16-rounded."""
-    enc = encodings.params.get(name)
+    enc = encodings.of_initializer(name)
     if enc is None:
         return w.astype(np.float16).astype(np.float32)
     if enc.dtype == "float":
         return w
-    axis = channel_axis(name, w.shape, len(enc.scale), consumer_op) if enc.kind == "per_channel" else None
-    return dequantize(*quantize(w, enc, axis), axis)
+    consumer = (WeightLayout(0, 1) if consumer_op == "Gather" else WeightLayout(w.ndim - 1, w.ndim - 2)
+                if w.ndim > 1 else WeightLayout(0, None))
+    layout = layout_of(enc, w.shape, consumer)
+    return dequantize(*quantize(w, enc, layout), None if layout is None else layout.channel_axis)
 
 
 # ------------------------------------------------------------------------------------------- convert
@@ -174,7 +176,8 @@ def test_converted_graph_runs_and_rebuilds_each_weight_exactly_as_the_numpy_form
                                       err_msg=name)
     producers = {output: node.op_type for node in onnx.load(out, load_external_data=False).graph.node
                  for output in node.output}
-    written_out = {BLOCKED_Q: "Reshape", LPBQ_K: "Reshape", WIDE_V: "Mul"} if opset < 21 else {}
+    # LPBQ is always written out: the graph multiplies its stored integer and float scales
+    written_out = {BLOCKED_Q: "Reshape", LPBQ_K: "Reshape", WIDE_V: "Mul"} if opset < 21 else {LPBQ_K: "Reshape"}
     for name in tiny["encodings"].params:
         if tiny["encodings"].params[name].dtype == "int":
             assert producers[name] == written_out.get(name, "DequantizeLinear"), name

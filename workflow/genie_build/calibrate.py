@@ -219,7 +219,7 @@ def calibration_feeds(shape: DemoShape, kind: str, num_samples: int) -> Iterator
 
 # --- the command -------------------------------------------------------------------------------------
 
-def _graph_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path) -> DemoShape:
+def graph_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path) -> DemoShape:
     """The demo shape: sizes from the HF config, the prompt AR from the graph's ``input_ids``."""
     ids = next((value for value in prompt.graph.input if value.name == "input_ids"), None)
     if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
@@ -252,7 +252,7 @@ def calibrate(prompt_path: str | Path, token_path: str | Path, out_prompt: str |
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")
     paths = {"prompt": Path(prompt_path), "token": Path(token_path)}
     models = {kind: load_graph(path) for kind, path in paths.items()}
-    shape = _graph_shape(models["prompt"], paths["prompt"],
+    shape = graph_shape(models["prompt"], paths["prompt"],
                          Path(hf_config_path or paths["prompt"].parent / "config.json"))
     ranges: dict[str, Range] = {}
     for kind, model in models.items():

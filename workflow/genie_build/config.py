@@ -23,7 +23,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
 from genie_build.chipsets import lookup
-from genie_build.demo import DemoShape
+from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 
 # The package sits in workflow/genie_build/ of the repository, the schema in config/schema/.
@@ -189,7 +189,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
         raise GenieBuildError(_key(where, ("target", "chipset")), exc.problem) from None
     if "prompt_onnx" not in config["model"]:  # the demo is built: its sizes must make a model
         try:
-            DemoShape(**config["demo"])
+            DemoShape(**shape_config(config["demo"]))
         except GenieBuildError as exc:  # where is "demo.<field>"
             raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
 

@@ -20,7 +20,7 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -433,6 +433,11 @@ def hf_config(shape: DemoShape) -> dict:
             "max_position_embeddings": shape.context, "rope_theta": shape.rope_theta,
             "rms_norm_eps": shape.rms_norm_eps, "hidden_act": "silu", "tie_word_embeddings": False,
             "bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "torch_dtype": shape.weight_dtype}
+
+
+def shape_config(section: dict) -> dict:
+    """The keys of the config's ``demo`` section that are :class:`DemoShape` fields (``calibrator`` is not)."""
+    return {spec.name: section[spec.name] for spec in fields(DemoShape) if spec.name in section}
 
 
 def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> DemoShape:

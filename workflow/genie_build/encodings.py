@@ -1,17 +1,26 @@
-"""AIMET quantization encodings: read (0.6.1 and 1.0.0), validate, write (1.0.0), slice per part.
+"""AIMET quantization encodings: read (0.6.1, 1.0.0 and 2.0.0), validate, slice per part, write.
 
 The in-memory model is version-independent. AIMET semantics for integer encodings:
 ``q = clamp(round(x / scale) - offset, 0, 2**bw - 1)`` and ``x_hat = (q + offset) * scale``; for a
 symmetric encoding ``offset = -2**(bw - 1)``, so the signed value ``q + offset`` lies in
-``[-2**(bw-1), 2**(bw-1) - 1]``.
+``[-2**(bw-1), 2**(bw-1) - 1]``. A 2.0.0 entry (``output_dtype``, ``y_scale``, ``y_zero_point``) is read
+into the same terms: ``offset = -y_zero_point`` for an unsigned dtype, ``-(y_zero_point + 2**(bw-1))``
+for a signed one.
 
-Per-channel and per-block layout (documented here because encodings files do not record an axis):
-- per-channel: one scale/offset per output channel. For a MatMul weight stored ``[in, out]`` that is
-  the last axis; for a Gather table ``[vocab, hidden]`` it is axis 0 (:func:`channel_axis` decides).
-- per-block: blocks of ``block_size`` along the input axis (axis 0 of an ``[in, out]`` MatMul weight),
-  scales flattened row-major over ``[in // block_size, out]``.
-- LPBQ: per-block scale = ``scale[channel] * per_block_int_scale[block, channel]``; ``bitwidth`` is the
+Per-channel and per-block layout (``docs/conventions.md`` cites the aimet-onnx source of each rule):
+- the channel and block axes of a weight follow the op consuming it (:func:`consumer_layouts`, AIMET's
+  ``QuantizationSimModel._get_quantization_axes``): last/second-to-last axis of a MatMul ``[in, out]``
+  weight, axis 0/1 of a ``[out, in]`` weight reaching MatMul through a Transpose, of a Gemm weight with
+  ``transB=1`` and of a Conv weight; a 1-D tensor (a bias) is per channel along axis 0. Version 2.0.0
+  states the axis; 1.0.0 and 0.6.1 do not, and a count never decides it.
+- in memory, per-channel scales are listed by channel; per-block scales (and LPBQ's
+  ``per_block_int_scale``) channel-major, ``[channels, blocks]`` -- the order 1.0.0 writes for every
+  2-D weight.
+- LPBQ: per-block scale = ``scale[channel] * per_block_int_scale[channel, block]``; ``bitwidth`` is the
   decompressed width, ``compressed_bitwidth`` the stored one.
+
+Every entry is also kept as read, so a part's slice is written in the version (and with the ``producer``
+and other top-level keys) of the file it came from.
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
@@ -50,23 +61,42 @@ class TensorEncoding:
     block_size: int | None = None
     compressed_bitwidth: int | None = None
     per_block_int_scale: tuple[int, ...] | None = None
+    axis: int | None = None  # the channel axis a 2.0.0 file states; None: the consumer's rule decides
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """The axes of a weight an encoding runs along: one scale per index of ``channel_axis``; blocks of
+    ``block_size`` along ``block_axis`` (None for a 1-D tensor). Both non-negative."""
+
+    channel_axis: int
+    block_axis: int | None
 
 
 @dataclass(frozen=True)
 class Encodings:
     """A whole encodings file: activation and parameter encodings keyed by tensor name.
 
-    ``version`` is the version of the file it was read from; it does not take part in equality, since the
-    content means the same in either format.
+    ``version`` is the version of the file it was read from; ``header`` its other top-level keys
+    (``producer``, ``quantizer_args``, ...) and ``entries`` each entry as read with the encoding read from
+    it, keyed by ``(section, name)``. None of them take part in equality, since the content means the same
+    in any format.
     """
 
     activations: dict[str, TensorEncoding] = field(default_factory=dict)
     params: dict[str, TensorEncoding] = field(default_factory=dict)
     quantizer_args: dict = field(default_factory=dict)
     version: str = field(default="1.0.0", compare=False)
+    header: dict = field(default_factory=dict, compare=False, repr=False)
+    entries: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def of_initializer(self, name: str) -> TensorEncoding | None:
+        """The encoding a weight is stored with: its param encoding, else an activation encoding AIMET
+        gives the initializer itself (the embedding table, which AIMET quantizes as an activation)."""
+        return self.params.get(name) or self.activations.get(name)
 
 
-SUPPORTED_VERSIONS = ("0.6.1", "1.0.0")
+SUPPORTED_VERSIONS = ("0.6.1", "1.0.0", "2.0.0")
 WRITTEN_VERSION = "1.0.0"
 _UNKNOWN_SHOWN = 5  # unknown tensor names quoted in an error
 
@@ -75,6 +105,9 @@ _ENC_TYPE_TO_KIND: dict[str, EncodingKind] = {
 }
 _KIND_TO_ENC_TYPE = {kind: enc_type for enc_type, kind in _ENC_TYPE_TO_KIND.items()}
 _SECTIONS = (("activation_encodings", "activation"), ("param_encodings", "param"))
+_V2_SECTION = "encodings"
+_V2_INT_DTYPE = re.compile(r"^(u?)int(\d+)$")
+_V2_FLOAT_DTYPES = {"float16": 16, "float32": 32}
 
 
 @dataclass(frozen=True)
@@ -119,12 +152,19 @@ def parse_encodings(data: Any, path: str | os.PathLike[str]) -> Encodings:
     if version not in SUPPORTED_VERSIONS:
         raise GenieBuildError(where, f"encodings version {_short(version)} is not supported "
                                      f"(supported: {', '.join(SUPPORTED_VERSIONS)})")
-    parse_section = _parse_section_v061 if version == "0.6.1" else _parse_section_v100
-    activations, params = (parse_section(where, data, key, label) for key, label in _SECTIONS)
     quantizer_args = data.get("quantizer_args", {})
     if not isinstance(quantizer_args, dict):
         raise GenieBuildError(where, f"'quantizer_args' is {_json_kind(quantizer_args)}, expected an object")
-    return Encodings(activations=activations, params=params, quantizer_args=quantizer_args, version=version)
+    entries: dict[tuple[str, str], Any] = {}
+    if version == "2.0.0":
+        activations, params = _parse_section_v200(where, data, entries)
+    else:
+        parse_section = _parse_section_v061 if version == "0.6.1" else _parse_section_v100
+        activations, params = (parse_section(where, data, key, label, entries) for key, label in _SECTIONS)
+    sections = {key for key, _ in _SECTIONS} | {_V2_SECTION}
+    header = {key: value for key, value in data.items() if key not in sections}
+    return Encodings(activations=activations, params=params, quantizer_args=quantizer_args, version=version,
+                     header=header, entries=entries)
 
 
 def _section(path: str, data: dict, key: str, container: type) -> Any:
@@ -138,10 +178,12 @@ def _section(path: str, data: dict, key: str, container: type) -> Any:
     return section
 
 
-def _parse_section_v061(path: str, data: dict, key: str, label: str) -> dict[str, TensorEncoding]:
+def _parse_section_v061(path: str, data: dict, key: str, label: str, entries: dict) -> dict[str, TensorEncoding]:
     section = _section(path, data, key, dict)
-    return {name: _parse_entries_v061(_Where(path, f"{label} encoding {name!r}"), name, entries)
-            for name, entries in section.items()}
+    encodings = {name: _parse_entries_v061(_Where(path, f"{label} encoding {name!r}"), name, value)
+                 for name, value in section.items()}
+    entries.update(((key, name), (section[name], encoding)) for name, encoding in encodings.items())
+    return encodings
 
 
 def _parse_entries_v061(where: _Where, name: str, entries: Any) -> TensorEncoding:
@@ -184,8 +226,12 @@ def _parse_channel_v061(where: _Where, entry: Any) -> tuple[str, int, bool, floa
             _offset_value(where, "offset", _field(where, entry, "offset"), bitwidth))
 
 
-def _parse_section_v100(path: str, data: dict, key: str, label: str) -> dict[str, TensorEncoding]:
-    encodings: dict[str, TensorEncoding] = {}
+def _named_entries(path: str, data: dict, key: str, label: str, entries: dict) -> Iterator[tuple[_Where, str, dict]]:
+    """The entries of a list section (1.0.0, 2.0.0), each with its name; the caller records them.
+
+    Raises:
+        GenieBuildError: an entry that is not an object, has no name, or repeats a name.
+    """
     for index, entry in enumerate(_section(path, data, key, list)):
         where = _Where(path, f"{key}[{index}]")
         if not isinstance(entry, dict):
@@ -193,10 +239,18 @@ def _parse_section_v100(path: str, data: dict, key: str, label: str) -> dict[str
         name = entry.get("name")
         if not isinstance(name, str) or not name:
             raise where.error(f"missing or empty 'name' (got {_short(name)})")
-        where = _Where(path, f"{label} encoding {name!r}")
-        if name in encodings:
+        where = _Where(path, f"{label} {name!r}")
+        if (key, name) in entries:
             raise where.error(f"appears more than once in '{key}'")
+        entries[key, name] = (entry, None)
+        yield where, name, entry
+
+
+def _parse_section_v100(path: str, data: dict, key: str, label: str, entries: dict) -> dict[str, TensorEncoding]:
+    encodings = {}
+    for where, name, entry in _named_entries(path, data, key, f"{label} encoding", entries):
         encodings[name] = _parse_entry_v100(where, name, entry)
+        entries[key, name] = (entry, encodings[name])
     return encodings
 
 
@@ -211,6 +265,9 @@ def _parse_entry_v100(where: _Where, name: str, entry: dict) -> TensorEncoding:
     is_symmetric = _field(where, entry, "is_sym")
     if not isinstance(is_symmetric, bool):
         raise where.error(f"is_sym {_short(is_symmetric)} is not true or false")
+    shift = entry.get("zero_point_shift", [0.0])
+    if not isinstance(shift, list) or any(value != 0 for value in shift):
+        raise where.error(f"zero_point_shift {_short(shift)} is not supported (only a zero shift)")
     scale = _scales(where, _nonempty_list(where, entry, "scale"))
     offset = _offsets(where, _nonempty_list(where, entry, "offset"), bitwidth)
     if len(scale) != len(offset):
@@ -231,6 +288,125 @@ def _parse_entry_v100(where: _Where, name: str, entry: dict) -> TensorEncoding:
     return TensorEncoding(name=name, dtype="int", bitwidth=bitwidth, kind=kind, is_symmetric=is_symmetric,
                           scale=scale, offset=offset, block_size=block_size,
                           compressed_bitwidth=compressed_bitwidth, per_block_int_scale=per_block_int_scale)
+
+
+def _parse_section_v200(path: str, data: dict, entries: dict) -> tuple[dict[str, TensorEncoding],
+                                                                         dict[str, TensorEncoding]]:
+    """2.0.0's one list, split as 1.0.0 would: an entry with an ``axis`` (per channel, per block, LPBQ)
+    is a parameter's, the others (per tensor, float) activation encodings -- which still apply to an
+    initializer they name (:meth:`Encodings.of_initializer`)."""
+    activations: dict[str, TensorEncoding] = {}
+    params: dict[str, TensorEncoding] = {}
+    for where, name, entry in _named_entries(path, data, _V2_SECTION, "encoding", entries):
+        encoding = _parse_entry_v200(where, name, entry)
+        entries[_V2_SECTION, name] = (entry, encoding)
+        (params if encoding.kind != "per_tensor" else activations)[name] = encoding
+    return activations, params
+
+
+def _parse_entry_v200(where: _Where, name: str, entry: dict) -> TensorEncoding:
+    output_dtype = _field(where, entry, "output_dtype")
+    if output_dtype in _V2_FLOAT_DTYPES:
+        if "y_scale" in entry:
+            raise where.error(f"a scaled {output_dtype} encoding is not supported")
+        return TensorEncoding(name=name, dtype="float", bitwidth=_V2_FLOAT_DTYPES[output_dtype])
+    match = _V2_INT_DTYPE.match(output_dtype) if isinstance(output_dtype, str) else None
+    if match is None or int(match.group(2)) not in SUPPORTED_INT_BITWIDTHS:
+        supported = ", ".join(f"{sign}int{bits}" for bits in SUPPORTED_INT_BITWIDTHS for sign in ("", "u"))
+        raise where.error(f"output_dtype {_short(output_dtype)} is not supported (supported: {supported}, "
+                          f"{', '.join(_V2_FLOAT_DTYPES)})")
+    signed, bits = not match.group(1), int(match.group(2))
+    if "per_block_int_scale" in entry:
+        return _parse_lpbq_v200(where, name, entry, signed, bits)
+    scale = _v2_array(where, entry, "y_scale", float)
+    zero_point = (_v2_array(where, entry, "y_zero_point", int) if "y_zero_point" in entry
+                  else np.zeros(scale.shape, dtype=np.int64))
+    if zero_point.shape != scale.shape:
+        raise where.error(f"y_zero_point of shape {list(zero_point.shape)} does not match y_scale of shape "
+                          f"{list(scale.shape)}")
+    offsets = -(zero_point + (2 ** (bits - 1) if signed else 0))
+    is_symmetric = signed and not zero_point.any()
+    common = {"name": name, "dtype": "int", "bitwidth": bits, "is_symmetric": is_symmetric}
+    if "axis" not in entry:
+        if scale.size != 1:
+            raise where.error(f"{scale.size} y_scale values without an 'axis'")
+        return TensorEncoding(**common, scale=_scales(where, scale.ravel().tolist()),
+                              offset=_offsets(where, offsets.ravel().tolist(), bits))
+    axis = _v2_axis(where, entry)
+    if "block_size" not in entry:
+        return TensorEncoding(**common, kind="per_channel", scale=_scales(where, scale.ravel().tolist()),
+                              offset=_offsets(where, offsets.ravel().tolist(), bits), axis=axis)
+    block_size = _positive_int(where, "block_size", entry["block_size"])
+    channel_axis = _v2_channel_axis(where, scale, axis)
+    return TensorEncoding(**common, kind="per_block", block_size=block_size, axis=channel_axis,
+                          scale=_scales(where, _channel_major(scale, channel_axis, axis).tolist()),
+                          offset=_offsets(where, _channel_major(offsets, channel_axis, axis).tolist(), bits))
+
+
+def _parse_lpbq_v200(where: _Where, name: str, entry: dict, signed: bool, bits: int) -> TensorEncoding:
+    """A 2.0.0 LPBQ entry: ``axis`` is the block axis, both scale arrays have the weight's rank, and the
+    decompressed width is twice the stored one (aimet-onnx refuses to write any other)."""
+    if not signed:
+        raise where.error("LPBQ encodings must be symmetric (a signed output_dtype)")
+    block_axis = _v2_axis(where, entry)
+    block_size = _positive_int(where, "block_size", _field(where, entry, "block_size"))
+    int_scale = _v2_array(where, entry, "per_block_int_scale", int)
+    float_scale = _v2_array(where, entry, "per_channel_float_scale", float)
+    channel_axis = _v2_channel_axis(where, int_scale, block_axis)
+    channels = int_scale.shape[channel_axis]
+    if float_scale.size != channels:
+        raise where.error(f"{float_scale.size} per_channel_float_scale values for {channels} channels")
+    decompressed = 2 * bits
+    return TensorEncoding(name=name, dtype="int", bitwidth=decompressed, kind="lpbq", is_symmetric=True,
+                          scale=_scales(where, float_scale.ravel().tolist()),
+                          offset=(-(2 ** (decompressed - 1)),) * channels, block_size=block_size,
+                          compressed_bitwidth=bits, axis=channel_axis,
+                          per_block_int_scale=_block_int_scales(
+                              where, _channel_major(int_scale, channel_axis, block_axis).tolist()))
+
+
+def _v2_array(where: _Where, entry: dict, key: str, kind: type) -> np.ndarray:
+    """A number or a (nested, rectangular) list of numbers as an array: float64 or int64."""
+    value = _field(where, entry, key)
+    try:
+        array = np.array(value, dtype=object)
+        if array.dtype != object or any(isinstance(item, bool) or not isinstance(item, (int, float))
+                                        for item in array.ravel()):
+            raise ValueError
+        converted = array.astype(np.float64)
+    except (ValueError, TypeError):
+        raise where.error(f"'{key}' {_short(value)} is not a number or a rectangular list of numbers") from None
+    if kind is int:
+        if not np.all(np.mod(converted, 1) == 0):
+            raise where.error(f"'{key}' {_short(value)} holds values that are not integers")
+        return converted.astype(np.int64)
+    return converted
+
+
+def _v2_axis(where: _Where, entry: dict) -> int:
+    axis = _field(where, entry, "axis")
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise where.error(f"axis {_short(axis)} is not an integer")
+    return axis
+
+
+def _v2_channel_axis(where: _Where, blocked: np.ndarray, block_axis: int) -> int:
+    """The channel axis of blocked scales laid out like the weight: the other of its first two axes
+    (aimet-onnx ``LPBQEncoding.__init__``: ``channel_axis = (block_axis + 1) % 2``)."""
+    if blocked.ndim < 2 or not -blocked.ndim <= block_axis < blocked.ndim:
+        raise where.error(f"blocked scales of shape {list(blocked.shape)} do not fit axis {block_axis}")
+    block_axis %= blocked.ndim
+    channel_axis = (block_axis + 1) % 2
+    if any(size != 1 for dim, size in enumerate(blocked.shape) if dim not in (channel_axis, block_axis)):
+        raise where.error(f"blocked scales of shape {list(blocked.shape)} vary along an axis other than the "
+                          f"block axis {block_axis} and the channel axis {channel_axis}")
+    return channel_axis
+
+
+def _channel_major(blocked: np.ndarray, channel_axis: int, block_axis: int) -> np.ndarray:
+    """Blocked scales flattened ``[channels, blocks]``, the in-memory order."""
+    block_axis %= blocked.ndim
+    return np.moveaxis(blocked, (channel_axis, block_axis), (0, 1)).reshape(-1)
 
 
 def _field(where: _Where, entry: dict, key: str) -> Any:
@@ -341,28 +517,70 @@ def _short(value: Any, limit: int = 60) -> str:
 # ---------------------------------------------------------------------------------------------- writing
 
 def write_encodings(path: str | os.PathLike[str], enc: Encodings) -> None:
-    """Write ``enc`` atomically as AIMET 1.0.0 in the canonical form of :func:`format_encodings`."""
+    """Write ``enc`` atomically in the canonical form of :func:`format_encodings`."""
     write_text(path, format_encodings(enc))
 
 
 def format_encodings(enc: Encodings) -> str:
-    """The canonical AIMET 1.0.0 text of ``enc``: entries sorted by name, one per line.
+    """The canonical text of ``enc``: entries sorted by name, one per line.
 
-    Equal encodings give equal bytes, whatever order or version they were read in.
+    Encodings read from a file are written in that file's version, each entry and top-level key as read
+    (the SDK converter reads what AIMET wrote). Encodings made or changed in memory are written as AIMET
+    1.0.0. Equal inputs give equal bytes, whatever order the entries were read in.
     """
-    sections = [f'  "version": "{WRITTEN_VERSION}"']
-    for key, encodings in (("activation_encodings", enc.activations), ("param_encodings", enc.params)):
-        entries = [f"    {json.dumps(_entry_v100(encodings[name]), allow_nan=False)}" for name in sorted(encodings)]
-        sections.append(f'  "{key}": [\n' + ",\n".join(entries) + "\n  ]" if entries else f'  "{key}": []')
-    sections.append(f'  "quantizer_args": {json.dumps(enc.quantizer_args, sort_keys=True)}')
-    return "{\n" + ",\n".join(sections) + "\n}\n"
+    as_read = _entries_as_read(enc)
+    if as_read is not None:
+        return _format_file({**enc.header, "version": enc.version}, as_read, as_dicts=enc.version == "0.6.1")
+    producer = {"producer": enc.header["producer"]} if "producer" in enc.header else {}
+    return _format_file({"version": WRITTEN_VERSION, "quantizer_args": enc.quantizer_args, **producer},
+                        {key: {name: _entry_v100(encodings[name]) for name in encodings}
+                         for key, encodings in (("activation_encodings", enc.activations),
+                                                ("param_encodings", enc.params))},
+                        as_dicts=False)
+
+
+def _entries_as_read(enc: Encodings) -> dict[str, dict[str, Any]] | None:
+    """Each section's entries as read, when every encoding of ``enc`` is still the one read; else None."""
+    if enc.version == "2.0.0":
+        wanted = {(_V2_SECTION, name): e for name, e in (*enc.activations.items(), *enc.params.items())}
+    else:
+        wanted = {(key, name): e for key, encodings in (("activation_encodings", enc.activations),
+                                                         ("param_encodings", enc.params))
+                  for name, e in encodings.items()}
+    if not enc.entries or any(enc.entries.get(key, (None, None))[1] != e for key, e in wanted.items()):
+        return None
+    sections: dict[str, dict[str, Any]] = {key: {} for key in
+                                           ((_V2_SECTION,) if enc.version == "2.0.0" else
+                                            tuple(key for key, _ in _SECTIONS))}
+    for key, name in wanted:
+        sections[key][name] = enc.entries[key, name][0]
+    return sections
+
+
+def _format_file(header: dict, sections: dict[str, dict[str, Any]], as_dicts: bool) -> str:
+    """``header``'s keys, then each section: an object keyed by name (0.6.1) or a list of entries with a
+    ``name`` first; entries sorted by name, one per line."""
+    lines = [f'  "version": {json.dumps(header["version"])}']
+    for key, entries in sections.items():
+        items = []
+        for name in sorted(entries):
+            entry = entries[name]
+            text = (json.dumps(entry) if as_dicts
+                    else json.dumps({"name": name, **{k: v for k, v in entry.items() if k != "name"}}))
+            items.append(f"    {json.dumps(name)}: {text}" if as_dicts else f"    {text}")
+        brackets = "{}" if as_dicts else "[]"
+        body = f"{brackets[0]}\n" + ",\n".join(items) + f"\n  {brackets[1]}" if items else brackets
+        lines.append(f'  "{key}": {body}')
+    lines += [f"  {json.dumps(key)}: {json.dumps(value, sort_keys=True)}"
+              for key, value in sorted(header.items()) if key != "version"]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _entry_v100(encoding: TensorEncoding) -> dict[str, Any]:
     if encoding.dtype == "float":
-        return {"name": encoding.name, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": encoding.bitwidth}
+        return {"dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": encoding.bitwidth}
     entry: dict[str, Any] = {
-        "name": encoding.name, "dtype": "INT", "enc_type": _KIND_TO_ENC_TYPE[encoding.kind],
+        "dtype": "INT", "enc_type": _KIND_TO_ENC_TYPE[encoding.kind],
         "bw": encoding.bitwidth, "is_sym": encoding.is_symmetric,
         "scale": encoding.scale, "offset": encoding.offset,
     }
@@ -383,10 +601,12 @@ class GraphTensors:
 
     ``tensor_names``: graph inputs and outputs, node inputs and outputs, initializers.
     ``param_shapes``: initializer name -> shape.
+    ``param_layouts``: initializer name -> the axes its consumer gives it (:func:`consumer_layouts`).
     """
 
     tensor_names: frozenset[str]
     param_shapes: dict[str, tuple[int, ...]]
+    param_layouts: dict[str, WeightLayout] = field(default_factory=dict)
 
 
 def read_graph_tensors(onnx_path: str | os.PathLike[str]) -> GraphTensors:
@@ -408,7 +628,8 @@ def read_graph_tensors(onnx_path: str | os.PathLike[str]) -> GraphTensors:
     param_shapes.update({sparse.values.name: tuple(sparse.dims)
                          for graph in graphs for sparse in graph.sparse_initializer})
     tensor_names = {name for graph in graphs for name in _graph_tensor_names(graph)}
-    return GraphTensors(tensor_names=frozenset(tensor_names | set(param_shapes)), param_shapes=param_shapes)
+    return GraphTensors(tensor_names=frozenset(tensor_names | set(param_shapes)), param_shapes=param_shapes,
+                        param_layouts=consumer_layouts(graphs, param_shapes))
 
 
 def part_tensor_names(onnx_path: str | os.PathLike[str]) -> tuple[set[str], set[str]]:
@@ -432,41 +653,134 @@ def _graph_tensor_names(graph: onnx.GraphProto) -> Iterator[str]:
         yield from (name for name in (*node.input, *node.output) if name)  # "" marks an omitted optional input
 
 
-def channel_axis(name: str, shape: tuple[int, ...], n_scales: int, consumer_op: str | None = None) -> int:
-    """The axis of ``shape`` that ``n_scales`` per-channel scales run along: the axis of that size.
+# Ops a weight passes through unchanged on its way to its consumer: AIMET follows Identity
+# (``ir_utils.get_constant_value``); a Cast is how a float16-stored weight reaches a float32 op.
+_PASS_THROUGH_OPS = ("Identity", "Cast")
 
-    Ties (a square weight) follow the layout in the module docstring: a Gather table's channels are its
-    first matching axis (axis 0 of ``[vocab, hidden]``), anything else's the last (``[in, out]`` MatMul).
+
+def consumer_layouts(graphs: list[onnx.GraphProto], param_shapes: Mapping[str, tuple[int, ...]]
+                     ) -> dict[str, WeightLayout]:
+    """The channel and block axes of each initializer, from the first op that consumes it, as aimet-onnx
+    decides them (``QuantizationSimModel._get_quantization_axes``, ``ir_utils.get_weight_value``):
+
+    - MatMul weight (input 1): ``[.., in, out]`` -> last axis, blocks along the one before; reached through
+      a Transpose (``[out, in]``, what torch.onnx writes for ``nn.Linear``) -> axis 0, blocks along axis 1;
+    - Gemm weight: ``transB=1`` -> axis 0, blocks along 1; else axis 1, blocks along 0;
+    - Conv weight ``[out, in, kh, kw]`` -> axis 0, blocks along 1; ConvTranspose -> axis 1, blocks along 0;
+    - Gather table ``[vocab, hidden]`` -> axis 0 (one scale per row), blocks along 1;
+    - any 1-D initializer (a bias) -> axis 0.
+
+    Initializers of rank >= 2 that reach none of these have no entry: a per-channel encoding on them is an
+    error, never a guess.
+    """
+    layouts = {name: WeightLayout(0, None) for name, shape in param_shapes.items() if len(shape) == 1}
+    for graph in graphs:
+        sources = _initializer_sources(graph, param_shapes)
+        for node in graph.node:
+            for name, axes in _consumer_axes(node, sources):
+                shape = param_shapes[name]
+                if name in layouts or len(shape) < 2:
+                    continue
+                channel, block = (axis % len(shape) for axis in axes)
+                layouts[name] = WeightLayout(channel, block)
+    return layouts
+
+
+def _initializer_sources(graph: onnx.GraphProto, param_shapes: Mapping[str, tuple[int, ...]]
+                         ) -> dict[str, tuple[str, bool]]:
+    """Tensor -> ``(initializer, transposed)`` for every initializer and every tensor made from one by
+    :data:`_PASS_THROUGH_OPS` or a 2-D Transpose."""
+    sources = {name: (name, False) for name in param_shapes}
+    for node in graph.node:
+        if not node.input or node.input[0] not in sources:
+            continue
+        initializer, transposed = sources[node.input[0]]
+        if node.op_type in _PASS_THROUGH_OPS:
+            sources[node.output[0]] = (initializer, transposed)
+        elif node.op_type == "Transpose" and len(param_shapes[initializer]) == 2 and not transposed:
+            sources[node.output[0]] = (initializer, True)
+    return sources
+
+
+def _consumer_axes(node: onnx.NodeProto, sources: Mapping[str, tuple[str, bool]]
+                   ) -> Iterator[tuple[str, tuple[int, int]]]:
+    """``(initializer, (channel axis, block axis))`` for the weight ``node`` consumes, if it has an AIMET rule."""
+    def source(index: int) -> tuple[str, bool] | None:
+        return sources.get(node.input[index]) if len(node.input) > index else None
+
+    if node.op_type in ("MatMul", "Gemm") and (weight := source(1)) is not None:
+        name, transposed = weight
+        if node.op_type == "Gemm":
+            transposed = transposed or any(a.name == "transB" and a.i for a in node.attribute)
+        yield name, ((-2, -1) if transposed else (-1, -2)) if node.op_type == "MatMul" else \
+            ((0, 1) if transposed else (1, 0))
+    elif node.op_type in ("Conv", "ConvTranspose") and (weight := source(1)) is not None and not weight[1]:
+        yield weight[0], (0, 1) if node.op_type == "Conv" else (1, 0)
+    elif node.op_type == "Gather" and (table := source(0)) is not None and not table[1]:
+        yield table[0], (0, 1)
+
+
+def layout_of(encoding: TensorEncoding, shape: tuple[int, ...],
+              consumer_layout: WeightLayout | None) -> WeightLayout | None:
+    """The axes ``encoding`` runs along on a tensor of ``shape``: the axis a 2.0.0 file states, else the
+    consumer's (:func:`consumer_layouts`). None for a per-tensor encoding.
 
     Raises:
-        GenieBuildError: no axis of ``shape`` has ``n_scales`` entries (``where`` is the tensor).
+        GenieBuildError: (``where`` = the tensor) the encoding needs an axis and neither gives one, or the
+            stated axis lies outside the shape.
     """
-    candidates = [axis for axis, size in enumerate(shape) if size == n_scales]
-    if not candidates:
-        raise GenieBuildError(name, f"{n_scales} per-channel scales match no axis of shape {list(shape)}")
-    return candidates[0] if consumer_op == "Gather" else candidates[-1]
+    if encoding.kind == "per_tensor" or encoding.dtype != "int":
+        return None
+    if encoding.axis is not None:
+        if not -len(shape) <= encoding.axis < len(shape):
+            raise GenieBuildError(encoding.name, f"axis {encoding.axis} is outside shape {list(shape)}")
+        channel = encoding.axis % len(shape)
+        if len(shape) == 1:
+            return WeightLayout(0, None)
+        if consumer_layout is not None and consumer_layout.channel_axis == channel:
+            return consumer_layout
+        return WeightLayout(channel, (channel + 1) % 2)
+    if consumer_layout is None:
+        raise GenieBuildError(encoding.name, f"a {encoding.kind} encoding on a weight of shape {list(shape)} "
+                                             "whose consumer gives no channel axis (MatMul, Gemm, Conv, "
+                                             "ConvTranspose, Gather do); a 2.0.0 file states the axis")
+    if (encoding.kind in ("per_block", "lpbq") and len(shape) > 2
+            and consumer_layout.channel_axis > consumer_layout.block_axis):
+        # aimet-onnx lists such scales block-major in 1.0.0 (it transposes only 2-D ones to [out, in/block])
+        raise GenieBuildError(encoding.name, f"a {encoding.kind} encoding without an axis on a weight of shape "
+                                             f"{list(shape)} blocked along axis {consumer_layout.block_axis} "
+                                             "(a ConvTranspose's) is not supported; export it as 2.0.0")
+    return consumer_layout
 
 
-def block_grid(name: str, shape: tuple[int, ...], block_size: int) -> tuple[int, int]:
-    """``(blocks, channels)`` of a per-block or LPBQ encoding on an ``[in, out]`` MatMul weight.
-
-    Blocks of ``block_size`` run along axis 0; scales are laid out row-major over ``[blocks, channels]``.
+def blocked_shape(name: str, shape: tuple[int, ...], block_size: int, layout: WeightLayout) -> tuple[int, ...]:
+    """The shape of a blocked encoding's scales laid out like the weight: the channel axis whole, the block
+    axis in blocks of ``block_size``, every other axis 1.
 
     Raises:
-        GenieBuildError: the weight is not 2-D or its input axis is not a whole number of blocks.
+        GenieBuildError: the tensor has no block axis (1-D) or its block axis is not a whole number of blocks.
     """
-    if len(shape) != 2:
-        raise GenieBuildError(name, f"per-block encodings need an [in, out] weight, got shape {list(shape)}")
-    if shape[0] % block_size:
-        raise GenieBuildError(name, f"input axis of shape {list(shape)} is not a whole number of "
+    if layout.block_axis is None:
+        raise GenieBuildError(name, f"a per-block encoding needs a weight of rank >= 2, got shape {list(shape)}")
+    if shape[layout.block_axis] % block_size:
+        raise GenieBuildError(name, f"axis {layout.block_axis} of shape {list(shape)} is not a whole number of "
                                     f"blocks of {block_size}")
-    return shape[0] // block_size, shape[1]
+    return tuple(size if axis == layout.channel_axis else size // block_size if axis == layout.block_axis else 1
+                 for axis, size in enumerate(shape))
+
+
+def block_grid(name: str, shape: tuple[int, ...], block_size: int, layout: WeightLayout) -> tuple[int, int]:
+    """``(blocks, channels)`` of a per-block or LPBQ encoding (see :func:`blocked_shape`)."""
+    grid = blocked_shape(name, shape, block_size, layout)
+    return grid[layout.block_axis], grid[layout.channel_axis]
 
 
 def validate_against_model(enc: Encodings, path: str | os.PathLike[str], activation_names: AbstractSet[str],
-                           param_shapes: dict[str, tuple[int, ...]]) -> None:
+                           param_shapes: dict[str, tuple[int, ...]],
+                           param_layouts: Mapping[str, WeightLayout] | None = None) -> None:
     """Check that ``enc`` (read from ``path``) fits the model: every tensor it names exists, and every
-    per-channel or per-block parameter encoding has as many scales as the parameter's shape asks for.
+    per-channel or per-block encoding of an initializer has as many scales as its shape has along the
+    axes its consumer gives (``param_layouts``, :attr:`GraphTensors.param_layouts`; 1-D tensors need none).
 
     Args:
         activation_names: every tensor name of the model (:attr:`GraphTensors.tensor_names`).
@@ -474,35 +788,50 @@ def validate_against_model(enc: Encodings, path: str | os.PathLike[str], activat
 
     Raises:
         GenieBuildError: naming ``path``, a few unknown tensors and how many there are; or the first
-            parameter whose scale count does not fit.
+            initializer whose encoding does not fit (tensor, shape, axis and count).
     """
     unknown = [f"activation {name!r}" for name in sorted(set(enc.activations) - activation_names)]
     unknown += [f"param {name!r}" for name in sorted(set(enc.params) - param_shapes.keys())]
     if unknown:
         shown = ", ".join(unknown[:_UNKNOWN_SHOWN]) + (", ..." if len(unknown) > _UNKNOWN_SHOWN else "")
         raise GenieBuildError(path, f"{len(unknown)} encodings name tensors the model does not have: {shown}")
-    for name in sorted(enc.params):
+    layouts = param_layouts or {}
+    for name in sorted(param_shapes.keys() & (set(enc.params) | set(enc.activations))):
+        encoding = enc.of_initializer(name)
+        section = "param" if name in enc.params else "activation"
         try:
-            _check_scale_count(enc.params[name], param_shapes[name])
+            check_scale_count(encoding, param_shapes[name], layout_of(encoding, param_shapes[name],
+                                                                      layouts.get(name)))
         except GenieBuildError as exc:
-            raise GenieBuildError(path, f"param encoding {name!r}: {exc.problem}") from None
+            raise GenieBuildError(path, f"{section} encoding {name!r}: {exc.problem}") from None
 
 
-def _check_scale_count(encoding: TensorEncoding, shape: tuple[int, ...]) -> None:
+def check_scale_count(encoding: TensorEncoding, shape: tuple[int, ...], layout: WeightLayout | None) -> None:
+    """Require ``encoding``'s scale counts to fit ``shape`` along ``layout`` (from :func:`layout_of`).
+
+    Raises:
+        GenieBuildError: (``where`` = the tensor) naming the shape, the axis and the counts.
+    """
+    if layout is None:
+        if encoding.dtype == "int" and len(encoding.scale) != 1:
+            raise GenieBuildError(encoding.name, f"{len(encoding.scale)} scales for a per-tensor encoding")
+        return
+    channels = shape[layout.channel_axis]
     if encoding.kind == "per_channel":
-        channel_axis(encoding.name, shape, len(encoding.scale))
-        return
-    if encoding.kind not in ("per_block", "lpbq"):
-        return
-    blocks, channels = block_grid(encoding.name, shape, encoding.block_size)
-    counts = [("scale", len(encoding.scale), blocks * channels)]
-    if encoding.kind == "lpbq":  # per-channel float scales times per-block integer scales
-        counts = [("scale", len(encoding.scale), channels),
-                  ("per_block_int_scale", len(encoding.per_block_int_scale), blocks * channels)]
+        counts = [("scale", len(encoding.scale), channels)]
+    else:
+        blocks, _ = block_grid(encoding.name, shape, encoding.block_size, layout)
+        counts = [("scale", len(encoding.scale), blocks * channels)]
+        if encoding.kind == "lpbq":  # per-channel float scales times per-block integer scales
+            counts = [("scale", len(encoding.scale), channels),
+                      ("per_block_int_scale", len(encoding.per_block_int_scale), blocks * channels)]
     for what, found, expected in counts:
         if found != expected:
-            raise GenieBuildError(encoding.name, f"{found} {what} values, expected {expected} for shape "
-                                                 f"{list(shape)} with block_size {encoding.block_size}")
+            block = (f", blocks of {encoding.block_size} along axis {layout.block_axis}"
+                     if encoding.block_size else "")
+            raise GenieBuildError(encoding.name, f"{found} {what} values do not fit shape {list(shape)}: "
+                                                 f"{expected} expected for channel axis {layout.channel_axis}"
+                                                 f"{block}")
 
 
 # ---------------------------------------------------------------------------------------------- slicing
@@ -510,9 +839,39 @@ def _check_scale_count(encoding: TensorEncoding, shape: tuple[int, ...]) -> None
 def slice_encodings(enc: Encodings, tensor_names: set[str], initializer_names: set[str]) -> Encodings:
     """The part of ``enc`` one part needs: activation encodings of the tensors it touches, parameter
     encodings of its own initializers."""
-    return Encodings(activations={name: e for name, e in enc.activations.items() if name in tensor_names},
-                     params={name: e for name, e in enc.params.items() if name in initializer_names},
-                     quantizer_args=dict(enc.quantizer_args), version=enc.version)
+    activations = {name: e for name, e in enc.activations.items() if name in tensor_names}
+    params = {name: e for name, e in enc.params.items() if name in initializer_names}
+    kept = activations.keys() | params.keys()
+    return replace(enc, activations=activations, params=params, quantizer_args=dict(enc.quantizer_args),
+                   entries={key: entry for key, entry in enc.entries.items() if key[1] in kept})
+
+
+def share_encodings(source: Encodings, target: Encodings, target_names: AbstractSet[str]) -> Encodings:
+    """``target`` with ``source``'s encoding for every tensor of ``source`` that the target graph has
+    (``target_names``, :attr:`GraphTensors.tensor_names`), as AI Hub gives the token graph the prompt
+    graph's encodings.
+
+    Raises:
+        GenieBuildError: the two files are of different versions (their entries cannot be mixed).
+    """
+    if source.version != target.version:
+        raise GenieBuildError("encodings.share_from", f"the graphs' encodings are of versions {source.version} "
+                                                      f"and {target.version}; sharing needs one version")
+    shared = {name: section for name, section in _sections_by_name(source).items() if name in target_names}
+    activations, params = dict(target.activations), dict(target.params)
+    entries = dict(target.entries)
+    for name, section in shared.items():
+        for encodings in (activations, params):
+            encodings.pop(name, None)
+        (params if section == "param" else activations)[name] = source.params.get(name) or source.activations[name]
+        for key in [key for key in entries if key[1] == name]:
+            del entries[key]
+        entries.update((key, entry) for key, entry in source.entries.items() if key[1] == name)
+    return replace(target, activations=activations, params=params, entries=entries)
+
+
+def _sections_by_name(enc: Encodings) -> dict[str, str]:
+    return {**{name: "activation" for name in enc.activations}, **{name: "param" for name in enc.params}}
 
 
 def check_boundary_consistency(slices: dict[str, Encodings]) -> None:
@@ -533,9 +892,14 @@ def check_graphs_consistent(prompt_enc: Encodings, token_enc: Encodings) -> None
     "Non-identical quantization parameters found for the same tensor".
 
     Raises:
-        GenieBuildError: naming the tensor and what differs.
+        GenieBuildError: naming the tensor and what differs, and the option that shares them instead.
     """
-    _require_identical({"the prompt graph": prompt_enc, "the token graph": token_enc})
+    try:
+        _require_identical({"the prompt graph": prompt_enc, "the token graph": token_enc})
+    except GenieBuildError as exc:
+        raise GenieBuildError(exc.where, f"{exc.problem} (calibrate both graphs together, or set "
+                                         "encodings.share_from: prompt to give the token graph the prompt "
+                                         "graph's encodings)") from None
 
 
 def _require_identical(sources: dict[str, Encodings]) -> None:

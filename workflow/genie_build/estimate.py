@@ -38,7 +38,8 @@ from genie_build import __version__
 from genie_build.boundaries import find_boundaries
 from genie_build.config import DEFAULT_SCHEMA
 from genie_build.demo import shape_from_hf_config
-from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
+from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, WeightLayout,
+                                   block_grid, consumer_layouts)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
@@ -51,7 +52,8 @@ from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 
 Role = Literal["embedding", "layers", "lm_head", "float"]
-Granularity = Literal["per_tensor", "per_channel", "per_block"]
+_BLOCKED = ("per_block", "lpbq")
+Granularity = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
 TOOLCHAIN_LABEL = "reference (predicted)"
@@ -91,8 +93,9 @@ class WeightRule:
 class Recipe:
     """Bits per weight role; overrides are tried first, in order. ``activations`` is recorded only:
     activation encodings do not change the weight bytes. Float weights without an integer encoding
-    (norms, biases) are stored at ``float_bitwidth``. LPBQ stores like ``per_block`` at its compressed
-    bitwidth."""
+    (norms, biases) are stored at ``float_bitwidth``. ``lpbq`` (AIMET's LPBQ) stores the role's bits as the
+    compressed width, twice that as the decompressed one: values, a float scale per channel and an integer
+    scale per block."""
 
     layers: int = 4
     embedding: int = 8
@@ -112,6 +115,17 @@ class Weight:
     spec: InitializerSpec
     role: Role
     pieces: frozenset[int]
+    layout: WeightLayout | None = None  # its consumer's axes; None: those of the role's default op
+
+    def axes(self) -> WeightLayout:
+        """The channel and block axes: the consumer's, else a Gather table's for the embedding and an
+        ``[in, out]`` MatMul weight's otherwise."""
+        if self.layout is not None:
+            return self.layout
+        rank = len(self.spec.shape)
+        if rank < 2:
+            return WeightLayout(0, None)
+        return WeightLayout(0, 1) if self.role == "embedding" else WeightLayout(rank - 1, rank - 2)
 
 
 @dataclass(frozen=True)
@@ -226,15 +240,17 @@ def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | 
     found = find_boundaries(model, path, boundaries)
     owners = initializer_pieces(model, found)
     head_piece = len(found)
+    specs = initializer_specs(model)
+    layouts = consumer_layouts([model.graph], {name: tuple(spec.shape) for name, spec in specs.items()})
     weights = []
-    for name, spec in initializer_specs(model).items():
+    for name, spec in specs.items():
         if name not in owners or not spec.shape or "float" not in spec.dtype:  # float16, bfloat16, float8...
             continue
         pieces = owners[name]
         role: Role = "float"
         if len(spec.shape) == 2:
             role = "embedding" if 0 in pieces else "lm_head" if pieces == {head_piece} else "layers"
-        weights.append(Weight(spec, role, pieces))
+        weights.append(Weight(spec, role, pieces, layouts.get(name)))
     return ModelWeights(tuple(weights), found)
 
 
@@ -285,15 +301,17 @@ def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
         raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
     overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
     recipe = Recipe(**{**data, "overrides": overrides})
-    if recipe.granularity == "per_block" and recipe.block_size is None:
-        raise GenieBuildError(where, "recipe granularity: per_block needs a block_size")
+    if recipe.granularity in _BLOCKED and recipe.block_size is None:
+        raise GenieBuildError(where, f"recipe granularity: {recipe.granularity} needs a block_size")
     for rule in overrides:
         allowed = SUPPORTED_FLOAT_BITWIDTHS if rule.dtype == "float" else SUPPORTED_INT_BITWIDTHS
         if rule.bitwidth not in allowed:
             raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.dtype} bitwidth {rule.bitwidth} "
                                          f"is not one of {allowed}")
-        if rule.dtype == "int" and rule.granularity == "per_block" and rule.block_size is None:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: per_block needs a block_size")
+        if rule.dtype == "int" and rule.granularity in _BLOCKED and rule.block_size is None:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.granularity} needs a block_size")
+        if rule.dtype == "int" and rule.granularity == "lpbq" and 2 * rule.bitwidth not in SUPPORTED_INT_BITWIDTHS:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: lpbq needs a bitwidth of 4, 8 or 16")
     return recipe
 
 
@@ -301,8 +319,8 @@ def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
     """The shape-only encoding the recipe gives a weight (scales counted, not computed); None: float
     weight stored at ``recipe.float_bitwidth``.
 
-    Per-channel scales run along the output axis, the last of an ``[in, out]`` MatMul weight, and along
-    axis 0 (vocab) for the embedding table, as calibration does.
+    Per-channel scales run along the weight's channel axis (:meth:`Weight.axes`: its consumer's, AIMET's
+    rule), blocks along its block axis.
 
     Raises:
         GenieBuildError: a per-block rule on a weight that is not a whole number of blocks.
@@ -316,13 +334,19 @@ def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
                           block_size=recipe.block_size)
     if rule.dtype == "float":
         return TensorEncoding(spec.name, "float", rule.bitwidth)
+    layout = weight.axes()
     if rule.granularity == "per_tensor":
         count = 1
     elif rule.granularity == "per_channel":
-        count = spec.shape[0 if weight.role == "embedding" else -1]
+        count = spec.shape[layout.channel_axis]
     else:
-        blocks, channels = block_grid(spec.name, spec.shape, rule.block_size)
+        blocks, channels = block_grid(spec.name, spec.shape, rule.block_size, layout)
         count = blocks * channels
+    if rule.granularity == "lpbq":
+        return TensorEncoding(spec.name, "int", 2 * rule.bitwidth, "lpbq", is_symmetric=True,
+                              scale=(1.0,) * channels, offset=(-(2 ** (2 * rule.bitwidth - 1)),) * channels,
+                              block_size=rule.block_size, compressed_bitwidth=rule.bitwidth,
+                              per_block_int_scale=(1,) * count)
     return TensorEncoding(spec.name, "int", rule.bitwidth, rule.granularity, is_symmetric=True,
                           scale=(1.0,) * count, offset=(-(2 ** (rule.bitwidth - 1)),) * count,
                           block_size=rule.block_size)
@@ -336,16 +360,26 @@ def stored_size(spec: InitializerSpec, encoding: TensorEncoding | None, float_bi
     tensor convert makes of it (quantized values, a float32 scale and a zero point per channel or block;
     or the float weight, as float16 at float bitwidth 16).
 
+    LPBQ stores what its encoding gives: the values at the compressed width, a float64 scale and a zero
+    point per channel, an integer scale per block (uint8) and the reshape constant of its written-out
+    dequantization.
+
     Not modelled: 8-bit values that happen to fit 4 bits (packed when packing; real weights use their
-    range), a blocked weight's reshape constant below opset 21, and alignment padding (at most an element
-    per tensor).
+    range), a per-block weight's reshape constant below opset 21, and alignment padding (at most an
+    element per tensor).
     """
     if encoding is not None and encoding.dtype == "int":
         bits = stored_bitwidth(encoding)
         values = unsigned_dtype(bits).name      # convert keeps 32-bit values as int32: the same size
         scales = (len(encoding.scale),)
-        return StoredSize(stored_nbytes(spec.shape, values, packed=packing and bits <= 4)
-                          + stored_nbytes(scales, "float32") + stored_nbytes(scales, values), 3)
+        scale_dtype = "float64" if encoding.kind == "lpbq" else "float32"
+        size = (stored_nbytes(spec.shape, values, packed=packing and bits <= 4)
+                + stored_nbytes(scales, scale_dtype) + stored_nbytes(scales, values))
+        if encoding.kind != "lpbq":
+            return StoredSize(size, 3)
+        int_scale_dtype = unsigned_dtype(encoding.bitwidth - encoding.compressed_bitwidth).name
+        return StoredSize(size + stored_nbytes((len(encoding.per_block_int_scale),), int_scale_dtype)
+                          + stored_nbytes((len(spec.shape),), "int64"), 5)
     bitwidth = encoding.bitwidth if encoding is not None else float_bitwidth
     return StoredSize(stored_nbytes(spec.shape, "float16" if spec.dtype == "float32" and bitwidth == 16
                                     else spec.dtype), 1)

@@ -86,14 +86,16 @@ def model_pieces(model: onnx.ModelProto, encodings: Encodings, boundaries: Seque
 
     Args:
         model: the prompt graph, loaded without weights.
-        encodings: its AIMET encodings; only ``params`` are used.
+        encodings: its AIMET encodings: each initializer's (:meth:`Encodings.of_initializer`).
         boundaries: the L + 1 boundary tensors (:func:`genie_build.boundaries.find_boundaries`).
 
     Raises:
         GenieBuildError: the boundaries do not cut the residual stream in order (:func:`initializer_pieces`).
     """
-    return weighed_pieces(initializer_specs(model), initializer_pieces(model, boundaries), encodings.params,
-                          boundaries)
+    specs = initializer_specs(model)
+    # an initializer is stored with its param encoding, else an activation encoding AIMET gives it (the table)
+    stored_with = {name: encodings.of_initializer(name) for name in specs}
+    return weighed_pieces(specs, initializer_pieces(model, boundaries), stored_with, boundaries)
 
 
 def weighed_pieces(specs: Mapping[str, InitializerSpec], owners: Mapping[str, frozenset[int]],
@@ -108,7 +110,7 @@ def weighed_pieces(specs: Mapping[str, InitializerSpec], owners: Mapping[str, fr
         specs: initializer name -> its declared shape and type (no values needed).
         owners: initializer name -> the pieces using it (0 = embedding, i + 1 = layer i, L + 1 = head), as
             :func:`initializer_pieces` gives; initializers not listed weigh nothing.
-        encodings: initializer name -> its parameter encoding; missing or None: none.
+        encodings: initializer name -> the encoding it is stored with; missing or None: none.
         boundaries: the L + 1 boundary tensors.
     """
     totals = [0] * (len(boundaries) + 1)

@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 
 from genie_build import __version__ as GENIE_BUILD_VERSION, genie_contract, naming, onnx_graph
 from genie_build.config import validate_config
+from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.plan import read_plan
 from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE

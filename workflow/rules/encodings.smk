@@ -4,6 +4,13 @@
 OTHER_GRAPH = {"prompt": "token", "token": "prompt"}
 
 
+def _other_encodings_option(wildcards, input):
+    """Check the graphs agree; with encodings.share_from: prompt the token graph takes the prompt's instead."""
+    if config["encodings"]["share_from"] != "prompt":
+        return f"--consistent-with {shlex.quote(input.other_encodings)}"
+    return f"--share-from {shlex.quote(input.other_encodings)}" if wildcards.graph == "token" else ""
+
+
 checkpoint slice_encodings:
     input:
         parts=split_part_files,
@@ -17,7 +24,9 @@ checkpoint slice_encodings:
         f"{OUT}/logs/slice_encodings/{{graph}}.log",
     benchmark:
         f"{OUT}/benchmarks/slice_encodings/{{graph}}.tsv"
+    params:
+        other=_other_encodings_option,
     shell:
         "{GB} slice-encodings --graph {wildcards.graph} --model {input.model:q} --encodings {input.encodings:q}"
-        " --consistent-with {input.other_encodings:q} --parts-dir {OUT:q}/parts/{wildcards.graph}"
+        " {params.other} --parts-dir {OUT:q}/parts/{wildcards.graph}"
         " --out-dir {output.slices:q} > {log:q} 2>&1"

@@ -1,7 +1,8 @@
 # The built-in demo model: generated decoder, tokenizer trained on text in resources/, calibrated encodings.
 # Only used when config.model names no files of its own.
 
-DEMO_ARGS = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(value))}" for key, value in sorted(config["demo"].items()))
+DEMO_ARGS = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(value))}"
+                     for key, value in sorted(shape_config(config["demo"]).items()))
 
 
 rule generate_demo_model:
@@ -47,10 +48,13 @@ rule calibrate_demo_encodings:
     output:
         prompt=f"{SRC}/prompt.encodings.json",
         token=f"{SRC}/token.encodings.json",
+    params:
+        calibrator=config["demo"]["calibrator"],
     log:
         f"{OUT}/logs/calibrate_demo_encodings.log",
     benchmark:
         f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
     shell:
         "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
-        " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"
+        " --calibrator {params.calibrator} --out-prompt {output.prompt:q} --out-token {output.token:q}"
+        " > {log:q} 2>&1"

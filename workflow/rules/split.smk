@@ -69,6 +69,7 @@ checkpoint plan_split:
         plan=f"{OUT}/plan.json",
     params:
         split=SPLIT_ARGS,
+        share=" --token-shares-prompt" if config["encodings"]["share_from"] == "prompt" else "",
     log:
         f"{OUT}/logs/plan_split.log",
     benchmark:
@@ -76,7 +77,7 @@ checkpoint plan_split:
     shell:
         "{GB} plan --prompt {input.prompt:q} --token {input.token:q}"
         " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q}"
-        " {params.split} --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
+        " {params.split} --skip-weight-check{params.share} --out {output.plan:q} > {log:q} 2>&1"
 
 
 # A checkpoint per graph: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,

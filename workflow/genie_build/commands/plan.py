@@ -38,6 +38,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--skip-weight-check", action="store_true",
                         help="do not compare the graphs' shared weights (the workflow runs check-model for that, "
                              "once per model change, not once per encodings change)")
+    parser.add_argument("--token-shares-prompt", action="store_true",
+                        help="the token graph takes the prompt graph's encodings (encodings.share_from: prompt): "
+                             "do not require the two files' parameter encodings to agree")
     parser.add_argument("--out", required=True, help="plan.json to write")
     return parser
 
@@ -49,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.skip_weight_check:
         check_shared_initializers(args.prompt, args.token)
     prompt_encodings = read_encodings(args.encodings_prompt)
-    check_shared_param_encodings(prompt_encodings, args.encodings_prompt,
-                                 read_encodings(args.encodings_token), args.encodings_token)
+    if not args.token_shares_prompt:
+        check_shared_param_encodings(prompt_encodings, args.encodings_prompt,
+                                     read_encodings(args.encodings_token), args.encodings_token)
 
     boundaries = find_boundaries(prompt, args.prompt, args.boundaries)
     token_boundaries = find_boundaries(token, args.token, args.boundaries)
@@ -99,7 +103,8 @@ def check_shared_param_encodings(prompt: Encodings, prompt_path: str, token: Enc
     for name, encoding in token.params.items():
         if name in prompt.params and prompt.params[name] != encoding:
             raise GenieBuildError(token_path, f"parameter encoding of {name!r} differs from the one in "
-                                              f"{prompt_path}; shared weights need identical encodings")
+                                              f"{prompt_path}; shared weights need identical encodings (or set "
+                                              "encodings.share_from: prompt)")
 
 
 def _positive_float(text: str) -> float:

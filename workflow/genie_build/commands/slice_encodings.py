@@ -2,9 +2,11 @@
 
 Runs once per graph (prompt or token), so each graph's slices are their own checkpoint output and a change
 to one graph's encodings leaves the other's untouched. It validates the full encodings against the full
-graph, optionally checks them against the other graph's encodings (``--consistent-with``), then writes
-``part_{label}.encodings.json`` (AIMET 1.0.0, canonical bytes) for every ``part_{label}.onnx`` in the parts
-directory. The output directory appears complete or not at all.
+graph, optionally checks them against the other graph's encodings (``--consistent-with``) or takes the
+other graph's encodings for every tensor this graph has (``--share-from``, as AI Hub gives the token graph
+the prompt graph's), then writes ``part_{label}.encodings.json`` (canonical bytes, in the version of the
+input file) for every ``part_{label}.onnx`` in the parts directory. The output directory appears complete
+or not at all.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from genie_build.encodings import (
     part_tensor_names,
     read_encodings,
     read_graph_tensors,
+    share_encodings,
     slice_encodings,
     validate_against_model,
     write_encodings,
@@ -38,18 +41,23 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                    description=__doc__)
     parser.add_argument("--graph", required=True, choices=GRAPH_KINDS, help="which graph these encodings are for")
     parser.add_argument("--model", required=True, type=Path, help="the full (unsplit) ONNX graph")
-    parser.add_argument("--encodings", required=True, type=Path, help="its AIMET encodings (0.6.1 or 1.0.0)")
+    parser.add_argument("--encodings", required=True, type=Path, help="its AIMET encodings (0.6.1, 1.0.0, 2.0.0)")
     parser.add_argument("--parts-dir", required=True, type=Path, help="directory holding part_*.onnx")
     parser.add_argument("--out-dir", required=True, type=Path, help="directory to write the slices into")
-    parser.add_argument("--consistent-with", type=Path, metavar="ENCODINGS",
-                        help="the other graph's encodings: tensors in both must have identical encodings")
+    other = parser.add_mutually_exclusive_group()
+    other.add_argument("--consistent-with", type=Path, metavar="ENCODINGS",
+                       help="the other graph's encodings: tensors in both must have identical encodings")
+    other.add_argument("--share-from", type=Path, metavar="ENCODINGS",
+                       help="the other graph's encodings: every tensor of it this graph has takes its encoding")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     enc = read_encodings(args.encodings)
     model = read_graph_tensors(args.model)
-    validate_against_model(enc, args.encodings, model.tensor_names, model.param_shapes)
+    if args.share_from is not None:
+        enc = share_encodings(read_encodings(args.share_from), enc, model.tensor_names)
+    validate_against_model(enc, args.encodings, model.tensor_names, model.param_shapes, model.param_layouts)
     if args.consistent_with is not None:
         other = read_encodings(args.consistent_with)
         check_graphs_consistent(*((enc, other) if args.graph == "prompt" else (other, enc)))

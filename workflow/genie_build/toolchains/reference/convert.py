@@ -2,13 +2,20 @@
 
 Each initializer, read and written one at a time:
 
-- with an integer parameter encoding, it becomes its quantized values ``{name}_quantized`` (uint8 up to 8
-  bits, uint16 up to 16; 32-bit values as int32 ``q - zero_point`` with a zero zero point), ``{name}_scale``
-  (float32) and ``{name}_zero_point``, and a DequantizeLinear whose output takes the original name, so no
-  other node changes. DequantizeLinear takes 8/32-bit per-tensor and per-channel encodings from opset 13
-  and 16-bit and per-block ones from opset 21; below that the same formula ``(q - zero_point) * scale`` is
-  written out as Cast, Sub and Mul (per block: on the values stored as ``[blocks, block_size, out]`` and
-  reshaped back), which gives the same floats. A non-float32 weight gets a Cast back to its own type;
+- with an integer encoding (its parameter encoding, else an activation encoding AIMET gives the initializer
+  itself, as it does the embedding table), it becomes its quantized values ``{name}_quantized`` (uint8 up
+  to 8 bits, uint16 up to 16; 32-bit values as int32 ``q - zero_point`` with a zero zero point),
+  ``{name}_scale`` (float32) and ``{name}_zero_point``, and a DequantizeLinear whose output takes the
+  original name, so no other node changes. The channel and block axes are the encoding's
+  (:func:`genie_build.encodings.layout_of`: the consumer's rule, or the axis a 2.0.0 file states).
+  DequantizeLinear takes 8/32-bit per-tensor and per-channel encodings from opset 13 and 16-bit and 2-D
+  per-block ones from opset 21; otherwise the same formula ``(q - zero_point) * scale`` is written out as
+  Cast, Sub and Mul (per block: on the values viewed with the block axis split into ``[blocks,
+  block_size]``, reshaped back), which gives the same floats. LPBQ is always written out and stores what
+  its encoding gives: the 4-bit values, the per-block integer scales ``{name}_block_int_scale`` (uint8)
+  and the per-channel float scales ``{name}_scale`` (float64); the graph multiplies the two into the block
+  scale.
+  A non-float32 weight gets a Cast back to its own type;
 - float32 without an integer encoding, it becomes ``{name}_float16`` + Cast to float32 when its float
   bitwidth (its float encoding's, else ``float_bitwidth``) is 16 -- unless a finite value would overflow
   float16, in which case it stays float32 with a warning;
@@ -33,14 +40,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from genie_build.encodings import (Encodings, GraphTensors, TensorEncoding, channel_axis, read_encodings,
-                                   read_graph_tensors, validate_against_model)
+from genie_build.encodings import (Encodings, GraphTensors, TensorEncoding, WeightLayout, blocked_shape,
+                                   layout_of, read_encodings, read_graph_tensors, validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, read_initializer,
                                                      set_metadata_json)
-from genie_build.toolchains.reference.quantize import broadcast_params, quantize, stored_bitwidth
+from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
+                                                       quantize, stored_bitwidth, unsigned_dtype)
 
 QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
@@ -81,10 +89,9 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     check_external_data(model, onnx_path)
     encodings = read_encodings(encodings_path)
     names = read_graph_tensors(onnx_path)
-    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes)
+    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
     io_encodings = _io_encodings(model, encodings, os.fspath(encodings_path))
 
-    consumers = _first_consumers(model.graph)
     opset = default_opset(model)
     initializers, rebuilds, quantized = [], [], {}
     data_name = out_path.name + ".data"
@@ -92,8 +99,9 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
             converted = _convert_initializer(read_initializer(tensor, onnx_path), tensor.name,
-                                             encodings.params.get(tensor.name), consumers.get(tensor.name),
-                                             float_bitwidth, opset, os.fspath(encodings_path))
+                                             encodings.of_initializer(tensor.name), tensor.name in encodings.params,
+                                             names.param_layouts.get(tensor.name), float_bitwidth, opset,
+                                             os.fspath(encodings_path))
             initializers += [writer.add(name, array) for name, array in converted.tensors]
             rebuilds.append((tensor.name, converted.nodes))
             if converted.quantization is not None:
@@ -108,18 +116,22 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         handle.write(model.SerializeToString())
 
 
-def _convert_initializer(array: np.ndarray, name: str, enc: TensorEncoding | None, consumer_op: str | None,
-                         float_bitwidth: int, opset: int, where: str) -> _Converted:
-    if enc is not None and enc.dtype == "int":
-        if not np.issubdtype(array.dtype, np.floating):
+def _convert_initializer(array: np.ndarray, name: str, enc: TensorEncoding | None, is_param: bool,
+                         consumer_layout: WeightLayout | None, float_bitwidth: int, opset: int,
+                         where: str) -> _Converted:
+    if enc is not None and enc.dtype == "int" and not np.issubdtype(array.dtype, np.floating):
+        if is_param:
             raise GenieBuildError(where, f"param encoding {name!r}: an integer encoding on a {array.dtype} "
                                          "initializer (only float weights can be quantized)")
-        axis = channel_axis(name, array.shape, len(enc.scale), consumer_op) if enc.kind == "per_channel" else None
+        return _Converted(tensors=((name, array),))  # an integer constant: nothing to quantize
+    if enc is not None and enc.dtype == "int":
+        section = "param" if is_param else "activation"
         try:
-            q, scale, zero_point = quantize(array, enc, axis)
+            layout = layout_of(enc, array.shape, consumer_layout)
+            q, scale, zero_point = quantize(array, enc, layout)
         except GenieBuildError as exc:
-            raise GenieBuildError(where, f"param encoding {name!r}: {exc.problem}") from None
-        return _dequantized(name, array.dtype, q, scale, zero_point, enc, axis, opset, where)
+            raise GenieBuildError(where, f"{section} encoding {name!r}: {exc.problem}") from None
+        return _dequantized(name, array.dtype, q, scale, zero_point, enc, layout, opset, where)
     bitwidth = enc.bitwidth if enc is not None else float_bitwidth
     if array.dtype == np.float32 and bitwidth == 16:
         if not np.any(np.isfinite(array) & (np.abs(array) > _FLOAT16_MAX)):
@@ -136,42 +148,79 @@ def _float16(name: str, array: np.ndarray) -> _Converted:
 
 
 def _dequantized(name: str, dtype: np.dtype, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
-                 enc: TensorEncoding, axis: int | None, opset: int, where: str) -> _Converted:
+                 enc: TensorEncoding, layout: WeightLayout | None, opset: int, where: str) -> _Converted:
     """The quantized values, scale and zero point, and the nodes that give back the float weight."""
+    axis = None if layout is None else layout.channel_axis
     if q.dtype == np.uint32:  # DequantizeLinear has no uint32: store the signed values q - zero_point
         q, zero_point = _as_int32(q, zero_point, axis, name, where), np.zeros(zero_point.shape, np.int32)
     values, scale_name, zero_point_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
     output = name if dtype == np.float32 else f"{name}_dequantized"
     blocked = enc.kind in _BLOCKED
-    if opset >= 21 or (opset >= 13 and q.dtype != np.uint16 and not blocked):
-        attributes = {"axis": 0, "block_size": enc.block_size} if blocked else {}
-        if enc.kind == "per_channel":
-            attributes = {"axis": axis}
-        nodes = [helper.make_node("DequantizeLinear", [values, scale_name, zero_point_name], [output],
-                                  name=f"{name}/DequantizeLinear", **attributes)]
-        tensors = [(values, q), (scale_name, scale), (zero_point_name, zero_point)]
+    grid = blocked_shape(name, q.shape, enc.block_size, layout) if blocked else None
+    whole_blocks = blocked and q.ndim == 2  # DequantizeLinear's blocked scales have every other axis whole
+    extra: dict = {}
+    if enc.kind == "lpbq":
+        tensors, nodes, extra = _lpbq_tensors(name, output, q, enc, layout, grid)
+    elif opset >= 21 or (opset >= 13 and q.dtype != np.uint16 and not blocked):
+        attributes = {"axis": axis} if enc.kind == "per_channel" else {}
+        if blocked and whole_blocks:
+            attributes = {"axis": layout.block_axis, "block_size": enc.block_size}
+        if blocked and not whole_blocks:
+            tensors, nodes = _written_out_dequantize(name, output, q, scale, zero_point, enc, layout)
+        else:
+            nodes = [helper.make_node("DequantizeLinear", [values, scale_name, zero_point_name], [output],
+                                      name=f"{name}/DequantizeLinear", **attributes)]
+            tensors = [(values, q), (scale_name, scale), (zero_point_name, zero_point)]
     else:
-        tensors, nodes = _written_out_dequantize(name, output, q, scale, zero_point, enc, axis)
+        tensors, nodes = _written_out_dequantize(name, output, q, scale, zero_point, enc, layout)
     if output != name:
         nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(dtype)))
     quantization = {"weight": name, "bitwidth": stored_bitwidth(enc), "encoding": enc.kind, "axis": axis,
-                    "block_size": enc.block_size, "scale": scale_name, "zero_point": zero_point_name}
+                    "block_axis": None if layout is None else layout.block_axis,
+                    "block_size": enc.block_size, "scale": scale_name, "zero_point": zero_point_name, **extra}
     return _Converted(tensors=tuple(tensors), nodes=tuple(nodes), quantization=quantization)
 
 
-def _written_out_dequantize(name: str, output: str, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
-                            enc: TensorEncoding, axis: int | None
+def _lpbq_tensors(name: str, output: str, q: np.ndarray, enc: TensorEncoding, layout: WeightLayout,
+                  grid: tuple[int, ...]) -> tuple[list[tuple[str, np.ndarray]], list[onnx.NodeProto], dict]:
+    """LPBQ as stored: values, per-channel float scale (float64, as given) and zero point, per-block integer
+    scale; the graph computes ``block_scale = float32(double(block_int_scale) * scale)``, the scale
+    quantize used."""
+    int_scale_name, block_scale = f"{name}_block_int_scale", f"{name}_block_scale"
+    int_bits = enc.bitwidth - enc.compressed_bitwidth
+    int_scale = blocked_params(np.asarray(enc.per_block_int_scale), grid, layout).astype(unsigned_dtype(int_bits))
+    channel_scale = lpbq_channel_scale(enc, grid, layout)
+    zero_point = np.full(channel_scale.shape, 2 ** (enc.compressed_bitwidth - 1), dtype=q.dtype)
+    # the block scale must broadcast over the values viewed as [.., blocks, block_size, ..]
+    int_scale, channel_scale = (np.expand_dims(array, layout.block_axis + 1) for array in (int_scale, channel_scale))
+    tensors, nodes = _written_out_dequantize(name, output, q, None, zero_point, enc, layout, scale_name=block_scale)
+    tensors += [(f"{name}_scale", channel_scale), (int_scale_name, int_scale)]
+    nodes[:0] = [helper.make_node("Cast", [int_scale_name], [f"{int_scale_name}_double"],
+                                  name=f"{int_scale_name}/Cast", to=onnx.TensorProto.DOUBLE),
+                 helper.make_node("Mul", [f"{int_scale_name}_double", f"{name}_scale"], [f"{block_scale}_double"],
+                                  name=f"{block_scale}/Mul"),
+                 helper.make_node("Cast", [f"{block_scale}_double"], [block_scale], name=f"{block_scale}/Cast",
+                                  to=onnx.TensorProto.FLOAT)]
+    return tensors, nodes, {"block_int_scale": int_scale_name, "block_int_scale_bitwidth": int_bits}
+
+
+def _written_out_dequantize(name: str, output: str, q: np.ndarray, scale: np.ndarray | None, zero_point: np.ndarray,
+                            enc: TensorEncoding, layout: WeightLayout | None, scale_name: str | None = None
                             ) -> tuple[list[tuple[str, np.ndarray]], list[onnx.NodeProto]]:
-    """``(q - zero_point) * scale`` as Cast/Sub/Mul, parameters stored in a shape that broadcasts."""
-    values, scale_name, zero_point_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
+    """``(q - zero_point) * scale`` as Cast/Sub/Mul, parameters stored in a shape that broadcasts.
+
+    ``scale_name`` names a scale another node computes (LPBQ's block scale); ``scale`` is then None."""
+    values, zero_point_name = f"{name}_quantized", f"{name}_zero_point"
+    scale_name = scale_name or f"{name}_scale"
     weight_shape = q.shape
-    if enc.kind in _BLOCKED:  # view [in, out] as [blocks, block_size, out] so [blocks, 1, out] broadcasts
-        blocks, channels = scale.shape
-        q = q.reshape(blocks, enc.block_size, channels)
-        scale, zero_point = scale.reshape(blocks, 1, channels), zero_point.reshape(blocks, 1, channels)
+    if enc.kind in _BLOCKED:  # split the block axis into [blocks, block_size] so [blocks, 1] broadcasts
+        split = layout.block_axis
+        q = q.reshape(q.shape[:split] + (q.shape[split] // enc.block_size, enc.block_size) + q.shape[split + 1:])
+        zero_point = np.expand_dims(zero_point, split + 1)
+        scale = None if scale is None else np.expand_dims(scale, split + 1)
     elif enc.kind == "per_channel":
-        along_axis = [-1 if dim == axis % q.ndim else 1 for dim in range(q.ndim)]
+        along_axis = [-1 if dim == layout.channel_axis else 1 for dim in range(q.ndim)]
         scale, zero_point = scale.reshape(along_axis), zero_point.reshape(along_axis)
     product = f"{name}_blocks" if enc.kind in _BLOCKED else output
     float_type = onnx.TensorProto.FLOAT
@@ -181,7 +230,9 @@ def _written_out_dequantize(name: str, output: str, q: np.ndarray, scale: np.nda
              helper.make_node("Sub", [f"{values}_float", f"{zero_point_name}_float"], [f"{name}_centered"],
                               name=f"{name}/Sub"),
              helper.make_node("Mul", [f"{name}_centered", scale_name], [product], name=f"{name}/Mul")]
-    tensors = [(values, q), (scale_name, scale), (zero_point_name, zero_point)]
+    tensors = [(values, q), (zero_point_name, zero_point)]
+    if scale is not None:
+        tensors.insert(1, (scale_name, scale))
     if enc.kind in _BLOCKED:
         nodes.append(helper.make_node("Reshape", [product, f"{name}_shape"], [output], name=f"{name}/Reshape"))
         tensors.append((f"{name}_shape", np.array(weight_shape, dtype=np.int64)))
@@ -214,15 +265,6 @@ def _io_encodings(model: onnx.ModelProto, encodings: Encodings, where: str) -> d
         recorded[spec.name] = {"dtype": "int", "bitwidth": enc.bitwidth, "scale": enc.scale[0],
                                "offset": enc.offset[0], "is_symmetric": enc.is_symmetric}
     return recorded
-
-
-def _first_consumers(graph: onnx.GraphProto) -> dict[str, str]:
-    """Tensor name -> op type of the first node reading it (decides a Gather table's channel axis)."""
-    consumers: dict[str, str] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, node.op_type)
-    return consumers
 
 
 def _check_new_names_are_free(initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto],

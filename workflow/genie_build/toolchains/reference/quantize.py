@@ -9,10 +9,10 @@ Shapes of the returned scale and zero point ("parameter layout"):
 
 - per tensor: ``()``;
 - per channel: ``(C,)``, one entry per index of the channel axis;
-- per block and LPBQ: ``(in // block_size, out)``, blocks along axis 0 of an ``[in, out]`` weight
-  (:func:`genie_build.encodings.block_grid`). For LPBQ the scale is the per-block scale
-  ``scale[channel] * per_block_int_scale[block, channel]`` and values are quantized to the compressed
-  bitwidth, symmetric.
+- per block and LPBQ: the weight's rank, the channel axis whole, the block axis in blocks, other axes 1
+  (:func:`genie_build.encodings.blocked_shape`). For LPBQ the scale is the per-block scale
+  ``scale[channel] * per_block_int_scale[channel, block]``, multiplied in float64 and rounded to float32 as
+  aimet-onnx does, and values are quantized to the compressed bitwidth, symmetric.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from genie_build.encodings import TensorEncoding, block_grid
+from genie_build.encodings import TensorEncoding, WeightLayout, blocked_shape
 from genie_build.errors import GenieBuildError
 
 # Values per block of rows that quantize works on at once: 16 MiB of float32 temporaries (float64 after the
@@ -42,7 +42,7 @@ def unsigned_dtype(bitwidth: int) -> np.dtype:
     raise ValueError(f"no unsigned dtype holds {bitwidth}-bit values")
 
 
-def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None, *,
+def quantize(w: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None, *,
              block_values: int = BLOCK_VALUES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantize ``w`` as AIMET does with ``enc``.
 
@@ -53,8 +53,8 @@ def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None, *,
     Args:
         w: the float weight.
         enc: its integer encoding.
-        axis: the channel axis of a per-channel encoding; unused (None) for the others: per-block and
-            LPBQ encodings have the fixed ``[in, out]`` layout of the module docstring.
+        layout: the axes of a per-channel, per-block or LPBQ encoding
+            (:func:`genie_build.encodings.layout_of`); None for a per-tensor one.
         block_values: the size of a block of rows, in values (rounded to whole rows and whole blocks of a
             blocked encoding, at least one of them).
 
@@ -69,7 +69,8 @@ def quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None, *,
     if enc.dtype != "int":
         raise GenieBuildError(enc.name, f"a {enc.dtype} encoding has no integer quantization")
     w = np.asarray(w)
-    scale, offset = _scale_and_offset(enc, w.shape, axis)
+    scale, offset = _scale_and_offset(enc, w.shape, layout)
+    axis = None if layout is None else layout.channel_axis
     bits = stored_bitwidth(enc)
     dtype = unsigned_dtype(bits)
     rows = np.atleast_1d(w)
@@ -157,7 +158,7 @@ def _rows_per_entry(same_rank: np.ndarray, shape: tuple[int, ...]) -> int:
     return shape[0] // count if count > 1 else 1
 
 
-def _scale_and_offset(enc: TensorEncoding, shape: tuple[int, ...], axis: int | None
+def _scale_and_offset(enc: TensorEncoding, shape: tuple[int, ...], layout: WeightLayout | None
                       ) -> tuple[np.ndarray, np.ndarray]:
     """The encoding's scale (float32) and offset (int64) in the parameter layout."""
     scale = np.asarray(enc.scale, dtype=np.float32)
@@ -165,22 +166,49 @@ def _scale_and_offset(enc: TensorEncoding, shape: tuple[int, ...], axis: int | N
     if enc.kind == "per_tensor":
         _require_count(enc, "scale", scale.size, 1, shape)
         return scale.reshape(()), offset.reshape(())
+    if layout is None or not 0 <= layout.channel_axis < len(shape):
+        raise GenieBuildError(enc.name, f"channel axis {layout and layout.channel_axis} is outside shape "
+                                        f"{list(shape)}")
     if enc.kind == "per_channel":
-        if axis is None or not -len(shape) <= axis < len(shape):
-            raise GenieBuildError(enc.name, f"channel axis {axis} is outside shape {list(shape)}")
-        _require_count(enc, "scale", scale.size, shape[axis], shape)
+        _require_count(enc, "scale", scale.size, shape[layout.channel_axis], shape)
         return scale, offset
-    blocks, channels = block_grid(enc.name, shape, enc.block_size)
+    grid = blocked_shape(enc.name, shape, enc.block_size, layout)
+    channels, blocks = grid[layout.channel_axis], grid[layout.block_axis]
     if enc.kind == "per_block":
         _require_count(enc, "scale", scale.size, blocks * channels, shape)
-        return scale.reshape(blocks, channels), offset.reshape(blocks, channels)
+        return blocked_params(scale, grid, layout), blocked_params(offset, grid, layout)
     if not enc.is_symmetric:
         raise GenieBuildError(enc.name, "LPBQ encodings must be symmetric (is_sym true)")
     _require_count(enc, "scale", scale.size, channels, shape)
     _require_count(enc, "per_block_int_scale", len(enc.per_block_int_scale), blocks * channels, shape)
-    int_scale = np.asarray(enc.per_block_int_scale, dtype=np.float32).reshape(blocks, channels)
-    block_scale = int_scale * scale.reshape(1, channels)
-    return block_scale, np.full((blocks, channels), -(2 ** (enc.compressed_bitwidth - 1)), dtype=np.int64)
+    block_scale = lpbq_block_scale(enc, grid, layout)
+    return block_scale, np.full(grid, -(2 ** (enc.compressed_bitwidth - 1)), dtype=np.int64)
+
+
+def blocked_params(values: np.ndarray, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
+    """Channel-major ``[channels, blocks]`` values (the in-memory order) laid out as ``grid``
+    (:func:`genie_build.encodings.blocked_shape`)."""
+    channels, blocks = grid[layout.channel_axis], grid[layout.block_axis]
+    matrix = np.asarray(values).reshape(channels, blocks)
+    if layout.channel_axis > layout.block_axis:
+        matrix = matrix.T
+    return matrix.reshape(grid)
+
+
+def lpbq_channel_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
+    """LPBQ's per-channel float scale, float64 as the file gives it, shaped like ``grid`` with the block
+    axis 1."""
+    shape = tuple(1 if axis == layout.block_axis else size for axis, size in enumerate(grid))
+    return np.asarray(enc.scale, dtype=np.float64).reshape(shape)
+
+
+def lpbq_block_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
+    """LPBQ's per-block scale ``per_block_int_scale * scale[channel]``, laid out as ``grid``: multiplied in
+    float64 and rounded to float32, as aimet-onnx's ``LPBQEncoding.scale`` and its quantizer do (a float32
+    product differs from it in the last bit for some blocks) and as the converted graph computes it
+    from the stored integer and channel scales."""
+    int_scale = blocked_params(np.asarray(enc.per_block_int_scale, dtype=np.float64), grid, layout)
+    return (int_scale * lpbq_channel_scale(enc, grid, layout)).astype(np.float32)
 
 
 def _require_count(enc: TensorEncoding, what: str, found: int, expected: int, shape: tuple[int, ...]) -> None:
