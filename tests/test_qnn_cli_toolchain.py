@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from genie_build.conventions import graph_name
 from genie_build.errors import GenieBuildError
-from genie_build.naming import graph_name
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.qnn_cli import QnnCliToolchain

@@ -36,11 +36,13 @@ from typing import Any, Literal
 import yaml
 
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
+from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
+                                     PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
+                                     read_cl)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, sha256_file
 from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, load_hf_config
-from genie_build.genie_contract import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, MASK, Reading,
-                                        genie_dims, graph_violations, read_ar, read_cl)
+from genie_build.genie_contract import graph_violations
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
@@ -73,8 +75,7 @@ RULES = {
     "manifest": "manifest.json hashes match the files",
 }
 
-_PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
-UNSHARED_TENSORS = ("logits",)  # Genie's shared-quantization rule excludes them
+UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them
 
 
 @dataclass(frozen=True)
@@ -407,21 +408,14 @@ def _check_graphs(config: dict, ctx_bins: list[str], graphs: dict[str, tuple[Gra
         findings.append(Finding("graph-info", "warning", f"{METADATA_NAME} gives IO per ctx-bin, not per graph: "
                                                          "the graph-names and graph-order checks need the graph "
                                                          "names (qnn-context-binary-utility lists them)"))
-        return findings + _check_context_size(config, [cl for graph in all_graphs
-                                                       for cl in [_tensor_ar_cl(graph)[1]] if cl is not None])
+        tensor_cls = [graph_ar_cl("", graph.inputs, graph.outputs)[1] for graph in all_graphs]
+        return findings + _check_context_size(config, [cl for cl in tensor_cls if cl is not None])
     shapes = {}
     for graph in all_graphs:
         shapes[graph.name], graph_findings = _graph_ar_cl(graph)
         findings += graph_findings + _check_tensor_shapes(graph, *shapes[graph.name])
     findings += _check_order(placed, shapes, len(order))
     return findings + _check_context_size(config, [cl for _, cl in shapes.values() if cl is not None])
-
-
-def graph_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
-    """(AR, CL) as Genie derives them (:func:`genie_build.genie_contract.read_ar` / ``read_cl``): from the
-    tensors, else from the name."""
-    return (read_ar(graph.name, graph.inputs, graph.outputs).value,
-            read_cl(graph.name, graph.inputs, graph.outputs).value)
 
 
 def _graph_ar_cl(graph: GraphInfo) -> tuple[tuple[int | None, int | None], list[Finding]]:
@@ -447,11 +441,6 @@ def _graph_ar_cl(graph: GraphInfo) -> tuple[tuple[int | None, int | None], list[
 def _tensor_readings(graph: GraphInfo) -> tuple[Reading, Reading]:
     """AR and CL as Genie reads them from the graph's tensors alone."""
     return read_ar("", graph.inputs, graph.outputs), read_cl("", graph.inputs, graph.outputs)
-
-
-def _tensor_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
-    ar, cl = _tensor_readings(graph)
-    return ar.value, cl.value
 
 
 def _mask_hint(graph: GraphInfo, what: str, named_ar: int | None, named_cl: int | None) -> str:
@@ -506,7 +495,7 @@ def _check_sorted_into_parts(ar: int, cl: int, members: list[tuple[str, int]]) -
 
 def _padding_hint(names: Iterable[str]) -> str:
     for name in names:
-        match = _PART_SUFFIX.search(name)
+        match = PART_SUFFIX.search(name)
         if match and len(match.group(1)) < len(match.group(2)):
             return (f"; part indices are not zero-padded ({name!r}): with 10 or more parts, '10' sorts before "
                     f"'2', so pad them to the width of N (e.g. '_{int(match.group(1)):0{len(match.group(2))}d}"
@@ -519,7 +508,7 @@ def _check_io_ends(first: tuple[GraphInfo, ...], last: tuple[GraphInfo, ...]) ->
                                             "inputs_embeds) input")
                 for graph in first if not any(t.name in FIRST_PART_INPUTS for t in graph.inputs)]
     findings += [Finding("io-ends", "error", f"graph {graph.name!r} of the last part has no logits output")
-                 for graph in last if not any(t.name == "logits" for t in graph.outputs)]
+                 for graph in last if not any(t.name == LOGITS for t in graph.outputs)]
     return findings
 
 
@@ -584,7 +573,7 @@ def _dim_of(tensor_name: str) -> tuple[str | None, int]:
     kv = KV_TENSOR.match(tensor_name)
     if kv:
         return "kv-dim", -2 if kv.group(1) == "key" else -1
-    if tensor_name in ("position_ids_cos", "position_ids_sin"):
+    if tensor_name in (POS_COS, POS_SIN):
         return "pos-id-dim", -1
     return None, 0
 
@@ -604,7 +593,7 @@ def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
             findings.append(Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but the model's "
                                                           f"vocab_size is {vocab} ({os.fspath(hf_config)})"))
     logits = {tensor.shape[-1] for graph_list in (graphs or {}).values() for graph in graph_list
-              for tensor in graph.outputs if tensor.name == "logits" and tensor.shape}
+              for tensor in graph.outputs if tensor.name == LOGITS and tensor.shape}
     findings += [Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but logits have {width} entries")
                  for width in sorted(logits) if width != n_vocab]
     return findings

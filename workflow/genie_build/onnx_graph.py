@@ -16,9 +16,9 @@ import onnx
 from google.protobuf.message import Error as ProtobufError
 from onnx import numpy_helper
 
+from genie_build.conventions import graph_ar_cl
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import copy_range
-from genie_build.genie_contract import INPUT_IDS, read_ar, read_cl
 
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
@@ -266,14 +266,11 @@ class _DigestSink:
         self.digest.update(chunk)
 
 
-GENIE_TOKEN_INPUT = INPUT_IDS
-
-
 def ar_and_context_length(model: onnx.ModelProto) -> tuple[int, int] | None:
-    """(AR, CL) as Genie reads them from the graph's tensors (:mod:`genie_build.genie_contract`).
+    """(AR, CL) as Genie reads them from the graph's tensors (:func:`genie_build.conventions.graph_ar_cl`).
 
     Returns None when Genie could not read either of them from the tensors.
     """
     io = graph_io(model)
-    ar, context_length = read_ar("", io.inputs, io.outputs).value, read_cl("", io.inputs, io.outputs).value
+    ar, context_length = graph_ar_cl("", io.inputs, io.outputs)
     return (ar, context_length) if ar and context_length else None

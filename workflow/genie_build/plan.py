@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import jsonschema
 import onnx
 
+from genie_build.conventions import part_label
 from genie_build.encodings import Encodings, TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
-from genie_build.naming import part_label
 from genie_build.onnx_graph import InitializerSpec, initializer_specs
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
@@ -55,7 +55,7 @@ class PartPlan:
     """One part: 1-based ``index``; the pieces it holds; the tensors it takes and gives at its cuts."""
 
     index: int
-    label: str                    # genie_build.naming.part_label: "1_of_6", "01_of_11"
+    label: str                    # genie_build.conventions.part_label: "1_of_6", "01_of_11"
     pieces: tuple[str, ...]
     first_layer: int | None       # None for an embedding-only part
     last_layer: int | None

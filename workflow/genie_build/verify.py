@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from genie_build.conventions import INPUT_IDS
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import graph_io, load_graph
-from genie_build.onnx_graph import GENIE_TOKEN_INPUT as TOKEN_INPUT
 from genie_build.ort_session import cpu_session_options
 
 CPU = ["CPUExecutionProvider"]
@@ -210,4 +210,4 @@ def find_token_input(model: onnx.ModelProto) -> tuple[str, int | None]:
                 return value.name, tables[node.input[0]]
             if node.op_type in _ID_PRESERVING_OPS and node.input and node.input[0] in reached:
                 reached.update(node.output)
-    return TOKEN_INPUT, None
+    return INPUT_IDS, None

@@ -7,7 +7,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-from genie_build import __version__ as GENIE_BUILD_VERSION, genie_contract, naming, onnx_graph
+from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_contract, onnx_graph
 from genie_build.config import validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
@@ -30,7 +30,7 @@ def _config_error(key, problem):
 MODEL = config["model"]["name"]
 OUT = f"results/{MODEL}"
 SRC = f"{OUT}/source"
-GRAPHS = naming.GRAPH_KINDS
+GRAPHS = conventions.GRAPH_KINDS
 IS_DEMO = "prompt_onnx" not in config["model"]
 # Every rule runs the package with the interpreter running Snakemake (the project venv).
 GB = f"{shlex.quote(sys.executable)} -m genie_build"
@@ -163,13 +163,12 @@ def part_labels():
 
 def graph_name_for(graph, label):
     """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06'."""
-    return naming.graph_name(graph, *GRAPH_DIMS[graph], *naming.parse_part_label(label))
+    return conventions.graph_name(graph, *GRAPH_DIMS[graph], *conventions.parse_part_label(label))
 
 
 def unsplit_graph_name(graph):
     """The graph name of the whole (unsplit) model, e.g. 'prompt_ar32_cl256'."""
-    ar, context_length = GRAPH_DIMS[graph]
-    return f"{graph}_ar{ar}_cl{context_length}"
+    return conventions.unsplit_graph_name(graph, *GRAPH_DIMS[graph])
 
 
 def variant_part_files(pattern, variants):

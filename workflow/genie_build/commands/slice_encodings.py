@@ -15,6 +15,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from genie_build.conventions import GRAPH_KINDS, parse_part_label, part_label
 from genie_build.encodings import (
     Encodings,
     check_boundary_consistency,
@@ -29,7 +30,6 @@ from genie_build.encodings import (
 )
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory
-from genie_build.naming import GRAPH_KINDS, parse_part_label, part_label
 
 log = logging.getLogger(__name__)
 

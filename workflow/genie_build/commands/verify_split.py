@@ -6,9 +6,9 @@ import argparse
 import logging
 from pathlib import Path
 
+from genie_build.conventions import part_label
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
-from genie_build.naming import part_label
 from genie_build.verify import build_feed, verify_chain
 
 logger = logging.getLogger(__name__)
