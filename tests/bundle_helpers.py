@@ -163,8 +163,7 @@ def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
     _cli("calibrate", "--model-dir", source, "--out-prompt", source / "prompt.encodings.json",
          "--out-token", source / "token.encodings.json", "--num-samples", 1)
     _cli("plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
-         "--encodings-prompt", source / "prompt.encodings.json", "--encodings-token", source / "token.encodings.json",
-         "--num-parts", num_parts, "--out", root / "plan.json")
+         "--encodings-prompt", source / "prompt.encodings.json", "--num-parts", num_parts, "--out", root / "plan.json")
     for kind in ("prompt", "token"):
         _cli("split", "--plan", root / "plan.json", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--out-dir", root / "parts" / kind)

@@ -88,7 +88,7 @@ def plan_case(src: Path, out: Path, where: object, problem: str, *, prompt: Path
               token: Path | None = None, encodings: Path | None = None, num_parts: int = 2) -> Case:
     args = ("plan", "--prompt", prompt or src / "prompt.onnx", "--token", token or src / "token.onnx",
             "--encodings-prompt", encodings or src / "prompt.encodings.json",
-            "--encodings-token", src / "token.encodings.json", "--num-parts", num_parts, "--out", out / "plan.json")
+            "--num-parts", num_parts, "--out", out / "plan.json")
     return Case(args, str(where), problem, (out / "plan.json",))
 
 

@@ -40,7 +40,6 @@ UNQUOTED_ALLOWED = {
     "params.vocab": "integer (schema)",
     "params.calibrator": "schema enum [builtin, aimet]",
     "params.other": "'--consistent-with PATH', '--share-from PATH' (path shlex.quote()d) or '' (encodings.smk)",
-    "params.share": "the constant ' --token-shares-prompt' or ''",
     "params.max_context_mb": "number (schema)",
     "params.max_session_mb": "number (schema)",
     "wildcards.graph": "constrained to prompt|token",

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from genie_build.cli import main
-from genie_build.commands.verify_split import find_parts
+from genie_build.conventions import find_parts
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.split import split_graph
@@ -142,7 +142,7 @@ def test_cli_fails_on_an_incomplete_parts_dir(demo: Path, parts: dict[str, list[
 def test_find_parts_orders_by_index(tmp_path: Path) -> None:
     for index in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9, 11):
         (tmp_path / f"part_{index:02d}_of_11.onnx").touch()
-    assert [p.name for p in find_parts(tmp_path)][:3] == ["part_01_of_11.onnx", "part_02_of_11.onnx",
+    assert [p.name for p in find_parts(tmp_path).values()][:3] == ["part_01_of_11.onnx", "part_02_of_11.onnx",
                                                           "part_03_of_11.onnx"]
 
 

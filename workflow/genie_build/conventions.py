@@ -29,9 +29,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from genie_build.errors import GenieBuildError
 
 # --- graph IO ----------------------------------------------------------------------------------------------
 
@@ -61,6 +64,8 @@ EMBEDDING_BOUNDARY = "/model/embed_tokens/Gather_output_0"
 GRAPH_KINDS = ("prompt", "token")
 _PART_LABEL = re.compile(r"^(\d+)_of_(\d+)$")
 PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
+PART_GLOB = "part_*.onnx"
+_EXPECTED_PARTS = "expected part_01_of_N.onnx … part_N_of_N.onnx, all N of them"
 
 
 def part_label(index: int, num_parts: int) -> str:
@@ -77,6 +82,36 @@ def parse_part_label(label: str) -> tuple[int, int]:
     if not match:
         raise ValueError(f"not a part label: {label!r} (expected e.g. '01_of_11')")
     return int(match.group(1)), int(match.group(2))
+
+
+def part_file_name(label: str) -> str:
+    """``part_file_name("01_of_06") == "part_01_of_06.onnx"``: a part in its graph's parts directory."""
+    return f"part_{label}.onnx"
+
+
+def find_parts(parts_dir: Path) -> dict[str, Path]:
+    """The part files of a split directory, label -> path, in part order: all of ``part_{NN_of_N}.onnx``.
+
+    Raises:
+        GenieBuildError: no parts, a file name that is not a part label, or a set that is not exactly
+            parts 1..N of one N.
+    """
+    paths = sorted(parts_dir.glob(PART_GLOB))
+    if not paths:
+        raise GenieBuildError(parts_dir, f"no {PART_GLOB} files ({_EXPECTED_PARTS})")
+    parts: dict[str, Path] = {}
+    for path in paths:
+        label = path.name.removeprefix("part_").removesuffix(".onnx")
+        try:
+            _, num_parts = parse_part_label(label)
+        except ValueError as exc:
+            raise GenieBuildError(path, str(exc)) from None
+        parts[label] = path
+    expected = [part_label(index, num_parts) for index in range(1, num_parts + 1)]
+    if list(parts) != expected:
+        raise GenieBuildError(parts_dir, f"part files {', '.join(parts)} are not exactly parts {', '.join(expected)} "
+                                         f"({_EXPECTED_PARTS})")
+    return parts
 
 
 def unsplit_graph_name(kind: str, ar: int, cl: int) -> str:

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from genie_build.conventions import graph_ar_cl
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import copy_range
+from genie_build.fileio import copy_range, write_json
 
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
@@ -195,6 +195,26 @@ def _stored_nbytes(tensor: onnx.TensorProto) -> int:
 
 
 # ------------------------------------------------------------------------------------------- sharing
+
+def check_model(prompt_path: str, token_path: str, out: str | os.PathLike[str]) -> dict:
+    """The check-model stage: both graphs' weights are all there (:func:`check_external_data`) and the shared
+    ones agree (:func:`check_shared_initializers`); writes and returns a summary of what they share.
+
+    Raises:
+        GenieBuildError: a weight file is missing or short, or a shared weight differs.
+    """
+    graphs = {"prompt": load_graph(prompt_path), "token": load_graph(token_path)}
+    check_external_data(graphs["prompt"], prompt_path)
+    check_external_data(graphs["token"], token_path)
+    check_shared_initializers(prompt_path, token_path)
+    specs = {kind: initializer_specs(model) for kind, model in graphs.items()}
+    shared = sorted(set(specs["prompt"]) & set(specs["token"]))
+    summary = {"prompt": prompt_path, "token": token_path, "shared_initializers": len(shared),
+               "shared_bytes": sum(specs["prompt"][name].nbytes for name in shared)}
+    write_json(out, summary)
+    return summary
+
+
 
 def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str]) -> None:
     """Check that initializers with the same name in both graphs are the same tensor: shape, dtype and value.

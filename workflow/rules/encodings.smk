@@ -1,14 +1,13 @@
 # Cut each graph's encodings per part. A checkpoint per graph, so an edit to one tensor's encodings reruns
 # only the parts whose slice bytes changed.
 
-OTHER_GRAPH = {"prompt": "token", "token": "prompt"}
-
-
 def _other_encodings_option(wildcards, input):
-    """Check the graphs agree; with encodings.share_from: prompt the token graph takes the prompt's instead."""
-    if config["encodings"]["share_from"] != "prompt":
-        return f"--consistent-with {shlex.quote(input.other_encodings)}"
-    return f"--share-from {shlex.quote(input.other_encodings)}" if wildcards.graph == "token" else ""
+    """The token graph's job checks that the graphs' encodings agree (the one place that check runs); with
+    encodings.share_from: prompt it takes the prompt's instead. The prompt graph's job reads only its own."""
+    if wildcards.graph != "token":
+        return ""
+    option = "--share-from" if config["encodings"]["share_from"] == "prompt" else "--consistent-with"
+    return f"{option} {shlex.quote(input.other_encodings[0])}"
 
 
 checkpoint slice_encodings:
@@ -16,7 +15,7 @@ checkpoint slice_encodings:
         parts=split_part_files,
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
         encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
-        other_encodings=lambda wc: SOURCE[f"{OTHER_GRAPH[wc.graph]}_encodings"],
+        other_encodings=lambda wc: [SOURCE["prompt_encodings"]] if wc.graph == "token" else [],
     output:
         slices=directory(f"{OUT}/encodings/{{graph}}"),
     priority: CRITICAL_PATH

@@ -57,27 +57,27 @@ rule check_model:
 
 # A checkpoint, so that a plan rewritten with the same bytes does not force a new split. The plan reads the
 # graphs' structure and the weights' sizes, not their bytes: the weights are not inputs, so a weights-only
-# change does not replan, and Snakemake does not hash GBs of weights for this job.
+# change does not replan, and Snakemake does not hash GBs of weights for this job. It weighs the pieces with the
+# prompt graph's encodings only (whether the graphs' encodings agree is the token graph's slice_encodings job's
+# check), so a change to the token graph's encodings does not replan either.
 checkpoint plan_split:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
         prompt_encodings=SOURCE["prompt_encodings"],
-        token_encodings=SOURCE["token_encodings"],
         contract=f"{OUT}/contract_check.json",  # nothing is split or converted for graphs Genie could not load
     output:
         plan=f"{OUT}/plan.json",
     params:
         split=SPLIT_ARGS,
-        share=" --token-shares-prompt" if config["encodings"]["share_from"] == "prompt" else "",
     log:
         f"{OUT}/logs/plan_split.log",
     benchmark:
         f"{OUT}/benchmarks/plan_split.tsv"
     shell:
         "{GB} plan --prompt {input.prompt:q} --token {input.token:q}"
-        " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q}"
-        " {params.split} --skip-weight-check{params.share} --out {output.plan:q} > {log:q} 2>&1"
+        " --encodings-prompt {input.prompt_encodings:q}"
+        " {params.split} --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
 # A checkpoint per graph: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,

@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 
-from genie_build.cli_args import json_object
+from genie_build.cli_args import json_object, positive_float
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, recipe_from_dict,
                                   weights_from_hf_config, weights_from_onnx, write_estimate)
@@ -29,7 +29,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     source.add_argument("--onnx", help="the prompt graph .onnx; its external data is not read")
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
-    size.add_argument("--max-part-mb", type=_positive_float,
+    size.add_argument("--max-part-mb", type=positive_float,
                       help="largest part in MiB (2**20 bytes), as the plan command weighs it")
     recipe = parser.add_mutually_exclusive_group()
     recipe.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
@@ -42,9 +42,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="with --onnx: the L + 1 residual tensors; default: found from node scopes")
     parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
-    parser.add_argument("--max-context-mb", type=_positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+    parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
                         help="memory plan: per context binary, MiB (default %(default)s)")
-    parser.add_argument("--max-session-mb", type=_positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+    parser.add_argument("--max-session-mb", type=positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
                         help="memory plan: per HTP session, MiB (default %(default)s)")
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
     return parser
@@ -71,10 +71,3 @@ def run(args: argparse.Namespace) -> int:
                           for predicted in result.parts if predicted.part == part.index)
         log.info("part %s: %s: %s", part.label, "+".join(part.pieces), sizes)
     return 0
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
