@@ -153,6 +153,21 @@ def test_check_contract_command_fails_on_the_hf_export_in_one_line(hf_graphs: tu
     assert report["bundle_enabled"] is False and len(report["violations"]) == 21
 
 
+def test_check_contract_takes_its_checks_as_the_json_the_workflow_passes(hf_graphs: tuple[Path, Path],
+                                                                         tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]):
+    prompt, token = hf_graphs
+    out = tmp_path / "contract.json"
+    checks = {"expect_ar": None, "expect_context": None, "context_size": None}
+    command = ["check-contract", "--prompt", str(prompt), "--token", str(token), "--out", str(out), "--checks-json"]
+    assert main([*command, json.dumps({**checks, "report_only": False})]) == 2
+    assert "21 violation(s)" in capsys.readouterr().err and not out.exists()
+    assert main([*command, json.dumps({**checks, "report_only": True})]) == 0
+    assert json.loads(out.read_text())["bundle_enabled"] is False
+    assert main([*command, '{"report-only": true}']) == 2
+    assert "--checks-json: unknown keys ['report-only']" in capsys.readouterr().err
+
+
 # --- each rule broken on its own ----------------------------------------------------------------------------
 
 def contract_graph(kind: str, shape: DemoShape = SMALL) -> dict[str, dict[str, tuple[tuple, str]]]:

@@ -1,4 +1,5 @@
-"""Check a Genie bundle against what Genie enforces when it loads one (facts file, section 3).
+"""Check a Genie bundle against what Genie enforces when it loads one (``Dialog.cpp``, ``nsp-model.cpp``;
+docs/conventions.md).
 
 Usable on bundles made elsewhere: graph names and IO come from ``metadata.yaml`` when the bundle has one,
 else from the ctx-bins themselves when they are reference containers. Every finding carries a stable rule

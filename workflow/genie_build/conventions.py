@@ -204,7 +204,7 @@ def read_ar(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]
             how = "its elements / its largest dim" if per_row else "its elements"
             return Reading(dims.elements // dims.largest if per_row else dims.elements,
                            f"{_described(by_input[name])} ({how})")
-    key_out = first_key_output(outputs)
+    key_out = _first_key_output(outputs)
     if key_out is not None:
         dims = genie_dims(key_out.shape)
         return Reading(dims and dims.channel, f"{_described(key_out)} (its last dim)")
@@ -221,7 +221,7 @@ def read_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]
     if MASK in by_input:
         dims = genie_dims(by_input[MASK].shape)
         return Reading(dims and dims.channel, f"{_described(by_input[MASK])} (its last dim)")
-    key_out = first_key_output(outputs)
+    key_out = _first_key_output(outputs)
     key_in = by_input.get(key_out.name[:key_out.name.rfind("_")] + "_in") if key_out is not None else None
     if key_out is not None and key_in is not None:
         out_dims, in_dims = genie_dims(key_out.shape), genie_dims(key_in.shape)
@@ -242,7 +242,7 @@ def tensors_by_name(tensors: Iterable[Tensor]) -> dict[str, Tensor]:
     return {tensor.name: tensor for tensor in tensors}
 
 
-def first_key_output(outputs: Sequence[Tensor]) -> Tensor | None:
+def _first_key_output(outputs: Sequence[Tensor]) -> Tensor | None:
     """The output Genie takes for the key cache: the first, in name order, starting with the cache prefix and
     containing "key" (Genie's tensor map is ordered by name)."""
     return next((t for t in sorted(outputs, key=lambda t: t.name) if t.name.startswith(KV_PREFIX)

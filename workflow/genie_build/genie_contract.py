@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_IDS, INPUTS_EMBEDS, KV_TENSOR,
-                                     LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Reading, Tensor, first_key_output,
-                                     genie_dims, read_ar, read_cl, shape_text, tensors_by_name)
+                                     LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Tensor, genie_dims, read_ar, read_cl,
+                                     shape_text, tensors_by_name)
 
 # a tensor that looks like a cache entry under another naming (present_key_3, past_key_values.3.key, ...)
 _KV_LIKE = re.compile(r"(past|present|cache|kv)", re.IGNORECASE)

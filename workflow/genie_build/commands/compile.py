@@ -16,8 +16,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser = subparsers.add_parser("compile", help="link a part's converted graphs into one context binary",
                                    description=__doc__)
     parser.add_argument("--toolchain", required=True, choices=sorted(TOOLCHAINS))
-    parser.add_argument("--graph", required=True, action="append", metavar="NAME=PATH",
-                        help="a converted graph and its graph name; give one per graph (prompt and token)")
+    parser.add_argument("--graph", required=True, action="extend", nargs="+", metavar="NAME=PATH",
+                        help="a converted graph and its graph name, one per graph (prompt and token): "
+                             "--graph A=a.onnx B=b.onnx or --graph A=a.onnx --graph B=b.onnx")
     parser.add_argument("--variant-json", required=True,
                         help='the variant\'s options, e.g. \'{"weights_packing": true, "optimization_type": 3, '
                              '"weight_sharing_enabled": true, "vtcm_mb": 0, "float_bitwidth": 16}\'')

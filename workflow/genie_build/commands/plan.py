@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.cli_args import positive_float
+from genie_build.cli_args import add_split_options, split_options
 from genie_build.plan import MIB, plan_split
 
 
@@ -16,15 +16,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--token", required=True, help="token graph (AR = 1) .onnx, same weights")
     parser.add_argument("--encodings-prompt", required=True, help="AIMET encodings of the prompt graph (weigh the "
                                                                   "pieces; slice-encodings checks the graphs agree)")
-    size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
-    size.add_argument("--max-part-mb", type=positive_float,
-                      help="largest part in MiB (2**20 bytes): use the fewest parts that fit")
-    parser.add_argument("--embedding-with-layers", action="store_true",
-                        help="put the embedding in part 1 with the first layer(s) instead of alone")
-    parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
-                        help="the L + 1 residual tensors (after the embedding, after each layer); "
-                             "default: found from node scopes")
+    add_split_options(parser)
     parser.add_argument("--skip-weight-check", action="store_true",
                         help="do not compare the graphs' shared weights (the workflow runs check-model for that, "
                              "once per model change, not once per encodings change)")
@@ -33,8 +25,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=args.num_parts,
-               max_part_bytes=None if args.max_part_mb is None else int(args.max_part_mb * MIB),
-               embedding_alone=not args.embedding_with_layers, boundaries=args.boundaries,
+    split = split_options(args)
+    plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=split["num_parts"],
+               max_part_bytes=None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB),
+               embedding_alone=split["embedding_alone"], boundaries=split["boundaries"],
                check_weights=not args.skip_weight_check)
     return 0
