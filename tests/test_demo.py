@@ -14,12 +14,14 @@ from onnx import numpy_helper
 
 from genie_build import cli, demo
 from genie_build.conventions import EMBED_WEIGHT, MASK_MIN, causal_mask, rope_tables
-from genie_build.demo import (DemoShape, example_inputs, generate_demo, graph_inputs, graph_outputs,
+from genie_build.demo import (example_inputs, generate_demo, graph_inputs, graph_outputs,
                               shape_from_hf_config)
 from genie_build.errors import GenieBuildError
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
 
-TINY = DemoShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=300, context=48, ar=8)
+import demo_shapes
+
+TINY = demo_shapes.TINY
 FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data", "config.json")
 LAYER_WEIGHTS = ("self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
                  "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias",

@@ -18,17 +18,16 @@ from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.split import split_graph
 from genie_build.verify import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
+from demo_shapes import SMALL
 from tiny_decoder import make_plan
 
-SHAPE = DemoShape(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, context=64, ar=8)
+SHAPE = SMALL
 PLAN = make_plan(4, [[0, 1], [2, 3]])
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    generate_demo(SHAPE, out)
-    return out
+def demo(small_demo: Path) -> Path:
+    return small_demo
 
 
 @pytest.fixture()
