@@ -30,11 +30,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from genie_build.errors import GenieBuildError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # --- graph IO ----------------------------------------------------------------------------------------------
 
@@ -280,6 +281,7 @@ def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarr
     Returns:
         ``(cos, sin)``, each ``[1, 1, len(positions), head_dim / 2]`` float32.
     """
+    import numpy as np  # here, not at the top: most commands read names from this module and need no numpy
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
     inv_freq = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
     angles = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
@@ -295,6 +297,8 @@ def causal_mask(ar: int, context: int, past_len: int) -> np.ndarray:
     Raises:
         ValueError: ``past_len`` is outside ``0..context-ar``.
     """
+    import numpy as np  # see rope_tables
+
     past = context - ar
     if not 0 <= past_len <= past:
         raise ValueError(f"past_len {past_len} outside 0..{past}")
