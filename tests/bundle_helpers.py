@@ -15,9 +15,9 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, models
 
 from genie_build.bundle import ctx_bin_name
-from genie_build.check_bundle import METADATA_NAME, dump_metadata
 from genie_build.conventions import graph_name
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
+from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")

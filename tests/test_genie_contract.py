@@ -103,9 +103,8 @@ def test_check_contract_reads_no_weights(tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def hf_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    hf_export = pytest.importorskip("hf_export", reason="tests/hf_export.py is not there")
-    return hf_export.export_tiny_qwen2(tmp_path_factory.mktemp("hf"), layers=2, prompt_ar=8, context=32)
+def hf_graphs(hf_qwen2: tuple[Path, Path]) -> tuple[Path, Path]:
+    return hf_qwen2
 
 
 HF_VIOLATIONS = {  # per graph: every tensor the dynamo export gets wrong, and a word of why

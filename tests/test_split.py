@@ -241,11 +241,9 @@ def test_single_part_plan_copies_the_whole_graph(tmp_path: Path) -> None:
     assert len(graph.node) == len(source.node)
 
 
-def test_hf_export_splits_bit_exact(tmp_path: Path) -> None:
+def test_hf_export_splits_bit_exact(hf_qwen2: tuple[Path, Path], tmp_path: Path) -> None:
     """A real transformers Qwen2 export (dynamo), boundaries found from node scopes, planned by genie_build.plan."""
-    hf_export = pytest.importorskip("hf_export", reason="tests/hf_export.py is not there")
-    # Two layers keep the export (about 10 s per graph) short; skips when torch/transformers are missing.
-    prompt, token = hf_export.export_tiny_qwen2(tmp_path / "hf", layers=2, prompt_ar=8)
+    prompt, token = hf_qwen2
     model = load_graph(prompt)
     cuts = find_boundaries(model, prompt)
     plan = plan_by_num_parts(model_pieces(model, Encodings(), cuts), num_parts=3)

@@ -16,6 +16,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import jsonschema
 import onnx
@@ -34,7 +35,9 @@ log = logging.getLogger(__name__)
 
 SCALE_OFFSET_PAIR_BYTES = 4      # estimate for one stored scale/offset pair
 PER_BLOCK_INT_SCALE_BYTES = 1    # estimate for one LPBQ per-block integer scale
-MODES = ("num_parts", "max_part_mb")
+PieceKind = Literal["embedding", "layer", "head"]
+PlanMode = Literal["num_parts", "max_part_mb"]
+MODES = get_args(PlanMode)
 NUM_PARTS_KEY = "split.num_parts"
 MAX_PART_KEY = "split.max_part_mb"
 MIB = 1024 * 1024
@@ -49,7 +52,7 @@ class Piece:
     ``output_boundary`` is the residual tensor it hands to the next piece (None for the head)."""
 
     name: str            # "embedding", "layer_0" .. "layer_{L-1}", "head"
-    kind: str            # "embedding" | "layer" | "head"
+    kind: PieceKind
     bytes: int
     layer: int | None = None
     output_boundary: str | None = None
@@ -76,7 +79,7 @@ class Plan:
     num_layers: int
     boundaries: tuple[str, ...]   # residual-stream tensors: after embedding, after each layer 0..L-1
     embedding_alone: bool
-    mode: str                     # "num_parts" | "max_part_mb"
+    mode: PlanMode
     max_part_bytes: int | None = None   # the budget, in "max_part_mb" mode
     pieces: tuple[Piece, ...] = ()      # every piece with its estimated bytes
     graph_ar: dict[str, int] = field(default_factory=dict)  # tokens per call of each graph: prompt, token
@@ -434,7 +437,7 @@ PLAN_SCHEMA = {
         "pieces": {"type": "array", "items": {
             "type": "object", "additionalProperties": False,
             "required": ["name", "kind", "bytes", "layer", "output_boundary"],
-            "properties": {"name": _NAME, "kind": {"enum": ["embedding", "layer", "head"]}, "bytes": _COUNT,
+            "properties": {"name": _NAME, "kind": {"enum": list(get_args(PieceKind))}, "bytes": _COUNT,
                            "layer": _OPTIONAL_INT, "output_boundary": _OPTIONAL_NAME}}},
         "parts": {"type": "array", "minItems": 2, "items": {
             "type": "object", "additionalProperties": False,
