@@ -15,9 +15,9 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, models
 
 from genie_build.bundle import ctx_bin_name
-from genie_build.check_bundle import METADATA_NAME, dump_metadata
+from genie_build.conventions import graph_name
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
-from genie_build.naming import graph_name
+from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -153,7 +153,7 @@ def _cli(*args: object) -> None:
 def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
     """Demo model -> tokenizer -> calibrated encodings -> plan -> split -> slices -> convert -> compile ->
     bundle, each step through ``python -m genie_build`` commands (about 2 s for the tiny demo)."""
-    from genie_build.naming import graph_name, part_label
+    from genie_build.conventions import graph_name, part_label
 
     source = root / "source"
     _cli("generate-demo", "--out-dir", source, *[item for key, value in TINY_DEMO.items()
@@ -163,8 +163,7 @@ def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
     _cli("calibrate", "--model-dir", source, "--out-prompt", source / "prompt.encodings.json",
          "--out-token", source / "token.encodings.json", "--num-samples", 1)
     _cli("plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
-         "--encodings-prompt", source / "prompt.encodings.json", "--encodings-token", source / "token.encodings.json",
-         "--num-parts", num_parts, "--out", root / "plan.json")
+         "--encodings-prompt", source / "prompt.encodings.json", "--num-parts", num_parts, "--out", root / "plan.json")
     for kind in ("prompt", "token"):
         _cli("split", "--plan", root / "plan.json", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--out-dir", root / "parts" / kind)

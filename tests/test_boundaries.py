@@ -145,7 +145,7 @@ def test_plan_of_a_float16_demo_equals_the_float32_plan(tmp_path: Path) -> None:
         encodings = [source / f"{kind}.encodings.json" for kind in ("prompt", "token")]
         calibrate(source / "prompt.onnx", source / "token.onnx", *encodings, num_samples=1)
         assert main(["plan", "--prompt", str(source / "prompt.onnx"), "--token", str(source / "token.onnx"),
-                     "--encodings-prompt", str(encodings[0]), "--encodings-token", str(encodings[1]),
+                     "--encodings-prompt", str(encodings[0]),
                      "--num-parts", "3", "--out", str(source / "plan.json")]) == 0
         plans[dtype] = read_plan(source / "plan.json")
     assert embedding_table(load_graph(tmp_path / "float16" / "prompt.onnx"), WHERE).dtype == "float16"

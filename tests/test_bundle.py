@@ -11,20 +11,16 @@ import pytest
 import yaml
 
 import genie_build.bundle as bundle_module
-from bundle_helpers import ReferenceBuild, build_reference_bundle
+from bundle_helpers import ReferenceBuild
 from genie_build.bundle import assemble_bundle, runtime_tool_versions
-from genie_build.check_bundle import METADATA_NAME, check_bundle, parse_metadata
+from genie_build.check_bundle import check_bundle
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
+from genie_build.metadata import METADATA_NAME, parse_metadata
 from genie_build.toolchains.reference.container import inspect_container
 
 CTX_BINS = ["demo_part_1_of_3.bin", "demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]
 CONFIG_USED = {"model": {"name": "demo"}, "bundle": {"variant": "packed"}}
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> ReferenceBuild:
-    return build_reference_bundle(tmp_path_factory.mktemp("reference"))
 
 
 def assemble(build: ReferenceBuild, out_dir: Path, binaries: list[Path] | None = None, **overrides) -> Path:

@@ -1,7 +1,7 @@
 """Between-workflow cache (docs/cluster.md): separate checkouts share one ``SNAKEMAKE_OUTPUT_CACHE``.
 
 A second checkout of the same model restores every converted and compiled part from the cache with the same bytes;
-different parts never share an entry (Snakemake's cache key ignores wildcards, snakemake-findings §2.3); a part whose
+different parts never share an entry (Snakemake's cache key ignores wildcards, docs/snakemake.md); a part whose
 weights changed is built again, not restored.
 """
 

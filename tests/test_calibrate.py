@@ -15,11 +15,13 @@ from onnx import numpy_helper
 from genie_build import cli
 from genie_build.calibrate import (activation_encoding, calibrate, calibration_feeds, merge_ranges,
                                    symmetric_per_channel, tie_kv_cache)
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 
-TINY = DemoShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=300, context=48, ar=8)
+import demo_shapes
+
+TINY = demo_shapes.TINY
 MATMUL_WEIGHTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                   "mlp.up_proj", "mlp.down_proj")
 

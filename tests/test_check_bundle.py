@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from bundle_helpers import (demo_hf_config, edit_json, quant, replace_tensor, synthetic_infos, write_bundle,
                             write_tokenizer)
-from genie_build.check_bundle import METADATA_NAME, RULES, Finding, check_bundle, dump_metadata, require_valid_bundle
+from genie_build.check_bundle import RULES, Finding, check_bundle, require_valid_bundle
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
+from genie_build.metadata import METADATA_NAME, dump_metadata
 
 VENDOR = Path("/work/shared/data/vendor-genie-configs")
 QWEN_VOCAB = 152064

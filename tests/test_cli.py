@@ -31,6 +31,16 @@ def test_a_command_does_not_import_the_others_libraries():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("command", ["compile", "account", "convert", "size_table", "memory_plan"])
+def test_the_per_part_and_table_commands_start_without_numpy_or_onnx(command):
+    """Their jobs are most of a build's jobs: what they pay before their work is Python and the CLI only
+    (genie_build.conventions imports numpy only where it computes RoPE tables and masks)."""
+    code = (f"import sys; from genie_build.cli import build_parser; build_parser({command!r}); "
+            "print(sorted(m for m in ('numpy', 'onnx', 'onnxruntime', 'pandas', 'jsonschema') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 def test_benchmark_option_writes_time_and_peak_rss(tmp_path):
     import pandas as pd
 

@@ -187,3 +187,15 @@ def test_numbers_and_booleans_given_as_text_are_read_as_the_schema_asks():
     with pytest.raises(GenieBuildError, match=r"config demo.layers: 'true' is not of type 'integer'"):
         validate_config(with_changes(demo={"layers": "true"}))
     assert validate_config(with_changes(model={"name": "123"}))["model"]["name"] == "123"  # stays a string
+
+
+def test_a_variants_options_are_compile_options_fields() -> None:
+    """A variant is defined once, as CompileOptions' fields (toolchains/base.py); the schema must offer exactly
+    those options, each with the JSON type of its field, besides the toolchain."""
+    from genie_build.toolchains.base import variant_options
+
+    schema = yaml.safe_load(DEFAULT_SCHEMA.read_text())
+    properties = schema["properties"]["variants"]["additionalProperties"]["properties"]
+    json_types = {bool: "boolean", int: "integer"}
+    assert {name: spec["type"] for name, spec in properties.items() if name != "toolchain"} == \
+        {name: json_types[kind] for name, kind in variant_options().items()}

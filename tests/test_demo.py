@@ -13,12 +13,15 @@ import pytest
 from onnx import numpy_helper
 
 from genie_build import cli, demo
-from genie_build.demo import (MASK_MIN, DemoShape, causal_mask, example_inputs, generate_demo, graph_inputs,
-                              graph_outputs, rope_tables, shape_from_hf_config)
+from genie_build.conventions import EMBED_WEIGHT, MASK_MIN, causal_mask, rope_tables
+from genie_build.demo import (example_inputs, generate_demo, graph_inputs, graph_outputs,
+                              shape_from_hf_config)
 from genie_build.errors import GenieBuildError
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
 
-TINY = DemoShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=300, context=48, ar=8)
+import demo_shapes
+
+TINY = demo_shapes.TINY
 FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data", "config.json")
 LAYER_WEIGHTS = ("self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
                  "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias",
@@ -155,7 +158,7 @@ def test_causal_mask_layout() -> None:
 
 
 def test_rope_tables_match_the_formula() -> None:
-    cos, sin = rope_tables(TINY, [0, 5, 47])
+    cos, sin = rope_tables(TINY.head_dim, TINY.rope_theta, [0, 5, 47])
     d = TINY.head_dim
     angles = np.array([0, 5, 47])[:, None] / TINY.rope_theta ** (np.arange(0, d, 2) / d)[None, :]
     assert cos.shape == sin.shape == (1, 1, 3, d // 2) and cos.dtype == np.float32
@@ -169,7 +172,7 @@ def test_example_inputs_are_deterministic_and_consistent() -> None:
     assert first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
     assert first["input_ids"].dtype == np.int32 and 0 <= first["input_ids"].min() <= first["input_ids"].max() < 300
     assert np.array_equal(first["attention_mask"], causal_mask(TINY.ar, TINY.context, 10))
-    assert np.array_equal(first["position_ids_cos"], rope_tables(TINY, np.arange(10, 10 + TINY.ar))[0])
+    assert np.array_equal(first["position_ids_cos"], rope_tables(TINY.head_dim, TINY.rope_theta, np.arange(10, 10 + TINY.ar))[0])
 
 
 def test_config_json_describes_the_model(tiny_dir: Path) -> None:
@@ -228,7 +231,7 @@ def hf_model(model_dir: Path):
     config._attn_implementation = "eager"
     model = transformers.Qwen2ForCausalLM(config).eval()
     # HF weights only; MatMul weights are stored [in, out], HF wants [out, in].
-    state = {name: torch.from_numpy(np.array(value.T if value.ndim == 2 and name != demo.EMBED_WEIGHT else value))
+    state = {name: torch.from_numpy(np.array(value.T if value.ndim == 2 and name != EMBED_WEIGHT else value))
              for name, value in initializers(model_dir / "prompt.onnx").items() if not name.startswith("/")}
     model.load_state_dict(state, strict=True)
     return torch, model

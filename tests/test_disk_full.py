@@ -35,7 +35,7 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
     commands: dict[str, list[object]] = {
         "plan": ["plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
                  "--encodings-prompt", source / "prompt.encodings.json",
-                 "--encodings-token", source / "token.encodings.json", "--num-parts", 3, "--out", out],
+                 "--num-parts", 3, "--out", out],
         "split": ["split", "--plan", root / "plan.json", "--graph", "prompt", "--model", source / "prompt.onnx",
                   "--out-dir", out],
         "slice-encodings": ["slice-encodings", "--graph", "prompt", "--model", source / "prompt.onnx",

@@ -547,7 +547,7 @@ def test_command_failing_midway_keeps_the_previous_output_whole(three_parts: dic
         if len(calls) == 2:
             raise GenieBuildError(path, "disk full")
 
-    monkeypatch.setattr("genie_build.commands.slice_encodings.write_encodings", write_then_fail)
+    monkeypatch.setattr("genie_build.slice_encodings.write_encodings", write_then_fail)
     assert slice_cli(three_parts) == 2
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     assert [path.name for path in out.parent.iterdir()] == ["prompt"]  # no staging directory left

@@ -103,9 +103,8 @@ def test_check_contract_reads_no_weights(tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def hf_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    hf_export = pytest.importorskip("hf_export", reason="tests/hf_export.py is not there")
-    return hf_export.export_tiny_qwen2(tmp_path_factory.mktemp("hf"), layers=2, prompt_ar=8, context=32)
+def hf_graphs(hf_qwen2: tuple[Path, Path]) -> tuple[Path, Path]:
+    return hf_qwen2
 
 
 HF_VIOLATIONS = {  # per graph: every tensor the dynamo export gets wrong, and a word of why
@@ -151,6 +150,21 @@ def test_check_contract_command_fails_on_the_hf_export_in_one_line(hf_graphs: tu
                  "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["bundle_enabled"] is False and len(report["violations"]) == 21
+
+
+def test_check_contract_takes_its_checks_as_the_json_the_workflow_passes(hf_graphs: tuple[Path, Path],
+                                                                         tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]):
+    prompt, token = hf_graphs
+    out = tmp_path / "contract.json"
+    checks = {"expect_ar": None, "expect_context": None, "context_size": None}
+    command = ["check-contract", "--prompt", str(prompt), "--token", str(token), "--out", str(out), "--checks-json"]
+    assert main([*command, json.dumps({**checks, "report_only": False})]) == 2
+    assert "21 violation(s)" in capsys.readouterr().err and not out.exists()
+    assert main([*command, json.dumps({**checks, "report_only": True})]) == 0
+    assert json.loads(out.read_text())["bundle_enabled"] is False
+    assert main([*command, '{"report-only": true}']) == 2
+    assert "--checks-json: unknown keys ['report-only']" in capsys.readouterr().err
 
 
 # --- each rule broken on its own ----------------------------------------------------------------------------

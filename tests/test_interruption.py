@@ -42,7 +42,7 @@ def _plan_args(build: ReferenceBuild, out: Path) -> list[object]:
     source = build.source
     return ["plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
             "--encodings-prompt", source / "prompt.encodings.json",
-            "--encodings-token", source / "token.encodings.json", "--num-parts", 3, "--out", out]
+            "--num-parts", 3, "--out", out]
 
 
 def _convert_args(build: ReferenceBuild, out: Path) -> list[object]:

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
-from genie_build.encodings import Encodings, TensorEncoding
+from genie_build.encodings import Encodings, TensorEncoding, check_graphs_consistent, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import InitializerSpec, initializer_specs
 from genie_build.plan import (
@@ -336,8 +336,7 @@ def inputs(tmp_path: Path) -> dict[str, Path]:
 
 def plan_args(inputs: dict[str, Path], out: Path, *extra: str) -> list[str]:
     return ["plan", "--prompt", str(inputs["prompt"]), "--token", str(inputs["token"]),
-            "--encodings-prompt", str(inputs["enc"]), "--encodings-token", str(inputs["enc_token"]),
-            "--out", str(out), *extra]
+            "--encodings-prompt", str(inputs["enc"]), "--out", str(out), *extra]
 
 
 def test_command_writes_plan(inputs: dict[str, Path], tmp_path: Path) -> None:
@@ -384,11 +383,15 @@ def test_command_rejects_differing_weights(inputs: dict[str, Path], tmp_path: Pa
     assert "\n" not in error and not out.exists()
 
 
-def test_command_rejects_differing_param_encodings(inputs: dict[str, Path], tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_differing_param_encodings_are_refused_once_by_the_encodings_stage(inputs: dict[str, Path],
+                                                                          tmp_path: Path) -> None:
+    """The plan weighs the pieces with the prompt graph's encodings; whether the two graphs' encodings agree is
+    checked in one place, slice-encodings' check_graphs_consistent (tests/test_encodings.py runs its command)."""
     write_encodings(inputs["enc_token"], {"model.layers.0.mlp.up_proj.weight": 8})
-    assert main(plan_args(inputs, tmp_path / "plan.json", "--num-parts", "3")) == 2
-    assert "parameter encoding of 'model.layers.0.mlp.up_proj.weight' differs" in capsys.readouterr().err
+    assert main(plan_args(inputs, tmp_path / "plan.json", "--num-parts", "3")) == 0
+    with pytest.raises(GenieBuildError, match=r"^model\.layers\.0\.mlp\.up_proj\.weight: param encoding differs "
+                                              "between the prompt graph and the token graph"):
+        check_graphs_consistent(read_encodings(inputs["enc"]), read_encodings(inputs["enc_token"]))
 
 
 def test_command_rejects_missing_data_file(inputs: dict[str, Path], tmp_path: Path,

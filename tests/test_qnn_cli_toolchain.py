@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from genie_build.conventions import graph_name
 from genie_build.errors import GenieBuildError
-from genie_build.naming import graph_name
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
+from genie_build.toolchains.context_binary_json import binary_info_from_utility_json
 from genie_build.toolchains.qnn_cli import QnnCliToolchain
-from genie_build.toolchains.qnn_sdk import binary_info_from_utility_json
 from doubles import compile_options, FAIL_VARIABLE, LOG_VARIABLE, install_fake_sdk, read_log, write_tiny_part
 
 # Spaces, both quotes, $ and a backtick: anything a shell would reinterpret.

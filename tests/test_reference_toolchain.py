@@ -19,7 +19,6 @@ from tiny_decoder import build_tiny_decoder
 from genie_build import __version__
 from genie_build.chipsets import lookup
 from genie_build.cli import main
-from genie_build.commands.compile import compile_options
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, WeightLayout, layout_of, write_encodings
 from genie_build.errors import GenieBuildError
@@ -529,7 +528,7 @@ def test_cli_reports_a_non_container_as_one_line_naming_it(tiny, capsys):
 def test_compile_options_come_from_the_variant_and_the_chipset():
     variant = {"weights_packing": True, "optimization_type": 3, "weight_sharing_enabled": True, "vtcm_mb": 0,
                "float_bitwidth": 16}
-    assert compile_options({**variant, "toolchain": "reference"}, lookup("SM8650")) == CompileOptions(
+    assert CompileOptions.from_variant({**variant, "toolchain": "reference"}, lookup("SM8650")) == CompileOptions(
         weights_packing=True, optimization_type=3, weight_sharing_enabled=True, vtcm_mb=0, soc_model=57,
         dsp_arch="v75", float_bitwidth=16)
     for bad, problem in (({**variant, "vtcm_mb": True}, "vtcm_mb is True"),
@@ -537,4 +536,4 @@ def test_compile_options_come_from_the_variant_and_the_chipset():
                          ({k: v for k, v in variant.items() if k != "vtcm_mb"}, "missing options \\['vtcm_mb'\\]"),
                          ({**variant, "O": 3}, "unknown options \\['O'\\]")):
         with pytest.raises(GenieBuildError, match=problem):
-            compile_options(bad, lookup("SM8750"))
+            CompileOptions.from_variant(bad, lookup("SM8750"))

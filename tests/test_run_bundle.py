@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild, build_reference_bundle
+from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from genie_build.chipsets import lookup
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
@@ -24,11 +24,6 @@ from genie_build.toolchains.reference.container import load_container, read_grap
 from genie_build.toolchains.reference.toolchain import ReferenceToolchain
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> ReferenceBuild:
-    return build_reference_bundle(tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture(scope="module")

@@ -26,21 +26,13 @@ from workflow_helpers import REPO, copy_workflow, load_json, write_config
 
 # Placeholders allowed without ":q", and why each cannot carry a shell metacharacter.
 UNQUOTED_ALLOWED = {
-    "GB": "shlex.quote(sys.executable) + ' -m genie_build' (common.smk)",
-    "params.python": "shlex.quote()d interpreter path",
+    "params.python": "shlex.quote()d interpreter path (common.smk PYTHON, python_for)",
     "params.source": "the constant '--hf-config' or '--onnx' (estimate.smk)",
-    "params.graphs": "each NAME=PATH item shlex.quote()d by the rule's function",
-    "params.split": "integers/numbers from the schema; boundary names shlex.quote()d",
-    "params.shape": "demo sizes: integers and an enum from the schema, shlex.quote()d (DEMO_ARGS)",
-    "params.context_size": "'--context-size <integer>' or '' (schema: integer)",
-    "params.checks": "'--expect-ar/--expect-context/--context-size <integer>' (schema: integers) and the "
-                     "constant '--report-only' (CONTRACT_ARGS, split.smk)",
-    "params.strict": "the constant '--strict' or ''",
+    "params.context_size": "integer (schema), 0 when unset",
+    "params.strict": "boolean (schema): True or False",
     "params.float_bitwidth": "integer: schema enum [16, 32], or the \\d+ of the converter wildcard",
     "params.vocab": "integer (schema)",
     "params.calibrator": "schema enum [builtin, aimet]",
-    "params.other": "'--consistent-with PATH', '--share-from PATH' (path shlex.quote()d) or '' (encodings.smk)",
-    "params.share": "the constant ' --token-shares-prompt' or ''",
     "params.max_context_mb": "number (schema)",
     "params.max_session_mb": "number (schema)",
     "wildcards.graph": "constrained to prompt|token",

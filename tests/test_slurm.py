@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 SLURM_LOCAL = REPO / "scripts" / "slurm-local.sh"
 SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "sinfo", "sbatch", "squeue", "scancel")
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
-# The executor can wait forever for a status it never gets (snakemake-findings §4): never let it hang the tests.
+# The executor can wait forever for a status it never gets (docs/cluster.md): never let it hang the tests.
 SLURM_RUN_TIMEOUT_S = 600
 COMPARED = ("genie_bundle/manifest.json", "size_table.csv")
 TARGETS = tuple(f"results/{USER_MODEL}/{name}" for name in ("genie_bundle/manifest.json", "size_table.csv"))

@@ -13,25 +13,24 @@ import pytest
 
 from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
-from genie_build.demo import DemoShape, example_inputs, generate_demo
+from genie_build.demo import example_inputs
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
 from genie_build.plan import model_pieces, plan_by_num_parts, write_plan
 from genie_build.split import node_inputs, split_graph
 from genie_build.verify import build_feed, verify_chain
+from demo_shapes import SMALL
 from tiny_decoder import EMBED_OUT, build_tiny_decoder, layer_out, make_plan
 
-SHAPE = DemoShape(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, context=64, ar=8)
+SHAPE = SMALL
 PLAN = make_plan(4, [[0, 1], [2, 3]])   # embedding alone, layers 0-1, layers 2-3 + head
 KINDS = ("prompt", "token")
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    generate_demo(SHAPE, out)
-    return out
+def demo(small_demo: Path) -> Path:
+    return small_demo
 
 
 def split_both(prompt: Path, token: Path, plan, out_dir: Path) -> dict[str, list[Path]]:
@@ -242,11 +241,9 @@ def test_single_part_plan_copies_the_whole_graph(tmp_path: Path) -> None:
     assert len(graph.node) == len(source.node)
 
 
-def test_hf_export_splits_bit_exact(tmp_path: Path) -> None:
+def test_hf_export_splits_bit_exact(hf_qwen2: tuple[Path, Path], tmp_path: Path) -> None:
     """A real transformers Qwen2 export (dynamo), boundaries found from node scopes, planned by genie_build.plan."""
-    hf_export = pytest.importorskip("hf_export", reason="tests/hf_export.py is not there")
-    # Two layers keep the export (about 10 s per graph) short; skips when torch/transformers are missing.
-    prompt, token = hf_export.export_tiny_qwen2(tmp_path / "hf", layers=2, prompt_ar=8)
+    prompt, token = hf_qwen2
     model = load_graph(prompt)
     cuts = find_boundaries(model, prompt)
     plan = plan_by_num_parts(model_pieces(model, Encodings(), cuts), num_parts=3)

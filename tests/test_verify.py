@@ -13,22 +13,21 @@ import pytest
 from onnx import TensorProto, helper
 
 from genie_build.cli import main
-from genie_build.commands.verify_split import find_parts
+from genie_build.conventions import find_parts
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.split import split_graph
 from genie_build.verify import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
+from demo_shapes import SMALL
 from tiny_decoder import make_plan
 
-SHAPE = DemoShape(layers=4, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, context=64, ar=8)
+SHAPE = SMALL
 PLAN = make_plan(4, [[0, 1], [2, 3]])
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    generate_demo(SHAPE, out)
-    return out
+def demo(small_demo: Path) -> Path:
+    return small_demo
 
 
 @pytest.fixture()
@@ -142,7 +141,7 @@ def test_cli_fails_on_an_incomplete_parts_dir(demo: Path, parts: dict[str, list[
 def test_find_parts_orders_by_index(tmp_path: Path) -> None:
     for index in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9, 11):
         (tmp_path / f"part_{index:02d}_of_11.onnx").touch()
-    assert [p.name for p in find_parts(tmp_path)][:3] == ["part_01_of_11.onnx", "part_02_of_11.onnx",
+    assert [p.name for p in find_parts(tmp_path).values()][:3] == ["part_01_of_11.onnx", "part_02_of_11.onnx",
                                                           "part_03_of_11.onnx"]
 
 

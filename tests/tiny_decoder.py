@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from genie_build.naming import part_label
+from genie_build.conventions import part_label
 from genie_build.plan import PartPlan, Plan
 
 EMBED_OUT = "/model/embed_tokens/Gather_output_0"

@@ -13,8 +13,8 @@ import pytest
 
 from doubles import FAIL_VARIABLE, compile_options, install_fake_sdk, read_log, write_tiny_part
 from genie_build.cli import main
+from genie_build.conventions import graph_name
 from genie_build.errors import GenieBuildError
-from genie_build.naming import graph_name
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.qairt import QairtToolchain, compile_config, import_qairt
 from genie_build.toolchains.qnn_cli import QnnCliToolchain

@@ -1,8 +1,9 @@
 """genie-build: ONNX LLM + AIMET encodings -> weight-packed, weight-shared Qualcomm Genie bundle.
 
 One module per stage of the data flow (see README): ``demo``, ``calibrate``, ``tokenizer_train``,
-``encodings``, ``onnx_graph``, ``boundaries``, ``plan``, ``split``, ``verify``, ``toolchains``,
-``sizes``, ``memory_plan``, ``bundle``, ``check_bundle``, ``run_bundle``. The CLI (``python -m genie_build``)
+``encodings``, ``onnx_graph``, ``genie_contract``, ``boundaries``, ``plan``, ``split``, ``verify``, ``toolchains``,
+``sizes``, ``memory_plan``, ``bundle``, ``check_bundle``, ``run_bundle``, ``estimate``. Every stage takes Genie's
+names, formats and feeds from ``conventions`` (docs/conventions.md in code). The CLI (``python -m genie_build``)
 is a thin layer over them; the package never imports Snakemake.
 """
 

@@ -22,16 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from genie_build import __version__
-from genie_build.check_bundle import MANIFEST_NAME, METADATA_NAME, dump_metadata, graph_ar_cl
+from genie_build.conventions import graph_ar_cl, part_label
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, sha256_file, write_json, write_text
 from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, load_hf_config,
                                       make_genie_config, make_htp_backend_ext_config)
-from genie_build.naming import part_label
+from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import BinaryInfo
 
 MANIFEST_FORMAT = "genie-build-manifest/1"
+MANIFEST_NAME = "manifest.json"
 # Python packages whose versions shape the bundle's bytes (recorded in the manifest).
 VERSIONED_PACKAGES = ("numpy", "onnx", "onnxruntime", "tokenizers", "pyyaml")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -100,7 +101,7 @@ def compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:
         GenieBuildError: no graph has a readable CL.
     """
     lengths = [cl for info in infos.values() for graph in info.graphs
-               for cl in [graph_ar_cl(graph)[1]] if cl is not None]
+               for cl in [graph_ar_cl(graph.name, graph.inputs, graph.outputs)[1]] if cl is not None]
     if not lengths:
         raise GenieBuildError(next(iter(infos)), "no graph gives its context length (attention_mask or 'cl' in "
                                                  "its name); pass the context size explicitly")

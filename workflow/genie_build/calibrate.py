@@ -17,7 +17,6 @@ Norm weights and biases get none: they fall back to float later.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -26,12 +25,12 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from genie_build.demo import (LM_HEAD_WEIGHT, DemoShape, example_inputs, graph_inputs, graph_past,
+from genie_build.conventions import GRAPH_KINDS, INPUT_IDS, KV_TENSOR, LM_HEAD_WEIGHT
+from genie_build.demo import (DemoShape, example_inputs, graph_inputs, graph_past,
                               shape_from_hf_config)
 from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.naming import GRAPH_KINDS
 from genie_build.onnx_graph import check_external_data, load_graph
 from genie_build.ort_session import cpu_session_options
 
@@ -48,7 +47,6 @@ QUANTIZER_ARGS = {"activation_bitwidth": ACTIVATION_BITWIDTH, "param_bitwidth": 
                   "dtype": "int", "is_symmetric": True, "per_channel_quantization": True,
                   "quant_scheme": "post_training_tf"}
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
-_KV_CACHE = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 
 Range = tuple[float, float]
 
@@ -197,7 +195,7 @@ def tie_kv_cache(ranges: Mapping[str, Range]) -> dict[str, Range]:
     """Give ``past_{key,value}_{i}_in`` and ``_out`` of one layer the range covering both."""
     groups: dict[tuple[str, str], list[str]] = {}
     for name in ranges:
-        match = _KV_CACHE.match(name)
+        match = KV_TENSOR.match(name)
         if match:
             groups.setdefault(match.group(1, 2), []).append(name)
     tied = dict(ranges)
@@ -221,7 +219,7 @@ def calibration_feeds(shape: DemoShape, kind: str, num_samples: int) -> Iterator
 
 def graph_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path) -> DemoShape:
     """The demo shape: sizes from the HF config, the prompt AR from the graph's ``input_ids``."""
-    ids = next((value for value in prompt.graph.input if value.name == "input_ids"), None)
+    ids = next((value for value in prompt.graph.input if value.name == INPUT_IDS), None)
     if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
         raise GenieBuildError(prompt_path, "no input 'input_ids' of shape [1, AR]")
     ar = ids.type.tensor_type.shape.dim[1].dim_value

@@ -15,7 +15,6 @@ equal; AIMET's LLM configurator ties those quantizers). Needs aimet-onnx (``envs
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
@@ -24,17 +23,15 @@ from pathlib import Path
 import onnx
 
 from genie_build.calibrate import calibration_feeds, graph_shape
-from genie_build.demo import LM_HEAD_WEIGHT
+from genie_build.conventions import GRAPH_KINDS, KV_TENSOR, LM_HEAD_WEIGHT, kv_name
 from genie_build.encodings import (Encodings, read_encodings, read_graph_tensors, share_encodings,
                                    write_encodings)
 from genie_build.errors import GenieBuildError
-from genie_build.naming import GRAPH_KINDS
 from genie_build.onnx_graph import check_external_data, load_graph
 
 logger = logging.getLogger(__name__)
 
 LM_HEAD_BITWIDTH = 8
-_KV_OUTPUT = re.compile(r"^(past_(?:key|value)_\d+)_out$")
 
 
 def calibrate_with_aimet(prompt_path: str | Path, token_path: str | Path, out_prompt: str | Path,
@@ -84,7 +81,8 @@ def tie_kv_cache(enc: Encodings, tensor_names: AbstractSet[str]) -> Encodings:
     (AIMET leaves an output made by a data-movement op, such as the new cache entries, without one)."""
     activations = dict(enc.activations)
     for name in sorted(tensor_names):
-        match = _KV_OUTPUT.match(name)
-        if match and f"{match.group(1)}_in" in activations:
-            activations[name] = replace(activations[f"{match.group(1)}_in"], name=name)
+        match = KV_TENSOR.match(name)
+        cache_in = kv_name(match.group(1), int(match.group(2)), "in") if match and match.group(3) == "out" else None
+        if cache_in in activations:
+            activations[name] = replace(activations[cache_in], name=name)
     return replace(enc, activations=activations)

@@ -1,26 +1,11 @@
-"""Check a Genie bundle against what Genie enforces when it loads one (facts file, section 3).
+"""Check a Genie bundle against what Genie enforces when it loads one (``Dialog.cpp``, ``nsp-model.cpp``;
+docs/conventions.md).
 
 Usable on bundles made elsewhere: graph names and IO come from ``metadata.yaml`` when the bundle has one,
 else from the ctx-bins themselves when they are reference containers. Every finding carries a stable rule
 id (:data:`RULES`); :func:`check_bundle` never raises on a malformed bundle, it reports it.
 
-``metadata.yaml`` is defined here, beside its reader (the bundler writes it with :func:`dump_metadata`)::
-
-    model_files:
-      demo_part_1_of_6.bin:
-        toolchain: reference
-        tool_version: ...
-        graphs:
-          prompt_ar32_cl256_1_of_6:
-            inputs:
-              input_ids: {shape: [1, 32], dtype: int32}
-              attention_mask: {shape: [1, 32, 256], dtype: uint16,
-                               quantization: {dtype: uint16, scale: 0.0007, offset: -65535, bitwidth: 16}}
-            outputs: {...}
-
-``model_files``, ``inputs``/``outputs`` keyed by tensor name and ``shape``/``dtype`` follow AIHM's
-metadata.yaml; the ``graphs`` level is added because Genie's checks are per graph. The reader also accepts
-AIHM's ``quantization_parameters: {scale, zero_point}``.
+``metadata.yaml`` is read with :func:`genie_build.metadata.parse_metadata` (:mod:`genie_build.metadata`).
 """
 
 from __future__ import annotations
@@ -28,29 +13,26 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-import yaml
-
+from genie_build.bundle import MANIFEST_NAME
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
+from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
+                                     PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
+                                     read_cl)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, sha256_file
 from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, load_hf_config
-from genie_build.genie_contract import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, MASK, Reading,
-                                        genie_dims, graph_violations, read_ar, read_cl)
+from genie_build.genie_contract import graph_violations
+from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
 from genie_build.toolchains import get_toolchain
-from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.base import GraphInfo, TensorInfo
 
 Severity = Literal["error", "warning"]
-METADATA_NAME = "metadata.yaml"
-MANIFEST_NAME = "manifest.json"
-UNNAMED_GRAPH = ""  # the graph of a metadata.yaml entry that gives IO per ctx-bin, not per graph (AIHM)
 # libyaml when present: metadata of a many-part bundle takes seconds with the pure-Python parser
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 RULES = {
     "files": "genie_config.json, the tokenizer and the backend extension config exist and parse",
@@ -73,8 +55,7 @@ RULES = {
     "manifest": "manifest.json hashes match the files",
 }
 
-_PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
-UNSHARED_TENSORS = ("logits",)  # Genie's shared-quantization rule excludes them
+UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them
 
 
 @dataclass(frozen=True)
@@ -407,21 +388,14 @@ def _check_graphs(config: dict, ctx_bins: list[str], graphs: dict[str, tuple[Gra
         findings.append(Finding("graph-info", "warning", f"{METADATA_NAME} gives IO per ctx-bin, not per graph: "
                                                          "the graph-names and graph-order checks need the graph "
                                                          "names (qnn-context-binary-utility lists them)"))
-        return findings + _check_context_size(config, [cl for graph in all_graphs
-                                                       for cl in [_tensor_ar_cl(graph)[1]] if cl is not None])
+        tensor_cls = [graph_ar_cl("", graph.inputs, graph.outputs)[1] for graph in all_graphs]
+        return findings + _check_context_size(config, [cl for cl in tensor_cls if cl is not None])
     shapes = {}
     for graph in all_graphs:
         shapes[graph.name], graph_findings = _graph_ar_cl(graph)
         findings += graph_findings + _check_tensor_shapes(graph, *shapes[graph.name])
     findings += _check_order(placed, shapes, len(order))
     return findings + _check_context_size(config, [cl for _, cl in shapes.values() if cl is not None])
-
-
-def graph_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
-    """(AR, CL) as Genie derives them (:func:`genie_build.genie_contract.read_ar` / ``read_cl``): from the
-    tensors, else from the name."""
-    return (read_ar(graph.name, graph.inputs, graph.outputs).value,
-            read_cl(graph.name, graph.inputs, graph.outputs).value)
 
 
 def _graph_ar_cl(graph: GraphInfo) -> tuple[tuple[int | None, int | None], list[Finding]]:
@@ -447,11 +421,6 @@ def _graph_ar_cl(graph: GraphInfo) -> tuple[tuple[int | None, int | None], list[
 def _tensor_readings(graph: GraphInfo) -> tuple[Reading, Reading]:
     """AR and CL as Genie reads them from the graph's tensors alone."""
     return read_ar("", graph.inputs, graph.outputs), read_cl("", graph.inputs, graph.outputs)
-
-
-def _tensor_ar_cl(graph: GraphInfo) -> tuple[int | None, int | None]:
-    ar, cl = _tensor_readings(graph)
-    return ar.value, cl.value
 
 
 def _mask_hint(graph: GraphInfo, what: str, named_ar: int | None, named_cl: int | None) -> str:
@@ -506,7 +475,7 @@ def _check_sorted_into_parts(ar: int, cl: int, members: list[tuple[str, int]]) -
 
 def _padding_hint(names: Iterable[str]) -> str:
     for name in names:
-        match = _PART_SUFFIX.search(name)
+        match = PART_SUFFIX.search(name)
         if match and len(match.group(1)) < len(match.group(2)):
             return (f"; part indices are not zero-padded ({name!r}): with 10 or more parts, '10' sorts before "
                     f"'2', so pad them to the width of N (e.g. '_{int(match.group(1)):0{len(match.group(2))}d}"
@@ -519,7 +488,7 @@ def _check_io_ends(first: tuple[GraphInfo, ...], last: tuple[GraphInfo, ...]) ->
                                             "inputs_embeds) input")
                 for graph in first if not any(t.name in FIRST_PART_INPUTS for t in graph.inputs)]
     findings += [Finding("io-ends", "error", f"graph {graph.name!r} of the last part has no logits output")
-                 for graph in last if not any(t.name == "logits" for t in graph.outputs)]
+                 for graph in last if not any(t.name == LOGITS for t in graph.outputs)]
     return findings
 
 
@@ -584,7 +553,7 @@ def _dim_of(tensor_name: str) -> tuple[str | None, int]:
     kv = KV_TENSOR.match(tensor_name)
     if kv:
         return "kv-dim", -2 if kv.group(1) == "key" else -1
-    if tensor_name in ("position_ids_cos", "position_ids_sin"):
+    if tensor_name in (POS_COS, POS_SIN):
         return "pos-id-dim", -1
     return None, 0
 
@@ -604,117 +573,10 @@ def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
             findings.append(Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but the model's "
                                                           f"vocab_size is {vocab} ({os.fspath(hf_config)})"))
     logits = {tensor.shape[-1] for graph_list in (graphs or {}).values() for graph in graph_list
-              for tensor in graph.outputs if tensor.name == "logits" and tensor.shape}
+              for tensor in graph.outputs if tensor.name == LOGITS and tensor.shape}
     findings += [Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but logits have {width} entries")
                  for width in sorted(logits) if width != n_vocab]
     return findings
-
-
-# --- metadata.yaml ------------------------------------------------------------------------------------------
-
-def dump_metadata(infos: Mapping[str, BinaryInfo]) -> str:
-    """``metadata.yaml`` text for ctx-bins keyed by their bundle file name (see the module docstring)."""
-    document = {"model_files": {name: {"toolchain": info.toolchain, "tool_version": info.tool_version,
-                                       "file_bytes": info.file_bytes, "weight_bytes": info.weight_bytes,
-                                       "applied_options": dict(info.applied_options),
-                                       "graphs": {graph.name: {"inputs": _tensors_document(graph.inputs),
-                                                               "outputs": _tensors_document(graph.outputs)}
-                                                  for graph in info.graphs}}
-                                for name, info in infos.items()}}
-    return yaml.dump(document, Dumper=_YAML_DUMPER, sort_keys=False, default_flow_style=None, width=120)
-
-
-def parse_metadata(text: str, where: str | os.PathLike[str]) -> dict[str, tuple[GraphInfo, ...]]:
-    """Graphs per ctx-bin file name from ``metadata.yaml`` text.
-
-    A file entry with ``inputs``/``outputs`` and no ``graphs`` (AIHM's layout, IO per file) becomes one
-    graph named :data:`UNNAMED_GRAPH`: its tensors can be checked, its graph names cannot.
-
-    Raises:
-        GenieBuildError: not YAML, or not the layout of the module docstring (naming the offending entry).
-    """
-    try:
-        document = yaml.load(text, Loader=_YAML_LOADER)
-    except yaml.YAMLError as exc:
-        raise GenieBuildError(where, f"not valid YAML: {' '.join(str(exc).split())}") from None
-    files = document.get("model_files") if isinstance(document, dict) else None
-    if not isinstance(files, dict):
-        raise GenieBuildError(where, "no 'model_files' mapping (ctx-bin name -> graphs)")
-    result = {}
-    for file_name, entry in files.items():
-        graphs = entry.get("graphs") if isinstance(entry, dict) else None
-        if graphs is None and isinstance(entry, dict) and "inputs" in entry:
-            graphs = {UNNAMED_GRAPH: entry}
-        if not isinstance(graphs, dict) or not graphs:
-            raise GenieBuildError(where, f"model_files[{file_name!r}] has neither a 'graphs' mapping nor "
-                                         "'inputs'/'outputs'")
-        result[str(file_name)] = tuple(_graph_from_document(str(name), body, f"{where}: {file_name}")
-                                       for name, body in graphs.items())
-    return result
-
-
-def _tensors_document(tensors: Sequence[TensorInfo]) -> dict[str, Any]:
-    document: dict[str, Any] = {}
-    for tensor in tensors:
-        entry: dict[str, Any] = {"shape": [int(d) for d in tensor.shape], "dtype": tensor.dtype}
-        if tensor.quant is not None:
-            # plain Python numbers: a toolchain may hand back numpy scalars, which YAML cannot represent
-            entry["quantization"] = {"dtype": tensor.quant.dtype, "scale": _plain(tensor.quant.scale, float),
-                                     "offset": _plain(tensor.quant.offset, int),
-                                     "bitwidth": _plain(tensor.quant.bitwidth, int)}
-        document[tensor.name] = entry
-    return document
-
-
-def _plain(value: Any, kind: type) -> Any:
-    return None if value is None else kind(value)
-
-
-def _graph_from_document(name: str, body: object, where: str) -> GraphInfo:
-    if not isinstance(body, dict):
-        raise GenieBuildError(where, f"graph {name!r} must be a mapping with inputs and outputs")
-    return GraphInfo(name=name, inputs=_tensors_from_document(body.get("inputs"), f"{where}: {name} inputs"),
-                     outputs=_tensors_from_document(body.get("outputs"), f"{where}: {name} outputs"))
-
-
-def _tensors_from_document(tensors: object, where: str) -> tuple[TensorInfo, ...]:
-    if not isinstance(tensors, dict):
-        raise GenieBuildError(where, "must be a mapping of tensor name -> {shape, dtype}")
-    result = []
-    for name, spec in tensors.items():
-        shape = spec.get("shape") if isinstance(spec, dict) else None
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
-            raise GenieBuildError(where, f"tensor {name!r} needs a shape given as a list of integers")
-        dtype = str(spec.get("dtype", ""))
-        result.append(TensorInfo(name=str(name), shape=tuple(shape), dtype=dtype,
-                                 quant=_quant_from_document(spec, dtype, f"{where}: {name}")))
-    return tuple(result)
-
-
-def _quant_from_document(spec: dict, dtype: str, where: str) -> QuantInfo | None:
-    ours, aihm = spec.get("quantization"), spec.get("quantization_parameters")
-    if ours is None and aihm is None:
-        return None
-    if isinstance(ours, dict):
-        return QuantInfo(dtype=str(ours.get("dtype", dtype)), scale=_number(ours.get("scale"), where),
-                         offset=_integer(ours.get("offset"), where), bitwidth=_integer(ours.get("bitwidth"), where))
-    if isinstance(aihm, dict):
-        zero_point = _integer(aihm.get("zero_point"), where)
-        return QuantInfo(dtype=dtype, scale=_number(aihm.get("scale"), where),
-                         offset=None if zero_point is None else -zero_point)
-    raise GenieBuildError(where, "quantization must be a mapping")
-
-
-def _number(value: object, where: str) -> float | None:
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value
-    raise GenieBuildError(where, f"scale must be a number, got {value!r}")
-
-
-def _integer(value: object, where: str) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise GenieBuildError(where, f"offset/bitwidth must be integers, got {value!r}")
 
 
 # --- helpers ------------------------------------------------------------------------------------------------

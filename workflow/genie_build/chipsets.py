@@ -1,8 +1,8 @@
 """The chipset table: ``target.chipset`` -> the HTP device (``soc_model``, ``dsp_arch``) every compile and the
 bundle's ``htp_backend_ext_config.json`` must name.
 
-Values come from the facts file, section 4 (AI Hub apps' manual bundle guide, ExecuTorch's ``qc_schema.py``,
-LiteRT's SoC table). Rows the facts mark unverified carry ``verified=False``; VTCM sizes are ExecuTorch's
+Values come from AI Hub apps' manual bundle guide, ExecuTorch's ``qc_schema.py`` and LiteRT's SoC table
+(docs/toolchains.md, Chipsets). Rows no source confirms carry ``verified=False``; VTCM sizes are ExecuTorch's
 (``None`` where no source gives one, in which case ``vtcm_mb: 0`` -- "the SoC's maximum" -- is the safe setting).
 A wrong ``soc_model`` compiles without complaint and produces a binary that loads on the phone but may compute
 garbage (the field report's "乱码"), which is why :func:`check_device` exists.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from genie_build.errors import GenieBuildError
@@ -20,3 +21,65 @@ def json_object(text: str, option: str) -> dict:
     if not isinstance(value, dict):
         raise GenieBuildError(option, f"expected a JSON object, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a number > 0 (also refuses nan)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def boolean(text: str) -> bool:
+    """An argparse ``type`` for a switch a rule passes as a value (``--strict False``): true/false, any case."""
+    value = {"true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text}")
+    return value
+
+
+def add_split_options(parser: argparse.ArgumentParser) -> None:
+    """How to split (plan, estimate): ``--num-parts`` or ``--max-part-mb`` with ``--embedding-with-layers`` and
+    ``--boundaries``, or all of them as one ``--split-json`` (the config's ``split`` section, as the workflow
+    passes it)."""
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
+    size.add_argument("--max-part-mb", type=positive_float,
+                      help="largest part in MiB (2**20 bytes): use the fewest parts that fit")
+    size.add_argument("--split-json", metavar="JSON",
+                      help="the config's split section: num_parts or max_part_mb, embedding_alone, boundaries")
+    parser.add_argument("--embedding-with-layers", action="store_true",
+                        help="put the embedding in part 1 with the first layer(s) instead of alone")
+    parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
+                        help="the L + 1 residual tensors (after the embedding, after each layer); "
+                             "default: found from node scopes")
+
+
+def split_options(args: argparse.Namespace) -> dict:
+    """``num_parts``, ``max_part_mb``, ``embedding_alone`` and ``boundaries`` from :func:`add_split_options`'
+    arguments.
+
+    Raises:
+        GenieBuildError: ``--split-json`` is not an object with exactly one of num_parts and max_part_mb, or is
+            given with ``--embedding-with-layers``/``--boundaries``.
+    """
+    if args.split_json is None:
+        return {"num_parts": args.num_parts, "max_part_mb": args.max_part_mb,
+                "embedding_alone": not args.embedding_with_layers, "boundaries": args.boundaries}
+    if args.embedding_with_layers or args.boundaries:
+        raise GenieBuildError("--split-json", "holds embedding_alone and boundaries: give them there")
+    split = json_object(args.split_json, "--split-json")
+    num_parts, max_part_mb = split.get("num_parts"), split.get("max_part_mb")
+    if (num_parts is None) == (max_part_mb is None):
+        raise GenieBuildError("--split-json", "needs exactly one of num_parts and max_part_mb")
+    return {"num_parts": num_parts, "max_part_mb": max_part_mb,
+            "embedding_alone": split.get("embedding_alone", True), "boundaries": split.get("boundaries") or None}

@@ -10,8 +10,8 @@ Weights are random but deterministic: each tensor's generator is seeded from ``(
 so a value never depends on generation order. Tensors are written to the external-data files one by
 one as they are made (in blocks of rows), so peak memory is one block, not the model.
 
-The same module gives the input feed of a graph (:func:`rope_tables`, :func:`causal_mask`,
-:func:`example_inputs`) for calibration, split verification and host runs.
+The same module gives a random input feed of a graph (:func:`example_inputs`, with the RoPE tables and mask
+of :mod:`genie_build.conventions`) for calibration and split verification.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from genie_build.conventions import (EMBED_WEIGHT, GRAPH_KINDS, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS, MASK, POS_COS,
+                                     POS_SIN, causal_mask, kv_name, rope_tables, unsplit_graph_name)
+from genie_build.conventions import graph_ar as _kind_ar
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
-from genie_build.naming import GRAPH_KINDS
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
 
-MASK_MIN = -50.0  # additive mask value for hidden positions (AIHM's value for w4a16, see conventions)
-EMBED_WEIGHT = "model.embed_tokens.weight"
-LM_HEAD_WEIGHT = "lm_head.weight"
 OPSET = 17
 IR_VERSION = 8
 # Tensors smaller than this stay inside the graph proto, as onnx's own external-data writer does.
@@ -110,9 +109,7 @@ class TensorSpec:
 
 def graph_ar(shape: DemoShape, kind: str) -> int:
     """The number of new tokens per call of a graph: ``shape.ar`` for the prompt graph, 1 for the token graph."""
-    if kind not in GRAPH_KINDS:
-        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
-    return shape.ar if kind == "prompt" else 1
+    return _kind_ar(kind, shape.ar)
 
 
 def graph_past(shape: DemoShape, kind: str) -> int:
@@ -123,66 +120,36 @@ def graph_past(shape: DemoShape, kind: str) -> int:
 def graph_inputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
     """The inputs of a full graph, in graph order (docs/conventions.md)."""
     ar, past, d, kv = graph_ar(shape, kind), graph_past(shape, kind), shape.head_dim, shape.kv_heads
-    specs = [TensorSpec("input_ids", (1, ar), "int32"),
-             TensorSpec("attention_mask", (1, ar, shape.context)),
-             TensorSpec("position_ids_cos", (1, 1, ar, d // 2)),
-             TensorSpec("position_ids_sin", (1, 1, ar, d // 2))]
+    specs = [TensorSpec(INPUT_IDS, (1, ar), "int32"),
+             TensorSpec(MASK, (1, ar, shape.context)),
+             TensorSpec(POS_COS, (1, 1, ar, d // 2)),
+             TensorSpec(POS_SIN, (1, 1, ar, d // 2))]
     for i in range(shape.layers):
-        specs += [TensorSpec(f"past_key_{i}_in", (1, kv, d, past)), TensorSpec(f"past_value_{i}_in", (1, kv, past, d))]
+        specs += [TensorSpec(kv_name("key", i, "in"), (1, kv, d, past)),
+                  TensorSpec(kv_name("value", i, "in"), (1, kv, past, d))]
     return tuple(specs)
 
 
 def graph_outputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
     """The outputs of a full graph, in graph order: logits, then the new K/V entries per layer."""
     ar, d, kv = graph_ar(shape, kind), shape.head_dim, shape.kv_heads
-    specs = [TensorSpec("logits", (1, ar, shape.vocab))]
+    specs = [TensorSpec(LOGITS, (1, ar, shape.vocab))]
     for i in range(shape.layers):
-        specs += [TensorSpec(f"past_key_{i}_out", (1, kv, d, ar)), TensorSpec(f"past_value_{i}_out", (1, kv, ar, d))]
+        specs += [TensorSpec(kv_name("key", i, "out"), (1, kv, d, ar)),
+                  TensorSpec(kv_name("value", i, "out"), (1, kv, ar, d))]
     return tuple(specs)
 
 
 # --- input feeds -------------------------------------------------------------------------------------
 
-def rope_tables(shape: DemoShape, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RoPE cos/sin halves for the given positions, as HF Qwen2 computes them (float32 throughout).
-
-    Returns:
-        ``(cos, sin)``, each ``[1, 1, len(positions), head_dim / 2]`` float32.
-    """
-    dim = shape.head_dim
-    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
-    inv_freq = (np.float32(1.0) / np.power(np.float32(shape.rope_theta), exponents)).astype(np.float32)
-    angles = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(angles)[None, None], np.sin(angles)[None, None]
-
-
-def causal_mask(ar: int, context: int, past_len: int) -> np.ndarray:
-    """Additive attention mask ``[1, ar, context]``: 0 where visible, :data:`MASK_MIN` elsewhere.
-
-    Columns ``0..past-1`` (``past = context - ar``) are the cache, of which the first ``past_len`` hold
-    valid entries; columns ``past..context-1`` are the new tokens, each seeing itself and earlier ones.
-
-    Raises:
-        ValueError: ``past_len`` is outside ``0..context-ar``.
-    """
-    past = context - ar
-    if not 0 <= past_len <= past:
-        raise ValueError(f"past_len {past_len} outside 0..{past}")
-    mask = np.full((1, ar, context), MASK_MIN, dtype=np.float32)
-    mask[:, :, :past_len] = 0.0
-    new_columns = np.arange(ar)
-    mask[0, :, past:][new_columns[None, :] <= new_columns[:, None]] = 0.0
-    return mask
-
-
 def example_inputs(shape: DemoShape, kind: str, past_len: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A full input feed for a graph: random token ids, random past K/V, the causal mask and RoPE tables
     for positions ``past_len..past_len+AR-1``. Deterministic for a seeded ``rng``."""
     ar = graph_ar(shape, kind)
-    cos, sin = rope_tables(shape, np.arange(past_len, past_len + ar))
-    feed = {"input_ids": rng.integers(0, shape.vocab, size=(1, ar), dtype=np.int32),
-            "attention_mask": causal_mask(ar, shape.context, past_len),
-            "position_ids_cos": cos, "position_ids_sin": sin}
+    cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + ar))
+    feed = {INPUT_IDS: rng.integers(0, shape.vocab, size=(1, ar), dtype=np.int32),
+            MASK: causal_mask(ar, shape.context, past_len),
+            POS_COS: cos, POS_SIN: sin}
     for spec in graph_inputs(shape, kind)[len(feed):]:
         feed[spec.name] = (rng.standard_normal(spec.dims, dtype=np.float32) * np.float32(KV_CACHE_STD))
     return feed
@@ -258,7 +225,7 @@ def _rope(b: _GraphBuilder, scope: str, x: str, dims: tuple[int, ...]) -> str:
     """HF ``x * cos + rotate_half(x) * sin`` written on the halves the graph gets as inputs."""
     half = (*dims[:-1], dims[-1] // 2)
     x1, x2 = b.ops(scope, "Split", [x], [half, half], axis=-1)
-    cos, sin = "position_ids_cos", "position_ids_sin"
+    cos, sin = POS_COS, POS_SIN
     first = b.op(scope, "Sub", [b.op(scope, "Mul", [x1, cos], half), b.op(scope, "Mul", [x2, sin], half)], half)
     second = b.op(scope, "Add", [b.op(scope, "Mul", [x2, cos], half), b.op(scope, "Mul", [x1, sin], half)], half)
     return b.op(scope, "Concat", [first, second], dims, axis=-1)
@@ -291,10 +258,10 @@ def _attention(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> s
     v_proj = _projection(b, f"{s}/v_proj", f"{p}.v_proj", x, dims, kv * d, True)
     q = _rope(b, f"{s}/q_rope", _heads(b, f"{s}/q_proj", q_proj, ar, h, d), (1, h, ar, d))
     k = _rope(b, f"{s}/k_rope", _heads(b, f"{s}/k_proj", k_proj, ar, kv, d), (1, kv, ar, d))
-    v = _heads(b, f"{s}/v_proj", v_proj, ar, kv, d, output=f"past_value_{i}_out")
-    k_new = b.op(s, "Transpose", [k], (1, kv, d, ar), output=f"past_key_{i}_out", perm=[0, 1, 3, 2])
-    keys = b.op(s, "Concat", [f"past_key_{i}_in", k_new], (1, kv, d, cl), axis=3)
-    values = b.op(s, "Concat", [f"past_value_{i}_in", v], (1, kv, cl, d), axis=2)
+    v = _heads(b, f"{s}/v_proj", v_proj, ar, kv, d, output=kv_name("value", i, "out"))
+    k_new = b.op(s, "Transpose", [k], (1, kv, d, ar), output=kv_name("key", i, "out"), perm=[0, 1, 3, 2])
+    keys = b.op(s, "Concat", [kv_name("key", i, "in"), k_new], (1, kv, d, cl), axis=3)
+    values = b.op(s, "Concat", [kv_name("value", i, "in"), v], (1, kv, cl, d), axis=2)
     # GQA without repeating K/V: query head j belongs to KV head j // groups (HF repeat_kv), which is
     # exactly what folding the heads axis into [kv, groups * AR] does.
     to_groups = b.reshape_to(f"{s}/groups_shape", [0, kv, -1, 0])
@@ -303,7 +270,7 @@ def _attention(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) -> s
     grouped_scores = b.op(s, "MatMul", [grouped_q, keys], (1, kv, groups * ar, cl))
     scores = b.op(s, "Reshape", [grouped_scores, to_heads], (1, h, ar, cl))
     scaled = b.op(s, "Mul", [scores, b.constant(f"{s}/scale", np.array(d ** -0.5, np.float32))], (1, h, ar, cl))
-    probs = b.op(s, "Softmax", [b.op(s, "Add", [scaled, "attention_mask"], (1, h, ar, cl))], (1, h, ar, cl), axis=-1)
+    probs = b.op(s, "Softmax", [b.op(s, "Add", [scaled, MASK], (1, h, ar, cl))], (1, h, ar, cl), axis=-1)
     grouped_probs = b.op(s, "Reshape", [probs, to_groups], (1, kv, groups * ar, cl))
     grouped_context = b.op(s, "MatMul", [grouped_probs, values], (1, kv, groups * ar, d))
     context = b.op(s, "Reshape", [grouped_context, to_heads], (1, h, ar, d))
@@ -338,12 +305,12 @@ def _build_graph(shape: DemoShape, kind: str) -> _GraphBuilder:
     ar, b = graph_ar(shape, kind), _GraphBuilder(shape.weight_dtype)
     dims = (1, ar, shape.hidden)
     table = b.weight("/model/embed_tokens", EMBED_WEIGHT, (shape.vocab, shape.hidden), "linear")
-    x = b.op("/model/embed_tokens", "Gather", [table, "input_ids"], dims, axis=0)
+    x = b.op("/model/embed_tokens", "Gather", [table, INPUT_IDS], dims, axis=0)
     for i in range(shape.layers):
         x = _decoder_layer(b, shape, i, x, ar)
     x = _rms_norm(b, "/model/norm", x, "model.norm.weight", dims, shape.rms_norm_eps)
     head = b.weight("/lm_head", LM_HEAD_WEIGHT, (shape.hidden, shape.vocab), "linear")
-    b.op("/lm_head", "MatMul", [x, head], (1, ar, shape.vocab), output="logits")
+    b.op("/lm_head", "MatMul", [x, head], (1, ar, shape.vocab), output=LOGITS)
     return b
 
 
@@ -417,7 +384,7 @@ def _model_proto(b: _GraphBuilder, shape: DemoShape, kind: str, weights: list[Te
     outputs = graph_outputs(shape, kind)
     output_names = {spec.name for spec in outputs}
     value_info = [info(TensorSpec(name, dims)) for name, dims in b.value_dims.items() if name not in output_names]
-    graph = helper.make_graph(b.nodes, f"{kind}_ar{graph_ar(shape, kind)}_cl{shape.context}",
+    graph = helper.make_graph(b.nodes, unsplit_graph_name(kind, graph_ar(shape, kind), shape.context),
                               [info(spec) for spec in graph_inputs(shape, kind)], [info(spec) for spec in outputs],
                               initializer=[*b.constants, *weights], value_info=value_info)
     return helper.make_model(graph, producer_name="genie-build demo", ir_version=IR_VERSION,

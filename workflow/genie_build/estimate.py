@@ -37,13 +37,13 @@ import yaml
 from genie_build import __version__
 from genie_build.boundaries import find_boundaries
 from genie_build.config import DEFAULT_SCHEMA
+from genie_build.conventions import EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, GRAPH_KINDS, LM_HEAD_WEIGHT
 from genie_build.demo import shape_from_hf_config
 from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, WeightLayout,
                                    block_grid, consumer_layouts)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
-from genie_build.naming import GRAPH_KINDS
 from genie_build.onnx_graph import InitializerSpec, initializer_specs, load_graph
 from genie_build.plan import (Piece, Plan, initializer_pieces, plan_by_max_part_bytes, plan_by_num_parts,
                               weighed_pieces, write_plan)
@@ -57,10 +57,6 @@ Granularity = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
 TOOLCHAIN_LABEL = "reference (predicted)"
-EMBED_WEIGHT = "model.embed_tokens.weight"
-LM_HEAD_WEIGHT = "lm_head.weight"
-FINAL_NORM_WEIGHT = "model.norm.weight"
-EMBEDDING_BOUNDARY = "/model/embed_tokens/Gather_output_0"
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
 
 # Overhead of the reference container beyond its weight section, per graph unless said otherwise. Fitted by

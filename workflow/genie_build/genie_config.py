@@ -1,7 +1,7 @@
 """``genie_config.json`` and ``htp_backend_ext_config.json`` for a Genie bundle.
 
 The keys and their mandatory sets follow Genie's ``Dialog.cpp`` validation and the files AIHM and AIHA ship
-(see the facts file, section 3). RoPE is always ``model.positional-encoding`` (``type: rope``, ``rope-dim``,
+(AIHM's ``llm_helpers.create_genie_config``). RoPE is always ``model.positional-encoding`` (``type: rope``, ``rope-dim``,
 ``rope-theta``, and ``rope-scaling`` copied from the HF config when the model scales its RoPE), the style
 qairt-dev's own LLM builder writes for every RoPE model (``gen_ai_builder_htp.py``; its Genie config model is
 ``modules/genie_execution/genie_config.py``) -- never also ``QnnHtp.pos-id-dim``/``rope-theta``, the older style

@@ -1,19 +1,11 @@
-"""Genie's IO contract: the graph inputs and outputs Genie needs before it loads a binary model, and how it
-reads AR (tokens per step) and CL (context length) from them.
+"""Genie's IO contract: the graph inputs and outputs Genie needs before it loads a binary model.
 
 One module for both checks: the workflow's check of the prompt and token ONNX graphs before anything is
 built (:func:`model_violations`, command ``check-contract``) and ``check-bundle``'s check of every graph of
-a bundle (:func:`read_ar`, :func:`read_cl`, :func:`graph_violations`). Sources (facts file section 3, the
-Genie source shipped in the QAIRT SDK, ``examples/Genie``):
+a bundle (:func:`graph_violations`). How Genie reads AR and CL, and its view of a tensor's dims, are
+conventions (:mod:`genie_build.conventions`, ``read_ar``/``read_cl``/``genie_dims``). Sources (the Genie source
+shipped in the QAIRT SDK, ``examples/Genie``):
 
-- ``qnn-utils.cpp`` ``Tensor``/``Dims``: Genie right-aligns a tensor's dims into four, ``[batch, height,
-  width, channel]`` (padded with 1s), and folds a non-1 first dim into ``height`` when the second is 1;
-  a rank above 4 keeps its dims 1..3, not its last three (:func:`genie_dims`).
-- ``nsp-graph.cpp`` ``determineGraphInputSize`` / ``determineGraphContextSize``: AR is the element count of
-  ``input_ids``, else of ``inputs_embeds`` or ``attention_mask`` over their largest dim, else the last dim
-  of a ``past_*key*`` output, else ``logits``' elements over its last dim, else ``(ar|AR)_?(\\d+)`` in the
-  graph name; CL is ``attention_mask``'s last dim, else the last dims of a ``past_*key*`` output and its
-  ``_in`` summed, else ``(cl|CL)_?(\\d+)`` in the name, else the largest number in the name above 501.
 - ``nsp-model.cpp`` ``validateModel`` / ``checkShape``: ``input_ids`` (or ``inputs_embeds``) in the first
   split, ``logits`` in the last (elements = vocab or AR x vocab), ``attention_mask`` ``[1, AR, CL]``,
   ``position_ids_cos``/``_sin`` ``[1, AR, rope_dim]``, keys ``[*, kv_dim, past]`` / values
@@ -33,67 +25,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-INPUT_IDS, INPUTS_EMBEDS, MASK, LOGITS = "input_ids", "inputs_embeds", "attention_mask", "logits"
-POS_COS, POS_SIN = "position_ids_cos", "position_ids_sin"
-FIRST_PART_INPUTS = (INPUT_IDS, INPUTS_EMBEDS)
-KV_PREFIX = "past_"
-# Genie's fallbacks for graphs whose tensors do not tell (nsp-graph.cpp)
-AR_IN_NAME = re.compile(r"(ar|AR)_?(\d+)")
-CL_IN_NAME = re.compile(r"(cl|CL)_?(\d+)")
-CONTEXT_SAFE_LIMIT = 501
-# Names Genie would take for an embedding-output input of the first split (nsp-graph.cpp, nsp-model.cpp)
-EMBEDDING_OUTPUTS = ("_model_embed_tokens_Gather_Gather_output_0", "_embed_tokens_Gather_Gather_output_0")
-KV_TENSOR = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
+from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_IDS, INPUTS_EMBEDS, KV_TENSOR,
+                                     LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Tensor, genie_dims, read_ar, read_cl,
+                                     shape_text, tensors_by_name)
+
 # a tensor that looks like a cache entry under another naming (present_key_3, past_key_values.3.key, ...)
 _KV_LIKE = re.compile(r"(past|present|cache|kv)", re.IGNORECASE)
 _KEY_OR_VALUE = re.compile(r"(key|value)", re.IGNORECASE)
-GENIE_RANK_LIMIT = 4
 TOKEN_DTYPES = ("int32", "int64", "uint32")
 FLOAT_DTYPES = ("float32", "float16")
 FED_INPUTS = (INPUT_IDS, INPUTS_EMBEDS, MASK, POS_COS, POS_SIN)
 BUNDLE_OFF_HINT = ("to build the binaries, the size table and the memory plan of this export without a bundle, "
                    "set bundle.enabled: false")
-
-
-class Tensor(Protocol):
-    """What the contract reads of a graph input or output (TensorSpec of an ONNX graph, TensorInfo of a
-    ctx-bin's graph)."""
-
-    name: str
-    shape: tuple
-    dtype: str
-
-
-@dataclass(frozen=True)
-class GenieDims:
-    """A tensor's dims as Genie holds them (``qnn-utils.cpp`` ``Dims``)."""
-
-    batch: int
-    height: int
-    width: int
-    channel: int
-
-    @property
-    def elements(self) -> int:
-        return self.height * self.width * self.channel  # Genie's getNumElements leaves batch out
-
-    @property
-    def largest(self) -> int:
-        return max(self.height, self.width, self.channel)
-
-    @property
-    def hwc(self) -> tuple[int, int, int]:
-        return (self.height, self.width, self.channel)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """AR or CL as Genie reads it, and from where (for messages); ``value`` None: Genie cannot read it."""
-
-    value: int | None
-    source: str
 
 
 @dataclass(frozen=True)
@@ -109,61 +53,6 @@ class Violation:
         return f"{self.graph}: {self.tensor} {self.found}; Genie needs {self.needed}"
 
 
-def genie_dims(shape: Sequence[object]) -> GenieDims | None:
-    """``shape`` as Genie's ``Dims`` (batch size 1), or None when a dim is not a fixed size."""
-    if not all(isinstance(dim, int) and not isinstance(dim, bool) for dim in shape):
-        return None
-    dims = [1] * max(0, GENIE_RANK_LIMIT - len(shape)) + [int(dim) for dim in shape]
-    height = dims[0] if dims[0] != 1 and dims[1] == 1 else dims[1]  # "Hack to mix batch dimension"
-    batch = dims[0] if dims[0] > 1 and dims[1] != 1 else 1
-    return GenieDims(batch, height, dims[2], dims[3])
-
-
-def read_ar(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Reading:
-    """AR as ``determineGraphInputSize`` reads it (first source that exists wins)."""
-    by_input, by_output = _by_name(inputs), _by_name(outputs)
-    for name, per_row in ((INPUT_IDS, False), (INPUTS_EMBEDS, True), *((n, True) for n in EMBEDDING_OUTPUTS),
-                          (MASK, True)):
-        if name in by_input:
-            dims = genie_dims(by_input[name].shape)
-            if dims is None:
-                return Reading(None, _described(by_input[name]))
-            how = "its elements / its largest dim" if per_row else "its elements"
-            return Reading(dims.elements // dims.largest if per_row else dims.elements,
-                           f"{_described(by_input[name])} ({how})")
-    key_out = _first_key_output(outputs)
-    if key_out is not None:
-        dims = genie_dims(key_out.shape)
-        return Reading(dims and dims.channel, f"{_described(key_out)} (its last dim)")
-    if LOGITS in by_output:
-        dims = genie_dims(by_output[LOGITS].shape)
-        return Reading(dims and dims.elements // dims.channel, f"{_described(by_output[LOGITS])} "
-                                                               "(its elements / its last dim)")
-    return _from_name(AR_IN_NAME, graph_name, "AR")
-
-
-def read_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Reading:
-    """CL as ``determineGraphContextSize`` reads it (first source that exists wins)."""
-    by_input = _by_name(inputs)
-    if MASK in by_input:
-        dims = genie_dims(by_input[MASK].shape)
-        return Reading(dims and dims.channel, f"{_described(by_input[MASK])} (its last dim)")
-    key_out = _first_key_output(outputs)
-    key_in = by_input.get(key_out.name[:key_out.name.rfind("_")] + "_in") if key_out is not None else None
-    if key_out is not None and key_in is not None:
-        out_dims, in_dims = genie_dims(key_out.shape), genie_dims(key_in.shape)
-        value = out_dims.channel + in_dims.channel if out_dims and in_dims else None
-        return Reading(value, f"{_described(key_in)} + {_described(key_out)} (their last dims)")
-    named = _from_name(CL_IN_NAME, graph_name, "CL")
-    if named.value is not None:
-        return named
-    largest = max((int(number) for number in re.findall(r"\d+", graph_name)), default=0)
-    if largest > CONTEXT_SAFE_LIMIT:
-        return Reading(largest, f"the largest number in graph name {graph_name!r} (above {CONTEXT_SAFE_LIMIT})")
-    return Reading(None, f"no attention_mask, no past_key_*_in/_out pair and no 'cl<N>' in graph name "
-                         f"{graph_name!r}")
-
-
 def graph_violations(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int | None,
                      cl: int | None, whole: bool, check_dtypes: bool) -> list[Violation]:
     """Every contract violation of one graph; the shape rules need its AR and CL (skipped when one is None).
@@ -174,7 +63,7 @@ def graph_violations(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Ten
             there and Genie must feed every input; a split part is checked only on the tensors it has.
         check_dtypes: check dtypes (ONNX graphs; a ctx-bin's dtypes are quantized types).
     """
-    by_input, by_output = _by_name(inputs), _by_name(outputs)
+    by_input, by_output = tensors_by_name(inputs), tensors_by_name(outputs)
     found = [*_unreadable(graph, (*inputs, *outputs))]
     if whole:
         found += _missing(graph, by_input, by_output)
@@ -227,10 +116,10 @@ def _unreadable(graph: str, tensors: Iterable[Tensor]) -> list[Violation]:
     found = []
     for tensor in tensors:
         if genie_dims(tensor.shape) is None:
-            found.append(Violation(graph, tensor.name, f"has shape {_shape(tensor.shape)}",
+            found.append(Violation(graph, tensor.name, f"has shape {shape_text(tensor.shape)}",
                                    "fixed sizes in every dim (export with static shapes)"))
         elif len(tensor.shape) > GENIE_RANK_LIMIT:
-            found.append(Violation(graph, tensor.name, f"has rank {len(tensor.shape)} ({_shape(tensor.shape)})",
+            found.append(Violation(graph, tensor.name, f"has rank {len(tensor.shape)} ({shape_text(tensor.shape)})",
                                    f"rank {GENIE_RANK_LIMIT} at most (Genie reads dims 1..3 of a longer shape, "
                                    "not its last three)"))
     return found
@@ -385,24 +274,6 @@ def _check_pair(dims: dict[str, tuple[int | None, int | None]], expected: dict[s
 
 # --- helpers -----------------------------------------------------------------------------------------------
 
-def _by_name(tensors: Iterable[Tensor]) -> dict[str, Tensor]:
-    return {tensor.name: tensor for tensor in tensors}
-
-
-def _first_key_output(outputs: Sequence[Tensor]) -> Tensor | None:
-    """The output Genie takes for the key cache: the first, in name order, starting with the cache prefix and
-    containing "key" (Genie's tensor map is ordered by name)."""
-    return next((t for t in sorted(outputs, key=lambda t: t.name) if t.name.startswith(KV_PREFIX)
-                 and "key" in t.name), None)
-
-
-def _from_name(pattern: re.Pattern[str], graph_name: str, what: str) -> Reading:
-    match = pattern.search(graph_name)
-    if match:
-        return Reading(int(match.group(2)), f"graph name {graph_name!r}")
-    return Reading(None, f"no tensor gives it and graph name {graph_name!r} has no {what.lower()}<N>")
-
-
 def _looks_like_cache(name: str) -> bool:
     return bool(_KV_LIKE.search(name) and _KEY_OR_VALUE.search(name))
 
@@ -416,16 +287,10 @@ def _layer_order(name: str) -> tuple[int, str]:
     return (int(match.group(2)), name) if match else (-1, name)
 
 
-def _described(tensor: Tensor) -> str:
-    return f"{tensor.name} {_shape(tensor.shape)}"
-
-
 def _found_shape(tensor: Tensor, dims: GenieDims) -> str:
     """``is [1, 64]`` and, where Genie's view differs, how Genie reads it."""
-    shape = _shape(tensor.shape)
-    view = _shape(dims.hwc)
+    shape = shape_text(tensor.shape)
+    view = shape_text(dims.hwc)
     return f"is {shape}" + ("" if shape == view else f" (Genie reads it as {view})")
 
 
-def _shape(shape: Iterable[object]) -> str:
-    return "[" + ", ".join(str(dim) if dim is not None else "?" for dim in shape) + "]"

@@ -16,9 +16,9 @@ import onnx
 from google.protobuf.message import Error as ProtobufError
 from onnx import numpy_helper
 
+from genie_build.conventions import graph_ar_cl
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import copy_range
-from genie_build.genie_contract import INPUT_IDS, read_ar, read_cl
+from genie_build.fileio import copy_range, write_json
 
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
@@ -196,6 +196,26 @@ def _stored_nbytes(tensor: onnx.TensorProto) -> int:
 
 # ------------------------------------------------------------------------------------------- sharing
 
+def check_model(prompt_path: str, token_path: str, out: str | os.PathLike[str]) -> dict:
+    """The check-model stage: both graphs' weights are all there (:func:`check_external_data`) and the shared
+    ones agree (:func:`check_shared_initializers`); writes and returns a summary of what they share.
+
+    Raises:
+        GenieBuildError: a weight file is missing or short, or a shared weight differs.
+    """
+    graphs = {"prompt": load_graph(prompt_path), "token": load_graph(token_path)}
+    check_external_data(graphs["prompt"], prompt_path)
+    check_external_data(graphs["token"], token_path)
+    check_shared_initializers(prompt_path, token_path)
+    specs = {kind: initializer_specs(model) for kind, model in graphs.items()}
+    shared = sorted(set(specs["prompt"]) & set(specs["token"]))
+    summary = {"prompt": prompt_path, "token": token_path, "shared_initializers": len(shared),
+               "shared_bytes": sum(specs["prompt"][name].nbytes for name in shared)}
+    write_json(out, summary)
+    return summary
+
+
+
 def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str]) -> None:
     """Check that initializers with the same name in both graphs are the same tensor: shape, dtype and value.
 
@@ -266,14 +286,11 @@ class _DigestSink:
         self.digest.update(chunk)
 
 
-GENIE_TOKEN_INPUT = INPUT_IDS
-
-
 def ar_and_context_length(model: onnx.ModelProto) -> tuple[int, int] | None:
-    """(AR, CL) as Genie reads them from the graph's tensors (:mod:`genie_build.genie_contract`).
+    """(AR, CL) as Genie reads them from the graph's tensors (:func:`genie_build.conventions.graph_ar_cl`).
 
     Returns None when Genie could not read either of them from the tensors.
     """
     io = graph_io(model)
-    ar, context_length = read_ar("", io.inputs, io.outputs).value, read_cl("", io.inputs, io.outputs).value
+    ar, context_length = graph_ar_cl("", io.inputs, io.outputs)
     return (ar, context_length) if ar and context_length else None

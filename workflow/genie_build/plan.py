@@ -11,25 +11,33 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import jsonschema
 import onnx
 
-from genie_build.encodings import Encodings, TensorEncoding
+from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
+from genie_build.boundaries import find_boundaries
+from genie_build.conventions import part_label
+from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
-from genie_build.naming import part_label
-from genie_build.onnx_graph import InitializerSpec, initializer_specs
+from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
+                                    check_shared_initializers, initializer_specs, load_graph)
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
+log = logging.getLogger(__name__)
+
 SCALE_OFFSET_PAIR_BYTES = 4      # estimate for one stored scale/offset pair
 PER_BLOCK_INT_SCALE_BYTES = 1    # estimate for one LPBQ per-block integer scale
-MODES = ("num_parts", "max_part_mb")
-BOUNDARIES_KEY = "split.boundaries"
+PieceKind = Literal["embedding", "layer", "head"]
+PlanMode = Literal["num_parts", "max_part_mb"]
+MODES = get_args(PlanMode)
 NUM_PARTS_KEY = "split.num_parts"
 MAX_PART_KEY = "split.max_part_mb"
 MIB = 1024 * 1024
@@ -44,7 +52,7 @@ class Piece:
     ``output_boundary`` is the residual tensor it hands to the next piece (None for the head)."""
 
     name: str            # "embedding", "layer_0" .. "layer_{L-1}", "head"
-    kind: str            # "embedding" | "layer" | "head"
+    kind: PieceKind
     bytes: int
     layer: int | None = None
     output_boundary: str | None = None
@@ -55,7 +63,7 @@ class PartPlan:
     """One part: 1-based ``index``; the pieces it holds; the tensors it takes and gives at its cuts."""
 
     index: int
-    label: str                    # genie_build.naming.part_label: "1_of_6", "01_of_11"
+    label: str                    # genie_build.conventions.part_label: "1_of_6", "01_of_11"
     pieces: tuple[str, ...]
     first_layer: int | None       # None for an embedding-only part
     last_layer: int | None
@@ -71,7 +79,7 @@ class Plan:
     num_layers: int
     boundaries: tuple[str, ...]   # residual-stream tensors: after embedding, after each layer 0..L-1
     embedding_alone: bool
-    mode: str                     # "num_parts" | "max_part_mb"
+    mode: PlanMode
     max_part_bytes: int | None = None   # the budget, in "max_part_mb" mode
     pieces: tuple[Piece, ...] = ()      # every piece with its estimated bytes
     graph_ar: dict[str, int] = field(default_factory=dict)  # tokens per call of each graph: prompt, token
@@ -79,6 +87,65 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------------------- pieces
+
+def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str | os.PathLike[str], *,
+               num_parts: int | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
+               boundaries: Sequence[str] | None = None, check_weights: bool = True) -> Plan:
+    """The plan stage: check the two graphs, find their boundaries, weigh the pieces with the prompt graph's
+    encodings, choose the parts (``num_parts``, or the fewest of at most ``max_part_bytes``) and write ``out``.
+
+    The graphs' encodings are checked against each other by the encodings stage
+    (:func:`genie_build.encodings.check_graphs_consistent`), not here.
+
+    Args:
+        boundaries: the L + 1 residual tensors; default: found from node scopes.
+        check_weights: compare the graphs' shared weights (the workflow's ``check_model`` job does that once per
+            model change, not once per encodings change).
+
+    Raises:
+        GenieBuildError: a graph's data is missing, the graphs' weights or boundaries differ, AR or CL cannot be
+            read, or the request is infeasible.
+    """
+    if (num_parts is None) == (max_part_bytes is None):
+        raise GenieBuildError("plan", "give exactly one of num_parts and max_part_bytes")
+    prompt, token = load_graph(prompt_path), load_graph(token_path)
+    check_external_data(prompt, prompt_path)
+    check_external_data(token, token_path)
+    if check_weights:
+        check_shared_initializers(prompt_path, token_path)
+    found = find_boundaries(prompt, prompt_path, boundaries)
+    token_boundaries = find_boundaries(token, token_path, boundaries)
+    if token_boundaries != found:
+        raise GenieBuildError(token_path, f"the token graph's boundaries {list(token_boundaries)} differ from the "
+                                          f"prompt graph's {list(found)}; set {BOUNDARIES_KEY}")
+    pieces = model_pieces(prompt, read_encodings(encodings_path), found)
+    plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
+            else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    plan = dataclasses.replace(plan, **graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
+    write_plan(out, plan)
+    for part in plan.parts:
+        log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
+    return plan
+
+
+def graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:
+    """AR of each graph and their common context length, as Genie reads them, for the graph names.
+
+    Raises:
+        GenieBuildError: a graph lacks static ``input_ids``/``attention_mask`` inputs, or the graphs' context
+            lengths differ.
+    """
+    graph_ar, lengths = {}, {}
+    for kind, (model, path) in graphs.items():
+        dims = ar_and_context_length(model)
+        if dims is None:
+            raise GenieBuildError(path, "cannot read AR and context length: Genie needs statically shaped inputs "
+                                        "input_ids [1, AR] and attention_mask [..., CL]")
+        graph_ar[kind], lengths[path] = dims
+    if len(set(lengths.values())) != 1:
+        raise GenieBuildError(next(iter(lengths)), f"context lengths differ between the graphs: {lengths}")
+    return {"graph_ar": graph_ar, "context_length": next(iter(lengths.values()))}
+
 
 def model_pieces(model: onnx.ModelProto, encodings: Encodings, boundaries: Sequence[str]) -> list[Piece]:
     """The model's pieces with their weight bytes after quantization, computed without loading weights:
@@ -370,7 +437,7 @@ PLAN_SCHEMA = {
         "pieces": {"type": "array", "items": {
             "type": "object", "additionalProperties": False,
             "required": ["name", "kind", "bytes", "layer", "output_boundary"],
-            "properties": {"name": _NAME, "kind": {"enum": ["embedding", "layer", "head"]}, "bytes": _COUNT,
+            "properties": {"name": _NAME, "kind": {"enum": list(get_args(PieceKind))}, "bytes": _COUNT,
                            "layer": _OPTIONAL_INT, "output_boundary": _OPTIONAL_NAME}}},
         "parts": {"type": "array", "minItems": 2, "items": {
             "type": "object", "additionalProperties": False,

@@ -7,8 +7,9 @@ keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` 
 ``CL - a`` cache columns and an additive mask hiding the empty ones (``MASK_MIN``); it returns only the
 ``a`` new entries, of which the host appends the real ones (not the padding).
 
-The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs`; RoPE tables and
-the mask from :mod:`genie_build.demo`, computed from ``kv-dim`` and ``rope-theta`` of ``genie_config.json``
+The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
+reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
+:mod:`genie_build.conventions`, computed from ``kv-dim`` and ``rope-theta`` of ``genie_config.json``
 as Genie computes them.
 
 Memory: a part's graphs share their weights as the ctx-bin stores them (each decoded once, to integer codes, not
@@ -29,8 +30,9 @@ import onnx
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from genie_build.check_bundle import graph_ar_cl, require_valid_bundle
-from genie_build.demo import DemoShape, causal_mask, rope_tables
+from genie_build.check_bundle import require_valid_bundle
+from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, graph_ar_cl,
+                                     rope_tables)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
@@ -39,7 +41,7 @@ from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
-KV_KEY_PREFIX, KV_VALUE_PREFIX = "past_key_", "past_value_"
+KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
     for index, graphs in enumerate(parts, start=1):
         by_ar: dict[int, GraphSession] = {}
         for name, graph in graphs.items():
-            ar, cl = graph_ar_cl(_graph_info(name, graph.model))
+            info = _graph_info(name, graph.model)
+            ar, cl = graph_ar_cl(name, info.inputs, info.outputs)
             if ar is None or cl is None:
                 raise GenieBuildError(name, f"part {index}: cannot tell the graph's AR and CL (got {ar}, {cl})")
             if ar in by_ar:
@@ -204,7 +207,7 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
                                                 f"tokens must fit the context size {limit} (and at least 1 new)")
     cache = _KVCache(runner.context_length)
     # every position a graph can be fed (a padded chunk ends at most at the last slot)
-    rope = rope_tables(_rope_shape(runner), np.arange(runner.context_length))
+    rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length))
     started = time.perf_counter()
     prompt_ar = max(runner.parts[0])
     for start in range(0, len(prompt_ids), prompt_ar):
@@ -225,9 +228,9 @@ def _step(runner: Runner, cache: _KVCache, rope: tuple[np.ndarray, np.ndarray], 
         raise GenieBuildError("prompt", f"a chunk of {ar} tokens at position {past_len} does not fit the "
                                         f"context length {runner.context_length}")
     positions = slice(past_len, past_len + ar)
-    feed = {"input_ids": np.array([list(tokens) + [0] * (ar - count)], dtype=np.int32),
-            "attention_mask": causal_mask(ar, runner.context_length, past_len),
-            "position_ids_cos": rope[0][:, :, positions], "position_ids_sin": rope[1][:, :, positions]}
+    feed = {INPUT_IDS: np.array([list(tokens) + [0] * (ar - count)], dtype=np.int32),
+            MASK: causal_mask(ar, runner.context_length, past_len),
+            POS_COS: rope[0][:, :, positions], POS_SIN: rope[1][:, :, positions]}
     for part in runner.parts:
         graph = part[ar]
         inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
@@ -236,7 +239,7 @@ def _step(runner: Runner, cache: _KVCache, rope: tuple[np.ndarray, np.ndarray], 
         cache.store(outputs, count)
         feed.update(outputs)
     cache.advance(count)
-    return feed["logits"][0, count - 1]
+    return feed[LOGITS][0, count - 1]
 
 
 class _KVCache:
@@ -270,13 +273,6 @@ class _KVCache:
 
     def advance(self, count: int) -> None:
         self.length += count
-
-
-def _rope_shape(runner: Runner) -> DemoShape:
-    """The RoPE geometry as :func:`genie_build.demo.rope_tables` takes it (only ``head_dim`` and
-    ``rope_theta`` matter; the other fields are placeholders that pass its validation)."""
-    return DemoShape(layers=1, hidden=runner.head_dim, heads=1, kv_heads=1, intermediate=1, vocab=1,
-                     context=runner.context_length, ar=1, rope_theta=runner.rope_theta)
 
 
 def _plain_rope(engine: dict, where: Path) -> tuple[int, float]:

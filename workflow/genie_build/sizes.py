@@ -65,7 +65,7 @@ def check_part_graphs(info: BinaryInfo, label: str) -> None:
     """Refuse a binary whose graphs belong to another part (a swapped or stale file).
 
     Raises:
-        GenieBuildError: a graph name does not end in ``_{label}`` (``naming.graph_name``).
+        GenieBuildError: a graph name does not end in ``_{label}`` (``conventions.graph_name``).
     """
     strangers = [graph.name for graph in info.graphs if not graph.name.endswith(f"_{label}")]
     if strangers:

@@ -36,9 +36,9 @@ from typing import BinaryIO
 import onnx
 
 from genie_build import __version__
+from genie_build.conventions import GRAPH_KINDS, graph_name, part_file_name
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, copy_range
-from genie_build.naming import GRAPH_KINDS, graph_name
 from genie_build.onnx_graph import ar_and_context_length, check_external_data, graph_io, load_graph
 from genie_build.plan import PartPlan, Plan
 
@@ -427,4 +427,5 @@ def _part_graph_name(model: onnx.ModelProto, kind: str, part: PartPlan, num_part
 
 
 def _part_file(part: PartPlan | PartSpec) -> str:
-    return f"part_{part.label}.onnx"
+    return part_file_name(part.label)
+

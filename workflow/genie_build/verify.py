@@ -9,6 +9,7 @@ deterministic one from the graph's input specs).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import zlib
@@ -20,10 +21,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from genie_build.conventions import INPUT_IDS, find_parts
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import write_json
 from genie_build.onnx_graph import graph_io, load_graph
-from genie_build.onnx_graph import GENIE_TOKEN_INPUT as TOKEN_INPUT
 from genie_build.ort_session import cpu_session_options
+
+logger = logging.getLogger(__name__)
 
 CPU = ["CPUExecutionProvider"]
 FLOAT_RANGE = (-1.0, 1.0)
@@ -157,6 +161,22 @@ def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndar
     return dict(zip(names, outputs))
 
 
+def verify_split(model_path: str | os.PathLike[str], parts_dir: str | os.PathLike[str],
+                 out: str | os.PathLike[str], *, vocab: int | None = None, seed: int = 0) -> VerifyReport:
+    """The verify stage: chain every part of ``parts_dir`` on a generated feed, compare with the full graph bit
+    for bit (:func:`verify_chain`) and write the report to ``out``.
+
+    Raises:
+        GenieBuildError: an incomplete parts directory, a graph onnxruntime cannot run, or any output that
+            differs.
+    """
+    parts = list(find_parts(Path(parts_dir)).values())
+    report = verify_chain(model_path, parts, build_feed(model_path, vocab=vocab, seed=seed))
+    write_json(out, report.to_dict())
+    logger.info("%s: %d outputs bit-exact over %d parts", model_path, len(report.outputs), len(parts))
+    return report
+
+
 def build_feed(model_path: str | os.PathLike[str], *, vocab: int | None = None, seed: int = 0
                ) -> dict[str, np.ndarray]:
     """A deterministic input for every graph input, from the graph's input specs (weights not loaded).
@@ -210,4 +230,4 @@ def find_token_input(model: onnx.ModelProto) -> tuple[str, int | None]:
                 return value.name, tables[node.input[0]]
             if node.op_type in _ID_PRESERVING_OPS and node.input and node.input[0] in reached:
                 reached.update(node.output)
-    return TOKEN_INPUT, None
+    return INPUT_IDS, None

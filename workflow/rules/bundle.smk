@@ -20,20 +20,20 @@ rule assemble_bundle:
         model=MODEL,
         toolchain=config["variants"][BUNDLE_VARIANT]["toolchain"],
         chipset=config["target"]["chipset"],
-        context_size=(
-            f"--context-size {config['bundle']['context_size']}" if config["bundle"].get("context_size") else ""
-        ),
+        context_size=config["bundle"].get("context_size") or 0,  # 0: the compiled context length
         # The bundle's own variant only: another variant's options do not change the bundle.
         config_used=json.dumps({**config, "variants": {BUNDLE_VARIANT: config["variants"][BUNDLE_VARIANT]}},
                                sort_keys=True),
+        bundle_dir=directory_of("manifest"),
+        python=PYTHON,
     log:
         f"{OUT}/logs/assemble_bundle.log",
     benchmark:
         f"{OUT}/benchmarks/assemble_bundle.tsv"
     shell:
-        "{GB} bundle --out-dir {BUNDLE_DIR:q} --model-name {params.model:q} --binaries {input.binaries:q}"
+        "{params.python} -m genie_build bundle --out-dir {params.bundle_dir:q} --model-name {params.model:q} --binaries {input.binaries:q}"
         " --toolchain {params.toolchain:q} --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q}"
-        " --chipset {params.chipset:q} {params.context_size} --config-json {params.config_used:q} > {log:q} 2>&1"
+        " --chipset {params.chipset:q} --context-size {params.context_size} --config-json {params.config_used:q} > {log:q} 2>&1"
 
 
 rule check_bundle:
@@ -44,12 +44,14 @@ rule check_bundle:
         f"{OUT}/bundle_check.json",
     params:
         chipset=config["target"]["chipset"],
+        bundle_dir=directory_of("manifest"),
+        python=PYTHON,
     log:
         f"{OUT}/logs/check_bundle.log",
     benchmark:
         f"{OUT}/benchmarks/check_bundle.tsv"
     shell:
-        "{GB} check-bundle {BUNDLE_DIR:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
+        "{params.python} -m genie_build check-bundle {params.bundle_dir:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -71,12 +73,13 @@ rule convert_unsplit:
         graph_name=lambda wc: unsplit_graph_name(wc.graph),
         float_bitwidth=config["variants"][BUNDLE_VARIANT]["float_bitwidth"],
         tool_version=toolchain_version("reference"),
+        python=PYTHON,
     log:
         f"{OUT}/logs/convert_unsplit/{{graph}}.log",
     benchmark:
         f"{OUT}/benchmarks/convert_unsplit/{{graph}}.tsv"
     shell:
-        "{GB} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        "{params.python} -m genie_build convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
         " --out {output.onnx:q} > {log:q} 2>&1"
 
@@ -88,18 +91,17 @@ rule compile_unsplit:
     output:
         f"{UNSPLIT}/model.bin",
     params:
-        graphs=lambda wc, input: " ".join(
-            f"--graph {shlex.quote(unsplit_graph_name(graph) + '=' + input[graph])}" for graph in GRAPHS
-        ),
+        graphs=lambda wc, input: graph_items({graph: unsplit_graph_name(graph) for graph in GRAPHS}, input),
         options=variant_json(BUNDLE_VARIANT),
         chipset=config["target"]["chipset"],
         tool_version=toolchain_version("reference"),
+        python=PYTHON,
     log:
         f"{OUT}/logs/compile_unsplit.log",
     benchmark:
         f"{OUT}/benchmarks/compile_unsplit.tsv"
     shell:
-        "{GB} compile --toolchain reference {params.graphs} --variant-json {params.options:q}"
+        "{params.python} -m genie_build compile --toolchain reference --graph {params.graphs:q} --variant-json {params.options:q}"
         " --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -112,10 +114,12 @@ rule host_run:
         f"{OUT}/host_run.json",
     params:
         prompt="What is 2+3? Explain briefly.",
+        bundle_dir=directory_of("manifest"),
+        python=PYTHON,
     log:
         f"{OUT}/logs/host_run.log",
     benchmark:
         f"{OUT}/benchmarks/host_run.tsv"
     shell:
-        "{GB} run-bundle {BUNDLE_DIR:q} --prompt {params.prompt:q} --max-new-tokens 16"
+        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
         " --compare-with {input.unsplit:q} --out {output:q} > {log:q} 2>&1"

@@ -7,7 +7,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-from genie_build import __version__ as GENIE_BUILD_VERSION, genie_contract, naming, onnx_graph
+from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_contract, onnx_graph
 from genie_build.config import validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
@@ -30,11 +30,22 @@ def _config_error(key, problem):
 MODEL = config["model"]["name"]
 OUT = f"results/{MODEL}"
 SRC = f"{OUT}/source"
-GRAPHS = naming.GRAPH_KINDS
+GRAPHS = conventions.GRAPH_KINDS
 IS_DEMO = "prompt_onnx" not in config["model"]
-# Every rule runs the package with the interpreter running Snakemake (the project venv).
-GB = f"{shlex.quote(sys.executable)} -m genie_build"
-QAIRT_PY = shlex.quote(config["toolchains"]["qairt"].get("python") or sys.executable)
+# Every job runs `{params.python} -m genie_build <command>`, with the interpreter running Snakemake (the project venv)
+# or for the qairt toolchain's jobs the interpreter of toolchains.qairt.python (a QAIRT build box's).
+PYTHON = shlex.quote(sys.executable)
+
+
+def toolchain_of(variant):
+    return config["variants"][variant]["toolchain"]
+
+
+def python_for(toolchain):
+    """The interpreter of a toolchain's jobs (shlex.quote()d)."""
+    if toolchain == "qairt":
+        return shlex.quote(config["toolchains"]["qairt"].get("python") or sys.executable)
+    return PYTHON
 
 
 def toolchain_version(toolchain):
@@ -52,7 +63,7 @@ def toolchain_version(toolchain):
 # benchmark: on a cacheable rule, so those rules have none.
 CACHE_PER_PART = "omit-software"
 # The cache key hashes params but not wildcards: without the part in a param, parts could share one entry
-# (snakemake-findings §2.3).
+# (docs/snakemake.md, "Between-workflow cache").
 CACHE_KEY_PART = "{part}"
 # No convert starts before both graphs are split and sliced (part_labels), so those jobs go before other ready ones
 # (the shared-weights check, the chain == full checks), which nothing waits for until the bundle.
@@ -152,7 +163,7 @@ def part_labels():
     """Part labels from the plan and, through the checkpoints, the per-part files they name.
 
     Calling the checkpoints here is what makes one invocation rebuild only the parts whose bytes changed:
-    Snakemake re-evaluates every job behind a checkpoint after it ran (see snakemake-findings §2.3).
+    Snakemake re-evaluates every job behind a checkpoint after it ran (docs/snakemake.md, "Checkpoints").
     """
     plan = read_plan(checkpoints.plan_split.get().output.plan)
     for graph in GRAPHS:
@@ -163,13 +174,63 @@ def part_labels():
 
 def graph_name_for(graph, label):
     """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06'."""
-    return naming.graph_name(graph, *GRAPH_DIMS[graph], *naming.parse_part_label(label))
+    return conventions.graph_name(graph, *GRAPH_DIMS[graph], *conventions.parse_part_label(label))
 
 
 def unsplit_graph_name(graph):
     """The graph name of the whole (unsplit) model, e.g. 'prompt_ar32_cl256'."""
-    ar, context_length = GRAPH_DIMS[graph]
-    return f"{graph}_ar{ar}_cl{context_length}"
+    return conventions.unsplit_graph_name(graph, *GRAPH_DIMS[graph])
+
+
+def contract_checks(wildcards):
+    """check-contract's checks from the config: the demo's (AR, CL), Genie's context size, whether a bundle is
+    built (without one, violations are recorded, not errors)."""
+    return json.dumps({"expect_ar": config["demo"]["ar"] if IS_DEMO else None,
+                       "expect_context": config["demo"]["context"] if IS_DEMO else None,
+                       "context_size": config["bundle"].get("context_size"),
+                       "report_only": not config["bundle"]["enabled"]}, sort_keys=True)
+
+
+def graph_name_of(wildcards):
+    return graph_name_for(wildcards.graph, wildcards.part)
+
+
+def converter_parts(wildcards):
+    toolchain, float_bits = wildcards.converter.rsplit("-fp", 1)
+    return toolchain, int(float_bits)
+
+
+def converted_graphs(wildcards):
+    converter = converter_of(wildcards.variant)
+    extension = ".onnx" if converter.startswith("reference-") else ".dlc"
+    return {
+        graph: f"{OUT}/converted/{converter}/{graph}/part_{wildcards.part}{extension}" for graph in GRAPHS
+    }
+
+
+def graph_items(names, input):
+    """``NAME=PATH`` of each graph for compile's --graph (quoted item by item with :q)."""
+    return [f"{names[graph]}={input[graph]}" for graph in GRAPHS]
+
+
+def other_encodings(wildcards):
+    """The token graph's slice job checks that the graphs' encodings agree (the one place that check runs), or
+    with encodings.share_from: prompt takes the prompt's; the prompt graph's job reads only its own."""
+    return [SOURCE["prompt_encodings"]] if wildcards.graph == "token" else []
+
+
+def other_encodings_option(wildcards):
+    if wildcards.graph != "token":
+        return []
+    return ["--share-from" if config["encodings"]["share_from"] == "prompt" else "--consistent-with"]
+
+
+def directory_of(name):
+    """A param function: the directory holding the rule's input or output file ``name`` (input first)."""
+    def directory(wildcards, input, output):
+        files = input.get(name) or output.get(name)
+        return os.path.dirname(files[0] if isinstance(files, list) else files)
+    return directory
 
 
 def variant_part_files(pattern, variants):

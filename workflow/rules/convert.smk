@@ -8,15 +8,6 @@ CONVERTED = f"{OUT}/converted/{{converter}}/{{graph}}/part_{{part}}"
 CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
 
 
-def graph_name_of(wildcards):
-    return graph_name_for(wildcards.graph, wildcards.part)
-
-
-def converter_parts(wildcards):
-    toolchain, float_bits = wildcards.converter.rsplit("-fp", 1)
-    return toolchain, int(float_bits)
-
-
 rule convert_part_reference:
     input:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
@@ -32,6 +23,7 @@ rule convert_part_reference:
         tool_version=toolchain_version("reference"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
+        python=PYTHON,
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
@@ -39,7 +31,8 @@ rule convert_part_reference:
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
     shell:
-        "{GB} --benchmark {params.benchmark:q} convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain reference"
+        " --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
         " --out {output.onnx:q} > {log:q} 2>&1"
 
@@ -56,7 +49,7 @@ rule convert_part_sdk:
         graph_name=graph_name_of,
         toolchain=lambda wc: converter_parts(wc)[0],
         float_bitwidth=lambda wc: converter_parts(wc)[1],
-        python=lambda wc: QAIRT_PY if converter_parts(wc)[0] == "qairt" else shlex.quote(sys.executable),
+        python=lambda wc: python_for(converter_parts(wc)[0]),
         tool_version=lambda wc: toolchain_version(converter_parts(wc)[0]),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -67,6 +60,6 @@ rule convert_part_sdk:
     log:
         f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
     shell:
-        "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain {params.toolchain:q} --onnx {input.onnx:q}"
-        " --encodings {input.encodings:q} --graph-name {params.graph_name:q}"
+        "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain {params.toolchain:q}"
+        " --onnx {input.onnx:q} --encodings {input.encodings:q} --graph-name {params.graph_name:q}"
         " --float-bitwidth {params.float_bitwidth} --out {output.dlc:q} > {log:q} 2>&1"

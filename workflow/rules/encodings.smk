@@ -1,22 +1,12 @@
 # Cut each graph's encodings per part. A checkpoint per graph, so an edit to one tensor's encodings reruns
 # only the parts whose slice bytes changed.
 
-OTHER_GRAPH = {"prompt": "token", "token": "prompt"}
-
-
-def _other_encodings_option(wildcards, input):
-    """Check the graphs agree; with encodings.share_from: prompt the token graph takes the prompt's instead."""
-    if config["encodings"]["share_from"] != "prompt":
-        return f"--consistent-with {shlex.quote(input.other_encodings)}"
-    return f"--share-from {shlex.quote(input.other_encodings)}" if wildcards.graph == "token" else ""
-
-
 checkpoint slice_encodings:
     input:
         parts=split_part_files,
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
         encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
-        other_encodings=lambda wc: SOURCE[f"{OTHER_GRAPH[wc.graph]}_encodings"],
+        other_encodings=other_encodings,
     output:
         slices=directory(f"{OUT}/encodings/{{graph}}"),
     priority: CRITICAL_PATH
@@ -25,8 +15,11 @@ checkpoint slice_encodings:
     benchmark:
         f"{OUT}/benchmarks/slice_encodings/{{graph}}.tsv"
     params:
-        other=_other_encodings_option,
+        other_option=other_encodings_option,
+        # the parts' directory, from the part files (see split_part_files for why not the checkpoint's directory)
+        parts_dir=directory_of("parts"),
+        python=PYTHON,
     shell:
-        "{GB} slice-encodings --graph {wildcards.graph} --model {input.model:q} --encodings {input.encodings:q}"
-        " {params.other} --parts-dir {OUT:q}/parts/{wildcards.graph}"
-        " --out-dir {output.slices:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build slice-encodings --graph {wildcards.graph} --model {input.model:q}"
+        " --encodings {input.encodings:q} {params.other_option:q} {input.other_encodings:q}"
+        " --parts-dir {params.parts_dir:q} --out-dir {output.slices:q} > {log:q} 2>&1"

@@ -1,7 +1,6 @@
 # The shape-only estimate: the plan, A/B size table and memory plan predicted from the model's shapes and the config
 # 'recipe', without weights, encodings or a compile (docs/field-report-comparison.md). Target: 'estimate'.
 # An estimate-only config (model.hf_config, no ONNX paths, e.g. config/qwen2_5_7b_6parts.yaml) runs this target alone.
-# Needs SPLIT_ARGS from split.smk: include this file after it.
 
 PREDICTED = f"{OUT}/predicted"
 # The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
@@ -22,18 +21,21 @@ rule estimate_sizes:
         memory_md=f"{PREDICTED}/memory_plan.md",
     params:
         source="--hf-config" if ESTIMATE_FROM_CONFIG else "--onnx",
-        split=SPLIT_ARGS,
+        split=json.dumps(config["split"], sort_keys=True),
         recipe=json.dumps(config["recipe"], sort_keys=True),
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
+        out_dir=directory_of("plan"),
+        python=PYTHON,
     log:
         f"{OUT}/logs/estimate_sizes.log",
     benchmark:
         f"{OUT}/benchmarks/estimate_sizes.tsv"
     shell:
-        "{GB} estimate {params.source} {input.model:q} {params.split} --recipe-json {params.recipe:q}"
+        "{params.python} -m genie_build estimate {params.source} {input.model:q} --split-json {params.split:q}"
+        " --recipe-json {params.recipe:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
-        " --out-dir {PREDICTED:q} > {log:q} 2>&1"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule estimate:

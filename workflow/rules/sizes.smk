@@ -7,9 +7,9 @@ rule account_part:
     output:
         f"{OUT}/sizes/{{variant}}/part_{{part}}.json",
     params:
-        toolchain=lambda wc: config["variants"][wc.variant]["toolchain"],
+        toolchain=lambda wc: toolchain_of(wc.variant),
         options=lambda wc: variant_json(wc.variant),
-        python=lambda wc: QAIRT_PY if config["variants"][wc.variant]["toolchain"] == "qairt" else shlex.quote(sys.executable),
+        python=lambda wc: python_for(toolchain_of(wc.variant)),
     group: GROUP_PER_PART
     log:
         f"{OUT}/logs/account_part/{{variant}}/part_{{part}}.log",
@@ -30,13 +30,15 @@ rule size_table:
         png=report(f"{OUT}/size_table.png", caption="../report/size_chart.rst", category="Sizes"),
     params:
         baseline=config["report"]["baseline_variant"],
-        strict="--strict" if config["report"]["strict"] else "",
+        strict=config["report"]["strict"],
+        python=PYTHON,
     log:
         f"{OUT}/logs/size_table.log",
     benchmark:
         f"{OUT}/benchmarks/size_table.tsv"
     shell:
-        "{GB} size-table --records {input.records:q} --baseline {params.baseline:q} {params.strict}"
+        "{params.python} -m genie_build size-table --records {input.records:q} --baseline {params.baseline:q}"
+        " --strict {params.strict}"
         " --csv {output.csv:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"
 
 
@@ -50,11 +52,12 @@ rule memory_plan:
         variant=config["bundle"]["variant"],
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
+        python=PYTHON,
     log:
         f"{OUT}/logs/memory_plan.log",
     benchmark:
         f"{OUT}/benchmarks/memory_plan.tsv"
     shell:
-        "{GB} memory-plan --records {input.records:q} --variant {params.variant:q}"
+        "{params.python} -m genie_build memory-plan --records {input.records:q} --variant {params.variant:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
         " --json {output.json:q} --md {output.md:q} > {log:q} 2>&1"

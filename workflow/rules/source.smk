@@ -1,10 +1,6 @@
 # The built-in demo model: generated decoder, tokenizer trained on text in resources/, calibrated encodings.
 # Only used when config.model names no files of its own.
 
-DEMO_ARGS = " ".join(f"--{key.replace('_', '-')} {shlex.quote(str(value))}"
-                     for key, value in sorted(shape_config(config["demo"]).items()))
-
-
 rule generate_demo_model:
     output:
         prompt=f"{SRC}/prompt.onnx",
@@ -13,14 +9,16 @@ rule generate_demo_model:
         token_data=f"{SRC}/token.onnx.data",
         hf_config=f"{SRC}/config.json",
     params:
-        out_dir=SRC,
-        shape=DEMO_ARGS,
+        out_dir=directory_of("prompt"),
+        shape=json.dumps(shape_config(config["demo"]), sort_keys=True),
+        python=PYTHON,
     log:
         f"{OUT}/logs/generate_demo_model.log",
     benchmark:
         f"{OUT}/benchmarks/generate_demo_model.tsv"
     shell:
-        "{GB} generate-demo --out-dir {params.out_dir:q} {params.shape} > {log:q} 2>&1"
+        "{params.python} -m genie_build generate-demo --out-dir {params.out_dir:q} --shape-json {params.shape:q}"
+        " > {log:q} 2>&1"
 
 
 rule train_demo_tokenizer:
@@ -30,12 +28,13 @@ rule train_demo_tokenizer:
         f"{SRC}/tokenizer.json",
     params:
         vocab=config["demo"]["vocab"],
+        python=PYTHON,
     log:
         f"{OUT}/logs/train_demo_tokenizer.log",
     benchmark:
         f"{OUT}/benchmarks/train_demo_tokenizer.tsv"
     shell:
-        "{GB} train-tokenizer --corpus {input.corpus:q} --vocab {params.vocab} --out {output:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build train-tokenizer --corpus {input.corpus:q} --vocab {params.vocab} --out {output:q} > {log:q} 2>&1"
 
 
 rule calibrate_demo_encodings:
@@ -50,11 +49,12 @@ rule calibrate_demo_encodings:
         token=f"{SRC}/token.encodings.json",
     params:
         calibrator=config["demo"]["calibrator"],
+        python=PYTHON,
     log:
         f"{OUT}/logs/calibrate_demo_encodings.log",
     benchmark:
         f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
     shell:
-        "{GB} calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
+        "{params.python} -m genie_build calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
         " --calibrator {params.calibrator} --out-prompt {output.prompt:q} --out-token {output.token:q}"
         " > {log:q} 2>&1"

@@ -1,25 +1,9 @@
 # Plan the cut points, split both graphs with bounded memory, and check that the chained parts equal the full graph.
 
-SPLIT_ARGS = (
-    f"--num-parts {config['split']['num_parts']}"
-    if config["split"].get("num_parts") is not None
-    else f"--max-part-mb {config['split']['max_part_mb']}"
-) + ("" if config["split"]["embedding_alone"] else " --embedding-with-layers")
-if config["split"].get("boundaries"):
-    SPLIT_ARGS += " --boundaries " + " ".join(map(shlex.quote, config["split"]["boundaries"]))
-
-
 # Genie's IO contract, before any split or convert job (the plan waits for it). It reads the graphs' structure
 # only: the .onnx files are its inputs, not the weights, so a weights-only change does not rerun it and Snakemake
 # hashes no weights for it; its report has the same bytes for the same result, so a rerun that finds the same
 # does not rerun the plan. With bundle.enabled false it records the violations instead of failing.
-CONTRACT_ARGS = " ".join(
-    ([f"--expect-ar {config['demo']['ar']} --expect-context {config['demo']['context']}"] if IS_DEMO else [])
-    + ([f"--context-size {config['bundle']['context_size']}"] if config["bundle"].get("context_size") else [])
-    + ([] if config["bundle"]["enabled"] else ["--report-only"])
-)
-
-
 rule check_contract:
     input:
         prompt=SOURCE["prompt_onnx"],
@@ -27,14 +11,16 @@ rule check_contract:
     output:
         f"{OUT}/contract_check.json",
     params:
-        checks=CONTRACT_ARGS,
+        checks=contract_checks,
+        python=PYTHON,
     priority: CRITICAL_PATH
     log:
         f"{OUT}/logs/check_contract.log",
     benchmark:
         f"{OUT}/benchmarks/check_contract.tsv"
     shell:
-        "{GB} check-contract --prompt {input.prompt:q} --token {input.token:q} {params.checks}"
+        "{params.python} -m genie_build check-contract --prompt {input.prompt:q} --token {input.token:q}"
+        " --checks-json {params.checks:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -51,33 +37,36 @@ rule check_model:
         f"{OUT}/logs/check_model.log",
     benchmark:
         f"{OUT}/benchmarks/check_model.tsv"
+    params:
+        python=PYTHON,
     shell:
-        "{GB} check-model --prompt {input.prompt:q} --token {input.token:q} --out {output:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build check-model --prompt {input.prompt:q} --token {input.token:q} --out {output:q} > {log:q} 2>&1"
 
 
 # A checkpoint, so that a plan rewritten with the same bytes does not force a new split. The plan reads the
 # graphs' structure and the weights' sizes, not their bytes: the weights are not inputs, so a weights-only
-# change does not replan, and Snakemake does not hash GBs of weights for this job.
+# change does not replan, and Snakemake does not hash GBs of weights for this job. It weighs the pieces with the
+# prompt graph's encodings only (whether the graphs' encodings agree is the token graph's slice_encodings job's
+# check), so a change to the token graph's encodings does not replan either.
 checkpoint plan_split:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
         prompt_encodings=SOURCE["prompt_encodings"],
-        token_encodings=SOURCE["token_encodings"],
         contract=f"{OUT}/contract_check.json",  # nothing is split or converted for graphs Genie could not load
     output:
         plan=f"{OUT}/plan.json",
     params:
-        split=SPLIT_ARGS,
-        share=" --token-shares-prompt" if config["encodings"]["share_from"] == "prompt" else "",
+        split=json.dumps(config["split"], sort_keys=True),
+        python=PYTHON,
     log:
         f"{OUT}/logs/plan_split.log",
     benchmark:
         f"{OUT}/benchmarks/plan_split.tsv"
     shell:
-        "{GB} plan --prompt {input.prompt:q} --token {input.token:q}"
-        " --encodings-prompt {input.prompt_encodings:q} --encodings-token {input.token_encodings:q}"
-        " {params.split} --skip-weight-check{params.share} --out {output.plan:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build plan --prompt {input.prompt:q} --token {input.token:q}"
+        " --encodings-prompt {input.prompt_encodings:q} --split-json {params.split:q}"
+        " --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
 # A checkpoint per graph: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,
@@ -94,8 +83,10 @@ checkpoint split_model:
         f"{OUT}/logs/split_model/{{graph}}.log",
     benchmark:
         f"{OUT}/benchmarks/split_model/{{graph}}.tsv"
+    params:
+        python=PYTHON,
     shell:
-        "{GB} split --plan {input.plan:q} --graph {wildcards.graph} --model {input.model:q}"
+        "{params.python} -m genie_build split --plan {input.plan:q} --graph {wildcards.graph} --model {input.model:q}"
         " --out-dir {output.parts:q} > {log:q} 2>&1"
 
 
@@ -111,6 +102,9 @@ rule verify_split:
         f"{OUT}/logs/verify_split/{{graph}}.log",
     benchmark:
         f"{OUT}/benchmarks/verify_split/{{graph}}.tsv"
+    params:
+        parts_dir=directory_of("parts"),  # from the part files (see split_part_files for why not the checkpoint's)
+        python=PYTHON,
     shell:
-        "{GB} verify-split --model {input.model:q} --parts-dir {OUT:q}/parts/{wildcards.graph}"
+        "{params.python} -m genie_build verify-split --model {input.model:q} --parts-dir {params.parts_dir:q}"
         " --out {output:q} > {log:q} 2>&1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build import fileio, naming
+from genie_build import conventions, fileio
 from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.sizes import account_binary, check_part_graphs
@@ -26,7 +26,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     try:
-        part, _ = naming.parse_part_label(args.part_label)
+        part, _ = conventions.parse_part_label(args.part_label)
     except ValueError as exc:
         raise GenieBuildError("--part-label", str(exc)) from None
     requested = json_object(args.variant_json, "--variant-json")

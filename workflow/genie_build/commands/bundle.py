@@ -25,7 +25,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--tokenizer", required=True, type=Path, help="the model's tokenizer.json")
     parser.add_argument("--chipset", required=True, help="target chipset, e.g. SM8750")
     parser.add_argument("--context-size", type=int,
-                        help="dialog.context.size (default: the compiled context length)")
+                        help="dialog.context.size (default, or 0: the compiled context length)")
     parser.add_argument("--config-json", default="{}", metavar="JSON",
                         help="the workflow config as a JSON object, recorded in manifest.json")
     parser.add_argument("--out-dir", required=True, type=Path, help="the bundle directory to (re)create")
@@ -34,6 +34,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     assemble_bundle(args.out_dir, args.binaries, args.toolchain, args.hf_config, args.tokenizer, args.chipset,
-                    args.context_size, json_object(args.config_json, "--config-json"), runtime_tool_versions(),
+                    args.context_size or None, json_object(args.config_json, "--config-json"), runtime_tool_versions(),
                     model_name=args.model_name)
     return 0

@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import logging
 
+from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.genie_contract import contract_error_text, model_violations
 from genie_build.onnx_graph import graph_io, load_graph
 
 log = logging.getLogger(__name__)
+_CHECKS = {"expect_ar": None, "expect_context": None, "context_size": None, "report_only": False}
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,11 +27,16 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--context-size", type=int, metavar="N", help="Genie's context size (at most the CL)")
     parser.add_argument("--report-only", action="store_true",
                         help="no bundle will be built (bundle.enabled: false): record the violations and pass")
+    parser.add_argument("--checks-json", metavar="JSON",
+                        help='the four options above as one JSON object (the workflow passes it), e.g. '
+                             '\'{"expect_ar": 32, "expect_context": 256, "context_size": null, "report_only": false}\'')
     parser.add_argument("--out", required=True, help="JSON summary, written when the check passes")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.checks_json is not None:
+        vars(args).update(_checks(args.checks_json))
     paths = {"prompt": args.prompt, "token": args.token}
     graphs = {kind: graph_io(load_graph(path)) for kind, path in paths.items()}
     expected = {}
@@ -46,3 +53,11 @@ def run(args: argparse.Namespace) -> int:
                           "graphs": {kind: {"ar": ar, "cl": cl} for kind, (ar, cl) in dims.items()},
                           "bundle_enabled": not args.report_only, "violations": [str(v) for v in violations]})
     return 0
+
+
+def _checks(text: str) -> dict:
+    checks = json_object(text, "--checks-json")
+    unknown = sorted(set(checks) - set(_CHECKS))
+    if unknown:
+        raise GenieBuildError("--checks-json", f"unknown keys {unknown} (known: {', '.join(_CHECKS)})")
+    return {**_CHECKS, **checks, "report_only": bool(checks.get("report_only", False))}

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.fileio import write_json
-from genie_build.onnx_graph import check_external_data, check_shared_initializers, initializer_specs, load_graph
+from genie_build.onnx_graph import check_model
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,12 +17,5 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    graphs = {"prompt": load_graph(args.prompt), "token": load_graph(args.token)}
-    check_external_data(graphs["prompt"], args.prompt)
-    check_external_data(graphs["token"], args.token)
-    check_shared_initializers(args.prompt, args.token)
-    specs = {kind: initializer_specs(model) for kind, model in graphs.items()}
-    shared = sorted(set(specs["prompt"]) & set(specs["token"]))
-    write_json(args.out, {"prompt": args.prompt, "token": args.token, "shared_initializers": len(shared),
-                          "shared_bytes": sum(specs["prompt"][name].nbytes for name in shared)})
+    check_model(args.prompt, args.token, args.out)
     return 0

@@ -6,23 +6,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.chipsets import Chipset, lookup
+from genie_build.chipsets import lookup
 from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 from genie_build.toolchains.base import CompileOptions
 
-# Variant keys that become CompileOptions fields, with their JSON types; "toolchain" names the toolchain.
-_VARIANT_OPTIONS = {"weights_packing": bool, "optimization_type": int, "weight_sharing_enabled": bool,
-                    "vtcm_mb": int, "float_bitwidth": int}
-
-
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("compile", help="link a part's converted graphs into one context binary",
                                    description=__doc__)
     parser.add_argument("--toolchain", required=True, choices=sorted(TOOLCHAINS))
-    parser.add_argument("--graph", required=True, action="append", metavar="NAME=PATH",
-                        help="a converted graph and its graph name; give one per graph (prompt and token)")
+    parser.add_argument("--graph", required=True, action="extend", nargs="+", metavar="NAME=PATH",
+                        help="a converted graph and its graph name, one per graph (prompt and token): "
+                             "--graph A=a.onnx B=b.onnx or --graph A=a.onnx --graph B=b.onnx")
     parser.add_argument("--variant-json", required=True,
                         help='the variant\'s options, e.g. \'{"weights_packing": true, "optimization_type": 3, '
                              '"weight_sharing_enabled": true, "vtcm_mb": 0, "float_bitwidth": 16}\'')
@@ -36,31 +32,11 @@ def run(args: argparse.Namespace) -> int:
     if variant.get("toolchain", args.toolchain) != args.toolchain:
         raise GenieBuildError("--variant-json", f"toolchain {variant['toolchain']!r} differs from "
                                                 f"--toolchain {args.toolchain!r}")
-    options = compile_options(variant, lookup(args.chipset))
+    options = CompileOptions.from_variant(variant, lookup(args.chipset))
     toolchain = get_toolchain(args.toolchain)
     toolchain.check_available()
     toolchain.compile(_parse_graphs(args.graph), args.out, options)
     return 0
-
-
-def compile_options(variant: dict, chipset: Chipset) -> CompileOptions:
-    """A variant's options (as the config's ``variants.<name>`` gives them) plus the chipset's device.
-
-    Raises:
-        GenieBuildError: an option is missing, unknown or of the wrong type.
-    """
-    unknown = sorted(set(variant) - set(_VARIANT_OPTIONS) - {"toolchain"})
-    missing = sorted(set(_VARIANT_OPTIONS) - set(variant))
-    if unknown or missing:
-        raise GenieBuildError("--variant-json", f"unknown options {unknown}, missing options {missing} "
-                                                f"(expected {', '.join(_VARIANT_OPTIONS)})")
-    for key, kind in _VARIANT_OPTIONS.items():
-        # bool is an int in Python; neither may stand in for the other here.
-        if not isinstance(variant[key], kind) or (kind is int and isinstance(variant[key], bool)):
-            raise GenieBuildError("--variant-json", f"{key} is {variant[key]!r}, expected a JSON "
-                                                    f"{'boolean' if kind is bool else 'integer'}")
-    return CompileOptions(**{key: variant[key] for key in _VARIANT_OPTIONS},
-                          soc_model=chipset.soc_model, dsp_arch=chipset.dsp_arch)
 
 
 def _parse_graphs(items: list[str]) -> dict[str, Path]:

@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 
-from genie_build.cli_args import json_object
+from genie_build.cli_args import add_split_options, json_object, positive_float, split_options
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, recipe_from_dict,
                                   weights_from_hf_config, weights_from_onnx, write_estimate)
@@ -27,41 +27,35 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf-config", help="the model's HF config.json (Qwen2, Llama or Mistral)")
     source.add_argument("--onnx", help="the prompt graph .onnx; its external data is not read")
-    size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
-    size.add_argument("--max-part-mb", type=_positive_float,
-                      help="largest part in MiB (2**20 bytes), as the plan command weighs it")
+    add_split_options(parser)  # as the plan command weighs them; --boundaries with --onnx only
     recipe = parser.add_mutually_exclusive_group()
     recipe.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
                                          "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
                                          "biases, per channel")
     recipe.add_argument("--recipe-json", help="the recipe mapping as JSON (the workflow passes config 'recipe')")
-    parser.add_argument("--embedding-with-layers", action="store_true",
-                        help="put the embedding in part 1 with the first layer(s) instead of alone")
-    parser.add_argument("--boundaries", nargs="+", metavar="TENSOR",
-                        help="with --onnx: the L + 1 residual tensors; default: found from node scopes")
     parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
-    parser.add_argument("--max-context-mb", type=_positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+    parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
                         help="memory plan: per context binary, MiB (default %(default)s)")
-    parser.add_argument("--max-session-mb", type=_positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+    parser.add_argument("--max-session-mb", type=positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
                         help="memory plan: per HTP session, MiB (default %(default)s)")
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.boundaries and args.hf_config is not None:
+    split = split_options(args)
+    if split["boundaries"] and args.hf_config is not None:
         raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
     model = (weights_from_hf_config(args.hf_config) if args.hf_config is not None
-             else weights_from_onnx(args.onnx, args.boundaries))
+             else weights_from_onnx(args.onnx, split["boundaries"]))
     if args.recipe_json is not None:
         recipe = recipe_from_dict(json_object(args.recipe_json, "--recipe-json"), "--recipe-json")
     else:
         recipe = read_recipe(args.recipe) if args.recipe else Recipe()
-    max_part_bytes = None if args.max_part_mb is None else int(args.max_part_mb * MIB)
-    result = estimate(model, recipe, num_parts=args.num_parts, max_part_bytes=max_part_bytes,
-                      embedding_alone=not args.embedding_with_layers)
+    max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
+    result = estimate(model, recipe, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
+                      embedding_alone=split["embedding_alone"])
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB))
     write_estimate(args.out_dir, result, source=os.fspath(args.hf_config or args.onnx), recipe=recipe,
@@ -71,10 +65,3 @@ def run(args: argparse.Namespace) -> int:
                           for predicted in result.parts if predicted.part == part.index)
         log.info("part %s: %s: %s", part.label, "+".join(part.pieces), sizes)
     return 0
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value

@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 import logging
 
+from genie_build.cli_args import json_object
 from genie_build.demo import WEIGHT_DTYPES, DemoShape, generate_demo
+from genie_build.errors import GenieBuildError
 
 logger = logging.getLogger(__name__)
 
@@ -20,11 +22,27 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         parser.add_argument(f"--{spec.name.replace('_', '-')}", dest=spec.name, type=kind, default=spec.default,
                             choices=WEIGHT_DTYPES if spec.name == "weight_dtype" else None,
                             help=f"(default {spec.default})")
+    parser.add_argument("--shape-json", help='the same fields as one JSON object (the config\'s demo section, as '
+                                             'the workflow passes it), e.g. \'{"layers": 2, "ar": 8}\'')
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = DemoShape(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(DemoShape)})
+    shape = DemoShape(**{**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(DemoShape)},
+                         **_shape_fields(args.shape_json)})
     generate_demo(shape, args.out_dir)
     logger.info("wrote the demo model %s to %s", shape, args.out_dir)
     return 0
+
+
+def _shape_fields(text: str | None) -> dict:
+    """The DemoShape fields of ``--shape-json``, each converted as its own option would convert it."""
+    given = json_object(text, "--shape-json") if text is not None else {}
+    kinds = {spec.name: type(spec.default) for spec in dataclasses.fields(DemoShape)}
+    unknown = sorted(set(given) - set(kinds))
+    if unknown:
+        raise GenieBuildError("--shape-json", f"unknown fields {unknown} (known: {', '.join(kinds)})")
+    try:
+        return {name: kinds[name](value) for name, value in given.items()}
+    except (TypeError, ValueError) as exc:
+        raise GenieBuildError("--shape-json", str(exc)) from None

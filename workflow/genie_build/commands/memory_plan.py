@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.cli_args import positive_float, positive_int
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
                                      part_sizes_from_records, plan_memory, write_memory_plan)
 from genie_build.sizes import read_record
@@ -15,11 +16,11 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                                        "per-context and per-session memory guidance")
     parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
     parser.add_argument("--variant", required=True, help="the variant to plan (the bundled one)")
-    parser.add_argument("--max-context-mb", type=_positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+    parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
                         help="per context binary, MiB (default %(default)s: AIHM's ~1-2 GB per compiled model)")
-    parser.add_argument("--max-session-mb", type=_positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+    parser.add_argument("--max-session-mb", type=positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
                         help="per HTP session, MiB (default %(default)s: 3.75 GiB usable, HTP manual)")
-    parser.add_argument("--max-contexts", type=_positive_int, default=None,
+    parser.add_argument("--max-contexts", type=positive_int, default=None,
                         help="warn above this many contexts (default: no limit)")
     parser.add_argument("--json", required=True, type=Path, help="memory_plan.json")
     parser.add_argument("--md", required=True, type=Path, help="memory_plan.md")
@@ -33,17 +34,3 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_memory(part_sizes_from_records(records, args.variant), args.variant, limits)
     write_memory_plan(plan, args.json, args.md)
     return 0
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.cli_args import boolean
 from genie_build.sizes import build_size_table, read_record, write_size_table
 
 
@@ -13,7 +14,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                                       "flagging options that show no effect")
     parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
     parser.add_argument("--baseline", required=True, help="the variant the others are compared with")
-    parser.add_argument("--strict", action="store_true", help="fail on a flagged option instead of warning")
+    parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
+                        help="fail on a flagged option instead of warning (also --strict true/false)")
     parser.add_argument("--csv", required=True, type=Path, help="size_table.csv (tidy)")
     parser.add_argument("--md", required=True, type=Path, help="size_table.md (for people)")
     parser.add_argument("--png", required=True, type=Path, help="size_table.png (bar chart)")

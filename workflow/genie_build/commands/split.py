@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from genie_build.naming import GRAPH_KINDS
+from genie_build.conventions import GRAPH_KINDS
 from genie_build.plan import read_plan
 from genie_build.split import split_graph
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
+
+from genie_build.chipsets import Chipset
+from genie_build.errors import GenieBuildError
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class BinaryInfo:
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """A variant's options, as the config's ``variants.<name>`` gives them, plus the device."""
+    """A variant's options, as the config's ``variants.<name>`` gives them, plus the device (the fields in
+    :data:`DEVICE_FIELDS`). Every other field is a variant option: this class is their one definition."""
 
     weights_packing: bool
     optimization_type: int
@@ -56,6 +60,36 @@ class CompileOptions:
     soc_model: int
     dsp_arch: str
     float_bitwidth: int = 16
+
+    @classmethod
+    def from_variant(cls, variant: dict, chipset: Chipset, where: str = "--variant-json") -> CompileOptions:
+        """A variant's options (``variants.<name>``; its ``toolchain`` key names the toolchain) plus the
+        chipset's device.
+
+        Raises:
+            GenieBuildError: an option is missing, unknown or of the wrong JSON type.
+        """
+        options = variant_options()
+        unknown = sorted(set(variant) - set(options) - {"toolchain"})
+        missing = sorted(set(options) - set(variant))
+        if unknown or missing:
+            raise GenieBuildError(where, f"unknown options {unknown}, missing options {missing} "
+                                         f"(expected {', '.join(options)})")
+        for key, kind in options.items():
+            # bool is an int in Python; neither may stand in for the other here.
+            if not isinstance(variant[key], kind) or (kind is int and isinstance(variant[key], bool)):
+                raise GenieBuildError(where, f"{key} is {variant[key]!r}, expected a JSON "
+                                             f"{'boolean' if kind is bool else 'integer'}")
+        return cls(**{key: variant[key] for key in options}, soc_model=chipset.soc_model, dsp_arch=chipset.dsp_arch)
+
+
+DEVICE_FIELDS = ("soc_model", "dsp_arch")
+_FIELD_TYPES = {"bool": bool, "int": int}
+
+
+def variant_options() -> dict[str, type]:
+    """The variant options (every :class:`CompileOptions` field but the device's) and their types, in order."""
+    return {spec.name: _FIELD_TYPES[spec.type] for spec in fields(CompileOptions) if spec.name not in DEVICE_FIELDS}
 
 
 class Toolchain(Protocol):

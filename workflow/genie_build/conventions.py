@@ -1,0 +1,309 @@
+"""Genie's conventions in code: what docs/conventions.md describes, in one place every stage imports.
+
+- graph IO: the tensor names Genie feeds and reads (``input_ids``, ``attention_mask``, ``position_ids_cos``/
+  ``_sin``, ``past_{key,value}_{i}_{in,out}``, ``logits``) and the HF weight and boundary names the demo and the
+  estimate assume;
+- part labels and graph names: the index zero-padded to the width of N so that lexicographic order is part
+  order (Genie assigns graphs to splits by sorting their names; ``nsp-model.cpp``), and the unsplit graph name;
+- how Genie reads AR (tokens per step) and CL (context length) from a graph (:func:`read_ar`, :func:`read_cl`,
+  :func:`graph_ar_cl`), after the Genie source shipped in the QAIRT SDK (``examples/Genie``):
+
+  - ``qnn-utils.cpp`` ``Tensor``/``Dims``: Genie right-aligns a tensor's dims into four, ``[batch, height,
+    width, channel]`` (padded with 1s), and folds a non-1 first dim into ``height`` when the second is 1;
+    a rank above 4 keeps its dims 1..3, not its last three (:func:`genie_dims`).
+  - ``nsp-graph.cpp`` ``determineGraphInputSize`` / ``determineGraphContextSize``: AR is the element count of
+    ``input_ids``, else of ``inputs_embeds`` or ``attention_mask`` over their largest dim, else the last dim
+    of a ``past_*key*`` output, else ``logits``' elements over its last dim, else ``(ar|AR)_?(\\d+)`` in the
+    graph name; CL is ``attention_mask``'s last dim, else the last dims of a ``past_*key*`` output and its
+    ``_in`` summed, else ``(cl|CL)_?(\\d+)`` in the name, else the largest number in the name above 501;
+
+- the feeds Genie computes for a step: RoPE tables (:func:`rope_tables`) and the additive causal mask
+  (:func:`causal_mask`), as numbers, not tied to any model description.
+
+What Genie then checks of those tensors (shapes, dtypes, which inputs it feeds) is
+:mod:`genie_build.genie_contract`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from genie_build.errors import GenieBuildError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# --- graph IO ----------------------------------------------------------------------------------------------
+
+INPUT_IDS, INPUTS_EMBEDS, MASK, LOGITS = "input_ids", "inputs_embeds", "attention_mask", "logits"
+POS_COS, POS_SIN = "position_ids_cos", "position_ids_sin"
+FIRST_PART_INPUTS = (INPUT_IDS, INPUTS_EMBEDS)
+KV_PREFIX = "past_"
+KV_TENSOR = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
+# Names Genie would take for an embedding-output input of the first split (nsp-graph.cpp, nsp-model.cpp)
+EMBEDDING_OUTPUTS = ("_model_embed_tokens_Gather_Gather_output_0", "_embed_tokens_Gather_Gather_output_0")
+MASK_MIN = -50.0  # additive mask value for hidden positions (AIHM's value for w4a16)
+
+
+def kv_name(kind: str, layer: int, side: str) -> str:
+    """``kv_name("key", 3, "in") == "past_key_3_in"``: the cache tensor of one layer (keys transposed)."""
+    return f"{KV_PREFIX}{kind}_{layer}_{side}"
+
+
+# HF weight names (identical in the prompt and token graphs) and the residual stream after the embedding
+EMBED_WEIGHT = "model.embed_tokens.weight"
+LM_HEAD_WEIGHT = "lm_head.weight"
+FINAL_NORM_WEIGHT = "model.norm.weight"
+EMBEDDING_BOUNDARY = "/model/embed_tokens/Gather_output_0"
+
+# --- part labels and graph names ---------------------------------------------------------------------------
+
+GRAPH_KINDS = ("prompt", "token")
+_PART_LABEL = re.compile(r"^(\d+)_of_(\d+)$")
+PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
+PART_GLOB = "part_*.onnx"
+_EXPECTED_PARTS = "expected part_01_of_N.onnx … part_N_of_N.onnx, all N of them"
+
+
+def part_label(index: int, num_parts: int) -> str:
+    """``part_label(1, 11) == "01_of_11"``; ``index`` is 1-based."""
+    if not 1 <= index <= num_parts:
+        raise ValueError(f"part index {index} outside 1..{num_parts}")
+    width = len(str(num_parts))
+    return f"{index:0{width}d}_of_{num_parts}"
+
+
+def parse_part_label(label: str) -> tuple[int, int]:
+    """Inverse of :func:`part_label`: ``"01_of_11" -> (1, 11)``."""
+    match = _PART_LABEL.match(label)
+    if not match:
+        raise ValueError(f"not a part label: {label!r} (expected e.g. '01_of_11')")
+    return int(match.group(1)), int(match.group(2))
+
+
+def part_file_name(label: str) -> str:
+    """``part_file_name("01_of_06") == "part_01_of_06.onnx"``: a part in its graph's parts directory."""
+    return f"part_{label}.onnx"
+
+
+def find_parts(parts_dir: Path) -> dict[str, Path]:
+    """The part files of a split directory, label -> path, in part order: all of ``part_{NN_of_N}.onnx``.
+
+    Raises:
+        GenieBuildError: no parts, a file name that is not a part label, or a set that is not exactly
+            parts 1..N of one N.
+    """
+    paths = sorted(parts_dir.glob(PART_GLOB))
+    if not paths:
+        raise GenieBuildError(parts_dir, f"no {PART_GLOB} files ({_EXPECTED_PARTS})")
+    parts: dict[str, Path] = {}
+    for path in paths:
+        label = path.name.removeprefix("part_").removesuffix(".onnx")
+        try:
+            _, num_parts = parse_part_label(label)
+        except ValueError as exc:
+            raise GenieBuildError(path, str(exc)) from None
+        parts[label] = path
+    expected = [part_label(index, num_parts) for index in range(1, num_parts + 1)]
+    if list(parts) != expected:
+        raise GenieBuildError(parts_dir, f"part files {', '.join(parts)} are not exactly parts {', '.join(expected)} "
+                                         f"({_EXPECTED_PARTS})")
+    return parts
+
+
+def unsplit_graph_name(kind: str, ar: int, cl: int) -> str:
+    """``unsplit_graph_name("prompt", 32, 256) == "prompt_ar32_cl256"``: the whole (unsplit) graph."""
+    if kind not in GRAPH_KINDS:
+        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
+    return f"{kind}_ar{ar}_cl{cl}"
+
+
+def graph_name(kind: str, ar: int, cl: int, index: int, num_parts: int) -> str:
+    """``graph_name("prompt", 32, 256, 1, 11) == "prompt_ar32_cl256_01_of_11"``."""
+    return f"{unsplit_graph_name(kind, ar, cl)}_{part_label(index, num_parts)}"
+
+
+def graph_ar(kind: str, prompt_ar: int) -> int:
+    """New tokens per call of a graph: the prompt graph's AR, 1 for the token graph."""
+    if kind not in GRAPH_KINDS:
+        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
+    return prompt_ar if kind == "prompt" else 1
+
+
+# --- how Genie reads AR and CL -----------------------------------------------------------------------------
+
+# Genie's fallbacks for graphs whose tensors do not tell (nsp-graph.cpp)
+AR_IN_NAME = re.compile(r"(ar|AR)_?(\d+)")
+CL_IN_NAME = re.compile(r"(cl|CL)_?(\d+)")
+CONTEXT_SAFE_LIMIT = 501
+GENIE_RANK_LIMIT = 4
+
+
+class Tensor(Protocol):
+    """What the contract reads of a graph input or output (TensorSpec of an ONNX graph, TensorInfo of a
+    ctx-bin's graph)."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+
+@dataclass(frozen=True)
+class GenieDims:
+    """A tensor's dims as Genie holds them (``qnn-utils.cpp`` ``Dims``)."""
+
+    batch: int
+    height: int
+    width: int
+    channel: int
+
+    @property
+    def elements(self) -> int:
+        return self.height * self.width * self.channel  # Genie's getNumElements leaves batch out
+
+    @property
+    def largest(self) -> int:
+        return max(self.height, self.width, self.channel)
+
+    @property
+    def hwc(self) -> tuple[int, int, int]:
+        return (self.height, self.width, self.channel)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """AR or CL as Genie reads it, and from where (for messages); ``value`` None: Genie cannot read it."""
+
+    value: int | None
+    source: str
+
+
+
+def genie_dims(shape: Sequence[object]) -> GenieDims | None:
+    """``shape`` as Genie's ``Dims`` (batch size 1), or None when a dim is not a fixed size."""
+    if not all(isinstance(dim, int) and not isinstance(dim, bool) for dim in shape):
+        return None
+    dims = [1] * max(0, GENIE_RANK_LIMIT - len(shape)) + [int(dim) for dim in shape]
+    height = dims[0] if dims[0] != 1 and dims[1] == 1 else dims[1]  # "Hack to mix batch dimension"
+    batch = dims[0] if dims[0] > 1 and dims[1] != 1 else 1
+    return GenieDims(batch, height, dims[2], dims[3])
+
+
+def read_ar(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Reading:
+    """AR as ``determineGraphInputSize`` reads it (first source that exists wins)."""
+    by_input, by_output = tensors_by_name(inputs), tensors_by_name(outputs)
+    for name, per_row in ((INPUT_IDS, False), (INPUTS_EMBEDS, True), *((n, True) for n in EMBEDDING_OUTPUTS),
+                          (MASK, True)):
+        if name in by_input:
+            dims = genie_dims(by_input[name].shape)
+            if dims is None:
+                return Reading(None, _described(by_input[name]))
+            how = "its elements / its largest dim" if per_row else "its elements"
+            return Reading(dims.elements // dims.largest if per_row else dims.elements,
+                           f"{_described(by_input[name])} ({how})")
+    key_out = _first_key_output(outputs)
+    if key_out is not None:
+        dims = genie_dims(key_out.shape)
+        return Reading(dims and dims.channel, f"{_described(key_out)} (its last dim)")
+    if LOGITS in by_output:
+        dims = genie_dims(by_output[LOGITS].shape)
+        return Reading(dims and dims.elements // dims.channel, f"{_described(by_output[LOGITS])} "
+                                                               "(its elements / its last dim)")
+    return _from_name(AR_IN_NAME, graph_name, "AR")
+
+
+def read_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Reading:
+    """CL as ``determineGraphContextSize`` reads it (first source that exists wins)."""
+    by_input = tensors_by_name(inputs)
+    if MASK in by_input:
+        dims = genie_dims(by_input[MASK].shape)
+        return Reading(dims and dims.channel, f"{_described(by_input[MASK])} (its last dim)")
+    key_out = _first_key_output(outputs)
+    key_in = by_input.get(key_out.name[:key_out.name.rfind("_")] + "_in") if key_out is not None else None
+    if key_out is not None and key_in is not None:
+        out_dims, in_dims = genie_dims(key_out.shape), genie_dims(key_in.shape)
+        value = out_dims.channel + in_dims.channel if out_dims and in_dims else None
+        return Reading(value, f"{_described(key_in)} + {_described(key_out)} (their last dims)")
+    named = _from_name(CL_IN_NAME, graph_name, "CL")
+    if named.value is not None:
+        return named
+    largest = max((int(number) for number in re.findall(r"\d+", graph_name)), default=0)
+    if largest > CONTEXT_SAFE_LIMIT:
+        return Reading(largest, f"the largest number in graph name {graph_name!r} (above {CONTEXT_SAFE_LIMIT})")
+    return Reading(None, f"no attention_mask, no past_key_*_in/_out pair and no 'cl<N>' in graph name "
+                         f"{graph_name!r}")
+
+
+
+def tensors_by_name(tensors: Iterable[Tensor]) -> dict[str, Tensor]:
+    return {tensor.name: tensor for tensor in tensors}
+
+
+def _first_key_output(outputs: Sequence[Tensor]) -> Tensor | None:
+    """The output Genie takes for the key cache: the first, in name order, starting with the cache prefix and
+    containing "key" (Genie's tensor map is ordered by name)."""
+    return next((t for t in sorted(outputs, key=lambda t: t.name) if t.name.startswith(KV_PREFIX)
+                 and "key" in t.name), None)
+
+
+def _from_name(pattern: re.Pattern[str], graph_name: str, what: str) -> Reading:
+    match = pattern.search(graph_name)
+    if match:
+        return Reading(int(match.group(2)), f"graph name {graph_name!r}")
+    return Reading(None, f"no tensor gives it and graph name {graph_name!r} has no {what.lower()}<N>")
+
+
+
+def _described(tensor: Tensor) -> str:
+    return f"{tensor.name} {shape_text(tensor.shape)}"
+
+
+
+def shape_text(shape: Iterable[object]) -> str:
+    return "[" + ", ".join(str(dim) if dim is not None else "?" for dim in shape) + "]"
+
+
+def graph_ar_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> tuple[int | None, int | None]:
+    """(AR, CL) as Genie derives them (:func:`read_ar` / :func:`read_cl`): from the tensors, else from the name.
+    Pass ``graph_name=""`` for what the tensors alone give."""
+    return read_ar(graph_name, inputs, outputs).value, read_cl(graph_name, inputs, outputs).value
+
+
+# --- the feeds of one step ---------------------------------------------------------------------------------
+
+def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE cos/sin halves for the given positions, as HF Qwen2 computes them (float32 throughout).
+
+    Returns:
+        ``(cos, sin)``, each ``[1, 1, len(positions), head_dim / 2]`` float32.
+    """
+    import numpy as np  # here, not at the top: most commands read names from this module and need no numpy
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
+    angles = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles)[None, None], np.sin(angles)[None, None]
+
+
+def causal_mask(ar: int, context: int, past_len: int) -> np.ndarray:
+    """Additive attention mask ``[1, ar, context]``: 0 where visible, :data:`MASK_MIN` elsewhere.
+
+    Columns ``0..past-1`` (``past = context - ar``) are the cache, of which the first ``past_len`` hold
+    valid entries; columns ``past..context-1`` are the new tokens, each seeing itself and earlier ones.
+
+    Raises:
+        ValueError: ``past_len`` is outside ``0..context-ar``.
+    """
+    import numpy as np  # see rope_tables
+
+    past = context - ar
+    if not 0 <= past_len <= past:
+        raise ValueError(f"past_len {past_len} outside 0..{past}")
+    mask = np.full((1, ar, context), MASK_MIN, dtype=np.float32)
+    mask[:, :, :past_len] = 0.0
+    new_columns = np.arange(ar)
+    mask[0, :, past:][new_columns[None, :] <= new_columns[:, None]] = 0.0
+    return mask
