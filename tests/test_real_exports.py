@@ -1,0 +1,206 @@
+"""Held-out style checks: exports written the way a user writes them with aimet-onnx 2.42 and torch.onnx, taken
+through the whole workflow as a user model (not through the demo calibrator), and what comes out compared with
+AIMET's own fake-quantized weights.
+
+A user's AIMET export: ``QuantizationSimModel(..., config_file="htp_v79")``, each graph calibrated on its own,
+``sim.export(dir, prefix, encoding_version=...)`` (``<prefix>.onnx``, ``<prefix>.data``, ``<prefix>.encodings``),
+``encodings: {share_from: prompt}``, and each ``past_*_out`` given its ``past_*_in`` entry (AIMET leaves the new
+cache entries without one; Genie needs them equal, as AIMET's LLM recipe ties them).
+
+Skips when aimet-onnx is not installed, unless ``GENIE_BUILD_REQUIRE_AIMET=1`` (set by ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from workflow_helpers import REPO, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+
+if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
+    import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-aimet.txt): a missing one fails
+else:
+    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-aimet.txt)")
+
+from aimet_onnx.quantsim import (QuantizationSimModel,  # noqa: E402
+                                 set_grouped_blockwise_quantization_for_weights)
+
+GRAPHS = ("prompt", "token")
+USER = "user"
+
+
+def test_every_runtime_requirement_of_the_aimet_pins_is_pinned():
+    """envs/requirements-aimet.txt is installed with --no-deps, so it must itself pin what its packages need at
+    run time (joblib 1.6 needs cloudpickle: without it ``import aimet_onnx`` fails). onnx2torch is left out on
+    purpose (the file says why)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    def pinned(path: Path) -> set[str]:
+        return {canonicalize_name(Requirement(line).name) for line in path.read_text().splitlines()
+                if line.strip() and not line.startswith(("#", "-"))}
+
+    envs = REPO / "envs"
+    aimet = pinned(envs / "requirements-aimet.txt")
+    everything = set().union(*(pinned(path) for path in envs.glob("requirements*.txt")))
+    missing = set()
+    for name in aimet:
+        for text in metadata.requires(name) or ():
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                missing.add(canonicalize_name(requirement.name))
+    assert missing - everything - {"onnx2torch"} == set()
+
+
+# ---------------------------------------------------------------------------------------------- exports
+
+def demo_sources(out: Path) -> Path:
+    """The small demo's float graphs, config.json and tokenizer, as a user's model before quantization."""
+    from genie_build.demo import DemoShape, generate_demo
+
+    shape = SMALL_DEMO["demo"]
+    generate_demo(DemoShape(**{key: value for key, value in shape.items() if key != "seed"}), out)
+    subprocess.run([sys.executable, "-m", "genie_build", "train-tokenizer", "--corpus",
+                    str(REPO / "resources" / "tokenizer_corpus.txt"), "--vocab", str(shape["vocab"]),
+                    "--out", str(out / "tokenizer.json")], check=True, capture_output=True)
+    return out
+
+
+def demo_feeds(sources: Path, kind: str) -> list[dict]:
+    from genie_build.calibrate import calibration_feeds, graph_shape
+    from genie_build.onnx_graph import load_graph
+
+    shape = graph_shape(load_graph(sources / "prompt.onnx"), sources / "prompt.onnx", sources / "config.json")
+    return list(calibration_feeds(shape, kind, 2))
+
+
+def aimet_user_export(model_path: Path, feeds: list[dict], exports: Path, prefix: str, version: str,
+                      recipe: str) -> dict[str, np.ndarray]:
+    """Export one graph as a user would and return AIMET's fake-quantized initializers (its truth)."""
+    model = onnx.load(model_path)
+    sim = QuantizationSimModel(model, param_type="int4", activation_type="int16", config_file="htp_v79")
+    if recipe == "lpbq":
+        set_grouped_blockwise_quantization_for_weights(sim, ("MatMul", "Gemm"), 4, 8, 32)
+    sim.compute_encodings(feeds)
+    sim.export(str(exports), prefix, encoding_version=version)
+    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    truth = {name: quantizer.quantize_dequantize(original[name]) for name, quantizer in sim.qc_quantize_op_dict.items()
+             if name in original and name not in sim.param_names and quantizer.enabled}
+    sim.fold_param_quantizers()
+    truth |= {tensor.name: numpy_helper.to_array(tensor) for tensor in sim.model.model.graph.initializer
+              if tensor.name in sim.param_names}
+    return truth
+
+
+def tie_kv_outputs(path: Path) -> None:
+    """Give each ``past_*_in`` entry's copy to ``past_*_out`` in the file's own format, as a user does."""
+    data = json.loads(path.read_text())
+    if data["version"] == "0.6.1":
+        section = data["activation_encodings"]
+        section.update({name[:-3] + "_out": copy.deepcopy(entry) for name, entry in list(section.items())
+                        if re.fullmatch(r"past_(key|value)_\d+_in", name)})
+    else:
+        key = "encodings" if data["version"] == "2.0.0" else "activation_encodings"
+        inputs = {entry["name"]: entry for entry in data[key] if re.fullmatch(r"past_(key|value)_\d+_in", entry["name"])}
+        outputs = {name[:-3] + "_out" for name in inputs}
+        data[key] = [entry for entry in data[key] if entry["name"] not in outputs]
+        data[key] += [{**copy.deepcopy(entry), "name": name[:-3] + "_out"} for name, entry in inputs.items()]
+    path.write_text(json.dumps(data, indent=4))
+
+
+def user_workdir(tmp_path: Path, exports: Path, overrides: dict) -> tuple[Path, Path]:
+    (tmp_path / "work").mkdir()
+    workdir = copy_workflow(tmp_path / "work")
+    shutil.copytree(exports, workdir / "exports")
+    model = {"name": USER, "prompt_onnx": "exports/prompt.onnx", "token_onnx": "exports/token.onnx",
+             "encodings": {kind: f"exports/{kind}.encodings" for kind in GRAPHS},
+             "tokenizer": "exports/tokenizer.json", "hf_config": "exports/config.json"}
+    return workdir, write_config(workdir, {**SMALL_DEMO, "model": model, "encodings": {"share_from": "prompt"},
+                                           **overrides})
+
+
+def converted_weights(workdir: Path, kind: str, names: set[str]) -> dict[str, np.ndarray]:
+    """The weights the workflow's converted parts of one graph hand their nodes."""
+    found = {}
+    for part in sorted((workdir / "results" / USER / "converted").glob(f"*/{kind}/part_*.onnx")):
+        model = onnx.load(part)
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+        types = {value.name: value.type.tensor_type.elem_type for value in inferred.value_info}
+        wanted = [name for name in sorted(names) if types.get(name)]
+        model.graph.ClearField("output")
+        model.graph.output.extend(helper.make_tensor_value_info(name, types[name], None) for name in wanted)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {value.name: np.zeros(value.shape, helper.tensor_dtype_to_np_dtype(
+                     next(i.type.tensor_type.elem_type for i in model.graph.input if i.name == value.name)))
+                 for value in session.get_inputs()}
+        found |= dict(zip(wanted, session.run(wanted, feeds)))
+    return found
+
+
+def compare_with_aimet(workdir: Path, kind: str, truth: dict[str, np.ndarray], encodings: Path) -> tuple[int, int]:
+    """``(values compared, one-step rounding ties)`` of every quantized weight of ``kind``'s converted parts."""
+    from genie_build.encodings import read_encodings
+
+    enc = read_encodings(encodings)
+    quantized = {name for name in truth if (e := enc.of_initializer(name)) is not None and e.dtype == "int"
+                 and e.bitwidth < 32}
+    ours = converted_weights(workdir, kind, quantized)
+    assert ours.keys() == quantized, sorted(quantized - ours.keys())[:5]
+    compared = ties = 0
+    for name in sorted(quantized):
+        encoding = enc.of_initializer(name)
+        step = max(encoding.scale) * max(encoding.per_block_int_scale or (1,))
+        differ = ours[name] != truth[name]
+        if differ.any():
+            assert np.abs(ours[name][differ].astype(np.float64) - truth[name][differ]).max() <= step * 1.01, name
+        compared += truth[name].size
+        ties += int(differ.sum())
+    return compared, ties
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    return demo_sources(tmp_path_factory.mktemp("demo_src"))
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("version, recipe", [("1.0.0", "per_channel"), ("2.0.0", "lpbq")])
+def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights(demo, version, recipe, tmp_path,
+                                                                                  record_property):
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    truth = {kind: aimet_user_export(demo / f"{kind}.onnx", demo_feeds(demo, kind), exports, kind, version, recipe)
+             for kind in GRAPHS}
+    assert (exports / "prompt.data").is_file() and not (exports / "prompt.onnx.data").exists()
+    for kind in GRAPHS:
+        tie_kv_outputs(exports / f"{kind}.encodings")
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(demo / name, exports / name)
+    workdir, config = user_workdir(tmp_path, exports, {})
+    run_snakemake(workdir, config_file=config)
+    out = workdir / "results" / USER
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    host_run = load_json(out / "host_run.json")
+    assert host_run["new_ids"] == host_run["unsplit_ids"]
+    # share_from: prompt -- the token graph's parts hold the prompt graph's quantized weights too
+    compared = ties = 0
+    for kind in GRAPHS:
+        counts = compare_with_aimet(workdir, kind, truth["prompt"], exports / "prompt.encodings")
+        compared, ties = compared + counts[0], ties + counts[1]
+    record_property("values_compared", compared)
+    record_property("one_step_ties", ties)
+    print(f"{version} {recipe}: {compared} values compared, {ties} one-step ties")
+    assert compared > 400_000 and ties <= compared // 200
