@@ -204,3 +204,47 @@ def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights
     record_property("one_step_ties", ties)
     print(f"{version} {recipe}: {compared} values compared, {ties} one-step ties")
     assert compared > 400_000 and ties <= compared // 200
+
+
+@pytest.mark.workflow
+def test_a_torch_dynamo_qwen2_quantized_by_aimet_builds_its_size_table_counting_weights_not_stack_traces(tmp_path):
+    """An HF Qwen2 exported by torch.onnx (dynamo) and quantized by aimet-onnx does not follow Genie's IO
+    contract, so it builds with ``bundle.enabled: false``. torch.onnx annotates every node with its Python
+    stack trace (``metadata_props``, here ~700 kB against ~60 kB of 4-bit weights); a device binary holds no
+    such thing, so the binaries the size table measures must not either."""
+    from hf_export import export_tiny_qwen2
+    from transformers import Qwen2Config
+
+    shape = {"layers": 2, "hidden": 64, "heads": 2, "kv_heads": 1, "intermediate": 128, "vocab": 512, "context": 32}
+    sources = tmp_path / "hf"
+    paths = dict(zip(GRAPHS, export_tiny_qwen2(sources, **shape, prompt_ar=8)))
+    stack_traces = sum(len(prop.value) for node in onnx.load(paths["prompt"], load_external_data=False).graph.node
+                       for prop in node.metadata_props)
+    rng = np.random.default_rng(0)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for kind, path in paths.items():
+        shapes = {value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim]
+                  for value in onnx.load(path, load_external_data=False).graph.input}
+        past = shapes["past_key_0_in"][2]
+        feeds = [{"input_ids": rng.integers(0, shape["vocab"], shapes["input_ids"]),
+                  "attention_mask": np.ones(shapes["attention_mask"], np.int64),
+                  "position_ids": np.arange(past, past + shapes["position_ids"][1])[None],
+                  **{name: rng.normal(size=dims).astype(np.float32) for name, dims in shapes.items()
+                     if name.startswith("past")}} for _ in range(2)]
+        aimet_user_export(path, feeds, exports, kind, "1.0.0", "per_channel")
+    config = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                         num_key_value_heads=shape["kv_heads"], max_position_embeddings=shape["context"],
+                         tie_word_embeddings=False)
+    (exports / "config.json").write_text(config.to_json_string())
+    subprocess.run([sys.executable, "-m", "genie_build", "train-tokenizer", "--corpus",
+                    str(REPO / "resources" / "tokenizer_corpus.txt"), "--vocab", str(shape["vocab"]),
+                    "--out", str(exports / "tokenizer.json")], check=True, capture_output=True)
+    workdir, config_file = user_workdir(tmp_path, exports, {"bundle": {"enabled": False}, "split": {"num_parts": 2}})
+    run_snakemake(workdir, config_file=config_file)
+    out = workdir / "results" / USER
+    assert (out / "size_table.md").is_file() and not (out / "genie_bundle").exists()
+    for sizes in sorted((out / "sizes").glob("*/part_*.json")):
+        part = load_json(sizes)
+        assert part["bytes"] - part["weight_bytes"] < stack_traces / 4, (sizes.name, part["bytes"], part["weight_bytes"])
