@@ -248,3 +248,42 @@ def test_a_torch_dynamo_qwen2_quantized_by_aimet_builds_its_size_table_counting_
     for sizes in sorted((out / "sizes").glob("*/part_*.json")):
         part = load_json(sizes)
         assert part["bytes"] - part["weight_bytes"] < stack_traces / 4, (sizes.name, part["bytes"], part["weight_bytes"])
+
+
+@pytest.mark.workflow
+def test_a_plain_aimet_export_with_the_kv_cache_untied_stops_before_converting(demo, tmp_path):
+    """AIMET leaves the new cache entries (``past_*_out``, made by data-movement ops) without an encoding; Genie
+    refuses a cache whose output is quantized unlike its input. The build stops at slice_encodings, naming the
+    tensor and the fix, instead of after compiling every part (check-bundle's shared-quant error)."""
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for kind in GRAPHS:
+        aimet_user_export(demo / f"{kind}.onnx", demo_feeds(demo, kind), exports, kind, "1.0.0", "per_channel")
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(demo / name, exports / name)
+    workdir, config = user_workdir(tmp_path, exports, {})
+    result = run_snakemake(workdir, config_file=config, check=False)
+    assert result.returncode != 0
+    out = workdir / "results" / USER
+    log = (out / "logs" / "slice_encodings" / "prompt.log").read_text()
+    assert "genie-build: error: past_key_0_out: activation encoding is not past_key_0_in's" in log, log
+    assert "tie the cache quantizers in AIMET" in log
+    assert not (out / "compiled").exists() and not (out / "converted").exists()
+
+
+def test_check_kv_cache_tied_names_the_untied_output_and_passes_tied_or_float_caches():
+    from dataclasses import replace
+
+    from genie_build.encodings import Encodings, TensorEncoding, check_kv_cache_tied
+    from genie_build.errors import GenieBuildError
+
+    cache = TensorEncoding(name="past_key_0_in", dtype="int", bitwidth=8, scale=(0.03,), offset=(-135,))
+    names = {"past_key_0_in", "past_key_0_out", "logits"}
+    check_kv_cache_tied(Encodings(), names)   # a float cache: nothing to tie
+    check_kv_cache_tied(Encodings(activations={"past_key_0_in": cache,
+                                               "past_key_0_out": replace(cache, name="past_key_0_out")}), names)
+    with pytest.raises(GenieBuildError, match="past_key_0_out: .*it has none, past_key_0_in has one"):
+        check_kv_cache_tied(Encodings(activations={"past_key_0_in": cache}), names)
+    with pytest.raises(GenieBuildError, match=r"past_key_0_out: .*offset\[0\] -135 vs -125"):
+        check_kv_cache_tied(Encodings(activations={"past_key_0_in": cache, "past_key_0_out": replace(
+            cache, name="past_key_0_out", offset=(-125,))}), names)

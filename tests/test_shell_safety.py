@@ -39,7 +39,8 @@ UNQUOTED_ALLOWED = {
     "params.float_bitwidth": "integer: schema enum [16, 32], or the \\d+ of the converter wildcard",
     "params.vocab": "integer (schema)",
     "params.calibrator": "schema enum [builtin, aimet]",
-    "params.other": "'--consistent-with PATH', '--share-from PATH' (path shlex.quote()d) or '' (encodings.smk)",
+    "params.other": "'--consistent-with PATH', '--share-from PATH' (path shlex.quote()d) or '', then "
+                    "' --kv-cache-tied' or '' (encodings.smk)",
     "params.share": "the constant ' --token-shares-prompt' or ''",
     "params.max_context_mb": "number (schema)",
     "params.max_session_mb": "number (schema)",

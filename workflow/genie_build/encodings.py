@@ -40,6 +40,7 @@ from google.protobuf.message import DecodeError
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_text
+from genie_build.genie_contract import KV_TENSOR
 
 EncodingKind = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
 
@@ -900,6 +901,31 @@ def check_graphs_consistent(prompt_enc: Encodings, token_enc: Encodings) -> None
         raise GenieBuildError(exc.where, f"{exc.problem} (calibrate both graphs together, or set "
                                          "encodings.share_from: prompt to give the token graph the prompt "
                                          "graph's encodings)") from None
+
+
+def check_kv_cache_tied(enc: Encodings, tensor_names: AbstractSet[str]) -> None:
+    """Require each ``past_{key,value}_{i}_out`` of the graph (``tensor_names``) to have the encoding of its
+    ``_in``: Genie writes the new cache entries back into the input cache, so it refuses any difference at load
+    time. AIMET leaves outputs of data-movement ops (the new entries) without an encoding unless its LLM recipe
+    ties the cache quantizers, so a plain export stops here, before anything is converted or compiled.
+
+    Raises:
+        GenieBuildError: naming the first untied output, both encodings and the fix.
+    """
+    for name in sorted(tensor_names):
+        match = KV_TENSOR.match(name)
+        source_name = f"past_{match.group(1)}_{match.group(2)}_in" if match and match.group(3) == "out" else None
+        if source_name not in tensor_names:
+            continue
+        source, output = enc.activations.get(source_name), enc.activations.get(name)
+        expected = replace(source, name=name) if source is not None else None
+        if expected == output:
+            continue
+        describe = (f"it has none, {source_name} has one" if output is None else
+                    f"it has one, {source_name} has none" if expected is None else _difference(expected, output))
+        raise GenieBuildError(name, f"activation encoding is not {source_name}'s ({describe}); Genie needs the "
+                                    "KV cache's output quantized as its input: tie the cache quantizers in AIMET, "
+                                    f"or give {name} the entry of {source_name}")
 
 
 def _require_identical(sources: dict[str, Encodings]) -> None:

@@ -5,10 +5,12 @@ OTHER_GRAPH = {"prompt": "token", "token": "prompt"}
 
 
 def _other_encodings_option(wildcards, input):
-    """Check the graphs agree; with encodings.share_from: prompt the token graph takes the prompt's instead."""
+    """Check the graphs agree; with encodings.share_from: prompt the token graph takes the prompt's instead.
+    A bundle needs each KV cache output quantized as its input (Genie)."""
+    tied = " --kv-cache-tied" if config["bundle"]["enabled"] else ""
     if config["encodings"]["share_from"] != "prompt":
-        return f"--consistent-with {shlex.quote(input.other_encodings)}"
-    return f"--share-from {shlex.quote(input.other_encodings)}" if wildcards.graph == "token" else ""
+        return f"--consistent-with {shlex.quote(input.other_encodings)}{tied}"
+    return (f"--share-from {shlex.quote(input.other_encodings)}" if wildcards.graph == "token" else "") + tied
 
 
 checkpoint slice_encodings:

@@ -19,6 +19,7 @@ from genie_build.encodings import (
     Encodings,
     check_boundary_consistency,
     check_graphs_consistent,
+    check_kv_cache_tied,
     part_tensor_names,
     read_encodings,
     read_graph_tensors,
@@ -49,6 +50,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                        help="the other graph's encodings: tensors in both must have identical encodings")
     other.add_argument("--share-from", type=Path, metavar="ENCODINGS",
                        help="the other graph's encodings: every tensor of it this graph has takes its encoding")
+    parser.add_argument("--kv-cache-tied", action="store_true",
+                        help="a bundle will be built: each past_*_out must have its past_*_in's encoding (Genie)")
     return parser
 
 
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.consistent_with is not None:
         other = read_encodings(args.consistent_with)
         check_graphs_consistent(*((enc, other) if args.graph == "prompt" else (other, enc)))
+    if args.kv_cache_tied:
+        check_kv_cache_tied(enc, model.tensor_names)
 
     slices = {label: slice_encodings(enc, *part_tensor_names(path))
               for label, path in find_parts(args.parts_dir).items()}
