@@ -287,3 +287,43 @@ def test_check_kv_cache_tied_names_the_untied_output_and_passes_tied_or_float_ca
     with pytest.raises(GenieBuildError, match=r"past_key_0_out: .*offset\[0\] -135 vs -125"):
         check_kv_cache_tied(Encodings(activations={"past_key_0_in": cache, "past_key_0_out": replace(
             cache, name="past_key_0_out", offset=(-125,))}), names)
+
+
+def test_a_0_6_1_file_with_min_and_max_only_reads_as_the_scale_and_offset_aimet_wrote(tmp_path):
+    """0.6.1 entries carrying only ``min``/``max`` (the SDK converter accepts them; hand-edited and older files
+    have them) give AIMET's own grid: the real export with its scale/offset removed reads back to the same
+    offsets and scales within a float rounding, and converts to the same weights."""
+    from test_aimet import MODELS
+
+    from genie_build.encodings import read_encodings
+    from genie_build.toolchains.reference.convert import convert_model
+
+    rng = np.random.default_rng(3)
+    make_model, make_feed = MODELS["linear"]
+    model = make_model(rng)
+    sim = QuantizationSimModel(model, param_type="int8", activation_type="int16", config_file="htp_v79")
+    sim.compute_encodings([make_feed(rng) for _ in range(2)])
+    sim.export(str(tmp_path), "model", encoding_version="0.6.1")
+    data = json.loads((tmp_path / "model.encodings").read_text())
+    for section in ("activation_encodings", "param_encodings"):
+        for entries in data[section].values():
+            for entry in entries:
+                entry.pop("scale", None), entry.pop("offset", None)
+    (tmp_path / "range.encodings").write_text(json.dumps(data))
+    written, ranged = (read_encodings(tmp_path / name) for name in ("model.encodings", "range.encodings"))
+    assert written.params.keys() == ranged.params.keys() and len(written.params) == 4   # the table is an activation, no bias entry
+    for name, encoding in {**written.activations, **written.params}.items():
+        other = ranged.of_initializer(name) or ranged.activations[name]
+        assert other.offset == encoding.offset, name
+        np.testing.assert_allclose(other.scale, encoding.scale, rtol=1e-6, err_msg=name)
+    weights = {}
+    for name in ("model", "range"):
+        convert_model(tmp_path / "model.onnx", tmp_path / f"{name}.encodings", tmp_path / f"{name}_converted.onnx",
+                      graph_name="g", float_bitwidth=32)
+        converted = onnx.load(tmp_path / f"{name}_converted.onnx")
+        weights[name] = {tensor.name: numpy_helper.to_array(tensor) for tensor in converted.graph.initializer
+                         if tensor.name.endswith("_quantized")}
+    assert weights["model"].keys() == weights["range"].keys() and weights["model"]
+    mismatched = sum(int((weights["model"][n] != weights["range"][n]).sum()) for n in weights["model"])
+    total = sum(value.size for value in weights["model"].values())
+    assert mismatched <= total // 1000, (mismatched, total)

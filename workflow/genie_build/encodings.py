@@ -222,9 +222,24 @@ def _parse_channel_v061(where: _Where, entry: Any) -> tuple[str, int, bool, floa
     # AIMET writes the strings "True"/"False"; other writers use JSON booleans.
     if not (isinstance(is_symmetric, bool) or is_symmetric in ("True", "False")):
         raise where.error(f"is_symmetric {_short(is_symmetric)} is not \"True\" or \"False\"")
+    if "scale" not in entry and "offset" not in entry and "min" in entry and "max" in entry:
+        return (dtype, bitwidth, is_symmetric in ("True", True), *_scale_offset_from_range(where, entry, bitwidth))
     return (dtype, bitwidth, is_symmetric in ("True", True),
             _scale_value(where, "scale", _field(where, entry, "scale")),
             _offset_value(where, "offset", _field(where, entry, "offset"), bitwidth))
+
+
+def _scale_offset_from_range(where: _Where, entry: dict, bitwidth: int) -> tuple[float, int]:
+    """A 0.6.1 entry with only ``min``/``max`` (which the SDK converter accepts): AIMET's grid over them,
+    ``scale = (max - min) / (2**bw - 1)``, ``offset = round(min / scale)`` -- the inverse of how AIMET writes
+    ``min = offset * scale`` and ``max = min + scale * (2**bw - 1)``."""
+    low, high = (_as_float(entry[key]) for key in ("min", "max"))
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high) and low <= 0 <= high < math.inf
+                                           and low < high):
+        raise where.error(f"min {_short(entry['min'])} and max {_short(entry['max'])} do not give a range "
+                          "holding 0 (and no 'scale'/'offset')")
+    scale = (high - low) / (2**bitwidth - 1)
+    return scale, _offset_value(where, "offset", round(low / scale), bitwidth)
 
 
 def _named_entries(path: str, data: dict, key: str, label: str, entries: dict) -> Iterator[tuple[_Where, str, dict]]:
