@@ -327,3 +327,45 @@ def test_a_0_6_1_file_with_min_and_max_only_reads_as_the_scale_and_offset_aimet_
     mismatched = sum(int((weights["model"][n] != weights["range"][n]).sum()) for n in weights["model"])
     total = sum(value.size for value in weights["model"].values())
     assert mismatched <= total // 1000, (mismatched, total)
+
+
+PER_TENSOR_CONFIG = {"defaults": {"ops": {"is_output_quantized": "True"},
+                                  "params": {"is_quantized": "True", "is_symmetric": "True"},
+                                  "per_channel_quantization": "False"},
+                     "params": {"bias": {"is_quantized": "False"}}, "op_type": {}, "supergroups": [],
+                     "model_input": {"is_input_quantized": "True"}, "model_output": {}}
+
+
+@pytest.mark.parametrize("param_type", ["int8", "int4"])
+def test_per_tensor_weights_convert_to_aimets_own_in_every_format(param_type, tmp_path):
+    """aimet-onnx 2.42's default config quantizes weights per channel; per-tensor weights need a config with
+    ``per_channel_quantization: False``. Every format's export converts to AIMET's folded weights."""
+    from test_aimet import MODELS, converted_weights, count_one_step_ties, largest_step
+
+    from genie_build.encodings import read_encodings
+
+    rng = np.random.default_rng(7)
+    make_model, make_feed = MODELS["linear"]
+    model = make_model(rng)
+    feeds = [make_feed(rng) for _ in range(2)]
+    config = tmp_path / "per_tensor.json"
+    config.write_text(json.dumps(PER_TENSOR_CONFIG))
+    sim = QuantizationSimModel(model, param_type=param_type, activation_type="int16", config_file=str(config))
+    sim.compute_encodings(feeds)
+    for version in ("0.6.1", "1.0.0", "2.0.0"):
+        (tmp_path / version).mkdir()
+        sim.export(str(tmp_path / version), "model", encoding_version=version)
+    sim.fold_param_quantizers()
+    truth = {tensor.name: numpy_helper.to_array(tensor) for tensor in sim.model.model.graph.initializer
+             if tensor.name in sim.param_names}
+    weights = ("w_in_out", "w_out_in", "w_square", "w_gemm")
+    compared = ties = 0
+    for version in ("0.6.1", "1.0.0", "2.0.0"):
+        export = tmp_path / version
+        assert {read_encodings(export / "model.encodings").of_initializer(name).kind for name in weights} == {"per_tensor"}
+        ours = converted_weights(export, list(weights), feeds[0], tmp_path / f"converted_{version}.onnx")
+        for name in weights:
+            compared += truth[name].size
+            ties += count_one_step_ties(ours[name], truth[name], largest_step(export / "model.encodings", name))
+    print(f"per tensor {param_type}: {compared} values compared, {ties} one-step ties")
+    assert ties <= compared // 1000
