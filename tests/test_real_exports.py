@@ -114,7 +114,8 @@ def tie_kv_outputs(path: Path) -> None:
                         if re.fullmatch(r"past_(key|value)_\d+_in", name)})
     else:
         key = "encodings" if data["version"] == "2.0.0" else "activation_encodings"
-        inputs = {entry["name"]: entry for entry in data[key] if re.fullmatch(r"past_(key|value)_\d+_in", entry["name"])}
+        inputs = {entry["name"]: entry for entry in data[key]
+                  if re.fullmatch(r"past_(key|value)_\d+_in", entry["name"])}
         outputs = {name[:-3] + "_out" for name in inputs}
         data[key] = [entry for entry in data[key] if entry["name"] not in outputs]
         data[key] += [{**copy.deepcopy(entry), "name": name[:-3] + "_out"} for name, entry in inputs.items()]
@@ -233,7 +234,8 @@ def test_a_torch_dynamo_qwen2_quantized_by_aimet_builds_its_size_table_counting_
                   **{name: rng.normal(size=dims).astype(np.float32) for name, dims in shapes.items()
                      if name.startswith("past")}} for _ in range(2)]
         aimet_user_export(path, feeds, exports, kind, "1.0.0", "per_channel")
-    config = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+    config = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"],
                          num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
                          num_key_value_heads=shape["kv_heads"], max_position_embeddings=shape["context"],
                          tie_word_embeddings=False)
@@ -247,7 +249,8 @@ def test_a_torch_dynamo_qwen2_quantized_by_aimet_builds_its_size_table_counting_
     assert (out / "size_table.md").is_file() and not (out / "genie_bundle").exists()
     for sizes in sorted((out / "sizes").glob("*/part_*.json")):
         part = load_json(sizes)
-        assert part["bytes"] - part["weight_bytes"] < stack_traces / 4, (sizes.name, part["bytes"], part["weight_bytes"])
+        assert part["bytes"] - part["weight_bytes"] < stack_traces / 4, (sizes.name, part["bytes"],
+                                                                         part["weight_bytes"])
 
 
 @pytest.mark.workflow
@@ -311,7 +314,8 @@ def test_a_0_6_1_file_with_min_and_max_only_reads_as_the_scale_and_offset_aimet_
                 entry.pop("scale", None), entry.pop("offset", None)
     (tmp_path / "range.encodings").write_text(json.dumps(data))
     written, ranged = (read_encodings(tmp_path / name) for name in ("model.encodings", "range.encodings"))
-    assert written.params.keys() == ranged.params.keys() and len(written.params) == 4   # the table is an activation, no bias entry
+    # 4 weights: the table is an activation encoding, and 0.6.1 has no bias entry
+    assert written.params.keys() == ranged.params.keys() and len(written.params) == 4
     for name, encoding in {**written.activations, **written.params}.items():
         other = ranged.of_initializer(name) or ranged.activations[name]
         assert other.offset == encoding.offset, name
@@ -362,7 +366,8 @@ def test_per_tensor_weights_convert_to_aimets_own_in_every_format(param_type, tm
     compared = ties = 0
     for version in ("0.6.1", "1.0.0", "2.0.0"):
         export = tmp_path / version
-        assert {read_encodings(export / "model.encodings").of_initializer(name).kind for name in weights} == {"per_tensor"}
+        encodings = read_encodings(export / "model.encodings")
+        assert {encodings.of_initializer(name).kind for name in weights} == {"per_tensor"}
         ours = converted_weights(export, list(weights), feeds[0], tmp_path / f"converted_{version}.onnx")
         for name in weights:
             compared += truth[name].size
