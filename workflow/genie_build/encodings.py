@@ -40,6 +40,7 @@ from google.protobuf.message import DecodeError
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_text
+from genie_build.genie_contract import KV_TENSOR
 
 EncodingKind = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
 
@@ -221,9 +222,24 @@ def _parse_channel_v061(where: _Where, entry: Any) -> tuple[str, int, bool, floa
     # AIMET writes the strings "True"/"False"; other writers use JSON booleans.
     if not (isinstance(is_symmetric, bool) or is_symmetric in ("True", "False")):
         raise where.error(f"is_symmetric {_short(is_symmetric)} is not \"True\" or \"False\"")
+    if "scale" not in entry and "offset" not in entry and "min" in entry and "max" in entry:
+        return (dtype, bitwidth, is_symmetric in ("True", True), *_scale_offset_from_range(where, entry, bitwidth))
     return (dtype, bitwidth, is_symmetric in ("True", True),
             _scale_value(where, "scale", _field(where, entry, "scale")),
             _offset_value(where, "offset", _field(where, entry, "offset"), bitwidth))
+
+
+def _scale_offset_from_range(where: _Where, entry: dict, bitwidth: int) -> tuple[float, int]:
+    """A 0.6.1 entry with only ``min``/``max`` (which the SDK converter accepts): AIMET's grid over them,
+    ``scale = (max - min) / (2**bw - 1)``, ``offset = round(min / scale)`` -- the inverse of how AIMET writes
+    ``min = offset * scale`` and ``max = min + scale * (2**bw - 1)``."""
+    low, high = (_as_float(entry[key]) for key in ("min", "max"))
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high) and low <= 0 <= high < math.inf
+                                           and low < high):
+        raise where.error(f"min {_short(entry['min'])} and max {_short(entry['max'])} do not give a range "
+                          "holding 0 (and no 'scale'/'offset')")
+    scale = (high - low) / (2**bitwidth - 1)
+    return scale, _offset_value(where, "offset", round(low / scale), bitwidth)
 
 
 def _named_entries(path: str, data: dict, key: str, label: str, entries: dict) -> Iterator[tuple[_Where, str, dict]]:
@@ -900,6 +916,31 @@ def check_graphs_consistent(prompt_enc: Encodings, token_enc: Encodings) -> None
         raise GenieBuildError(exc.where, f"{exc.problem} (calibrate both graphs together, or set "
                                          "encodings.share_from: prompt to give the token graph the prompt "
                                          "graph's encodings)") from None
+
+
+def check_kv_cache_tied(enc: Encodings, tensor_names: AbstractSet[str]) -> None:
+    """Require each ``past_{key,value}_{i}_out`` of the graph (``tensor_names``) to have the encoding of its
+    ``_in``: Genie writes the new cache entries back into the input cache, so it refuses any difference at load
+    time. AIMET leaves outputs of data-movement ops (the new entries) without an encoding unless its LLM recipe
+    ties the cache quantizers, so a plain export stops here, before anything is converted or compiled.
+
+    Raises:
+        GenieBuildError: naming the first untied output, both encodings and the fix.
+    """
+    for name in sorted(tensor_names):
+        match = KV_TENSOR.match(name)
+        source_name = f"past_{match.group(1)}_{match.group(2)}_in" if match and match.group(3) == "out" else None
+        if source_name not in tensor_names:
+            continue
+        source, output = enc.activations.get(source_name), enc.activations.get(name)
+        expected = replace(source, name=name) if source is not None else None
+        if expected == output:
+            continue
+        describe = (f"it has none, {source_name} has one" if output is None else
+                    f"it has one, {source_name} has none" if expected is None else _difference(expected, output))
+        raise GenieBuildError(name, f"activation encoding is not {source_name}'s ({describe}); Genie needs the "
+                                    "KV cache's output quantized as its input: tie the cache quantizers in AIMET, "
+                                    f"or give {name} the entry of {source_name}")
 
 
 def _require_identical(sources: dict[str, Encodings]) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from genie_build.conventions import find_parts
 from genie_build.encodings import (Encodings, check_boundary_consistency, check_graphs_consistent,
-                                   part_tensor_names, read_encodings, read_graph_tensors, share_encodings,
-                                   slice_encodings, validate_against_model, write_encodings)
+                                   check_kv_cache_tied, part_tensor_names, read_encodings, read_graph_tensors,
+                                   share_encodings, slice_encodings, validate_against_model, write_encodings)
 from genie_build.fileio import atomic_directory
 
 log = logging.getLogger(__name__)
@@ -27,13 +27,15 @@ log = logging.getLogger(__name__)
 def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: str | os.PathLike[str],
                           parts_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                           consistent_with: str | os.PathLike[str] | None = None,
-                          share_from: str | os.PathLike[str] | None = None) -> None:
+                          share_from: str | os.PathLike[str] | None = None,
+                          kv_cache_tied: bool = False) -> None:
     """Write ``out_dir/part_{label}.encodings.json`` for every part of ``parts_dir`` (see the module doc).
 
     Args:
         graph: ``"prompt"`` or ``"token"`` (which side of a consistency message this graph is).
         consistent_with: the other graph's encodings, which must agree on every tensor both have.
         share_from: the other graph's encodings, whose entries this graph takes for every tensor it has.
+        kv_cache_tied: require each ``past_*_out`` to have its ``past_*_in``'s encoding (a bundle will be built).
 
     Raises:
         GenieBuildError: invalid encodings, encodings that do not fit the graph or the other graph's, an
@@ -47,6 +49,8 @@ def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: 
     if consistent_with is not None:
         other = read_encodings(consistent_with)
         check_graphs_consistent(*((enc, other) if graph == "prompt" else (other, enc)))
+    if kv_cache_tied:
+        check_kv_cache_tied(enc, tensors.tensor_names)
 
     slices = {label: slice_encodings(enc, *part_tensor_names(path))
               for label, path in find_parts(Path(parts_dir)).items()}

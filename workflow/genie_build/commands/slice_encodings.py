@@ -23,10 +23,13 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                        help="the other graph's encodings: tensors in both must have identical encodings")
     other.add_argument("--share-from", type=Path, metavar="ENCODINGS",
                        help="the other graph's encodings: every tensor of it this graph has takes its encoding")
+    parser.add_argument("--kv-cache-tied", action="store_true",
+                        help="a bundle will be built: each past_*_out must have its past_*_in's encoding (Genie)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     stage.slice_graph_encodings(args.graph, args.model, args.encodings, args.parts_dir, args.out_dir,
-                                consistent_with=args.consistent_with, share_from=args.share_from)
+                                consistent_with=args.consistent_with, share_from=args.share_from,
+                                kv_cache_tied=args.kv_cache_tied)
     return 0

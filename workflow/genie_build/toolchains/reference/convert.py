@@ -108,12 +108,22 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
                 quantized[converted.tensors[0][0]] = converted.quantization
     _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
     _replace_weights(model.graph, initializers, rebuilds)
+    _drop_exporter_annotations(model.graph)
     model.graph.name = graph_name
     set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
     set_metadata_json(model, IO_ENCODINGS_KEY, io_encodings)
     set_metadata_json(model, FLOAT_BITWIDTH_KEY, float_bitwidth)
     with atomic_open(out_path) as handle:
         handle.write(model.SerializeToString())
+
+
+def _drop_exporter_annotations(graph: onnx.GraphProto) -> None:
+    """Clear each node's ``doc_string`` and ``metadata_props``: torch.onnx (dynamo) annotates every node with
+    its Python stack trace (hundreds of kB on a small model), which a device binary does not hold and the size
+    table must not count."""
+    for node in graph.node:
+        node.doc_string = ""
+        node.ClearField("metadata_props")
 
 
 def _convert_initializer(array: np.ndarray, name: str, enc: TensorEncoding | None, is_param: bool,
