@@ -139,6 +139,36 @@ def count_one_step_ties(ours: np.ndarray, theirs: np.ndarray, step: float) -> in
     return int(differ.sum())
 
 
+def compare_with_aimet(model, truth, exports, feed, recipe, tmp_path) -> tuple[int, int]:
+    """Compare the reference toolchain's weights converted from each exported format with AIMET's ``truth``
+    (its folded weights; a weight AIMET leaves in float is its original value). Values whose encoding has a
+    quantization step may differ by one step (a rounding tie, counted); the others must be equal.
+
+    Returns:
+        ``(values compared, one-step ties)`` over every format.
+    """
+    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer
+                if tensor.data_type == TensorProto.FLOAT}
+    compared = ties = 0
+    for version, export in exports.items():
+        ours = converted_weights(export, list(original), feed, tmp_path / f"converted_{version}.onnx")
+        stated = encodings_by_name(export / "model.encodings")
+        for name, value in original.items():
+            expected = truth.get(name, value)
+            if stated.get(name, {}).get("output_dtype") == "int32":
+                # AIMET simulates int32 biases in float (fold_param_quantizers leaves them): the encoding means
+                # round(b / scale) * scale, which the converted graph must give exactly.
+                scale = np.asarray(stated[name]["y_scale"], np.float32)
+                expected = (np.rint(value / scale) * scale).astype(np.float32)
+            compared += value.size
+            step = largest_step(export / "model.encodings", name)
+            if step is None:
+                np.testing.assert_array_equal(ours[name], expected, err_msg=f"{recipe} {version} {name}")
+            else:
+                ties += count_one_step_ties(ours[name], expected, step)
+    return compared, ties
+
+
 @pytest.mark.parametrize("model_name", list(MODELS))
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe, tmp_path, record_property):
@@ -151,25 +181,7 @@ def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe,
     model = make_model(rng)
     feeds = [make_feed(rng) for _ in range(2)]
     truth, exports = aimet_export(model, recipe, feeds, tmp_path / "aimet")
-    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer
-                if tensor.data_type == TensorProto.FLOAT}
-    compared = ties = 0
-    for version, export in exports.items():
-        ours = converted_weights(export, list(original), feeds[0], tmp_path / f"converted_{version}.onnx")
-        stated = encodings_by_name(export / "model.encodings")
-        for name, value in original.items():
-            expected = truth.get(name, value)
-            if stated.get(name, {}).get("output_dtype") == "int32":
-                # AIMET simulates int32 biases in float (fold_param_quantizers leaves them): the encoding means
-                # round(b / scale) * scale, which the converted graph must give exactly.
-                scale = np.asarray(stated[name]["y_scale"], np.float32)
-                expected = (np.rint(value / scale) * scale).astype(np.float32)
-            compared += value.size
-            step = largest_step(export / "model.encodings", name)
-            if step is not None:
-                ties += count_one_step_ties(ours[name], expected, step)
-            else:
-                np.testing.assert_array_equal(ours[name], expected, err_msg=f"{recipe} {version} {name}")
+    compared, ties = compare_with_aimet(model, truth, exports, feeds[0], recipe, tmp_path)
     record_property("values_compared", compared)
     record_property("one_step_ties", ties)
     print(f"{model_name} {recipe}: {compared} values compared, {ties} one-step ties")
@@ -284,22 +296,6 @@ def test_a_torch_dynamo_qwen2_quantized_by_aimet_converts_to_aimets_own_weights(
     rng = np.random.default_rng(5)
     feeds = [qwen2_feed(qwen2_dynamo, rng) for _ in range(2)]
     truth, exports = aimet_export(qwen2_dynamo, recipe, feeds, tmp_path / "aimet")
-    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in qwen2_dynamo.graph.initializer
-                if tensor.data_type == TensorProto.FLOAT}
-    compared = ties = 0
-    for version, export in exports.items():
-        ours = converted_weights(export, list(original), feeds[0], tmp_path / f"converted_{version}.onnx")
-        stated = encodings_by_name(export / "model.encodings")
-        for name, value in original.items():
-            expected = truth.get(name, value)
-            if stated.get(name, {}).get("output_dtype") == "int32":   # see the test above
-                scale = np.asarray(stated[name]["y_scale"], np.float32)
-                expected = (np.rint(value / scale) * scale).astype(np.float32)
-            compared += value.size
-            step = largest_step(export / "model.encodings", name)
-            if step is None:
-                np.testing.assert_array_equal(ours[name], expected, err_msg=f"{recipe} {version} {name}")
-            else:
-                ties += count_one_step_ties(ours[name], expected, step)
+    compared, ties = compare_with_aimet(qwen2_dynamo, truth, exports, feeds[0], recipe, tmp_path)
     print(f"qwen2 {recipe}: {compared} values compared, {ties} one-step ties")
     assert ties <= compared // 200
