@@ -26,11 +26,12 @@ What Genie then checks of those tensors (shapes, dtypes, which inputs it feeds) 
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from genie_build.errors import GenieBuildError
 
@@ -59,6 +60,12 @@ EMBED_WEIGHT = "model.embed_tokens.weight"
 LM_HEAD_WEIGHT = "lm_head.weight"
 FINAL_NORM_WEIGHT = "model.norm.weight"
 EMBEDDING_BOUNDARY = "/model/embed_tokens/Gather_output_0"
+
+
+def layer_output(layer: int) -> str:
+    """``layer_output(3) == "/model/layers.3/Add_1_output_0"``: the residual stream after decoder layer ``layer``."""
+    return f"/model/layers.{layer}/Add_1_output_0"
+
 
 # --- part labels and graph names ---------------------------------------------------------------------------
 
@@ -275,8 +282,14 @@ def graph_ar_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Ten
 
 # --- the feeds of one step ---------------------------------------------------------------------------------
 
-def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RoPE cos/sin halves for the given positions, as HF Qwen2 computes them (float32 throughout).
+def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarray,
+                scaling: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE cos/sin halves for the given positions, as HF computes them (float32 throughout).
+
+    Args:
+        scaling: the HF rope-scaling parameters (``rope_scaling`` / ``rope_parameters``) when the model scales
+            its RoPE; None or rope type "default" for plain RoPE. Only "llama3" scales (what Genie's
+            ``rope-scaling`` ``rope-type: llama3`` computes); another type is a ValueError.
 
     Returns:
         ``(cos, sin)``, each ``[1, 1, len(positions), head_dim / 2]`` float32.
@@ -284,8 +297,28 @@ def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarr
     import numpy as np  # here, not at the top: most commands read names from this module and need no numpy
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
     inv_freq = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
+    rope_type = str(scaling.get("rope_type") or scaling.get("type") or "default") if scaling else "default"
+    if rope_type == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif rope_type != "default":
+        raise ValueError(f"rope type {rope_type!r}: only default and llama3 RoPE tables are implemented")
     angles = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
     return np.cos(angles)[None, None], np.sin(angles)[None, None]
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, scaling: Mapping[str, Any]) -> np.ndarray:
+    """Llama 3.1's frequency scaling (HF ``_compute_llama3_parameters``): wavelengths above the original context
+    / low_freq_factor are divided by ``factor``, those below / high_freq_factor kept, and the band between
+    interpolated."""
+    import numpy as np  # see rope_tables
+    factor, low, high = (float(scaling[key]) for key in ("factor", "low_freq_factor", "high_freq_factor"))
+    original = float(scaling["original_max_position_embeddings"])
+    wavelength = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelength > original / low, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
+    smooth = ((original / wavelength - low) / (high - low)).astype(np.float32)
+    smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+    medium = ~(wavelength < original / high) & ~(wavelength > original / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
 def causal_mask(ar: int, context: int, past_len: int) -> np.ndarray:

@@ -37,7 +37,8 @@ import yaml
 from genie_build import __version__
 from genie_build.boundaries import find_boundaries
 from genie_build.config import DEFAULT_SCHEMA
-from genie_build.conventions import EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, GRAPH_KINDS, LM_HEAD_WEIGHT
+from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, GRAPH_KINDS, LM_HEAD_WEIGHT,
+                                     layer_output)
 from genie_build.demo import shape_from_hf_config
 from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, WeightLayout,
                                    block_grid, consumer_layouts)
@@ -219,7 +220,7 @@ def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
     weights.append(weight(FINAL_NORM_WEIGHT, (hidden,), "float", head_piece))
     if not tied:
         weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
-    boundaries = (EMBEDDING_BOUNDARY, *(f"/model/layers.{i}/Add_1_output_0" for i in range(shape.layers)))
+    boundaries = (EMBEDDING_BOUNDARY, *(layer_output(i) for i in range(shape.layers)))
     return ModelWeights(tuple(weights), boundaries)
 
 
