@@ -131,6 +131,7 @@ def load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
         GenieBuildError: transformers cannot load it (the message's first line, naming the directory).
     """
     import transformers
+    from safetensors import SafetensorError
 
     model_class = getattr(transformers, SUPPORTED_ARCHITECTURES[checkpoint.model_type])
     try:
@@ -138,7 +139,7 @@ def load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
             warnings.simplefilter("ignore")
             model = model_class.from_pretrained(checkpoint.directory, dtype=torch.float32,
                                                 attn_implementation="eager")
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise GenieBuildError(checkpoint.directory, f"transformers cannot load the checkpoint: {first_line}") from None
     model.eval().requires_grad_(False)

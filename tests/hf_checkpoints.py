@@ -1,0 +1,62 @@
+"""Random-weight Hugging Face checkpoints written by transformers' ``save_pretrained`` (safetensors), as a user
+downloads them: Qwen2 (q/k/v biases), Llama with Llama 3's ``llama3`` RoPE scaling, Qwen3 (q_norm/k_norm, an
+explicit head_dim other than hidden / heads). Test helper (import it from tests); needs torch and transformers.
+
+Norm weights and biases are drawn around their init values (1 and 0), so a wrong norm or a dropped bias shows in
+the logits; ``original_max_position_embeddings`` of the Llama checkpoint is small, so llama3 scaling changes the
+RoPE frequencies of the positions the tests use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from genie_build.fileio import write_text
+from genie_build.tokenizer_train import build_tokenizer
+
+FAMILIES = ("qwen2", "llama", "qwen3")
+CORPUS = Path(__file__).resolve().parent.parent / "resources" / "tokenizer_corpus.txt"
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def hf_model(family: str, *, tied: bool = False, layers: int = 2, hidden: int = 64, heads: int = 4,
+             kv_heads: int = 2, intermediate: int = 128, vocab: int = 320, context: int = 64, seed: int = 0):
+    """A random transformers causal LM of ``family`` (float32)."""
+    import torch
+    import transformers
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=context,
+                  tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    if family == "qwen2":
+        model_class, config = transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**common)
+    elif family == "llama":
+        model_class = transformers.LlamaForCausalLM
+        config = transformers.LlamaConfig(**common, rope_parameters=dict(LLAMA3_ROPE))
+    elif family == "qwen3":
+        model_class = transformers.Qwen3ForCausalLM
+        config = transformers.Qwen3Config(**common, head_dim=2 * hidden // heads)
+    else:
+        raise ValueError(f"family {family!r} is not one of {FAMILIES}")
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.copy_(1 + 0.1 * torch.randn_like(parameter))
+            elif name.endswith(".bias"):
+                parameter.copy_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def make_checkpoint(out_dir: str | os.PathLike[str], family: str, *, tied: bool = False,
+                    max_shard_size: str | None = None, **sizes) -> Path:
+    """Write a random checkpoint of ``family`` with a tokenizer.json to ``out_dir``; ``max_shard_size`` (e.g.
+    ``"100KB"``) shards the weights with a ``model.safetensors.index.json``."""
+    out = Path(out_dir)
+    model = hf_model(family, tied=tied, **sizes)
+    model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    write_text(out / "tokenizer.json", build_tokenizer(CORPUS, model.config.vocab_size).to_str())
+    return out
