@@ -12,7 +12,18 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/source.smk"
+
+
+# The export writes the graphs where the demo rules would, so only one of the two is there.
+if SOURCE_KIND == "hf":
+
+    include: "workflow/rules/export.smk"
+
+else:
+
+    include: "workflow/rules/source.smk"
+
+
 include: "workflow/rules/split.smk"
 include: "workflow/rules/encodings.smk"
 include: "workflow/rules/convert.smk"

@@ -4,8 +4,9 @@ The proof: the float export, run in onnxruntime with the feeds Genie computes (c
 causal_mask), equals transformers' own forward with a DynamicCache: the logits and the new KV entries of the prompt
 step (AR tokens from an empty cache) and of the token step after it, for random Qwen2, Llama (llama3 RoPE scaling)
 and Qwen3 checkpoints, untied and tied, single-file and sharded. Closing figures (max abs diff over all values of
-one step, float32): about 1e-6 on the logits and the KV entries; :data:`TOLERANCE` leaves room for the
-summation order of other CPUs.
+one step, float32, this box): at most 2.1e-7 on the logits and 1.2e-6 on the KV entries (3584 to 4608 values
+compared per prompt step, 448 to 576 per token step); :data:`TOLERANCE` leaves room for other CPUs' summation
+order.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from genie_build.export import export_checkpoint  # noqa: E402
 from genie_build.ort_session import cpu_session_options  # noqa: E402
 
 AR, CONTEXT = 8, 32
-TOLERANCE = 1e-4  # max abs diff of float32 logits and KV entries, ONNX vs transformers
+TOLERANCE = 1e-5  # max abs diff of float32 logits and KV entries, ONNX vs transformers
 CASES = {  # name -> (family, tied, max_shard_size)
     "qwen2": ("qwen2", False, None),
     "qwen2-tied-sharded": ("qwen2", True, "100KB"),

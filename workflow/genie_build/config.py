@@ -171,6 +171,10 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
             _check_plain_data(item, where, (*path, index), seen)
 
 
+# The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.
+USER_EXPORT_KEYS = ("prompt_onnx", "token_onnx", "encodings", "tokenizer", "hf_config")
+
+
 def _check_cross_fields(config: dict, where: str) -> None:
     split = config["split"]
     if (split.get("num_parts") is None) == (split.get("max_part_mb") is None):
@@ -187,7 +191,12 @@ def _check_cross_fields(config: dict, where: str) -> None:
         lookup(config["target"]["chipset"])
     except GenieBuildError as exc:
         raise GenieBuildError(_key(where, ("target", "chipset")), exc.problem) from None
-    if "prompt_onnx" not in config["model"]:  # the demo is built: its sizes must make a model
+    given_with_checkpoint = sorted(set(USER_EXPORT_KEYS) & set(config["model"]))
+    if "hf_checkpoint" in config["model"] and given_with_checkpoint:
+        raise GenieBuildError(_key(where, ("model", "hf_checkpoint")),
+                              f"a checkpoint to export is a source of its own: unset {', '.join(given_with_checkpoint)}"
+                              " (its graphs, tokenizer and config.json come from the checkpoint)")
+    if not {"prompt_onnx", "hf_checkpoint"} & set(config["model"]):  # the demo is built: its sizes must make a model
         try:
             DemoShape(**shape_config(config["demo"]))
         except GenieBuildError as exc:  # where is "demo.<field>"

@@ -11,6 +11,7 @@ from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_c
 from genie_build.config import validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
+from genie_build.hf_checkpoint import weight_files as _hf_weight_files
 from genie_build.plan import read_plan
 from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
 
@@ -31,7 +32,9 @@ MODEL = config["model"]["name"]
 OUT = f"results/{MODEL}"
 SRC = f"{OUT}/source"
 GRAPHS = conventions.GRAPH_KINDS
-IS_DEMO = "prompt_onnx" not in config["model"]
+# Where the graphs come from: the generated demo, a Hugging Face checkpoint the workflow exports (rules/export.smk),
+# or the user's own files (model.prompt_onnx and the other paths).
+SOURCE_KIND = "files" if "prompt_onnx" in config["model"] else "hf" if "hf_checkpoint" in config["model"] else "demo"
 # Every job runs `{params.python} -m genie_build <command>`, with the interpreter running Snakemake (the project venv)
 # or for the qairt toolchain's jobs the interpreter of toolchains.qairt.python (a QAIRT build box's).
 PYTHON = shlex.quote(sys.executable)
@@ -71,6 +74,14 @@ CRITICAL_PATH = 10
 # On a cluster, one submission per part holds its converts, compiles and accounts (no effect on local runs).
 GROUP_PER_PART = "part_{part}"
 
+def checkpoint_weight_files(directory):
+    """The checkpoint's safetensors files (and shard index) at parse time; a broken layout is a config error."""
+    try:
+        return _hf_weight_files(directory)
+    except GenieBuildError as exc:
+        _config_error("model.hf_checkpoint", str(exc))
+
+
 def _user_encodings(graph):
     encodings = config["model"]["encodings"]
     return encodings if isinstance(encodings, str) else encodings[graph]
@@ -93,16 +104,7 @@ def _read_user_graph(graph):
     return data_files, dims
 
 
-if IS_DEMO:
-    SOURCE = {
-        "prompt_onnx": f"{SRC}/prompt.onnx",
-        "token_onnx": f"{SRC}/token.onnx",
-        "prompt_encodings": f"{SRC}/prompt.encodings.json",
-        "token_encodings": f"{SRC}/token.encodings.json",
-        "tokenizer": f"{SRC}/tokenizer.json",
-        "hf_config": f"{SRC}/config.json",
-    }
-else:
+if SOURCE_KIND == "files":
     SOURCE = {
         "prompt_onnx": config["model"]["prompt_onnx"],
         "token_onnx": config["model"]["token_onnx"],
@@ -111,11 +113,24 @@ else:
         "tokenizer": config["model"]["tokenizer"],
         "hf_config": config["model"]["hf_config"],
     }
+else:  # the demo's generated files, or the export's graphs and the checkpoint's own tokenizer and config
+    CHECKPOINT = config["model"].get("hf_checkpoint")
+    SOURCE = {
+        "prompt_onnx": f"{SRC}/prompt.onnx",
+        "token_onnx": f"{SRC}/token.onnx",
+        "prompt_encodings": f"{SRC}/prompt.encodings.json",
+        "token_encodings": f"{SRC}/token.encodings.json",
+        "tokenizer": f"{CHECKPOINT}/tokenizer.json" if CHECKPOINT else f"{SRC}/tokenizer.json",
+        "hf_config": f"{CHECKPOINT}/config.json" if CHECKPOINT else f"{SRC}/config.json",
+    }
 # SOURCE_DATA: the weights; a changed weight must rerun what reads the graph even when the .onnx is unchanged.
 # GRAPH_DIMS: (AR, CL) of each graph, which the QNN graph names carry.
-if IS_DEMO:
+# The demo's and the export's (AR, CL) are the config's: their graphs do not exist yet when the workflow is parsed.
+GENERATED_AR_CL = {"demo": config["demo"], "hf": config["export"]}
+if SOURCE_KIND in GENERATED_AR_CL:
+    _ar, _cl = (GENERATED_AR_CL[SOURCE_KIND][key] for key in ("ar", "context"))
     SOURCE_DATA = {graph: [f"{SRC}/{graph}.onnx.data"] for graph in GRAPHS}
-    GRAPH_DIMS = {"prompt": (config["demo"]["ar"], config["demo"]["context"]), "token": (1, config["demo"]["context"])}
+    GRAPH_DIMS = {"prompt": (_ar, _cl), "token": (1, _cl)}
 else:
     _user_graphs = {graph: _read_user_graph(graph) for graph in GRAPHS}
     SOURCE_DATA = {graph: data_files for graph, (data_files, _) in _user_graphs.items()}
@@ -183,10 +198,10 @@ def unsplit_graph_name(graph):
 
 
 def contract_checks(wildcards):
-    """check-contract's checks from the config: the demo's (AR, CL), Genie's context size, whether a bundle is
-    built (without one, violations are recorded, not errors)."""
-    return json.dumps({"expect_ar": config["demo"]["ar"] if IS_DEMO else None,
-                       "expect_context": config["demo"]["context"] if IS_DEMO else None,
+    """check-contract's checks from the config: the demo's or the export's (AR, CL), Genie's context size, whether
+    a bundle is built (without one, violations are recorded, not errors)."""
+    expected = GENERATED_AR_CL.get(SOURCE_KIND, {})
+    return json.dumps({"expect_ar": expected.get("ar"), "expect_context": expected.get("context"),
                        "context_size": config["bundle"].get("context_size"),
                        "report_only": not config["bundle"]["enabled"]}, sort_keys=True)
 
