@@ -199,3 +199,11 @@ def test_a_variants_options_are_compile_options_fields() -> None:
     json_types = {bool: "boolean", int: "integer"}
     assert {name: spec["type"] for name, spec in properties.items() if name != "toolchain"} == \
         {name: json_types[kind] for name, kind in variant_options().items()}
+
+
+def test_a_checkpoint_to_export_gets_the_export_defaults_and_excludes_the_user_paths() -> None:
+    config = validate_config(changed(model={"name": "qwen", "hf_checkpoint": "checkpoints/qwen2.5-0.5b"}))
+    assert config["export"] == {"ar": 128, "context": 4096}
+    message = error_of(changed(model={"name": "qwen", "hf_checkpoint": "ck", "hf_config": "ck/config.json"}))
+    assert message.startswith("config model.hf_checkpoint: ") and "unset hf_config" in message
+    assert error_of(changed(export={"ar": 0})).startswith("config export.ar")

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -35,7 +36,7 @@ from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS
                                      rope_tables)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
+from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, load_tokenizer
 from genie_build.onnx_graph import graph_io
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
@@ -62,6 +63,10 @@ class GraphSession:
         return dict(zip(names, self.session.run(names, {**feed, **self.weights})))
 
 
+# Genie rope-types the host run computes tables for (conventions.rope_tables).
+HOST_ROPE_TYPES = ("default", "llama3")
+
+
 @dataclass(frozen=True)
 class Runner:
     """The parts of a model, each a runnable session per AR, and the RoPE geometry to feed them.
@@ -73,6 +78,7 @@ class Runner:
     context_length: int
     head_dim: int
     rope_theta: float
+    rope_scaling: Mapping[str, Any] | None = None  # HF llama3 parameters when Genie's config scales RoPE
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,8 @@ class Generation:
         return (len(self.new_ids) - 1) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float) -> Runner:
+def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float,
+                rope_scaling: Mapping[str, Any] | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the AR each graph takes.
 
     The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
@@ -130,7 +137,7 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
         raise GenieBuildError("bundle", f"parts offer different graphs: ARs {sorted(map(sorted, ars))}, "
                                         f"CLs {sorted(context_lengths)}")
     return Runner(parts=tuple(sessions), context_length=context_lengths.pop(), head_dim=head_dim,
-                  rope_theta=rope_theta)
+                  rope_theta=rope_theta, rope_scaling=rope_scaling)
 
 
 def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
@@ -138,15 +145,15 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
 
     Raises:
         GenieBuildError: the bundle fails a check, is not made of reference containers, or uses a RoPE
-            variant the host run does not implement (scaled RoPE).
+            variant the host run does not implement (scaled RoPE other than llama3).
     """
     bundle = Path(bundle_dir)
     require_valid_bundle(bundle)
     dialog = read_json(bundle / GENIE_CONFIG_NAME)["dialog"]
     engine = dialog["engine"]
-    head_dim, theta = _plain_rope(engine, bundle / GENIE_CONFIG_NAME)
+    rope = _host_rope(engine, bundle / GENIE_CONFIG_NAME)
     parts = (read_graphs(bundle / name) for name in engine["model"]["binary"]["ctx-bins"])
-    return LoadedBundle(runner=make_runner(parts, head_dim=head_dim, rope_theta=theta),
+    return LoadedBundle(runner=make_runner(parts, **rope),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
 
@@ -191,8 +198,7 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
     loaded (run :func:`load_bundle` first to check the bundle)."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path)["dialog"]
-    head_dim, theta = _plain_rope(dialog["engine"], config_path)
-    runner = make_runner([read_graphs(unsplit_binary)], head_dim=head_dim, rope_theta=theta)
+    runner = make_runner([read_graphs(unsplit_binary)], **_host_rope(dialog["engine"], config_path))
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 
@@ -207,7 +213,7 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
                                                 f"tokens must fit the context size {limit} (and at least 1 new)")
     cache = _KVCache(runner.context_length)
     # every position a graph can be fed (a padded chunk ends at most at the last slot)
-    rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length))
+    rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length), runner.rope_scaling)
     started = time.perf_counter()
     prompt_ar = max(runner.parts[0])
     for start in range(0, len(prompt_ids), prompt_ar):
@@ -275,19 +281,25 @@ class _KVCache:
         self.length += count
 
 
-def _plain_rope(engine: dict, where: Path) -> tuple[int, float]:
-    """``(head_dim, rope_theta)`` from a checked genie config; scaled RoPE is refused."""
+def _host_rope(engine: dict, where: Path) -> dict[str, Any]:
+    """:func:`make_runner`'s ``head_dim``, ``rope_theta`` and ``rope_scaling`` from a checked genie config: plain
+    RoPE, or llama3 scaling (its Genie keys read back as HF's); another scaling is refused."""
     qnn_htp, model = engine["backend"]["QnnHtp"], engine["model"]
     encoding = model.get("positional-encoding")
     if encoding is None:
         if "rope-theta" not in qnn_htp or "kv-dim" not in qnn_htp:
             raise GenieBuildError(where, "the host run needs QnnHtp kv-dim and rope-theta")
-        return qnn_htp["kv-dim"], float(qnn_htp["rope-theta"])
-    scaling = encoding.get("rope-scaling", {}).get("rope-type", "default")
-    if encoding.get("type") != "rope" or scaling != "default" or "rope-theta" not in encoding:
-        raise GenieBuildError(where, f"the host run implements plain RoPE only, not {encoding.get('type')!r} "
-                                     f"with rope-type {scaling!r}")
-    return 2 * encoding["rope-dim"], float(encoding["rope-theta"])
+        return {"head_dim": qnn_htp["kv-dim"], "rope_theta": float(qnn_htp["rope-theta"])}
+    scaling = encoding.get("rope-scaling", {})
+    rope_type = scaling.get("rope-type", "default")
+    if encoding.get("type") != "rope" or rope_type not in HOST_ROPE_TYPES or "rope-theta" not in encoding:
+        raise GenieBuildError(where, f"the host run implements plain and llama3 RoPE only, not "
+                                     f"{encoding.get('type')!r} with rope-type {rope_type!r}")
+    hf_keys = {genie: hf for hf, genie in GENIE_ROPE_SCALING_KEYS.items()}
+    hf_scaling = ({"rope_type": rope_type, **{hf_keys[key]: value for key, value in scaling.items() if key in hf_keys}}
+                  if rope_type != "default" else None)
+    return {"head_dim": 2 * encoding["rope-dim"], "rope_theta": float(encoding["rope-theta"]),
+            "rope_scaling": hf_scaling}
 
 
 def _graph_info(name: str, model: onnx.ModelProto) -> GraphInfo:
