@@ -49,6 +49,7 @@ from genie_build.hf_checkpoint import CONFIG_NAME, SUPPORTED_ARCHITECTURES, Chec
 from genie_build.onnx_graph import check_shared_initializers
 
 log = logging.getLogger(__name__)
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,10 @@ def _export_graph(wrapper: GenieIO, shape: ExportShape, kind: str, path: Path) -
     del program
     model = onnx.load(str(path), load_external_data=False)
     model.graph.name = unsplit_graph_name(kind, graph_ar(kind, shape.ar), shape.context)
+    for node in model.graph.node:  # the exporting box's source paths; the name scopes (kept) say where a node is
+        kept = [prop for prop in node.metadata_props if prop.key != STACK_TRACE_KEY]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
     _rename_values(model.graph, _boundary_names(model, path))
     write_bytes(path, model.SerializeToString())
     log.info("exported %s: %d nodes, %d initializers", path.name, len(model.graph.node),
