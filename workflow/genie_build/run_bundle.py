@@ -9,8 +9,8 @@ keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` 
 
 The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
 reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
-:mod:`genie_build.conventions`, computed from ``kv-dim`` and ``rope-theta`` of ``genie_config.json``
-as Genie computes them.
+:mod:`genie_build.conventions`, computed from ``genie_config.json``'s RoPE (dim, theta, and a llama3
+``rope-scaling``) as Genie computes them.
 
 Memory: a part's graphs share their weights as the ctx-bin stores them (each decoded once, to integer codes, not
 float), fed to onnxruntime as inputs so that no session copies or folds them, and the parts are loaded one at a
