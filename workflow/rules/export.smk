@@ -23,4 +23,4 @@ rule export_hf_graphs:
         f"{OUT}/benchmarks/export_hf_graphs.tsv"
     shell:
         "{params.python} -m genie_build export-hf --checkpoint {params.checkpoint:q} --out-dir {params.out_dir:q}"
-        " --ar {params.ar} --context {params.context} > {log:q} 2>&1"
+        " --ar {params.ar:q} --context {params.context:q} > {log:q} 2>&1"
