@@ -1,5 +1,5 @@
-"""The workflow with model.hf_checkpoint: the export rule's graphs pass Genie's contract, a second run has nothing
-to do, a changed safetensors byte re-exports, a checkpoint without weights is a config error at parse time."""
+"""The workflow with model.hf_checkpoint: the export rule's graphs pass Genie's contract and the shared-weights
+check, a second run has nothing to do, a changed safetensors byte re-exports, a checkpoint without weights is a config error at parse time."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ AR, CONTEXT = 8, 32
 MODEL = "hf"
 SOURCE_FILES = [f"results/{MODEL}/source/{name}" for name in
                 ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data")]
-TARGETS = [*SOURCE_FILES, f"results/{MODEL}/contract_check.json"]
+TARGETS = [*SOURCE_FILES, f"results/{MODEL}/contract_check.json", f"results/{MODEL}/model_check.json"]
 
 
 @pytest.fixture()
