@@ -341,7 +341,7 @@ def write_converted_graph(path: Path, name: str) -> Path:
         tensors |= {f"{weight}_quantized": values.astype(np.uint8), f"{weight}_scale": np.array(0.1, np.float32),
                     f"{weight}_zero_point": np.array(8 if weight == "w4" else 128, np.uint8)}
         quantized[f"{weight}_quantized"] = {"weight": weight, "bitwidth": 4 if weight == "w4" else 8,
-                                            "encoding": "per_tensor", "axis": None, "block_size": None,
+                                            "encoding": "per_tensor", "axis": None, "block_axis": None, "block_size": None,
                                             "scale": f"{weight}_scale", "zero_point": f"{weight}_zero_point"}
     value = helper.make_tensor_value_info
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name,

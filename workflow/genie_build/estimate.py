@@ -47,7 +47,8 @@ from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_m
 from genie_build.onnx_graph import InitializerSpec, initializer_specs, load_graph
 from genie_build.plan import (Piece, Plan, initializer_pieces, plan_by_max_part_bytes, plan_by_num_parts,
                               weighed_pieces, write_plan)
-from genie_build.sizes import build_size_table, write_size_table
+from genie_build.sizes import AccountRecord, build_size_table, write_size_table
+from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 
@@ -429,14 +430,14 @@ def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = Non
 
 # ------------------------------------------------------------------------------------------- outputs
 
-def size_records(result: Estimate) -> list[dict]:
-    """The predictions as accounting records (``sizes.read_record`` fields), for ``sizes.build_size_table``.
-    ``applied`` is empty: there is no binary to read back, so an option is judged by size alone."""
+def size_records(result: Estimate) -> list[AccountRecord]:
+    """The predictions as accounting records, for ``sizes.build_size_table``. ``applied`` is empty: there is
+    no binary to read back, so an option is judged by size alone."""
     options = {variant.name: {"weights_packing": variant.weights_packing,
                               "weight_sharing_enabled": variant.weight_sharing_enabled} for variant in VARIANTS}
-    return [{"part": part.part, "variant": part.variant, "toolchain": TOOLCHAIN_LABEL, "tool_version": __version__,
-             "bytes": part.file_bytes, "weight_bytes": part.weight_bytes, "requested": options[part.variant],
-             "applied": {}} for part in result.parts]
+    return [AccountRecord(part=part.part, variant=part.variant, toolchain=TOOLCHAIN_LABEL, tool_version=__version__,
+                          bytes=part.file_bytes, weight_bytes=part.weight_bytes, requested=options[part.variant],
+                          applied=AppliedOptions()) for part in result.parts]
 
 
 def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, recipe: Recipe,

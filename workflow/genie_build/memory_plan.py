@@ -12,9 +12,13 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 from genie_build import fileio
 from genie_build.errors import GenieBuildError
+
+if TYPE_CHECKING:
+    from genie_build.sizes import AccountRecord
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +105,16 @@ class MemoryPlan:
         return max(self.parts, key=lambda part: (part.file_bytes, -part.part))
 
 
-def part_sizes_from_records(records: Sequence[dict], variant: str) -> tuple[PartSize, ...]:
+def part_sizes_from_records(records: Sequence[AccountRecord], variant: str) -> tuple[PartSize, ...]:
     """The sizes of ``variant``'s parts from accounting records (``sizes.read_record``).
 
     Raises:
         GenieBuildError: no record belongs to ``variant``.
     """
-    sizes = tuple(PartSize(part=r["part"], weight_bytes=r["weight_bytes"], file_bytes=r["bytes"])
-                  for r in records if r["variant"] == variant)
+    sizes = tuple(PartSize(part=record.part, weight_bytes=record.weight_bytes, file_bytes=record.bytes)
+                  for record in records if record.variant == variant)
     if not sizes:
-        variants = sorted({r["variant"] for r in records})
+        variants = sorted({record.variant for record in records})
         raise GenieBuildError("--variant", f"no accounting records for variant {variant!r}; records have {variants}")
     return sizes
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build import conventions, fileio
+from genie_build import conventions
 from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
-from genie_build.sizes import account_binary, check_part_graphs
+from genie_build.sizes import account_binary, check_part_graphs, write_record
 from genie_build.toolchains import get_toolchain
 
 
@@ -34,5 +34,5 @@ def run(args: argparse.Namespace) -> int:
         raise GenieBuildError(args.binary, "file not found")
     info = get_toolchain(args.toolchain).inspect(args.binary)
     check_part_graphs(info, args.part_label)
-    fileio.write_json(args.out, account_binary(info, part, args.variant, requested))
+    write_record(args.out, account_binary(info, part, args.variant, requested))
     return 0
