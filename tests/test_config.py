@@ -170,7 +170,7 @@ def test_snakemake_validates_with_this_function() -> None:
 
 def test_numbers_and_booleans_given_as_text_are_read_as_the_schema_asks():
     """``snakemake --config demo='{layers: 24}'`` hands the validator strings."""
-    default = yaml.safe_load((Path(DEFAULT_SCHEMA).parents[1] / "config.yaml").read_text())
+    default = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
     def with_changes(**sections):
         config = copy.deepcopy(default)

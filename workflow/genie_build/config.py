@@ -1,4 +1,4 @@
-"""The workflow config: read it, check it against ``config/schema/config.schema.yaml`` with the schema's
+"""The workflow config: read it, check it against ``genie_build/schema/config.schema.yaml`` with the schema's
 defaults filled in, then check what a schema cannot say (rules that tie one key to another).
 
 Snakemake's ``common.smk`` and the tests call the same :func:`validate_config`, so a config is judged one
@@ -26,8 +26,8 @@ from genie_build.chipsets import lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 
-# The package sits in workflow/genie_build/ of the repository, the schema in config/schema/.
-DEFAULT_SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schema" / "config.schema.yaml"
+# Package data, so that an installed package validates configs and recipes without the repository.
+DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 

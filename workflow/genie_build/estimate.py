@@ -255,7 +255,7 @@ def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | 
 
 @cache
 def recipe_schema() -> dict:
-    """The ``recipe`` section of the workflow's config schema (``config/schema/config.schema.yaml``): recipe
+    """The ``recipe`` section of the workflow's config schema (``genie_build/schema/config.schema.yaml``): recipe
     files and workflow configs are judged by one definition.
 
     Raises:
