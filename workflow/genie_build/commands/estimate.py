@@ -13,10 +13,11 @@ import os
 
 from genie_build.cli_args import add_split_options, json_object, positive_float, split_options
 from genie_build.errors import GenieBuildError
-from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, recipe_from_dict,
-                                  weights_from_hf_config, weights_from_onnx, write_estimate)
+from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate, write_estimate
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
+from genie_build.recipe import Recipe, read_recipe, recipe_from_dict
+from genie_build.weight_inventory import weights_from_hf_config, weights_from_onnx
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                          "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
                                          "biases, per channel")
     recipe.add_argument("--recipe-json", help="the recipe mapping as JSON (the workflow passes config 'recipe')")
-    parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in VARIANTS],
+    parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in PREDICTED_VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
     parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
                         help="memory plan: per context binary, MiB (default %(default)s)")
