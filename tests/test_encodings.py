@@ -17,20 +17,18 @@ from genie_build.cli import main
 from genie_build.encodings import (
     Encodings,
     TensorEncoding,
-    WeightLayout,
     check_boundary_consistency,
     check_graphs_consistent,
     format_encodings,
     parse_encodings,
-    part_tensor_names,
     read_encodings,
-    read_graph_tensors,
     share_encodings,
     slice_encodings,
     validate_against_model,
     write_encodings,
 )
 from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import WeightLayout, part_tensor_names, read_graph_tensors
 
 
 # ------------------------------------------------------------------------------------------- fixtures

@@ -19,13 +19,12 @@ from genie_build.calibrate import ACTIVATION_BITWIDTH, MATMUL_WEIGHT_BITWIDTH, T
 from genie_build.cli import main
 from genie_build.config import load_config, validate_config
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import (SUPPORTED_INT_BITWIDTHS, part_tensor_names, read_encodings, slice_encodings,
-                                   write_encodings)
+from genie_build.encodings import SUPPORTED_INT_BITWIDTHS, read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
                                   container_overhead, estimate, stored_size)
-from genie_build.onnx_graph import initializer_specs, load_graph
+from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
 from genie_build.plan import model_pieces, plan_by_num_parts, read_plan
 from genie_build.recipe import Recipe, WeightRule, read_recipe, recipe_from_dict, recipe_schema, weight_encoding
 from genie_build.split import split_graph

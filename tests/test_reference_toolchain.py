@@ -20,7 +20,8 @@ from genie_build import __version__
 from genie_build.chipsets import lookup
 from genie_build.cli import main
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import Encodings, TensorEncoding, WeightLayout, layout_of, write_encodings
+from genie_build.encodings import Encodings, TensorEncoding, layout_of, write_encodings
+from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo

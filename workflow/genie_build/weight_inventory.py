@@ -18,10 +18,9 @@ from typing import Literal
 from genie_build.boundaries import find_boundaries
 from genie_build.conventions import EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.demo import shape_from_hf_config
-from genie_build.encodings import WeightLayout, consumer_layouts
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.onnx_graph import InitializerSpec, initializer_specs, load_graph
+from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
 from genie_build.plan import initializer_pieces
 
 Role = Literal["embedding", "layers", "lm_head", "float"]

@@ -41,11 +41,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from genie_build.encodings import (Encodings, GraphTensors, TensorEncoding, WeightLayout, blocked_shape,
-                                   layout_of, read_encodings, read_graph_tensors, validate_against_model)
+from genie_build.encodings import (Encodings, TensorEncoding, blocked_shape, layout_of, read_encodings,
+                                   validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import check_external_data, graph_io, load_graph
+from genie_build.onnx_graph import (GraphTensors, WeightLayout, check_external_data, graph_io, load_graph,
+                                    read_graph_tensors)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, metadata_json,
                                                      read_initializer, set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
