@@ -272,7 +272,7 @@ class FakeToolchain:
 
 
 def test_account_command_writes_the_record(tmp_path, monkeypatch):
-    monkeypatch.setattr("genie_build.commands.account.get_toolchain", lambda name: FakeToolchain())
+    monkeypatch.setattr("genie_build.sizes.get_toolchain", lambda name: FakeToolchain())
     binary = tmp_path / "compiled" / "packed" / "part_02_of_03.bin"
     binary.parent.mkdir(parents=True)
     binary.write_bytes(b"\0" * 1234)
@@ -292,7 +292,7 @@ def test_account_command_writes_the_record(tmp_path, monkeypatch):
     (["--part-label", "03_of_03"], "do not belong to part 03_of_03"),
 ])
 def test_account_command_reports_bad_input_on_one_line(tmp_path, monkeypatch, capsys, args, message):
-    monkeypatch.setattr("genie_build.commands.account.get_toolchain", lambda name: FakeToolchain())
+    monkeypatch.setattr("genie_build.sizes.get_toolchain", lambda name: FakeToolchain())
     binary = tmp_path / "part_02_of_03.bin"
     binary.write_bytes(b"\0")
     defaults = {"--toolchain": "reference", "--binary": str(binary), "--part-label": "02_of_03",

@@ -23,6 +23,7 @@ with neither, which the config's variants need not have (the default config's bo
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,13 +36,15 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec
-from genie_build.plan import Piece, Plan, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces, write_plan
+from genie_build.plan import MIB, Piece, Plan, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces, write_plan
 from genie_build.recipe import Recipe, weight_encoding
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
-from genie_build.weight_inventory import ModelWeights
+from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
+
+log = logging.getLogger(__name__)
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
 TOOLCHAIN_LABEL = "reference (predicted)"
@@ -225,3 +228,31 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
                      out / "size_table.md", out / "size_table.png")
     write_memory_plan(plan_memory(memory_sizes, memory_variant, limits, basis="predicted"),
                       out / "memory_plan.json", out / "memory_plan.md")
+
+
+def estimate_to_dir(out_dir: str | os.PathLike[str], recipe: Recipe, split: dict, *,
+                    hf_config: str | os.PathLike[str] | None = None, onnx: str | os.PathLike[str] | None = None,
+                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> Estimate:
+    """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
+    workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``) and
+    every part's predicted sizes, written by :func:`write_estimate` and logged per part.
+
+    Raises:
+        GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
+            source, an infeasible split, or what :func:`write_estimate` raises.
+    """
+    if (hf_config is None) == (onnx is None):
+        raise ValueError("give exactly one of hf_config and onnx")
+    if split["boundaries"] and hf_config is not None:
+        raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
+    model = weights_from_hf_config(hf_config) if hf_config is not None else weights_from_onnx(onnx, split["boundaries"])
+    max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
+    result = estimate(model, recipe, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
+                      embedding_alone=split["embedding_alone"])
+    write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx), recipe=recipe,
+                   memory_variant=memory_variant, limits=limits)
+    for part in result.plan.parts:
+        sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
+                          for predicted in result.parts if predicted.part == part.index)
+        log.info("part %s: %s: %s", part.label, "+".join(part.pieces), sizes)
+    return result

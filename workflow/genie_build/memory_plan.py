@@ -12,13 +12,10 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
 
 from genie_build import fileio
 from genie_build.errors import GenieBuildError
-
-if TYPE_CHECKING:
-    from genie_build.sizes import AccountRecord
+from genie_build.sizes import AccountRecord, read_record
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +114,20 @@ def part_sizes_from_records(records: Sequence[AccountRecord], variant: str) -> t
         variants = sorted({record.variant for record in records})
         raise GenieBuildError("--variant", f"no accounting records for variant {variant!r}; records have {variants}")
     return sizes
+
+
+def plan_measured_memory(record_paths: Sequence[str | os.PathLike[str]], variant: str, limits: MemoryLimits,
+                         json_path: str | os.PathLike[str], md_path: str | os.PathLike[str]) -> MemoryPlan:
+    """The ``memory-plan`` stage: ``variant``'s parts as accounted (``sizes.read_record``) against ``limits``,
+    written by :func:`write_memory_plan`.
+
+    Raises:
+        GenieBuildError: a bad record, no record of ``variant``, or what :func:`plan_memory` raises.
+    """
+    records = [read_record(path) for path in record_paths]
+    plan = plan_memory(part_sizes_from_records(records, variant), variant, limits)
+    write_memory_plan(plan, json_path, md_path)
+    return plan
 
 
 def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = MemoryLimits(),

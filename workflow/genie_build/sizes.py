@@ -12,11 +12,13 @@ import io
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from genie_build import fileio
+from genie_build import conventions, fileio
 from genie_build.errors import GenieBuildError
+from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo
 
 if TYPE_CHECKING:
@@ -110,6 +112,28 @@ def account_binary(info: BinaryInfo, part: int, variant: str, requested: dict) -
         graphs=tuple(GraphCount(graph.name, len(graph.inputs), len(graph.outputs)) for graph in info.graphs),
         io_tensors=sum(len(graph.inputs) + len(graph.outputs) for graph in info.graphs),
         requested=dict(requested), applied=info.applied_options)
+
+
+def account_part(toolchain: str, binary: str | os.PathLike[str], part_label: str, variant: str,
+                 requested: dict[str, Any], out: str | os.PathLike[str]) -> AccountRecord:
+    """The ``account`` stage: read one compiled part back through its toolchain, check that its graphs are
+    the part's, and write its record to ``out``.
+
+    Raises:
+        GenieBuildError: a bad part label, a missing binary, one the toolchain cannot read, or graphs of
+            another part.
+    """
+    try:
+        part, _ = conventions.parse_part_label(part_label)
+    except ValueError as exc:
+        raise GenieBuildError("--part-label", str(exc)) from None
+    if not os.path.isfile(binary):
+        raise GenieBuildError(binary, "file not found")
+    info = get_toolchain(toolchain).inspect(Path(binary))
+    check_part_graphs(info, part_label)
+    record = account_binary(info, part, variant, requested)
+    write_record(out, record)
+    return record
 
 
 def check_part_graphs(info: BinaryInfo, label: str) -> None:
@@ -312,6 +336,19 @@ def write_size_table(table: pd.DataFrame, csv_path: str | os.PathLike[str], md_p
     fileio.write_text(csv_path, size_table_csv(table))
     fileio.write_text(md_path, size_table_markdown(table))
     fileio.write_bytes(png_path, size_chart_png(table))
+
+
+def size_table_from_records(record_paths: Sequence[str | os.PathLike[str]], baseline: str,
+                            csv_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
+                            png_path: str | os.PathLike[str], *, strict: bool = False) -> pd.DataFrame:
+    """The ``size-table`` stage: the records' table (:func:`build_size_table`) in its three renderings.
+
+    Raises:
+        GenieBuildError: a bad record, or what :func:`build_size_table` raises (nothing is written then).
+    """
+    table = build_size_table([read_record(path) for path in record_paths], baseline, strict=strict)
+    write_size_table(table, csv_path, md_path, png_path)
+    return table
 
 
 def _index_records(records: Sequence[AccountRecord], baseline: str) -> dict[tuple[int, str], AccountRecord]:
