@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, load_config, validate_config
+from genie_build.config import DEFAULT_SCHEMA, load_config, read_schema, validate_config
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +36,12 @@ def error_of(config: object) -> str:
     message = str(caught.value)
     assert "\n" not in message
     return message
+
+
+def test_the_schema_reads_as_the_pure_python_yaml_loader_reads_it() -> None:
+    """read_schema takes libyaml when PyYAML has it (faster at every Snakemake start); the schema must not differ."""
+    assert read_schema() == yaml.load(DEFAULT_SCHEMA.read_text(), Loader=yaml.SafeLoader)
+    assert read_schema() is read_schema()  # read once per process
 
 
 def test_default_config_is_valid_and_gets_the_schema_defaults() -> None:

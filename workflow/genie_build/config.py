@@ -28,6 +28,9 @@ from genie_build.errors import GenieBuildError
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
+# libyaml when PyYAML has it: every Snakemake run reads the schema, in 19 ms instead of 84 ms with the pure-Python
+# loader (a no-op run takes about 2 s).
+_SCHEMA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -125,12 +128,22 @@ def _scalar_from_text(text: str, schema: dict) -> Any:
 
 
 @cache
-def _validators(schema_path: str) -> tuple[Draft202012Validator, Draft202012Validator]:
-    """The default-filling validator and the plain one for the schema at ``schema_path``."""
+def read_schema(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
+    """The config schema (YAML), read once per process.
+
+    Raises:
+        GenieBuildError: the file cannot be read or is not YAML.
+    """
     try:
-        schema = yaml.safe_load(Path(schema_path).read_text(encoding="utf-8"))
+        return yaml.load(Path(schema_path).read_text(encoding="utf-8"), Loader=_SCHEMA_LOADER)
     except (OSError, yaml.YAMLError) as exc:
         raise GenieBuildError(schema_path, f"cannot read the config schema: {exc}") from None
+
+
+@cache
+def _validators(schema_path: str) -> tuple[Draft202012Validator, Draft202012Validator]:
+    """The default-filling validator and the plain one for the schema at ``schema_path``."""
+    schema = read_schema(schema_path)
     return _DefaultFillingValidator(schema), Draft202012Validator(schema)
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 import jsonschema
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA
+from genie_build.config import DEFAULT_SCHEMA, read_schema
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
 from genie_build.errors import GenieBuildError
 from genie_build.weight_inventory import Weight
@@ -62,8 +62,8 @@ def recipe_schema() -> dict:
         GenieBuildError: the schema file cannot be read.
     """
     try:
-        return yaml.safe_load(DEFAULT_SCHEMA.read_text(encoding="utf-8"))["properties"]["recipe"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        return read_schema()["properties"]["recipe"]
+    except (KeyError, TypeError) as exc:
         raise GenieBuildError(DEFAULT_SCHEMA, f"cannot read the recipe section of the config schema: {exc}") from None
 
 
