@@ -18,7 +18,7 @@ from genie_build.bundle import ctx_bin_name
 from genie_build.conventions import graph_name
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
 from genie_build.metadata import METADATA_NAME, dump_metadata
-from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS, EOS = 1, 3
@@ -86,7 +86,7 @@ def synthetic_infos(model: str = "demo", num_parts: int = 3, *, cl: int = 256, p
             graphs.append(part_graph(name, index, num_parts, ar, cl, **dims))
         infos[ctx_bin_name(model, index, num_parts)] = BinaryInfo(
             path=f"part_{index}.bin", file_bytes=16, weight_bytes=8, graphs=tuple(graphs), toolchain="reference",
-            tool_version="test", applied_options={"weights_packing": True})
+            tool_version="test", applied_options=AppliedOptions(weights_packing=True))
     return infos
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, load_config, validate_config
+from genie_build.config import DEFAULT_SCHEMA, load_config, read_schema, validate_config
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +36,12 @@ def error_of(config: object) -> str:
     message = str(caught.value)
     assert "\n" not in message
     return message
+
+
+def test_the_schema_reads_as_the_pure_python_yaml_loader_reads_it() -> None:
+    """read_schema takes libyaml when PyYAML has it (faster at every Snakemake start); the schema must not differ."""
+    assert read_schema() == yaml.load(DEFAULT_SCHEMA.read_text(), Loader=yaml.SafeLoader)
+    assert read_schema() is read_schema()  # read once per process
 
 
 def test_default_config_is_valid_and_gets_the_schema_defaults() -> None:
@@ -170,7 +176,7 @@ def test_snakemake_validates_with_this_function() -> None:
 
 def test_numbers_and_booleans_given_as_text_are_read_as_the_schema_asks():
     """``snakemake --config demo='{layers: 24}'`` hands the validator strings."""
-    default = yaml.safe_load((Path(DEFAULT_SCHEMA).parents[1] / "config.yaml").read_text())
+    default = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
     def with_changes(**sections):
         config = copy.deepcopy(default)

@@ -17,20 +17,18 @@ from genie_build.cli import main
 from genie_build.encodings import (
     Encodings,
     TensorEncoding,
-    WeightLayout,
     check_boundary_consistency,
     check_graphs_consistent,
     format_encodings,
     parse_encodings,
-    part_tensor_names,
     read_encodings,
-    read_graph_tensors,
     share_encodings,
     slice_encodings,
     validate_against_model,
     write_encodings,
 )
 from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import WeightLayout, part_tensor_names, read_graph_tensors
 
 
 # ------------------------------------------------------------------------------------------- fixtures
@@ -430,30 +428,6 @@ def test_part_tensor_names_reads_graph_io_nodes_and_initializers(three_parts: di
     tensors, initializers = part_tensor_names(three_parts["parts"] / "part_2_of_3.onnx")
     assert tensors == {"b1", "cos", "W2", "h2", "b2"}
     assert initializers == {"W2"}
-
-
-def test_part_tensor_names_recurses_into_subgraphs(tmp_path: Path) -> None:
-    then_branch = helper.make_graph([helper.make_node("Add", ["x", "inner_c"], ["inner"])], "then", [],
-                                    [helper.make_tensor_value_info("inner", TensorProto.FLOAT, [1, 4])],
-                                    [helper.make_tensor("inner_c", TensorProto.FLOAT, [1, 4], [1.0] * 4)])
-    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["other"])], "else", [],
-                                    [helper.make_tensor_value_info("other", TensorProto.FLOAT, [1, 4])])
-    node = helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
-                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
-    onnx.save(helper.make_model(graph), tmp_path / "if.onnx")
-    tensors, initializers = part_tensor_names(tmp_path / "if.onnx")
-    assert tensors == {"cond", "x", "y", "inner", "inner_c", "other"}
-    assert initializers == {"inner_c"}
-
-
-def test_read_graph_tensors_rejects_non_onnx(tmp_path: Path) -> None:
-    (tmp_path / "bad.onnx").write_bytes(b"\xff\xff not a protobuf")
-    with pytest.raises(GenieBuildError, match="bad.onnx: "):
-        read_graph_tensors(tmp_path / "bad.onnx")
-    with pytest.raises(GenieBuildError, match="file not found"):
-        read_graph_tensors(tmp_path / "absent.onnx")
 
 
 def test_slices_keep_touched_activations_and_own_params_with_identical_boundaries(

@@ -19,30 +19,14 @@ from genie_build.calibrate import ACTIVATION_BITWIDTH, MATMUL_WEIGHT_BITWIDTH, T
 from genie_build.cli import main
 from genie_build.config import load_config, validate_config
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import (SUPPORTED_INT_BITWIDTHS, part_tensor_names, read_encodings, slice_encodings,
-                                   write_encodings)
+from genie_build.encodings import SUPPORTED_INT_BITWIDTHS, read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.estimate import (
-    EMBED_WEIGHT,
-    LAYER_CONSTANT_BYTES,
-    LM_HEAD_WEIGHT,
-    TABLE_ENTRY_BYTES,
-    VARIANTS,
-    Recipe,
-    StoredSize,
-    WeightRule,
-    container_overhead,
-    estimate,
-    read_recipe,
-    recipe_from_dict,
-    recipe_schema,
-    stored_size,
-    weight_encoding,
-    weights_from_hf_config,
-    weights_from_onnx,
-)
-from genie_build.onnx_graph import initializer_specs, load_graph
+from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
+from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
+                                  container_overhead, estimate, stored_size)
+from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
 from genie_build.plan import model_pieces, plan_by_num_parts, read_plan
+from genie_build.recipe import Recipe, WeightRule, read_recipe, recipe_from_dict, recipe_schema, weight_encoding
 from genie_build.split import split_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
@@ -50,6 +34,7 @@ from genie_build.toolchains.reference.container import inspect_container, read_h
 from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY,
                                                       convert_model)
 from genie_build.toolchains.reference.onnx_io import set_metadata_json
+from genie_build.weight_inventory import weights_from_hf_config, weights_from_onnx
 from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake
 from workflow_helpers import write_config as write_workflow_config
 
@@ -213,7 +198,7 @@ def test_config_and_graph_of_the_same_shape_estimate_exactly_alike(demo, num_par
     from_graph = estimate(weights_from_onnx(demo / "prompt.onnx"), recipe, num_parts=num_parts,
                           embedding_alone=embedding_alone)
     assert from_graph == from_config
-    assert len(from_config.parts) == num_parts * len(VARIANTS)
+    assert len(from_config.parts) == num_parts * len(PREDICTED_VARIANTS)
 
 
 def test_graph_weights_leave_constants_out_and_take_roles_from_their_pieces(demo):
@@ -252,7 +237,7 @@ def compiled(tmp_path_factory) -> dict:
             convert_model(path, part_encodings, out, graph_name=name, float_bitwidth=16)
             converted[part.label][name] = out
     measured = {}
-    for variant in VARIANTS:
+    for variant in PREDICTED_VARIANTS:
         options = CompileOptions(weights_packing=variant.weights_packing, optimization_type=3,
                                  weight_sharing_enabled=variant.weight_sharing_enabled, vtcm_mb=0, soc_model=69,
                                  dsp_arch="v79")
@@ -270,7 +255,7 @@ def test_estimate_is_within_1_percent_of_compiled_containers_per_part_and_in_tot
              else weights_from_onnx(compiled["source"] / "prompt.onnx"))
     result = estimate(model, Recipe(), num_parts=3)
     assert [part.pieces for part in result.plan.parts] == [part.pieces for part in compiled["plan"].parts]
-    for variant in VARIANTS:
+    for variant in PREDICTED_VARIANTS:
         predicted = [part for part in result.parts if part.variant == variant.name]
         measured = [compiled["measured"][(part.part, variant.name)] for part in predicted]
         for part, (weight_bytes, file_bytes) in zip(predicted, measured):
@@ -341,7 +326,7 @@ def write_converted_graph(path: Path, name: str) -> Path:
         tensors |= {f"{weight}_quantized": values.astype(np.uint8), f"{weight}_scale": np.array(0.1, np.float32),
                     f"{weight}_zero_point": np.array(8 if weight == "w4" else 128, np.uint8)}
         quantized[f"{weight}_quantized"] = {"weight": weight, "bitwidth": 4 if weight == "w4" else 8,
-                                            "encoding": "per_tensor", "axis": None, "block_size": None,
+                                            "encoding": "per_tensor", "axis": None, "block_axis": None, "block_size": None,
                                             "scale": f"{weight}_scale", "zero_point": f"{weight}_zero_point"}
     value = helper.make_tensor_value_info
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name,
@@ -421,11 +406,15 @@ def test_command_writes_plan_size_table_and_memory_plan(tmp_path, demo):
     plan = read_plan(out / "plan.json")
     assert plan.num_parts == 3 and plan.parts[0].pieces == ("embedding",)
     table = (out / "size_table.csv").read_text().splitlines()
-    assert len(table) == 1 + 3 * len(VARIANTS) and table[0].startswith("part,variant,baseline")
+    assert len(table) == 1 + 3 * len(PREDICTED_VARIANTS) and table[0].startswith("part,variant,baseline")
     memory = json.loads((out / "memory_plan.json").read_text())
     assert (memory["variant"], memory["basis"], memory["num_contexts"]) == ("packed", "predicted", 3)
     summary = json.loads((out / "estimate.json").read_text())
     assert summary["totals"]["packed"]["file_bytes"] == memory["total_file_bytes"]
+    # the variants are the fixed predicted set, named as such, not the config's
+    assert summary["variant_set"].startswith("predicted: weights_packing x weight_sharing_enabled")
+    assert [variant["name"] for variant in summary["variants"]] == ["unpacked_unshared", "unpacked",
+                                                                    "packed_unshared", "packed"]
     assert (out / "size_table.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 
@@ -71,3 +72,18 @@ def test_read_json_errors_name_the_file(tmp_path):
         fileio.read_json(bad)
     with pytest.raises(GenieBuildError, match="missing.json: file not found"):
         fileio.read_json(tmp_path / "missing.json")
+
+
+def test_hashing_writer_hashes_what_it_writes_on_to_its_sink_or_alone(tmp_path):
+    data = bytes(range(256)) * 5000
+    with open(tmp_path / "copy.bin", "wb") as sink:
+        through = fileio.HashingWriter(hashlib.sha1(), sink)
+        (tmp_path / "src.bin").write_bytes(data)
+        with open(tmp_path / "src.bin", "rb") as src:
+            fileio.copy_range(src, through, 3, len(data) - 3)
+        assert through.tell() == len(data) - 3
+    alone = fileio.HashingWriter(hashlib.sha256())
+    alone.write(data[3:])
+    assert (tmp_path / "copy.bin").read_bytes() == data[3:]
+    assert through.digest.hexdigest() == hashlib.sha1(data[3:]).hexdigest()
+    assert alone.digest.hexdigest() == hashlib.sha256(data[3:]).hexdigest()

@@ -12,6 +12,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
                                      PartSize, memory_plan_json, memory_plan_markdown, part_sizes_from_records,
                                      plan_memory, write_memory_plan)
+from genie_build.sizes import AccountRecord
+from genie_build.toolchains.base import AppliedOptions
 
 GIB = 1024 ** 3
 
@@ -86,8 +88,8 @@ def test_bad_sizes_are_errors():
 
 
 def test_sizes_from_records_keep_only_the_variant():
-    records = [{"part": 1, "variant": "unpacked", "bytes": 900, "weight_bytes": 800},
-               {"part": 1, "variant": "packed", "bytes": 500, "weight_bytes": 400}]
+    records = [AccountRecord(1, "unpacked", "reference", 900, 800, {}, AppliedOptions()),
+               AccountRecord(1, "packed", "reference", 500, 400, {}, AppliedOptions())]
     assert part_sizes_from_records(records, "packed") == (PartSize(1, 400, 500),)
     with pytest.raises(GenieBuildError, match=r"no accounting records for variant 'fast'; records have "
                                               r"\['packed', 'unpacked'\]"):

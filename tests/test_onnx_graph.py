@@ -18,6 +18,9 @@ from genie_build.onnx_graph import (
     graph_io,
     initializer_specs,
     load_graph,
+    part_tensor_names,
+    read_graph_tensors,
+    stored_tensors,
     tensor_sha256,
     tensor_shapes,
 )
@@ -268,3 +271,44 @@ def test_external_data_files_lists_each_data_file_once(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     assert external_data_files(load_graph(path), path) == [tmp_path / "m.onnx.data"]
+
+
+# ------------------------------------------------------------------------------------------- walking
+
+def test_part_tensor_names_recurses_into_subgraphs(tmp_path: Path) -> None:
+    then_branch = helper.make_graph([helper.make_node("Add", ["x", "inner_c"], ["inner"])], "then", [],
+                                    [helper.make_tensor_value_info("inner", TensorProto.FLOAT, [1, 4])],
+                                    [helper.make_tensor("inner_c", TensorProto.FLOAT, [1, 4], [1.0] * 4)])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["other"])], "else", [],
+                                    [helper.make_tensor_value_info("other", TensorProto.FLOAT, [1, 4])])
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph), tmp_path / "if.onnx")
+    tensors, initializers = part_tensor_names(tmp_path / "if.onnx")
+    assert tensors == {"cond", "x", "y", "inner", "inner_c", "other"}
+    assert initializers == {"inner_c"}
+
+
+def test_read_graph_tensors_rejects_non_onnx(tmp_path: Path) -> None:
+    (tmp_path / "bad.onnx").write_bytes(b"\xff\xff not a protobuf")
+    with pytest.raises(GenieBuildError, match="bad.onnx: "):
+        read_graph_tensors(tmp_path / "bad.onnx")
+    with pytest.raises(GenieBuildError, match="file not found"):
+        read_graph_tensors(tmp_path / "absent.onnx")
+
+
+def test_stored_tensors_walks_initializers_attribute_tensors_and_subgraphs_in_order() -> None:
+    """The one tensor walker split (external data, in a fixed order) and the SDK staging (data locations) use."""
+    def tensor(name: str) -> onnx.TensorProto:
+        return helper.make_tensor(name, TensorProto.FLOAT, [1], [1.0])
+
+    body = helper.make_graph([helper.make_node("Constant", [], ["k"], value=tensor("body_const"))], "body", [],
+                             [helper.make_tensor_value_info("k", TensorProto.FLOAT, [1])], [tensor("body_init")])
+    nodes = [helper.make_node("Constant", [], ["c"], value=tensor("const")),
+             helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=body)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [tensor("init")])
+    assert [t.name for t in stored_tensors(graph)] == ["init", "const", "body_init", "body_const", "body_init",
+                                                       "body_const"]

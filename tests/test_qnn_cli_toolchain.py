@@ -203,7 +203,7 @@ def test_inspect_reports_the_o_level_and_vtcm_each_graph_was_compiled_with(conve
     toolchain = QnnCliToolchain()
     out = work / "part_1_of_2.bin"
     toolchain.compile(converted, out, options(o_level=2, vtcm_mb=8))
-    assert toolchain.inspect(out).applied_options == {"optimization_type": {PROMPT: 2, TOKEN: 2},
+    assert toolchain.inspect(out).applied_options.to_dict() == {"optimization_type": {PROMPT: 2, TOKEN: 2},
                                                       "vtcm_size": {PROMPT: 8, TOKEN: 8}}
 
 
@@ -215,12 +215,12 @@ def test_spaced_utility_keys_are_read_as_camel_case(tmp_path):
         "graph outputs": [], "graph blob info": {"info": {"optimization level": 3, "vtcm size": 8}}}}]}}
     info = binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli")
     assert (info.tool_version, info.graphs[0].name, info.graphs[0].inputs[0].dtype) == ("v2.50.0", "g", "int32")
-    assert info.applied_options == {"optimization_type": {"g": 3}, "vtcm_size": {"g": 8}}
+    assert info.applied_options.to_dict() == {"optimization_type": {"g": 3}, "vtcm_size": {"g": 8}}
 
 
 def test_a_binary_that_reports_no_blob_info_applies_nothing_known(tmp_path):
     document = {"info": {"graphs": [{"info": {"graphName": "g", "graphInputs": [], "graphOutputs": []}}]}}
-    assert binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli").applied_options == {}
+    assert binary_info_from_utility_json(document, tmp_path / "a.bin", 10, "qnn-cli").applied_options.to_dict() == {}
 
 
 def test_a_failing_executable_gives_tool_exit_code_and_stderr(converted, monkeypatch, work):

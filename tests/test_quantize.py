@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from genie_build.encodings import TensorEncoding, WeightLayout
+from genie_build.encodings import TensorEncoding
+from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.reference.quantize import (broadcast_params, dequantize, params_of_rows, quantize,
                                                        row_blocks)

@@ -20,13 +20,15 @@ from genie_build import __version__
 from genie_build.chipsets import lookup
 from genie_build.cli import main
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import Encodings, TensorEncoding, WeightLayout, layout_of, write_encodings
+from genie_build.encodings import Encodings, TensorEncoding, layout_of, write_encodings
+from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
 from genie_build.toolchains.reference import container
 from genie_build.toolchains.reference.container import load_container, read_graphs, read_header
 from genie_build.toolchains.reference.packing import pack_int4
+from genie_build.toolchains.reference.convert import Quantization
 from genie_build.toolchains.reference.quantize import broadcast_params, dequantize, quantize, stored_bitwidth
 
 HIDDEN, VOCAB, LAYERS, AR, CONTEXT = 16, 64, 2, 4, 8
@@ -307,22 +309,29 @@ def test_compiles_are_byte_identical(tiny, tmp_path):
     assert compile_to(tiny, tmp_path / "a.bin").read_bytes() == compile_to(tiny, tmp_path / "b.bin").read_bytes()
 
 
-def whole_tensor_signed(values: np.ndarray, quantization: dict, zero_point: np.ndarray) -> np.ndarray:
+def whole_tensor_signed(values: np.ndarray, quantization: Quantization, zero_point: np.ndarray) -> np.ndarray:
     """``q - zero_point`` as the container computed it before it avoided tensor-sized temporaries."""
-    return values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization["axis"])
+    return values.astype(np.int64) - broadcast_params(zero_point, values.shape, quantization.axis)
 
 
-def whole_tensor_packable(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None) -> bool:
+def whole_tensor_packable(values: np.ndarray, quantization: Quantization | None,
+                          zero_point: np.ndarray | None) -> bool:
     """The packing rule as the container decided it before (an int64 copy of the whole tensor)."""
-    if quantization is None or quantization["bitwidth"] > 8:
+    if quantization is None or quantization.bitwidth > 8:
         return False
-    if quantization["bitwidth"] <= 4:
+    if quantization.bitwidth <= 4:
         return True
     signed = whole_tensor_signed(values, quantization, zero_point)
     return bool(signed.size and signed.min() >= -8 and signed.max() <= 7)
 
 
-def packing_cases() -> list[tuple[np.ndarray, dict, np.ndarray]]:
+def weight_quantization(bitwidth: int, axis: int | None) -> Quantization:
+    """The record of a weight ``w`` as convert writes it, with its bitwidth and channel axis."""
+    return Quantization(weight="w", bitwidth=bitwidth, encoding="per_channel" if axis is not None else "per_tensor",
+                        axis=axis, block_axis=None, block_size=None, scale="w_scale", zero_point="w_zero_point")
+
+
+def packing_cases() -> list[tuple[np.ndarray, Quantization, np.ndarray]]:
     """8-bit values against zero points in every layout, at, inside and one past the [-8, 7] bounds."""
     rng = np.random.default_rng(3)
     cases = []
@@ -337,14 +346,14 @@ def packing_cases() -> list[tuple[np.ndarray, dict, np.ndarray]]:
             if values.size:  # make the bounds reached exactly somewhere
                 values.flat[0] = np.clip(expanded.flat[0] + low, 0, 255)
                 values.flat[-1] = np.clip(expanded.flat[-1] + high, 0, 255)
-            cases.append((values, {"bitwidth": 8, "axis": axis}, zero))
+            cases.append((values, weight_quantization(8, axis), zero))
     edge = np.array([[0, 255], [255, 0]], dtype=np.uint8)
-    cases += [(edge, {"bitwidth": 8, "axis": None}, np.array(0, np.uint8)),
-              (edge, {"bitwidth": 8, "axis": None}, np.array(255, np.uint8)),
-              (np.array([[0, 7], [8, 15]], np.uint8), {"bitwidth": 8, "axis": 0}, np.array([8, 8], np.uint8)),
-              (np.array([[0, 7], [8, 16]], np.uint8), {"bitwidth": 8, "axis": 0}, np.array([8, 8], np.uint8)),
-              (np.array([[3, 4]], np.uint8), {"bitwidth": 4, "axis": None}, np.array(0, np.uint8)),
-              (np.array([[3, 4]], np.uint16), {"bitwidth": 16, "axis": None}, np.array(3, np.uint16))]
+    cases += [(edge, weight_quantization(8, None), np.array(0, np.uint8)),
+              (edge, weight_quantization(8, None), np.array(255, np.uint8)),
+              (np.array([[0, 7], [8, 15]], np.uint8), weight_quantization(8, 0), np.array([8, 8], np.uint8)),
+              (np.array([[0, 7], [8, 16]], np.uint8), weight_quantization(8, 0), np.array([8, 8], np.uint8)),
+              (np.array([[3, 4]], np.uint8), weight_quantization(4, None), np.array(0, np.uint8)),
+              (np.array([[3, 4]], np.uint16), weight_quantization(16, None), np.array(3, np.uint16))]
     return cases
 
 
@@ -361,7 +370,7 @@ def test_packed_signed_values_are_computed_in_row_blocks_as_on_the_whole_tensor(
     monkeypatch.setattr(container, "BLOCK_VALUES", 5)  # blocks of one row, and of less than a row
     packed = 0
     for values, quantization, zero_point in packing_cases():
-        if quantization["bitwidth"] == 8 and whole_tensor_packable(values, quantization, zero_point):
+        if quantization.bitwidth == 8 and whole_tensor_packable(values, quantization, zero_point):
             storage, payload = container._encode(values, quantization, zero_point, True, Path("w"))
             assert storage == "packed4_signed"
             assert payload == pack_int4(whole_tensor_signed(values, quantization, zero_point) + 8)
@@ -410,7 +419,7 @@ def test_inspect_reads_sizes_graphs_io_quantization_and_applied_options(tiny, tm
     assert inputs["input_ids"].quant is None and inputs["input_ids"].dtype == "int32"
     assert {tensor.name: tensor.quant.bitwidth for tensor in prompt.outputs if tensor.quant} == {
         "logits": 16, "past_key_0_out": 8}
-    applied = info.applied_options
+    applied = info.applied_options.to_dict()
     four_bit = [enc for enc in tiny["encodings"].params.values() if enc.dtype == "int" and stored_bitwidth(enc) <= 4]
     assert applied["weights_packing"] is True and applied["packed_weights"] == len(four_bit) + 1  # + NARROW_8BIT
     assert applied["weight_sharing_enabled"] is True and applied["shared_weights"] == len(read_header(path)["weights"])
@@ -419,12 +428,12 @@ def test_inspect_reads_sizes_graphs_io_quantization_and_applied_options(tiny, tm
 
 
 def test_applied_options_report_the_options_in_force_and_their_effect(tiny, tmp_path):
-    lone = REFERENCE.inspect(compile_to(tiny, tmp_path / "lone.bin", graphs=(PROMPT,))).applied_options
+    lone = REFERENCE.inspect(compile_to(tiny, tmp_path / "lone.bin", graphs=(PROMPT,))).applied_options.to_dict()
     assert lone["weight_sharing_enabled"] is True and lone["shared_weights"] == 0
     unpacked = REFERENCE.inspect(compile_to(tiny, tmp_path / "unpacked.bin",
-                                            replace(OPTIONS, weights_packing=False))).applied_options
+                                            replace(OPTIONS, weights_packing=False))).applied_options.to_dict()
     assert unpacked["weights_packing"] is False and unpacked["packed_weights"] == 0
-    packed = REFERENCE.inspect(compile_to(tiny, tmp_path / "packed.bin", OPTIONS)).applied_options
+    packed = REFERENCE.inspect(compile_to(tiny, tmp_path / "packed.bin", OPTIONS)).applied_options.to_dict()
     assert unpacked["packable_weights"] == packed["packable_weights"] == packed["packed_weights"] > 0
 
 

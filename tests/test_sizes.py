@@ -16,16 +16,23 @@ from docutils.core import publish_parts
 
 from genie_build import cli, sizes
 from genie_build.errors import GenieBuildError
-from genie_build.sizes import account_binary, build_size_table, read_record, size_table_markdown, write_size_table
-from genie_build.toolchains.base import BinaryInfo, GraphInfo, TensorInfo
+from genie_build.sizes import (AccountRecord, account_binary, build_size_table, read_record, size_table_markdown,
+                               write_size_table)
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, TensorInfo
 
 REPORT_DIR = Path(__file__).resolve().parents[1] / "workflow" / "report"
 UNPACKED = {"toolchain": "reference", "weights_packing": False, "weight_sharing_enabled": True}
 PACKED = {"toolchain": "reference", "weights_packing": True, "weight_sharing_enabled": True}
 
 
-def record(part: int, variant: str, size: int, *, weight_bytes: int | None = None, requested: dict | None = None,
-           applied: dict | None = None) -> dict:
+def record(part: int, variant: str, size: int, **fields: object) -> AccountRecord:
+    """An accounting record (:func:`record_json`), its sizes not checked: the table takes small made-up ones."""
+    data = record_json(part, variant, size, **fields)
+    return AccountRecord(**{**data, "applied": AppliedOptions(**data["applied"])})
+
+
+def record_json(part: int, variant: str, size: int, *, weight_bytes: int | None = None,
+                requested: dict | None = None, applied: dict | None = None) -> dict:
     """A record as ``account`` writes it; a variant named "packed*" requests packing unless told otherwise."""
     requested = requested if requested is not None else (PACKED if variant.startswith("packed") else UNPACKED)
     return {"part": part, "variant": variant, "toolchain": "reference", "tool_version": "0.1.0",
@@ -35,7 +42,7 @@ def record(part: int, variant: str, size: int, *, weight_bytes: int | None = Non
 
 
 @pytest.fixture
-def ab_records() -> list[dict]:
+def ab_records() -> list[AccountRecord]:
     """Three parts; packing halves parts 2 and 3 and leaves part 1 (the 8-bit embedding, say) as it was."""
     return [record(1, "unpacked", 2_000_000), record(2, "unpacked", 672_600_000), record(3, "unpacked", 4_000_000),
             record(1, "packed", 2_000_000), record(2, "packed", 337_300_000), record(3, "packed", 2_000_000)]
@@ -48,8 +55,8 @@ def binary_info(path: str = "compiled/packed/part_02_of_03.bin", applied: dict |
     graphs = (GraphInfo("prompt_ar32_cl256_02_of_03", tensors("a", "b", "c"), tensors("d", "e")),
               GraphInfo("token_ar1_cl256_02_of_03", tensors("a", "b", "c"), tensors("d", "e")))
     return BinaryInfo(path=path, file_bytes=5000, weight_bytes=4200, graphs=graphs, toolchain="reference",
-                      tool_version="0.1.0", applied_options=applied if applied is not None
-                      else {"weights_packing": False, "weight_sharing_enabled": True})
+                      tool_version="0.1.0", applied_options=AppliedOptions(**applied) if applied is not None
+                      else AppliedOptions(weights_packing=False, weight_sharing_enabled=True))
 
 
 def test_importing_sizes_does_not_need_pandas():
@@ -62,7 +69,7 @@ def test_importing_sizes_does_not_need_pandas():
 # --- accounting -----------------------------------------------------------------------------------------------
 
 def test_account_binary_reports_what_the_binary_holds_beside_the_request():
-    account = account_binary(binary_info(), 2, "packed", PACKED)
+    account = account_binary(binary_info(), 2, "packed", PACKED).to_dict()
 
     assert account["part"] == 2 and account["variant"] == "packed"
     assert account["bytes"] == 5000 and account["weight_bytes"] == 4200
@@ -83,7 +90,7 @@ def test_check_part_graphs_refuses_another_parts_binary():
                                           ("weight_bytes", -1)])
 def test_read_record_names_the_file_and_the_bad_field(tmp_path, field, value):
     path = tmp_path / "part_01_of_03.json"
-    path.write_text(json.dumps({**record(1, "packed", 5000), field: value}))
+    path.write_text(json.dumps({**record_json(1, "packed", 5000), field: value}))
     with pytest.raises(GenieBuildError) as caught:
         read_record(path)
     assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)
@@ -265,7 +272,7 @@ class FakeToolchain:
 
 
 def test_account_command_writes_the_record(tmp_path, monkeypatch):
-    monkeypatch.setattr("genie_build.commands.account.get_toolchain", lambda name: FakeToolchain())
+    monkeypatch.setattr("genie_build.sizes.get_toolchain", lambda name: FakeToolchain())
     binary = tmp_path / "compiled" / "packed" / "part_02_of_03.bin"
     binary.parent.mkdir(parents=True)
     binary.write_bytes(b"\0" * 1234)
@@ -275,7 +282,7 @@ def test_account_command_writes_the_record(tmp_path, monkeypatch):
                      "--variant", "packed", "--variant-json", json.dumps(PACKED), "--out", str(out)])
 
     assert code == 0
-    written = read_record(out)
+    written = read_record(out).to_dict()
     assert (written["part"], written["bytes"], written["requested"]) == (2, 1234, PACKED)
 
 
@@ -285,7 +292,7 @@ def test_account_command_writes_the_record(tmp_path, monkeypatch):
     (["--part-label", "03_of_03"], "do not belong to part 03_of_03"),
 ])
 def test_account_command_reports_bad_input_on_one_line(tmp_path, monkeypatch, capsys, args, message):
-    monkeypatch.setattr("genie_build.commands.account.get_toolchain", lambda name: FakeToolchain())
+    monkeypatch.setattr("genie_build.sizes.get_toolchain", lambda name: FakeToolchain())
     binary = tmp_path / "part_02_of_03.bin"
     binary.write_bytes(b"\0")
     defaults = {"--toolchain": "reference", "--binary": str(binary), "--part-label": "02_of_03",
@@ -297,12 +304,12 @@ def test_account_command_reports_bad_input_on_one_line(tmp_path, monkeypatch, ca
     assert not (tmp_path / "out.json").exists()
 
 
-def write_records(directory: Path, records: list[dict]) -> list[str]:
+def write_records(directory: Path, records: list[AccountRecord]) -> list[str]:
     paths = []
     for item in records:
-        path = directory / item["variant"] / f"part_{item['part']:02d}_of_03.json"
+        path = directory / item.variant / f"part_{item.part:02d}_of_03.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(item))
+        path.write_text(json.dumps(item.to_dict()))
         paths.append(str(path))
     return paths
 

@@ -2,9 +2,10 @@
 
 One module per stage of the data flow (see README): ``demo``, ``calibrate``, ``tokenizer_train``,
 ``encodings``, ``onnx_graph``, ``genie_contract``, ``boundaries``, ``plan``, ``split``, ``verify``, ``toolchains``,
-``sizes``, ``memory_plan``, ``bundle``, ``check_bundle``, ``run_bundle``, ``estimate``. Every stage takes Genie's
-names, formats and feeds from ``conventions`` (docs/conventions.md in code). The CLI (``python -m genie_build``)
-is a thin layer over them; the package never imports Snakemake.
+``sizes``, ``memory_plan``, ``bundle``, ``check_bundle``, ``run_bundle``, ``estimate`` (with ``weight_inventory``
+and ``recipe``). Every stage takes Genie's names, formats and feeds from ``conventions`` (docs/conventions.md in
+code); the config schema is package data (``schema/config.schema.yaml``). The CLI (``python -m genie_build``) is
+a thin layer over them; the package never imports Snakemake.
 """
 
 __version__ = "0.1.0"

@@ -24,10 +24,9 @@ import onnx
 
 from genie_build.calibrate import calibration_feeds, graph_shape
 from genie_build.conventions import GRAPH_KINDS, KV_TENSOR, LM_HEAD_WEIGHT, kv_name
-from genie_build.encodings import (Encodings, read_encodings, read_graph_tensors, share_encodings,
-                                   write_encodings)
+from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import check_external_data, load_graph
+from genie_build.onnx_graph import check_external_data, load_graph, read_graph_tensors
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
-"""Plan and estimate context binary sizes from shapes alone: no weights, no encodings, no compile.
+"""The size model: plan and estimate context binary sizes from shapes alone (no weights, no encodings, no
+compile).
 
-The input is an HF ``config.json`` (Qwen2, Llama or Mistral architecture) or an ONNX graph loaded without its
-external data, plus a *precision recipe* (bits per weight role, overridable per tensor-name pattern). The
-output is the plan the workflow would make (``plan.json``), and per part and variant the size of the
+The input is a model's weight inventory (:mod:`genie_build.weight_inventory`: from an HF ``config.json`` or an
+ONNX graph loaded without its external data) and a precision recipe (:mod:`genie_build.recipe`). The output
+is the plan the workflow would make (``plan.json``), and per part and predicted variant the size of the
 reference toolchain's context binary (``docs/reference-container.md``):
 
 - **weight bytes**, exact up to alignment padding: every weight as convert stores it (quantized values one
@@ -14,51 +15,39 @@ reference toolchain's context binary (``docs/reference-container.md``):
   parts compiled by the reference toolchain (``docs/field-report-comparison.md``, "How the estimate is
   computed").
 
-Weights follow ``docs/conventions.md``. From an ONNX graph, every float initializer of rank >= 1 is a weight;
-scalars and integer tensors (eps, Reshape shapes) are graph constants, counted per layer as the conventions'
-graph has them, so that a graph and its config estimate alike.
+The variants are a fixed predicted set, :data:`PREDICTED_VARIANTS` (packing x sharing), not the config's
+``variants``: the model predicts the reference container alone, and it judges each option against a baseline
+with neither, which the config's variants need not have (the default config's both share weights).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import math
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import Literal
-
-import jsonschema
-import yaml
 
 from genie_build import __version__
-from genie_build.boundaries import find_boundaries
-from genie_build.config import DEFAULT_SCHEMA
-from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, GRAPH_KINDS, LM_HEAD_WEIGHT,
-                                     layer_output)
-from genie_build.demo import shape_from_hf_config
-from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, WeightLayout,
-                                   block_grid, consumer_layouts)
+from genie_build.conventions import GRAPH_KINDS
+from genie_build.encodings import TensorEncoding
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, write_json
+from genie_build.fileio import write_json
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
-from genie_build.onnx_graph import InitializerSpec, initializer_specs, load_graph
-from genie_build.plan import (Piece, Plan, initializer_pieces, plan_by_max_part_bytes, plan_by_num_parts,
-                              weighed_pieces, write_plan)
-from genie_build.sizes import build_size_table, write_size_table
+from genie_build.onnx_graph import InitializerSpec
+from genie_build.plan import MIB, Piece, Plan, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces, write_plan
+from genie_build.recipe import Recipe, weight_encoding
+from genie_build.sizes import AccountRecord, build_size_table, write_size_table
+from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
+from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
-Role = Literal["embedding", "layers", "lm_head", "float"]
-_BLOCKED = ("per_block", "lpbq")
-Granularity = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
+log = logging.getLogger(__name__)
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
 TOOLCHAIN_LABEL = "reference (predicted)"
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
 
 # Overhead of the reference container beyond its weight section, per graph unless said otherwise. Fitted by
 # least squares to 96 compiled demo parts (7 shapes x 4 variants: hidden 64..512, 2..12 layers, AR 4..128,
@@ -76,69 +65,9 @@ LAYER_CONSTANT_BYTES = 204
 
 
 @dataclass(frozen=True)
-class WeightRule:
-    """A recipe override: weights whose name matches ``pattern`` (fnmatch) get this encoding."""
-
-    pattern: str
-    bitwidth: int
-    dtype: Literal["int", "float"] = "int"
-    granularity: Granularity = "per_channel"
-    block_size: int | None = None
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Bits per weight role; overrides are tried first, in order. ``activations`` is recorded only:
-    activation encodings do not change the weight bytes. Float weights without an integer encoding
-    (norms, biases) are stored at ``float_bitwidth``. ``lpbq`` (AIMET's LPBQ) stores the role's bits as the
-    compressed width, twice that as the decompressed one: values, a float scale per channel and an integer
-    scale per block."""
-
-    layers: int = 4
-    embedding: int = 8
-    lm_head: int = 8
-    activations: int = 16
-    float_bitwidth: int = 16
-    granularity: Granularity = "per_channel"
-    block_size: int | None = None
-    overrides: tuple[WeightRule, ...] = ()
-
-
-@dataclass(frozen=True)
-class Weight:
-    """A weight without values: its declared shape, the role that picks its precision, and the pieces
-    that use it (0 = embedding, i + 1 = layer i, L + 1 = head; a tied table is in two)."""
-
-    spec: InitializerSpec
-    role: Role
-    pieces: frozenset[int]
-    layout: WeightLayout | None = None  # its consumer's axes; None: those of the role's default op
-
-    def axes(self) -> WeightLayout:
-        """The channel and block axes: the consumer's, else a Gather table's for the embedding and an
-        ``[in, out]`` MatMul weight's otherwise."""
-        if self.layout is not None:
-            return self.layout
-        rank = len(self.spec.shape)
-        if rank < 2:
-            return WeightLayout(0, None)
-        return WeightLayout(0, 1) if self.role == "embedding" else WeightLayout(rank - 1, rank - 2)
-
-
-@dataclass(frozen=True)
-class ModelWeights:
-    """What the estimate knows about a model: its weights and its L + 1 boundary tensors."""
-
-    weights: tuple[Weight, ...]
-    boundaries: tuple[str, ...]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.boundaries) - 1
-
-
-@dataclass(frozen=True)
 class Variant:
+    """A predicted variant: the two options that change a reference container's size."""
+
     name: str
     weights_packing: bool
     weight_sharing_enabled: bool
@@ -146,8 +75,10 @@ class Variant:
 
 # Packing x sharing. The first, with neither, is the size table's baseline: the table judges an option by
 # the size against the baseline, so the baseline must differ from each variant only in what it enables.
-VARIANTS = (Variant("unpacked_unshared", False, False), Variant("unpacked", False, True),
-            Variant("packed_unshared", True, False), Variant("packed", True, True))
+# "unpacked" and "packed" are the default config's variants.
+PREDICTED_VARIANTS = (Variant("unpacked_unshared", False, False), Variant("unpacked", False, True),
+                      Variant("packed_unshared", True, False), Variant("packed", True, True))
+VARIANT_SET = "predicted: weights_packing x weight_sharing_enabled of the reference container, not config variants"
 MEMORY_VARIANT = "packed"           # what the bundle ships
 
 
@@ -170,183 +101,7 @@ class PartEstimate:
 @dataclass(frozen=True)
 class Estimate:
     plan: Plan
-    parts: tuple[PartEstimate, ...]   # part by part, each in VARIANTS order
-
-
-# ------------------------------------------------------------------------------------------- models
-
-def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
-    """The weights of a Qwen2/Llama ``config.json``, named and shaped as ``docs/conventions.md`` says.
-
-    Raises:
-        GenieBuildError: the file is unreadable, a key is missing or invalid, or the architecture is not
-            one the conventions describe (an explicit ``head_dim`` other than hidden / heads included).
-    """
-    config = read_json(path)
-    where = os.fspath(path)
-    if not isinstance(config, dict):
-        raise GenieBuildError(where, "expected a JSON object (an HF config.json)")
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise GenieBuildError(where, f"model_type {model_type!r} is not supported "
-                                     f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    shape = shape_from_hf_config(config, ar=1, where=where)
-    if config.get("head_dim", shape.head_dim) != shape.head_dim:
-        raise GenieBuildError(where, f"head_dim {config['head_dim']} differs from hidden_size / "
-                                     f"num_attention_heads = {shape.head_dim}; not supported")
-    qkv_bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
-    o_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
-    mlp_bias = bool(config.get("mlp_bias", False))
-    hidden, inter, kv_width = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
-    head_piece = shape.layers + 1
-
-    def weight(name: str, dims: tuple[int, ...], role: Role, *pieces: int) -> Weight:
-        return Weight(InitializerSpec(name, dims, "float32", math.prod(dims) * 4), role, frozenset(pieces))
-
-    tied = bool(config.get("tie_word_embeddings", False))
-    weights = [weight(EMBED_WEIGHT, (shape.vocab, hidden), "embedding", 0, *((head_piece,) if tied else ()))]
-    for i in range(shape.layers):
-        prefix, piece = f"model.layers.{i}", i + 1
-        projections = (("self_attn.q_proj", hidden, hidden, qkv_bias), ("self_attn.k_proj", hidden, kv_width, qkv_bias),
-                       ("self_attn.v_proj", hidden, kv_width, qkv_bias), ("self_attn.o_proj", hidden, hidden, o_bias),
-                       ("mlp.gate_proj", hidden, inter, mlp_bias), ("mlp.up_proj", hidden, inter, mlp_bias),
-                       ("mlp.down_proj", inter, hidden, mlp_bias))
-        for module, fan_in, fan_out, bias in projections:
-            weights.append(weight(f"{prefix}.{module}.weight", (fan_in, fan_out), "layers", piece))
-            if bias:
-                weights.append(weight(f"{prefix}.{module}.bias", (fan_out,), "float", piece))
-        weights += [weight(f"{prefix}.{norm}.weight", (hidden,), "float", piece)
-                    for norm in ("input_layernorm", "post_attention_layernorm")]
-    weights.append(weight(FINAL_NORM_WEIGHT, (hidden,), "float", head_piece))
-    if not tied:
-        weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
-    boundaries = (EMBEDDING_BOUNDARY, *(layer_output(i) for i in range(shape.layers)))
-    return ModelWeights(tuple(weights), boundaries)
-
-
-def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | None = None) -> ModelWeights:
-    """The weights of an ONNX graph (read without its external data) and the pieces using each.
-
-    A float initializer of rank >= 1 is a weight: a 2-D one is the ``embedding`` when the embedding piece
-    uses it, else ``lm_head`` in the head and ``layers`` in a layer; the others are ``float``.
-
-    Raises:
-        GenieBuildError: the graph cannot be read or its boundaries not found.
-    """
-    model = load_graph(path)
-    found = find_boundaries(model, path, boundaries)
-    owners = initializer_pieces(model, found)
-    head_piece = len(found)
-    specs = initializer_specs(model)
-    layouts = consumer_layouts([model.graph], {name: tuple(spec.shape) for name, spec in specs.items()})
-    weights = []
-    for name, spec in specs.items():
-        if name not in owners or not spec.shape or "float" not in spec.dtype:  # float16, bfloat16, float8...
-            continue
-        pieces = owners[name]
-        role: Role = "float"
-        if len(spec.shape) == 2:
-            role = "embedding" if 0 in pieces else "lm_head" if pieces == {head_piece} else "layers"
-        weights.append(Weight(spec, role, pieces, layouts.get(name)))
-    return ModelWeights(tuple(weights), found)
-
-
-# ------------------------------------------------------------------------------------------- recipe
-
-@cache
-def recipe_schema() -> dict:
-    """The ``recipe`` section of the workflow's config schema (``config/schema/config.schema.yaml``): recipe
-    files and workflow configs are judged by one definition.
-
-    Raises:
-        GenieBuildError: the schema file cannot be read.
-    """
-    try:
-        return yaml.safe_load(DEFAULT_SCHEMA.read_text(encoding="utf-8"))["properties"]["recipe"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise GenieBuildError(DEFAULT_SCHEMA, f"cannot read the recipe section of the config schema: {exc}") from None
-
-
-def read_recipe(path: str | os.PathLike[str]) -> Recipe:
-    """The ``recipe`` mapping of a YAML (or JSON) file, e.g. an estimate config (``config/qwen2_5_7b_*.yaml``).
-
-    Raises:
-        GenieBuildError: the file is unreadable, has no ``recipe``, or a field is invalid (named).
-    """
-    try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise GenieBuildError(path, f"not valid YAML: {exc}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("recipe"), dict):
-        raise GenieBuildError(path, "expected a top-level 'recipe' mapping")
-    return recipe_from_dict(document["recipe"], os.fspath(path))
-
-
-def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
-    """A :class:`Recipe` from its mapping (keys as the dataclass fields).
-
-    Raises:
-        GenieBuildError: an unknown key, a bad value, a per-block rule without ``block_size``, or a float
-            override whose bitwidth is not 16 or 32.
-    """
-    try:
-        jsonschema.validate(data, recipe_schema())
-    except jsonschema.ValidationError as exc:
-        field = "/".join(str(key) for key in exc.absolute_path) or "top level"
-        raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
-    overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
-    recipe = Recipe(**{**data, "overrides": overrides})
-    if recipe.granularity in _BLOCKED and recipe.block_size is None:
-        raise GenieBuildError(where, f"recipe granularity: {recipe.granularity} needs a block_size")
-    for rule in overrides:
-        allowed = SUPPORTED_FLOAT_BITWIDTHS if rule.dtype == "float" else SUPPORTED_INT_BITWIDTHS
-        if rule.bitwidth not in allowed:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.dtype} bitwidth {rule.bitwidth} "
-                                         f"is not one of {allowed}")
-        if rule.dtype == "int" and rule.granularity in _BLOCKED and rule.block_size is None:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.granularity} needs a block_size")
-        if rule.dtype == "int" and rule.granularity == "lpbq" and 2 * rule.bitwidth not in SUPPORTED_INT_BITWIDTHS:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: lpbq needs a bitwidth of 4, 8 or 16")
-    return recipe
-
-
-def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
-    """The shape-only encoding the recipe gives a weight (scales counted, not computed); None: float
-    weight stored at ``recipe.float_bitwidth``.
-
-    Per-channel scales run along the weight's channel axis (:meth:`Weight.axes`: its consumer's, AIMET's
-    rule), blocks along its block axis.
-
-    Raises:
-        GenieBuildError: a per-block rule on a weight that is not a whole number of blocks.
-    """
-    spec = weight.spec
-    rule = next((rule for rule in recipe.overrides if fnmatch.fnmatchcase(spec.name, rule.pattern)), None)
-    if rule is None and weight.role == "float":
-        return None
-    if rule is None:  # the role's bits: recipe.layers, recipe.embedding or recipe.lm_head
-        rule = WeightRule("", getattr(recipe, weight.role), granularity=recipe.granularity,
-                          block_size=recipe.block_size)
-    if rule.dtype == "float":
-        return TensorEncoding(spec.name, "float", rule.bitwidth)
-    layout = weight.axes()
-    if rule.granularity == "per_tensor":
-        count = 1
-    elif rule.granularity == "per_channel":
-        count = spec.shape[layout.channel_axis]
-    else:
-        blocks, channels = block_grid(spec.name, spec.shape, rule.block_size, layout)
-        count = blocks * channels
-    if rule.granularity == "lpbq":
-        return TensorEncoding(spec.name, "int", 2 * rule.bitwidth, "lpbq", is_symmetric=True,
-                              scale=(1.0,) * channels, offset=(-(2 ** (2 * rule.bitwidth - 1)),) * channels,
-                              block_size=rule.block_size, compressed_bitwidth=rule.bitwidth,
-                              per_block_int_scale=(1,) * count)
-    return TensorEncoding(spec.name, "int", rule.bitwidth, rule.granularity, is_symmetric=True,
-                          scale=(1.0,) * count, offset=(-(2 ** (rule.bitwidth - 1)),) * count,
-                          block_size=rule.block_size)
+    parts: tuple[PartEstimate, ...]   # part by part, each in PREDICTED_VARIANTS order
 
 
 # ------------------------------------------------------------------------------------------- sizes
@@ -394,7 +149,7 @@ def container_overhead(pieces: Sequence[Piece], table_entries: int) -> int:
 
 def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = None,
              max_part_bytes: int | None = None, embedding_alone: bool = True) -> Estimate:
-    """Plan the split and predict every part's container for every variant of :data:`VARIANTS`.
+    """Plan the split and predict every part's container for every variant of :data:`PREDICTED_VARIANTS`.
 
     Exactly one of ``num_parts`` and ``max_part_bytes`` is given.
 
@@ -418,7 +173,7 @@ def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = Non
         held_pieces = [pieces[index] for index in sorted(held)]
         weights = [weight for weight in model.weights if weight.pieces & held]
         constants = LAYER_CONSTANT_BYTES * sum(piece.kind == "layer" for piece in held_pieces)
-        for variant in VARIANTS:
+        for variant in PREDICTED_VARIANTS:
             sizes = [stored_size(weight.spec, encodings[weight.spec.name], recipe.float_bitwidth,
                                  variant.weights_packing) for weight in weights]
             copies = 1 if variant.weight_sharing_enabled else GRAPHS_PER_PART
@@ -430,14 +185,15 @@ def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = Non
 
 # ------------------------------------------------------------------------------------------- outputs
 
-def size_records(result: Estimate) -> list[dict]:
-    """The predictions as accounting records (``sizes.read_record`` fields), for ``sizes.build_size_table``.
-    ``applied`` is empty: there is no binary to read back, so an option is judged by size alone."""
+def size_records(result: Estimate) -> list[AccountRecord]:
+    """The predictions as accounting records, for ``sizes.build_size_table``. ``applied`` is empty: there is
+    no binary to read back, so an option is judged by size alone."""
     options = {variant.name: {"weights_packing": variant.weights_packing,
-                              "weight_sharing_enabled": variant.weight_sharing_enabled} for variant in VARIANTS}
-    return [{"part": part.part, "variant": part.variant, "toolchain": TOOLCHAIN_LABEL, "tool_version": __version__,
-             "bytes": part.file_bytes, "weight_bytes": part.weight_bytes, "requested": options[part.variant],
-             "applied": {}} for part in result.parts]
+                              "weight_sharing_enabled": variant.weight_sharing_enabled}
+               for variant in PREDICTED_VARIANTS}
+    return [AccountRecord(part=part.part, variant=part.variant, toolchain=TOOLCHAIN_LABEL, tool_version=__version__,
+                          bytes=part.file_bytes, weight_bytes=part.weight_bytes, requested=options[part.variant],
+                          applied=AppliedOptions()) for part in result.parts]
 
 
 def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, recipe: Recipe,
@@ -446,7 +202,8 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
     and ``memory_plan.{json,md}`` (``memory_variant`` against ``limits``) into ``out_dir``, each atomically.
 
     Raises:
-        GenieBuildError: ``memory_variant`` is not one of :data:`VARIANTS`, or a file cannot be written.
+        GenieBuildError: ``memory_variant`` is not one of :data:`PREDICTED_VARIANTS`, or a file cannot be
+            written.
     """
     out = Path(out_dir)
     records = size_records(result)
@@ -454,20 +211,48 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
                     for part in result.parts if part.variant == memory_variant]
     if not memory_sizes:
         raise GenieBuildError("--memory-variant", f"{memory_variant!r} is not one of "
-                                                  f"{[variant.name for variant in VARIANTS]}")
+                                                  f"{[variant.name for variant in PREDICTED_VARIANTS]}")
     write_plan(out / "plan.json", result.plan)
     write_json(out / "estimate.json", {
         "source": source, "recipe": dataclasses.asdict(recipe), "graphs_per_part": GRAPHS_PER_PART,
-        "variants": [dataclasses.asdict(variant) for variant in VARIANTS],
+        "variant_set": VARIANT_SET, "variants": [dataclasses.asdict(variant) for variant in PREDICTED_VARIANTS],
         "overhead_model": {"graph_bytes": GRAPH_BYTES, "layer_part_graph_bytes": LAYER_PART_GRAPH_BYTES,
                            "embedding_graph_bytes": EMBEDDING_GRAPH_BYTES, "layer_graph_bytes": LAYER_GRAPH_BYTES,
                            "head_graph_bytes": HEAD_GRAPH_BYTES, "table_entry_bytes": TABLE_ENTRY_BYTES,
                            "layer_constant_bytes": LAYER_CONSTANT_BYTES},
         "parts": [dataclasses.asdict(part) for part in result.parts],
         "totals": {variant.name: {key: sum(getattr(part, key) for part in result.parts if part.variant == variant.name)
-                                  for key in ("weight_bytes", "file_bytes")} for variant in VARIANTS},
+                                  for key in ("weight_bytes", "file_bytes")} for variant in PREDICTED_VARIANTS},
     })
-    write_size_table(build_size_table(records, VARIANTS[0].name), out / "size_table.csv", out / "size_table.md",
-                     out / "size_table.png")
+    write_size_table(build_size_table(records, PREDICTED_VARIANTS[0].name), out / "size_table.csv",
+                     out / "size_table.md", out / "size_table.png")
     write_memory_plan(plan_memory(memory_sizes, memory_variant, limits, basis="predicted"),
                       out / "memory_plan.json", out / "memory_plan.md")
+
+
+def estimate_to_dir(out_dir: str | os.PathLike[str], recipe: Recipe, split: dict, *,
+                    hf_config: str | os.PathLike[str] | None = None, onnx: str | os.PathLike[str] | None = None,
+                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> Estimate:
+    """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
+    workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``) and
+    every part's predicted sizes, written by :func:`write_estimate` and logged per part.
+
+    Raises:
+        GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
+            source, an infeasible split, or what :func:`write_estimate` raises.
+    """
+    if (hf_config is None) == (onnx is None):
+        raise ValueError("give exactly one of hf_config and onnx")
+    if split["boundaries"] and hf_config is not None:
+        raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
+    model = weights_from_hf_config(hf_config) if hf_config is not None else weights_from_onnx(onnx, split["boundaries"])
+    max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
+    result = estimate(model, recipe, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
+                      embedding_alone=split["embedding_alone"])
+    write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx), recipe=recipe,
+                   memory_variant=memory_variant, limits=limits)
+    for part in result.plan.parts:
+        sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
+                          for predicted in result.parts if predicted.part == part.index)
+        log.info("part %s: %s: %s", part.label, "+".join(part.pieces), sizes)
+    return result

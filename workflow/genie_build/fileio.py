@@ -121,6 +121,23 @@ def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, length: int) -> None:
         remaining -= len(chunk)
 
 
+class HashingWriter:
+    """A write-only file that feeds what is written to ``digest`` and, given a ``sink``, writes it on there (to
+    hash bytes while :func:`copy_range` streams them)."""
+
+    def __init__(self, digest: hashlib._Hash, sink: BinaryIO | None = None) -> None:
+        self.digest = digest
+        self.sink = sink
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return len(data) if self.sink is None else self.sink.write(data)
+
+    def tell(self) -> int:
+        """The sink's position (a writer without a sink has none)."""
+        return self.sink.tell()
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -22,6 +22,8 @@ required and Genie feeds no other position input.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +31,9 @@ from dataclasses import dataclass
 from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_IDS, INPUTS_EMBEDS, KV_TENSOR,
                                      LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Tensor, genie_dims, read_ar, read_cl,
                                      shape_text, tensors_by_name)
+from genie_build.errors import GenieBuildError
+
+log = logging.getLogger(__name__)
 
 # a tensor that looks like a cache entry under another naming (present_key_3, past_key_values.3.key, ...)
 _KV_LIKE = re.compile(r"(past|present|cache|kv)", re.IGNORECASE)
@@ -102,6 +107,40 @@ def model_violations(graphs: dict[str, tuple[Sequence[Tensor], Sequence[Tensor]]
         found += graph_violations(kind, inputs, outputs, ar=ar.value, cl=cl.value, whole=True, check_dtypes=True)
     found += _check_pair(dims, expected or {}, context_size)
     return dims, found
+
+
+def check_contract(prompt: str, token: str, out: str | os.PathLike[str], *, expect_ar: int | None = None,
+                   expect_context: int | None = None, context_size: int | None = None,
+                   report_only: bool = False) -> None:
+    """The ``check-contract`` stage: the prompt and token graphs' IO against the contract (structure only, never
+    the weights), AR and CL as Genie reads them agreeing between the graphs and with the config's; the summary
+    goes to ``out``.
+
+    Args:
+        expect_ar, expect_context: the config's prompt AR and CL (None: not checked against a config).
+        context_size: Genie's context size, at most the CL.
+        report_only: no bundle will be built, so violations are recorded (and logged) instead of raised.
+
+    Raises:
+        GenieBuildError: a violation (naming the graph file of the first), unless ``report_only``.
+    """
+    # Imported here: check-bundle checks binaries with this module and need not import onnx.
+    from genie_build.fileio import write_json
+    from genie_build.onnx_graph import graph_io, load_graph
+
+    paths = {"prompt": prompt, "token": token}
+    graphs = {kind: graph_io(load_graph(path)) for kind, path in paths.items()}
+    expected = {} if expect_context is None else {"prompt": (expect_ar, expect_context), "token": (1, expect_context)}
+    dims, violations = model_violations({kind: (io.inputs, io.outputs) for kind, io in graphs.items()},
+                                        expected=expected, context_size=context_size)
+    if violations and not report_only:
+        culprit = next((paths[v.graph] for v in violations if v.graph in paths), prompt)
+        raise GenieBuildError(culprit, contract_error_text(violations))
+    for violation in violations:
+        log.warning("no bundle will be built, so this is not an error: %s", violation)
+    write_json(out, {"prompt": prompt, "token": token,
+                     "graphs": {kind: {"ar": ar, "cl": cl} for kind, (ar, cl) in dims.items()},
+                     "bundle_enabled": not report_only, "violations": [str(v) for v in violations]})
 
 
 def contract_error_text(violations: Sequence[Violation]) -> str:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 from genie_build import fileio
 from genie_build.errors import GenieBuildError
+from genie_build.sizes import AccountRecord, read_record
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +102,32 @@ class MemoryPlan:
         return max(self.parts, key=lambda part: (part.file_bytes, -part.part))
 
 
-def part_sizes_from_records(records: Sequence[dict], variant: str) -> tuple[PartSize, ...]:
+def part_sizes_from_records(records: Sequence[AccountRecord], variant: str) -> tuple[PartSize, ...]:
     """The sizes of ``variant``'s parts from accounting records (``sizes.read_record``).
 
     Raises:
         GenieBuildError: no record belongs to ``variant``.
     """
-    sizes = tuple(PartSize(part=r["part"], weight_bytes=r["weight_bytes"], file_bytes=r["bytes"])
-                  for r in records if r["variant"] == variant)
+    sizes = tuple(PartSize(part=record.part, weight_bytes=record.weight_bytes, file_bytes=record.bytes)
+                  for record in records if record.variant == variant)
     if not sizes:
-        variants = sorted({r["variant"] for r in records})
+        variants = sorted({record.variant for record in records})
         raise GenieBuildError("--variant", f"no accounting records for variant {variant!r}; records have {variants}")
     return sizes
+
+
+def plan_measured_memory(record_paths: Sequence[str | os.PathLike[str]], variant: str, limits: MemoryLimits,
+                         json_path: str | os.PathLike[str], md_path: str | os.PathLike[str]) -> MemoryPlan:
+    """The ``memory-plan`` stage: ``variant``'s parts as accounted (``sizes.read_record``) against ``limits``,
+    written by :func:`write_memory_plan`.
+
+    Raises:
+        GenieBuildError: a bad record, no record of ``variant``, or what :func:`plan_memory` raises.
+    """
+    records = [read_record(path) for path in record_paths]
+    plan = plan_memory(part_sizes_from_records(records, variant), variant, limits)
+    write_memory_plan(plan, json_path, md_path)
+    return plan
 
 
 def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = MemoryLimits(),

@@ -189,6 +189,41 @@ def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: 
                       decode_seconds=decode_seconds)
 
 
+@dataclass(frozen=True)
+class HostRun:
+    """The host-run stage's result: the bundle's generation and, when compared, the unsplit model's tokens."""
+
+    prompt: str
+    generation: Generation
+    unsplit_ids: tuple[int, ...] | None = None  # None: not compared
+
+    def to_dict(self) -> dict:
+        """The report (``host_run.json``)."""
+        generation = self.generation
+        report = {"prompt": self.prompt, "prompt_ids": list(generation.prompt_ids),
+                  "new_ids": list(generation.new_ids), "text": generation.text,
+                  "tokens_per_second": round(generation.tokens_per_second, 1)}
+        return report if self.unsplit_ids is None else {**report, "unsplit_ids": list(self.unsplit_ids)}
+
+
+def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
+             compare_with: str | os.PathLike[str] | None = None) -> HostRun:
+    """Generate from the bundle (:func:`run_bundle`) and, given the unsplit model's container, check that its
+    greedy tokens are the bundle's (:func:`unsplit_tokens`).
+
+    Raises:
+        GenieBuildError: the bundle is invalid, or its tokens differ from the unsplit model's.
+    """
+    generation = run_bundle(bundle_dir, prompt, max_new_tokens)
+    if compare_with is None:
+        return HostRun(prompt, generation)
+    expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens)
+    if expected != list(generation.new_ids):
+        raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from the unsplit "
+                                          f"model's {expected} ({compare_with})")
+    return HostRun(prompt, generation, tuple(expected))
+
+
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
                    prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,

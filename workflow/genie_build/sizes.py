@@ -12,11 +12,14 @@ import io
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from genie_build import fileio
+from genie_build import conventions, fileio
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.base import BinaryInfo
+from genie_build.toolchains import get_toolchain
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,36 +32,108 @@ NO_EFFECT_MIN_REDUCTION = 0.01
 TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "bytes", "weight_bytes",
                  "reduction_vs_baseline", "flag")
 
-_RECORD_TYPES: dict[str, type] = {"part": int, "variant": str, "toolchain": str, "bytes": int,
-                                  "weight_bytes": int, "requested": dict, "applied": dict}
+# The fields a record file must have, and their JSON types; the others are optional.
+_REQUIRED_TYPES: dict[str, type] = {"part": int, "variant": str, "toolchain": str, "bytes": int,
+                                    "weight_bytes": int, "requested": dict, "applied": dict}
 
 
-def account_binary(info: BinaryInfo, part: int, variant: str, requested: dict) -> dict:
-    """The accounting record of one compiled part: what the binary holds, beside what was asked for.
+@dataclass(frozen=True)
+class GraphCount:
+    """A graph of an accounted binary and how many IO tensors it has."""
+
+    name: str
+    inputs: int
+    outputs: int
+
+
+@dataclass(frozen=True)
+class AccountRecord:
+    """One part x variant: what its binary holds, beside what was asked for. ``account`` writes it
+    (``sizes/{variant}/part_{NN_of_N}.json``, see ``docs/conventions.md``); the size table, the memory plan
+    and the estimate's predictions read it. A predicted record has no binary, and ``applied`` is empty."""
+
+    part: int                       # 1-based
+    variant: str
+    toolchain: str
+    bytes: int                      # the binary's size on disk
+    weight_bytes: int               # of its weight section as stored; 0: the toolchain cannot tell
+    requested: dict[str, Any]       # the variant's options as the config gives them
+    applied: AppliedOptions
+    tool_version: str = ""
+    binary: str | None = None
+    graphs: tuple[GraphCount, ...] = ()
+    io_tensors: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record (its keys in the order ``account`` has always written them)."""
+        return {"part": self.part, "variant": self.variant, "toolchain": self.toolchain,
+                "tool_version": self.tool_version, "binary": self.binary, "bytes": self.bytes,
+                "weight_bytes": self.weight_bytes,
+                "graphs": [{"name": graph.name, "inputs": graph.inputs, "outputs": graph.outputs}
+                           for graph in self.graphs],
+                "io_tensors": self.io_tensors, "requested": dict(self.requested), "applied": self.applied.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str | os.PathLike[str] = "record") -> AccountRecord:
+        """Check the fields the table and the memory plan rely on and read the record.
+
+        Raises:
+            GenieBuildError: a required field is missing or of the wrong type, a size is out of range, or an
+                applied option is unknown.
+        """
+        for key, expected in _REQUIRED_TYPES.items():
+            value = data.get(key)
+            # bool is an int subclass; a part or a size of True is still wrong
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise GenieBuildError(where, f"field {key!r} is {value!r}; expected {expected.__name__}")
+        if data["part"] < 1 or data["bytes"] < 1 or data["weight_bytes"] < 0:
+            raise GenieBuildError(where, f"part {data['part']}, bytes {data['bytes']}, weight_bytes "
+                                         f"{data['weight_bytes']}: expected part >= 1, bytes >= 1, weight_bytes >= 0")
+        return cls(part=data["part"], variant=data["variant"], toolchain=data["toolchain"], bytes=data["bytes"],
+                   weight_bytes=data["weight_bytes"], requested=dict(data["requested"]),
+                   applied=AppliedOptions.from_dict(data["applied"], os.fspath(where)),
+                   tool_version=str(data.get("tool_version", "")), binary=data.get("binary"),
+                   graphs=tuple(GraphCount(**graph) for graph in data.get("graphs", ())),
+                   io_tensors=data.get("io_tensors", 0))
+
+
+def account_binary(info: BinaryInfo, part: int, variant: str, requested: dict) -> AccountRecord:
+    """The accounting record of one compiled part, read back by its toolchain's ``inspect``.
 
     Args:
         info: the binary read back by its toolchain's ``inspect``.
         part: 1-based part index.
         variant: the variant name the binary was compiled for.
         requested: the variant's options as the config gives them.
-
-    Returns:
-        A JSON-ready dict (see ``docs/conventions.md``, ``sizes/{variant}/part_{NN_of_N}.json``).
     """
-    return {
-        "part": part,
-        "variant": variant,
-        "toolchain": info.toolchain,
-        "tool_version": info.tool_version,
-        "binary": info.path,
-        "bytes": info.file_bytes,
-        "weight_bytes": info.weight_bytes,
-        "graphs": [{"name": graph.name, "inputs": len(graph.inputs), "outputs": len(graph.outputs)}
-                   for graph in info.graphs],
-        "io_tensors": sum(len(graph.inputs) + len(graph.outputs) for graph in info.graphs),
-        "requested": dict(requested),
-        "applied": dict(info.applied_options),
-    }
+    return AccountRecord(
+        part=part, variant=variant, toolchain=info.toolchain, tool_version=info.tool_version, binary=info.path,
+        bytes=info.file_bytes, weight_bytes=info.weight_bytes,
+        graphs=tuple(GraphCount(graph.name, len(graph.inputs), len(graph.outputs)) for graph in info.graphs),
+        io_tensors=sum(len(graph.inputs) + len(graph.outputs) for graph in info.graphs),
+        requested=dict(requested), applied=info.applied_options)
+
+
+def account_part(toolchain: str, binary: str | os.PathLike[str], part_label: str, variant: str,
+                 requested: dict[str, Any], out: str | os.PathLike[str]) -> AccountRecord:
+    """The ``account`` stage: read one compiled part back through its toolchain, check that its graphs are
+    the part's, and write its record to ``out``.
+
+    Raises:
+        GenieBuildError: a bad part label, a missing binary, one the toolchain cannot read, or graphs of
+            another part.
+    """
+    try:
+        part, _ = conventions.parse_part_label(part_label)
+    except ValueError as exc:
+        raise GenieBuildError("--part-label", str(exc)) from None
+    if not os.path.isfile(binary):
+        raise GenieBuildError(binary, "file not found")
+    info = get_toolchain(toolchain).inspect(Path(binary))
+    check_part_graphs(info, part_label)
+    record = account_binary(info, part, variant, requested)
+    write_record(out, record)
+    return record
 
 
 def check_part_graphs(info: BinaryInfo, label: str) -> None:
@@ -72,8 +147,13 @@ def check_part_graphs(info: BinaryInfo, label: str) -> None:
         raise GenieBuildError(info.path, f"graphs {strangers} do not belong to part {label}")
 
 
-def read_record(path: str | os.PathLike[str]) -> dict:
-    """Read one accounting record and check the fields the table and the memory plan rely on.
+def write_record(path: str | os.PathLike[str], record: AccountRecord) -> None:
+    """Write one accounting record atomically."""
+    fileio.write_json(path, record.to_dict())
+
+
+def read_record(path: str | os.PathLike[str]) -> AccountRecord:
+    """Read one accounting record (:meth:`AccountRecord.from_dict`).
 
     Raises:
         GenieBuildError: the file is missing, not JSON, or a field is missing or of the wrong type.
@@ -81,19 +161,11 @@ def read_record(path: str | os.PathLike[str]) -> dict:
     record = fileio.read_json(path)
     if not isinstance(record, dict):
         raise GenieBuildError(path, f"expected a JSON object, got {type(record).__name__}")
-    for key, expected in _RECORD_TYPES.items():
-        value = record.get(key)
-        # bool is an int subclass; a part or a size of True is still wrong
-        if not isinstance(value, expected) or isinstance(value, bool):
-            raise GenieBuildError(path, f"field {key!r} is {value!r}; expected {expected.__name__}")
-    if record["part"] < 1 or record["bytes"] < 1 or record["weight_bytes"] < 0:
-        raise GenieBuildError(path, f"part {record['part']}, bytes {record['bytes']}, weight_bytes "
-                                    f"{record['weight_bytes']}: expected part >= 1, bytes >= 1, weight_bytes >= 0")
-    return record
+    return AccountRecord.from_dict(record, path)
 
 
-def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float = NO_EFFECT_MIN_REDUCTION
-                      ) -> list[str]:
+def no_effect_reasons(record: AccountRecord, baseline_record: AccountRecord,
+                      min_reduction: float = NO_EFFECT_MIN_REDUCTION) -> list[str]:
     """Why an option ``record`` requested shows no effect in its binary (empty list: none).
 
     ``weights_packing`` is judged by the size against the baseline's binary for the same part (only when
@@ -102,40 +174,40 @@ def no_effect_reasons(record: dict, baseline_record: dict, min_reduction: float 
     reports no weight fitting 4 bits (``packable_weights == 0``, e.g. an 8-bit embedding alone) has
     nothing to pack, which is no sign of an ignored option.
     """
-    baseline = baseline_record["variant"]
-    comparison = f"{record['bytes']:,} bytes vs {baseline_record['bytes']:,} bytes in {baseline}"
+    comparison = f"{record.bytes:,} bytes vs {baseline_record.bytes:,} bytes in {baseline_record.variant}"
+    requested, applied = record.requested, record.applied
     reasons = []
-    if record["requested"].get("weights_packing") and record["applied"].get("packable_weights") != 0:
-        if _reported_off(record["applied"], "weights_packing"):
+    if requested.get("weights_packing") and applied.packable_weights != 0:
+        if _reported_off(applied.weights_packing):
             reasons.append(f"weights_packing requested but the binary reports it not applied: {comparison}")
-        elif (not baseline_record["requested"].get("weights_packing")
-              and _reduction(record["bytes"], baseline_record["bytes"]) < min_reduction):
+        elif (not baseline_record.requested.get("weights_packing")
+              and _reduction(record.bytes, baseline_record.bytes) < min_reduction):
             reasons.append(f"weights_packing requested but no effect: {comparison}")
-    if record["requested"].get("weight_sharing_enabled"):
-        if _reported_off(record["applied"], "weight_sharing_enabled"):
+    if requested.get("weight_sharing_enabled"):
+        if _reported_off(applied.weight_sharing_enabled):
             reasons.append("weight_sharing_enabled requested but the binary reports it not applied")
-        elif record["applied"].get("shared_weights") == 0:
+        elif applied.shared_weights == 0:
             reasons.append("weight_sharing_enabled requested but the binary shares no weight between its graphs")
-    return reasons + _unapplied_graph_options(record["requested"], record["applied"])
+    return reasons + _unapplied_graph_options(requested, applied)
 
 
-def _unapplied_graph_options(requested: dict[str, Any], applied: dict[str, Any]) -> list[str]:
+def _unapplied_graph_options(requested: dict[str, Any], applied: AppliedOptions) -> list[str]:
     """The O level and VTCM size the binary reports per graph (``{graph: value}``, from the SDK's
     qnn-context-binary-utility) against the requested ones. ``vtcm_mb`` 0 asks for the device's maximum, which
     is not known here; the utility's VTCM unit is not documented, so MB and bytes both count as shown."""
     reasons = []
-    levels, wanted_level = applied.get("optimization_type"), requested.get("optimization_type")
+    levels, wanted_level = applied.optimization_type, requested.get("optimization_type")
     if isinstance(levels, dict) and wanted_level is not None:
         reasons += [f"optimization_type {wanted_level} requested but the binary reports O {level} for graph {graph}"
                     for graph, level in levels.items() if level != wanted_level]
-    sizes, wanted_mb = applied.get("vtcm_size"), requested.get("vtcm_mb")
+    sizes, wanted_mb = applied.vtcm_size, requested.get("vtcm_mb")
     if isinstance(sizes, dict) and wanted_mb:
         reasons += [f"vtcm_mb {wanted_mb} requested but the binary reports VTCM size {size} for graph {graph}"
                     for graph, size in sizes.items() if size not in (wanted_mb, wanted_mb * 2**20)]
     return reasons
 
 
-def build_size_table(records: Sequence[dict], baseline: str, *, strict: bool = False,
+def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict: bool = False,
                      min_reduction: float = NO_EFFECT_MIN_REDUCTION) -> pd.DataFrame:
     """The tidy A/B table: one row per part and variant, baseline variant first within each part.
 
@@ -162,10 +234,9 @@ def build_size_table(records: Sequence[dict], baseline: str, *, strict: bool = F
     for part, variant in sorted(by_key, key=lambda key: (key[0], variant_order.index(key[1]))):
         record, baseline_record = by_key[(part, variant)], by_key[(part, baseline)]
         rows.append({
-            "part": part, "variant": variant, "baseline": baseline, "toolchain": record["toolchain"],
-            "tool_version": str(record.get("tool_version", "")), "bytes": record["bytes"],
-            "weight_bytes": record["weight_bytes"],
-            "reduction_vs_baseline": _reduction(record["bytes"], baseline_record["bytes"]),
+            "part": part, "variant": variant, "baseline": baseline, "toolchain": record.toolchain,
+            "tool_version": record.tool_version, "bytes": record.bytes, "weight_bytes": record.weight_bytes,
+            "reduction_vs_baseline": _reduction(record.bytes, baseline_record.bytes),
             "flag": "; ".join(no_effect_reasons(record, baseline_record, min_reduction)),
         })
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
@@ -267,14 +338,27 @@ def write_size_table(table: pd.DataFrame, csv_path: str | os.PathLike[str], md_p
     fileio.write_bytes(png_path, size_chart_png(table))
 
 
-def _index_records(records: Sequence[dict], baseline: str) -> dict[tuple[int, str], dict]:
+def size_table_from_records(record_paths: Sequence[str | os.PathLike[str]], baseline: str,
+                            csv_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
+                            png_path: str | os.PathLike[str], *, strict: bool = False) -> pd.DataFrame:
+    """The ``size-table`` stage: the records' table (:func:`build_size_table`) in its three renderings.
+
+    Raises:
+        GenieBuildError: a bad record, or what :func:`build_size_table` raises (nothing is written then).
+    """
+    table = build_size_table([read_record(path) for path in record_paths], baseline, strict=strict)
+    write_size_table(table, csv_path, md_path, png_path)
+    return table
+
+
+def _index_records(records: Sequence[AccountRecord], baseline: str) -> dict[tuple[int, str], AccountRecord]:
     if not records:
         raise GenieBuildError("--records", "no accounting records given")
-    by_key: dict[tuple[int, str], dict] = {}
+    by_key: dict[tuple[int, str], AccountRecord] = {}
     for record in records:
-        key = (record["part"], record["variant"])
+        key = (record.part, record.variant)
         if key in by_key:
-            raise GenieBuildError(record.get("binary", "--records"),
+            raise GenieBuildError(record.binary or "--records",
                                   f"part {key[0]} of variant {key[1]!r} accounted twice")
         by_key[key] = record
     parts_of: dict[str, set[int]] = {}
@@ -289,25 +373,25 @@ def _index_records(records: Sequence[dict], baseline: str) -> dict[tuple[int, st
     return by_key
 
 
-def _variant_order(records: Sequence[dict], baseline: str) -> list[str]:
+def _variant_order(records: Sequence[AccountRecord], baseline: str) -> list[str]:
     """Baseline first, then the others in the order the records name them (the config's order)."""
-    return [baseline, *(v for v in dict.fromkeys(r["variant"] for r in records) if v != baseline)]
+    return [baseline, *(v for v in dict.fromkeys(record.variant for record in records) if v != baseline)]
 
 
-def _report_flags(table: pd.DataFrame, by_key: dict[tuple[int, str], dict], strict: bool) -> None:
+def _report_flags(table: pd.DataFrame, by_key: dict[tuple[int, str], AccountRecord], strict: bool) -> None:
     flagged = table[table["flag"] != ""]
     for row in flagged.itertuples():
         log.warning("part %d, variant %s: %s", row.part, row.variant, row.flag)
     if strict and not flagged.empty:
         first = flagged.iloc[0]
         more = f" (and {len(flagged) - 1} more flagged)" if len(flagged) > 1 else ""
-        raise GenieBuildError(by_key[(int(first["part"]), first["variant"])].get("binary", "--records"),
+        raise GenieBuildError(by_key[(int(first["part"]), first["variant"])].binary or "--records",
                               f"{first['flag']}{more}")
 
 
-def _reported_off(applied: dict[str, Any], option: str) -> bool:
-    """The binary says ``option`` was not applied (absent or None: it does not say)."""
-    return applied.get(option) is not None and not applied[option]
+def _reported_off(applied: bool | None) -> bool:
+    """The binary says an option was not applied (None: it does not say)."""
+    return applied is not None and not applied
 
 
 def _reduction(size: int, baseline_size: int) -> float:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from genie_build.conventions import find_parts
 from genie_build.encodings import (Encodings, check_boundary_consistency, check_graphs_consistent,
-                                   check_kv_cache_tied, part_tensor_names, read_encodings, read_graph_tensors,
-                                   share_encodings, slice_encodings, validate_against_model, write_encodings)
+                                   check_kv_cache_tied, read_encodings, share_encodings, slice_encodings,
+                                   validate_against_model, write_encodings)
 from genie_build.fileio import atomic_directory
+from genie_build.onnx_graph import part_tensor_names, read_graph_tensors
 
 log = logging.getLogger(__name__)
 

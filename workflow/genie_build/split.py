@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -38,8 +38,9 @@ import onnx
 from genie_build import __version__
 from genie_build.conventions import GRAPH_KINDS, graph_name, part_file_name
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_directory, copy_range
-from genie_build.onnx_graph import ar_and_context_length, check_external_data, graph_io, load_graph
+from genie_build.fileio import HashingWriter, atomic_directory, copy_range
+from genie_build.onnx_graph import (ar_and_context_length, check_external_data, graph_io, load_graph, stored_tensors,
+                                    subgraphs)
 from genie_build.plan import PartPlan, Plan
 
 logger = logging.getLogger(__name__)
@@ -246,7 +247,7 @@ def _walk_back(graph: onnx.GraphProto, outputs: list[str], plan: Plan, position:
 def node_inputs(node: onnx.NodeProto) -> list[str]:
     """A node's input names plus the outer-scope names its If/Loop/Scan bodies read, in first-use order."""
     names = [name for name in node.input if name]
-    for graph in _subgraphs(node):
+    for graph in subgraphs(node):
         names.extend(name for name in _outer_scope_names(graph) if name not in names)
     return names
 
@@ -259,14 +260,6 @@ def _outer_scope_names(graph: onnx.GraphProto) -> list[str]:
     for node in graph.node:
         names.extend(name for name in node_inputs(node) if name not in defined and name not in names)
     return names
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            yield attribute.g
-        elif attribute.type == onnx.AttributeProto.GRAPHS:
-            yield from attribute.graphs
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, int]:
@@ -324,7 +317,7 @@ def _used_functions(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list
     pending = list(nodes)
     while pending:
         node = pending.pop()
-        pending.extend(n for graph in _subgraphs(node) for n in graph.node)
+        pending.extend(n for graph in subgraphs(node) for n in graph.node)
         key = (node.domain, node.op_type)
         if key in functions and key not in used:
             used.add(key)
@@ -346,9 +339,9 @@ def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path)
     """
     external = []
     with open(data_path, "wb") as out, contextlib.ExitStack() as stack:
-        dst = _HashingWriter(out)
+        dst = HashingWriter(hashlib.sha1(), out)
         sources: dict[str, BinaryIO] = {}
-        for tensor in _all_tensors(part.graph):
+        for tensor in stored_tensors(part.graph):
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 continue
             info = {entry.key: entry.value for entry in tensor.external_data}
@@ -370,21 +363,6 @@ def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path)
         tensor.external_data.add(key=CHECKSUM_KEY, value=checksum)
 
 
-class _HashingWriter:
-    """A binary file that also feeds what is written to a SHA-1."""
-
-    def __init__(self, sink: BinaryIO) -> None:
-        self.sink = sink
-        self.digest = hashlib.sha1()
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return self.sink.write(data)
-
-    def tell(self) -> int:
-        return self.sink.tell()
-
-
 def _open_source(source_dir: Path, location: str, tensor_name: str) -> BinaryIO:
     path = source_dir / location
     try:
@@ -392,19 +370,6 @@ def _open_source(source_dir: Path, location: str, tensor_name: str) -> BinaryIO:
     except OSError as exc:
         raise GenieBuildError(path, f"cannot read external data of tensor {tensor_name!r}: "
                                     f"{exc.strerror or exc}") from None
-
-
-def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Initializers and attribute tensors of a graph and of every subgraph in it, in a fixed order."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
-                yield attribute.t
-            elif attribute.type == onnx.AttributeProto.TENSORS:
-                yield from attribute.tensors
-        for subgraph in _subgraphs(node):
-            yield from _all_tensors(subgraph)
 
 
 def check_part(onnx_path: Path) -> None:

@@ -19,7 +19,7 @@ from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
 # One validator for Snakemake and the tests (genie_build.config): the schema with its defaults filled, then the
 # rules across keys; every failure is one line "config <dotted.key>: <problem>".
 try:
-    config.update(validate_config(config, schema_path=f"{workflow.basedir}/config/schema/config.schema.yaml"))
+    config.update(validate_config(config))
 except GenieBuildError as exc:
     raise WorkflowError(str(exc)) from None
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build import conventions, fileio
 from genie_build.cli_args import json_object
-from genie_build.errors import GenieBuildError
-from genie_build.sizes import account_binary, check_part_graphs
-from genie_build.toolchains import get_toolchain
+from genie_build.sizes import account_part
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,14 +22,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        part, _ = conventions.parse_part_label(args.part_label)
-    except ValueError as exc:
-        raise GenieBuildError("--part-label", str(exc)) from None
-    requested = json_object(args.variant_json, "--variant-json")
-    if not args.binary.is_file():
-        raise GenieBuildError(args.binary, "file not found")
-    info = get_toolchain(args.toolchain).inspect(args.binary)
-    check_part_graphs(info, args.part_label)
-    fileio.write_json(args.out, account_binary(info, part, args.variant, requested))
+    account_part(args.toolchain, args.binary, args.part_label, args.variant,
+                 json_object(args.variant_json, "--variant-json"), args.out)
     return 0

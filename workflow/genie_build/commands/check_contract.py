@@ -6,15 +6,11 @@ and reports every violation at once."""
 from __future__ import annotations
 
 import argparse
-import logging
 
 from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import write_json
-from genie_build.genie_contract import contract_error_text, model_violations
-from genie_build.onnx_graph import graph_io, load_graph
+from genie_build.genie_contract import check_contract
 
-log = logging.getLogger(__name__)
 _CHECKS = {"expect_ar": None, "expect_context": None, "context_size": None, "report_only": False}
 
 
@@ -37,21 +33,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     if args.checks_json is not None:
         vars(args).update(_checks(args.checks_json))
-    paths = {"prompt": args.prompt, "token": args.token}
-    graphs = {kind: graph_io(load_graph(path)) for kind, path in paths.items()}
-    expected = {}
-    if args.expect_context is not None:
-        expected = {"prompt": (args.expect_ar, args.expect_context), "token": (1, args.expect_context)}
-    dims, violations = model_violations({kind: (io.inputs, io.outputs) for kind, io in graphs.items()},
-                                        expected=expected, context_size=args.context_size)
-    if violations and not args.report_only:
-        culprit = next((paths[v.graph] for v in violations if v.graph in paths), args.prompt)
-        raise GenieBuildError(culprit, contract_error_text(violations))
-    for violation in violations:
-        log.warning("no bundle will be built, so this is not an error: %s", violation)
-    write_json(args.out, {"prompt": args.prompt, "token": args.token,
-                          "graphs": {kind: {"ar": ar, "cl": cl} for kind, (ar, cl) in dims.items()},
-                          "bundle_enabled": not args.report_only, "violations": [str(v) for v in violations]})
+    check_contract(args.prompt, args.token, args.out, expect_ar=args.expect_ar, expect_context=args.expect_context,
+                   context_size=args.context_size, report_only=args.report_only)
     return 0
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.chipsets import lookup
 from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains import TOOLCHAINS, get_toolchain
-from genie_build.toolchains.base import CompileOptions
+from genie_build.toolchains import TOOLCHAINS, compile_variant
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("compile", help="link a part's converted graphs into one context binary",
@@ -28,14 +26,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    variant = json_object(args.variant_json, "--variant-json")
-    if variant.get("toolchain", args.toolchain) != args.toolchain:
-        raise GenieBuildError("--variant-json", f"toolchain {variant['toolchain']!r} differs from "
-                                                f"--toolchain {args.toolchain!r}")
-    options = CompileOptions.from_variant(variant, lookup(args.chipset))
-    toolchain = get_toolchain(args.toolchain)
-    toolchain.check_available()
-    toolchain.compile(_parse_graphs(args.graph), args.out, options)
+    compile_variant(args.toolchain, _parse_graphs(args.graph), args.out,
+                    json_object(args.variant_json, "--variant-json"), args.chipset)
     return 0
 
 

@@ -8,17 +8,12 @@ Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``est
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 
 from genie_build.cli_args import add_split_options, json_object, positive_float, split_options
-from genie_build.errors import GenieBuildError
-from genie_build.estimate import (MEMORY_VARIANT, VARIANTS, Recipe, estimate, read_recipe, recipe_from_dict,
-                                  weights_from_hf_config, weights_from_onnx, write_estimate)
+from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
-
-log = logging.getLogger(__name__)
+from genie_build.recipe import Recipe, read_recipe, recipe_from_dict
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -33,7 +28,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                          "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
                                          "biases, per channel")
     recipe.add_argument("--recipe-json", help="the recipe mapping as JSON (the workflow passes config 'recipe')")
-    parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in VARIANTS],
+    parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in PREDICTED_VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
     parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
                         help="memory plan: per context binary, MiB (default %(default)s)")
@@ -44,24 +39,12 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    split = split_options(args)
-    if split["boundaries"] and args.hf_config is not None:
-        raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
-    model = (weights_from_hf_config(args.hf_config) if args.hf_config is not None
-             else weights_from_onnx(args.onnx, split["boundaries"]))
     if args.recipe_json is not None:
         recipe = recipe_from_dict(json_object(args.recipe_json, "--recipe-json"), "--recipe-json")
     else:
         recipe = read_recipe(args.recipe) if args.recipe else Recipe()
-    max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
-    result = estimate(model, recipe, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
-                      embedding_alone=split["embedding_alone"])
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB))
-    write_estimate(args.out_dir, result, source=os.fspath(args.hf_config or args.onnx), recipe=recipe,
-                   memory_variant=args.memory_variant, limits=limits)
-    for part in result.plan.parts:
-        sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
-                          for predicted in result.parts if predicted.part == part.index)
-        log.info("part %s: %s: %s", part.label, "+".join(part.pieces), sizes)
+    estimate_to_dir(args.out_dir, recipe, split_options(args), hf_config=args.hf_config, onnx=args.onnx,
+                    memory_variant=args.memory_variant, limits=limits)
     return 0

@@ -22,15 +22,20 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     info = get_toolchain(args.toolchain).inspect(args.binary)
-    print(json.dumps(dataclasses.asdict(info), indent=2) if args.json else describe(info))
+    print(json.dumps(binary_info_json(info), indent=2) if args.json else describe(info))
     return 0
+
+
+def binary_info_json(info: BinaryInfo) -> dict:
+    """The binary's fields as JSON; applied options as the binary reports them (no null for what it does not)."""
+    return {**dataclasses.asdict(info), "applied_options": info.applied_options.to_dict()}
 
 
 def describe(info: BinaryInfo) -> str:
     """A few lines for people: sizes, applied options, then each graph's IO."""
     lines = [f"{info.path}: {info.toolchain} {info.tool_version}, {info.file_bytes} bytes, "
              f"weights {info.weight_bytes} bytes",
-             "applied: " + ", ".join(f"{key}={value}" for key, value in sorted(info.applied_options.items()))]
+             "applied: " + ", ".join(f"{key}={value}" for key, value in info.applied_options.to_dict().items())]
     for graph in info.graphs:
         lines.append(f"graph {graph.name}")
         lines += [f"  in  {_describe_tensor(tensor)}" for tensor in graph.inputs]

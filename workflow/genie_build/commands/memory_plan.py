@@ -7,8 +7,7 @@ from pathlib import Path
 
 from genie_build.cli_args import positive_float, positive_int
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
-                                     part_sizes_from_records, plan_memory, write_memory_plan)
-from genie_build.sizes import read_record
+                                     plan_measured_memory)
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,9 +27,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    records = [read_record(path) for path in args.records]
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB), max_contexts=args.max_contexts)
-    plan = plan_memory(part_sizes_from_records(records, args.variant), args.variant, limits)
-    write_memory_plan(plan, args.json, args.md)
+    plan_measured_memory(args.records, args.variant, limits, args.json, args.md)
     return 0

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
-from genie_build.run_bundle import run_bundle, unsplit_tokens
+from genie_build.run_bundle import host_run
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,19 +21,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_bundle(args.bundle, args.prompt, args.max_new_tokens)
-    print(f"{args.prompt}{result.text}")
-    print(f"prompt: {len(result.prompt_ids)} tokens in {result.prompt_seconds:.3f} s; generated "
-          f"{len(result.new_ids)} tokens, {result.tokens_per_second:.1f} tokens/s; ids {list(result.new_ids)}")
-    report = {"prompt": args.prompt, "prompt_ids": list(result.prompt_ids), "new_ids": list(result.new_ids),
-              "text": result.text, "tokens_per_second": round(result.tokens_per_second, 1)}
-    if args.compare_with:
-        expected = unsplit_tokens(args.bundle, args.compare_with, result.prompt_ids, args.max_new_tokens)
-        if expected != list(result.new_ids):
-            raise GenieBuildError(args.bundle, f"the bundle's tokens {list(result.new_ids)} differ from the unsplit "
-                                               f"model's {expected} ({args.compare_with})")
+    result = host_run(args.bundle, args.prompt, args.max_new_tokens, compare_with=args.compare_with)
+    generation = result.generation
+    print(f"{args.prompt}{generation.text}")
+    print(f"prompt: {len(generation.prompt_ids)} tokens in {generation.prompt_seconds:.3f} s; generated "
+          f"{len(generation.new_ids)} tokens, {generation.tokens_per_second:.1f} tokens/s; ids "
+          f"{list(generation.new_ids)}")
+    if result.unsplit_ids is not None:
         print(f"equal to the unsplit model's tokens ({args.compare_with})")
-        report["unsplit_ids"] = expected
     if args.out:
-        write_json(args.out, report)
+        write_json(args.out, result.to_dict())
     return 0

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from genie_build.cli_args import boolean
-from genie_build.sizes import build_size_table, read_record, write_size_table
+from genie_build.sizes import size_table_from_records
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,7 +23,5 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    records = [read_record(path) for path in args.records]
-    table = build_size_table(records, args.baseline, strict=args.strict)
-    write_size_table(table, args.csv, args.md, args.png)
+    size_table_from_records(args.records, args.baseline, args.csv, args.md, args.png, strict=args.strict)
     return 0

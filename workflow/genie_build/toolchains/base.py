@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from genie_build.chipsets import Chipset
 from genie_build.errors import GenieBuildError
@@ -36,6 +36,42 @@ class GraphInfo:
 
 
 @dataclass(frozen=True)
+class AppliedOptions:
+    """The options a compiled binary says were applied; None: the binary does not say.
+
+    The reference container reports every field but ``vtcm_size``: the options as given, and the counts of
+    packable, packed and shared weights, so a reader can tell "not applied" from "nothing to pack". The SDK's
+    ``qnn-context-binary-utility`` reports only the O level and the VTCM size, per graph (graph name -> value).
+    On disk (the container's header, accounting records, metadata.yaml) it is :meth:`to_dict`'s mapping.
+    """
+
+    weights_packing: bool | None = None
+    packable_weights: int | None = None     # weights whose values fit 4 bits
+    packed_weights: int | None = None
+    weight_sharing_enabled: bool | None = None
+    shared_weights: int | None = None       # weights stored once for several graphs
+    optimization_type: int | dict[str, int] | None = None
+    vtcm_mb: int | None = None
+    vtcm_size: dict[str, int] | None = None
+    soc_model: int | None = None
+    dsp_arch: str | None = None
+    float_bitwidth: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields the binary reports, keys sorted (as the container's header stores them)."""
+        return {spec.name: getattr(self, spec.name) for spec in sorted(fields(self), key=lambda spec: spec.name)
+                if getattr(self, spec.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "applied_options") -> AppliedOptions:
+        """Raises: GenieBuildError: a key that is not a field."""
+        unknown = sorted(set(data) - {spec.name for spec in fields(cls)})
+        if unknown:
+            raise GenieBuildError(where, f"unknown applied options {unknown}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class BinaryInfo:
     """What a compiled context binary holds, read from the binary itself (never from the request)."""
 
@@ -45,7 +81,7 @@ class BinaryInfo:
     graphs: tuple[GraphInfo, ...]
     toolchain: str
     tool_version: str
-    applied_options: dict = field(default_factory=dict)  # options the binary says were applied
+    applied_options: AppliedOptions = field(default_factory=AppliedOptions)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
 CONTEXT_BINARY_UTILITY = "qnn-context-binary-utility"
 _QNN_DATATYPE = re.compile(r"^QNN_DATATYPE_([A-Z_]+?)_(\d+)$")
@@ -45,7 +45,8 @@ def binary_info_from_utility_json(document: object, binary_path: Path, file_byte
             if _is_count(blob.get(key)):
                 applied.setdefault(option, {})[graph.name] = blob[key]
     return BinaryInfo(path=str(binary_path), file_bytes=file_bytes, weight_bytes=0, graphs=graph_infos,
-                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")), applied_options=applied)
+                      toolchain=toolchain, tool_version=str(info.get("buildId", "unknown")),
+                      applied_options=AppliedOptions(**applied))
 
 
 def camel_case_keys(document: object) -> object:

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from google.protobuf.message import DecodeError
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
+from genie_build.onnx_graph import load_graph, stored_tensors
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
 from genie_build.toolchains.context_binary_json import CONTEXT_BINARY_UTILITY, binary_info_from_utility_json
 
@@ -245,8 +245,9 @@ def external_data_locations(onnx_path: Path) -> set[str]:
     Raises:
         GenieBuildError: the file is not a readable ONNX model.
     """
-    model = _load_structure(onnx_path)
-    return {entry.value for tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
+    model = load_graph(onnx_path)
+    return {entry.value for tensor in stored_tensors(model.graph)
+            if tensor.data_location == onnx.TensorProto.EXTERNAL
             for entry in tensor.external_data if entry.key == "location"}
 
 
@@ -257,7 +258,7 @@ def graph_inputs(onnx_path: Path) -> list[tuple[str, str]]:
     Raises:
         GenieBuildError: the file is not a readable ONNX model.
     """
-    model = _load_structure(onnx_path)
+    model = load_graph(onnx_path)
     return [(value.name, onnx.TensorProto.DataType.Name(value.type.tensor_type.elem_type).lower())
             for value in model.graph.input]
 
@@ -302,28 +303,6 @@ def require_output(produced: Path, producer: str) -> None:
         found = sorted(path.name for path in produced.parent.iterdir())
         raise GenieBuildError(producer, f"reported success but wrote no {produced.name} "
                                         f"(its directory holds: {', '.join(found) or 'nothing'})")
-
-
-def _load_structure(onnx_path: Path) -> onnx.ModelProto:
-    """The model without its external data (the graph, not the weights)."""
-    try:
-        return onnx.load(onnx_path, load_external_data=False)
-    except (OSError, DecodeError) as exc:
-        raise GenieBuildError(onnx_path, f"not a readable ONNX model: {exc}") from exc
-
-
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor stored in ``graph``: initializers and node attributes, recursing into subgraphs."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _tensors(subgraph)
 
 
 def _find_executable(root: Path, name: str) -> Path | None:

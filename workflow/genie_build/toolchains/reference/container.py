@@ -35,8 +35,9 @@ from genie_build import __version__
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open, copy_range
 from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, load_graph
-from genie_build.toolchains.base import BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
-from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, Quantization,
+                                                      quantized_weights)
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,
@@ -67,10 +68,39 @@ class _Graph:
 
 
 @dataclass(frozen=True)
+class WeightEntry:
+    """One stored tensor of the header's weight table (``docs/reference-container.md``): the graphs holding it,
+    how it is stored and where, at ``offset`` of the weight section."""
+
+    name: str
+    graphs: tuple[str, ...]
+    dtype: str                  # numpy dtype name of the values
+    shape: tuple[int, ...]
+    storage: str                # a raw code ("u8", "f16", ...) or one of _PACKED_STORAGE
+    packable_int4: bool         # the values fit 4 bits (the HTP packing rule), packed or not
+    offset: int
+    length: int
+    quantization: Quantization | None = None
+
+    def to_dict(self) -> dict:
+        record = {"name": self.name, "graphs": list(self.graphs), "dtype": self.dtype, "shape": list(self.shape),
+                  "storage": self.storage, "packable_int4": self.packable_int4, "offset": self.offset,
+                  "length": self.length}
+        return record if self.quantization is None else {**record, "quantization": self.quantization.to_dict()}
+
+    @classmethod
+    def from_dict(cls, record: dict) -> WeightEntry:
+        quantization = record.get("quantization")
+        return cls(**{**record, "graphs": tuple(record["graphs"]), "shape": tuple(record["shape"]),
+                      "quantization": None if quantization is None else Quantization.from_dict(quantization)})
+
+
+@dataclass(frozen=True)
 class _Layout:
     """Where a container's sections start, read from its preamble and header."""
 
     header: dict
+    weights: tuple[WeightEntry, ...]    # the header's weight table
     graph_section_start: int
     weight_section_start: int
     file_bytes: int
@@ -122,35 +152,33 @@ def _read_converted(name: str, path: Path) -> _Graph:
     return _Graph(name=name, path=path, model=model)
 
 
-def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: CompileOptions) -> list[dict]:
+def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: CompileOptions) -> list[WeightEntry]:
     """Write every graph's initializers to ``sink``, one at a time; return the weight table."""
-    entries: list[dict] = []
-    stored: dict[tuple, dict] = {}
+    entries: list[WeightEntry] = []
+    stored: dict[tuple, int] = {}  # index in entries
     for graph in graphs:
-        quantized = metadata_json(graph.model, QUANTIZED_WEIGHTS_KEY, {})
+        quantized = quantized_weights(graph.model)
         by_name = {tensor.name: tensor for tensor in graph.model.graph.initializer}
         for tensor in graph.model.graph.initializer:
             values = read_initializer(tensor, graph.path)
             quantization = quantized.get(tensor.name)
-            key = (tensor.name, values.dtype.str, values.shape, json.dumps(quantization, sort_keys=True),
+            key = (tensor.name, values.dtype.str, values.shape, quantization,
                    hashlib.sha256(values.tobytes()).hexdigest())
             if options.weight_sharing_enabled and key in stored:
-                stored[key]["graphs"].append(graph.name)
+                index = stored[key]
+                entries[index] = dataclasses.replace(entries[index], graphs=(*entries[index].graphs, graph.name))
                 continue
             zero_point = None
             if quantization is not None:
-                zero_point = read_initializer(by_name[quantization["zero_point"]], graph.path)
+                zero_point = read_initializer(by_name[quantization.zero_point], graph.path)
             storage, payload = _encode(values, quantization, zero_point, options.weights_packing, graph.path)
-            packable = _packable(values, quantization, zero_point)
             sink.write(b"\0" * _padding(sink.tell(), 1 if storage in _PACKED_STORAGE else values.dtype.itemsize))
-            entry = {"name": tensor.name, "graphs": [graph.name], "dtype": values.dtype.name,
-                     "shape": list(values.shape), "storage": storage, "packable_int4": packable,
-                     "offset": sink.tell(), "length": len(payload)}
-            if quantization is not None:
-                entry["quantization"] = quantization
+            stored[key] = len(entries)
+            entries.append(WeightEntry(name=tensor.name, graphs=(graph.name,), dtype=values.dtype.name,
+                                       shape=values.shape, storage=storage,
+                                       packable_int4=_packable(values, quantization, zero_point),
+                                       offset=sink.tell(), length=len(payload), quantization=quantization))
             sink.write(payload)
-            entries.append(entry)
-            stored[key] = entry
     return entries
 
 
@@ -170,11 +198,11 @@ def stored_nbytes(shape: Sequence[int], dtype: str, packed: bool = False) -> int
     return count * np.dtype(dtype).itemsize
 
 
-def _encode(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None, packing: bool,
+def _encode(values: np.ndarray, quantization: Quantization | None, zero_point: np.ndarray | None, packing: bool,
             where: Path) -> tuple[str, bytes]:
     """How one tensor is stored: ``(storage, bytes)``."""
     if packing and _packable(values, quantization, zero_point):
-        if quantization["bitwidth"] <= 4:
+        if quantization.bitwidth <= 4:
             return "packed4", pack_int4(values)
         return "packed4_signed", pack_int4(_signed_nibbles(values, quantization, zero_point))
     return _raw_storage(values.dtype.name, where), values.tobytes()
@@ -187,19 +215,19 @@ def _raw_storage(dtype: str, where: str | os.PathLike[str]) -> str:
     return _RAW_STORAGE[dtype]
 
 
-def _packable(values: np.ndarray, quantization: dict | None, zero_point: np.ndarray | None) -> bool:
+def _packable(values: np.ndarray, quantization: Quantization | None, zero_point: np.ndarray | None) -> bool:
     """The HTP packing rule: 4-bit weights, and "8-bit weights that are in the 4-bit range" (``q - zero
     point`` in [-8, 7]), can be stored as packed 4-bit.
 
     Each zero point is compared with the extremes of the values it applies to, so no tensor-sized
     temporary is made (an 8-bit embedding table is hundreds of MiB)."""
-    if quantization is None or quantization["bitwidth"] > 8:
+    if quantization is None or quantization.bitwidth > 8:
         return False
-    if quantization["bitwidth"] <= 4:
+    if quantization.bitwidth <= 4:
         return True
     if not values.size:
         return False
-    zero = same_rank_params(zero_point, values.shape, quantization["axis"]).astype(np.int64)
+    zero = same_rank_params(zero_point, values.shape, quantization.axis).astype(np.int64)
     low, high = _extremes_per_entry(values, zero.shape)
     return bool((low.astype(np.int64) - zero >= -8).all() and (high.astype(np.int64) - zero <= 7).all())
 
@@ -213,9 +241,9 @@ def _extremes_per_entry(values: np.ndarray, entries: tuple[int, ...]) -> tuple[n
     return grouped.min(axis=covered), grouped.max(axis=covered)
 
 
-def _signed_nibbles(values: np.ndarray, quantization: dict, zero_point: np.ndarray) -> np.ndarray:
+def _signed_nibbles(values: np.ndarray, quantization: Quantization, zero_point: np.ndarray) -> np.ndarray:
     """``q - zero_point + 8`` of :func:`_packable` 8-bit values, as uint8, computed a block of rows at a time."""
-    axis, rows = quantization["axis"], np.atleast_1d(values)
+    axis, rows = quantization.axis, np.atleast_1d(values)
     nibbles = np.empty(rows.shape, dtype=np.uint8)
     for block in row_blocks(rows.shape, zero_point, axis, BLOCK_VALUES):
         block_zero = params_of_rows(zero_point, rows.shape, axis, block)
@@ -233,7 +261,7 @@ def _structure(model: onnx.ModelProto) -> bytes:
     return stripped.SerializeToString(deterministic=True)
 
 
-def _header(graphs: list[_Graph], structures: list[bytes], entries: list[dict], weight_bytes: int,
+def _header(graphs: list[_Graph], structures: list[bytes], entries: list[WeightEntry], weight_bytes: int,
             options: CompileOptions) -> dict:
     graph_records, offset = [], 0
     for graph, structure in zip(graphs, structures):
@@ -242,10 +270,10 @@ def _header(graphs: list[_Graph], structures: list[bytes], entries: list[dict], 
                               "structure_length": len(structure)})
         offset += len(structure)
     return {"toolchain": TOOLCHAIN, "tool_version": __version__,
-            "applied_options": _applied_options(graphs, entries, options),
+            "applied_options": _applied_options(graphs, entries, options).to_dict(),
             "graphs": graph_records, "graph_section_bytes": offset,
             "weight_section": {"alignment": WEIGHT_SECTION_ALIGNMENT, "bytes": weight_bytes},
-            "weights": entries}
+            "weights": [entry.to_dict() for entry in entries]}
 
 
 def _graph_info(graph: _Graph) -> GraphInfo:
@@ -270,7 +298,7 @@ def _quant_info(encoding: dict | None) -> QuantInfo | None:
                      bitwidth=encoding["bitwidth"])
 
 
-def _applied_options(graphs: list[_Graph], entries: list[dict], options: CompileOptions) -> dict:
+def _applied_options(graphs: list[_Graph], entries: list[WeightEntry], options: CompileOptions) -> AppliedOptions:
     """What the container shows was done: packing and sharing are reported as applied when the compile
     applied their rule, with the counts of packable, packed and shared weights so a reader can tell "not
     applied" from "nothing to pack"; the device options are recorded as given (the reference does not tune)."""
@@ -278,13 +306,13 @@ def _applied_options(graphs: list[_Graph], entries: list[dict], options: Compile
     if len(float_bitwidths) > 1:
         raise GenieBuildError(graphs[0].path, f"the graphs were converted with different float bitwidths "
                                               f"{float_bitwidths}; convert them alike")
-    packed = sum(entry["storage"] in _PACKED_STORAGE for entry in entries)
-    shared = sum(len(entry["graphs"]) > 1 for entry in entries)
-    packable = sum(entry["packable_int4"] for entry in entries)
-    return {"weights_packing": options.weights_packing, "packable_weights": packable, "packed_weights": packed,
-            "weight_sharing_enabled": options.weight_sharing_enabled, "shared_weights": shared,
-            "optimization_type": options.optimization_type, "vtcm_mb": options.vtcm_mb,
-            "soc_model": options.soc_model, "dsp_arch": options.dsp_arch, "float_bitwidth": float_bitwidths[0]}
+    return AppliedOptions(
+        weights_packing=options.weights_packing, packable_weights=sum(entry.packable_int4 for entry in entries),
+        packed_weights=sum(entry.storage in _PACKED_STORAGE for entry in entries),
+        weight_sharing_enabled=options.weight_sharing_enabled,
+        shared_weights=sum(len(entry.graphs) > 1 for entry in entries),
+        optimization_type=options.optimization_type, vtcm_mb=options.vtcm_mb, soc_model=options.soc_model,
+        dsp_arch=options.dsp_arch, float_bitwidth=float_bitwidths[0])
 
 
 def _padding(position: int, alignment: int) -> int:
@@ -317,9 +345,8 @@ def read_graphs(path: str | os.PathLike[str]) -> dict[str, ContainerGraph]:
         for graph in layout.header["graphs"]:
             handle.seek(layout.graph_section_start + graph["structure_offset"])
             model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
-            indices = {entry["name"]: index for index, entry in enumerate(layout.header["weights"])
-                       if graph["name"] in entry["graphs"]}
-            entries = {name: layout.header["weights"][index] for name, index in indices.items()}
+            indices = {entry.name: index for index, entry in enumerate(layout.weights) if graph["name"] in entry.graphs}
+            entries = {name: layout.weights[index] for name, index in indices.items()}
             weights = {}
             for tensor in model.graph.initializer:
                 if tensor.name not in entries:
@@ -350,21 +377,21 @@ def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:
     return models
 
 
-def _decode(handle: BinaryIO, layout: _Layout, entries: dict[str, dict], name: str) -> np.ndarray:
+def _decode(handle: BinaryIO, layout: _Layout, entries: dict[str, WeightEntry], name: str) -> np.ndarray:
     """One tensor's values, unpacked from its storage, with no temporary wider than 2 bytes per value."""
     entry = entries[name]
-    handle.seek(layout.weight_section_start + entry["offset"])
-    payload = handle.read(entry["length"])
-    shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
-    if entry["storage"] == "packed4":
+    handle.seek(layout.weight_section_start + entry.offset)
+    payload = handle.read(entry.length)
+    shape, dtype = entry.shape, np.dtype(entry.dtype)
+    if entry.storage == "packed4":
         return unpack_int4(payload, math.prod(shape)).reshape(shape).astype(dtype, copy=False)
-    if entry["storage"] == "packed4_signed":
+    if entry.storage == "packed4_signed":
         # q - zero_point + 8 of a weight of at most 8 bits: q and the zero point fit int16
-        quantization = entry["quantization"]
-        zero_point = _decode(handle, layout, entries, quantization["zero_point"]).astype(np.int16)
+        quantization = entry.quantization
+        zero_point = _decode(handle, layout, entries, quantization.zero_point).astype(np.int16)
         signed = unpack_int4(payload, math.prod(shape)).reshape(shape).astype(np.int16)
         signed -= 8
-        signed += broadcast_params(zero_point, shape, quantization["axis"])
+        signed += broadcast_params(zero_point, shape, quantization.axis)
         return signed.astype(dtype)
     return np.frombuffer(payload, dtype=dtype).reshape(shape)
 
@@ -387,7 +414,8 @@ def inspect_container(path: str | os.PathLike[str]) -> BinaryInfo:
                              outputs=tuple(map(tensor, graph["outputs"]))) for graph in header["graphs"])
     return BinaryInfo(path=os.fspath(path), file_bytes=layout.file_bytes,
                       weight_bytes=header["weight_section"]["bytes"], graphs=graphs, toolchain=header["toolchain"],
-                      tool_version=header["tool_version"], applied_options=header["applied_options"])
+                      tool_version=header["tool_version"],
+                      applied_options=AppliedOptions.from_dict(header["applied_options"], os.fspath(path)))
 
 
 def read_header(path: str | os.PathLike[str]) -> dict:
@@ -420,8 +448,10 @@ def _read_layout(path: str | os.PathLike[str]) -> _Layout:
         raise GenieBuildError(path, f"reference container header is not valid JSON (truncated?): {exc}") from None
     try:
         graph_section_bytes, weight_bytes = int(header["graph_section_bytes"]), int(header["weight_section"]["bytes"])
+        weights = tuple(map(WeightEntry.from_dict, header["weights"]))
     except (KeyError, TypeError, ValueError) as exc:
-        raise GenieBuildError(path, f"reference container header lacks section sizes: {exc!r}") from None
+        raise GenieBuildError(path, f"reference container header lacks section sizes or a weight table: "
+                                    f"{exc!r}") from None
     graph_section_start = _PREAMBLE.size + header_length
     graph_section_end = graph_section_start + graph_section_bytes
     weight_section_start = graph_section_end + _padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT)
@@ -429,5 +459,5 @@ def _read_layout(path: str | os.PathLike[str]) -> _Layout:
     if file_bytes != expected:
         raise GenieBuildError(path, f"is {file_bytes} bytes but its header describes {expected} "
                                     "(truncated or corrupt reference container)")
-    return _Layout(header=header, graph_section_start=graph_section_start,
+    return _Layout(header=header, weights=weights, graph_section_start=graph_section_start,
                    weight_section_start=weight_section_start, file_bytes=file_bytes)

@@ -30,6 +30,7 @@ aligned; smaller ones stay inline.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import defaultdict
@@ -40,13 +41,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from genie_build.encodings import (Encodings, GraphTensors, TensorEncoding, WeightLayout, blocked_shape,
-                                   layout_of, read_encodings, read_graph_tensors, validate_against_model)
+from genie_build.encodings import (Encodings, TensorEncoding, blocked_shape, layout_of, read_encodings,
+                                   validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import check_external_data, graph_io, load_graph
-from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, read_initializer,
-                                                     set_metadata_json)
+from genie_build.onnx_graph import (GraphTensors, WeightLayout, check_external_data, graph_io, load_graph,
+                                    read_graph_tensors)
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, metadata_json,
+                                                     read_initializer, set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
 
@@ -61,13 +63,48 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """How convert stored one quantized weight: the record under :data:`QUANTIZED_WEIGHTS_KEY` (keyed by the
+    values tensor), which the container reads to pack and unpack the values. Tensor names, not arrays."""
+
+    weight: str                 # the original initializer
+    bitwidth: int               # of the stored values (:func:`stored_bitwidth`)
+    encoding: str               # the encoding's kind: per_tensor, per_channel, per_block, lpbq
+    axis: int | None            # the channel axis of the scale and zero point; None: per tensor
+    block_axis: int | None
+    block_size: int | None
+    scale: str
+    zero_point: str
+    block_int_scale: str | None = None           # LPBQ only: the per-block integer scales
+    block_int_scale_bitwidth: int | None = None  # LPBQ only
+
+    def to_dict(self) -> dict:
+        """The JSON record; the LPBQ-only keys appear for LPBQ alone."""
+        record = dataclasses.asdict(self)
+        return {key: value for key, value in record.items() if value is not None or key not in _LPBQ_ONLY}
+
+    @classmethod
+    def from_dict(cls, record: dict) -> Quantization:
+        return cls(**record)
+
+
+_LPBQ_ONLY = ("block_int_scale", "block_int_scale_bitwidth")
+
+
+def quantized_weights(model: onnx.ModelProto) -> dict[str, Quantization]:
+    """A converted model's :data:`QUANTIZED_WEIGHTS_KEY` record: values tensor name -> its quantization."""
+    return {name: Quantization.from_dict(record)
+            for name, record in metadata_json(model, QUANTIZED_WEIGHTS_KEY, {}).items()}
+
+
+@dataclass(frozen=True)
 class _Converted:
     """What one initializer becomes: initializers to write, the nodes that rebuild the original tensor
-    from them, and (for a quantized weight) the record for :data:`QUANTIZED_WEIGHTS_KEY`."""
+    from them, and (for a quantized weight) its :class:`Quantization`."""
 
     tensors: tuple[tuple[str, np.ndarray], ...]
     nodes: tuple[onnx.NodeProto, ...] = ()
-    quantization: dict | None = None
+    quantization: Quantization | None = None
 
 
 def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
@@ -105,7 +142,7 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
             initializers += [writer.add(name, array) for name, array in converted.tensors]
             rebuilds.append((tensor.name, converted.nodes))
             if converted.quantization is not None:
-                quantized[converted.tensors[0][0]] = converted.quantization
+                quantized[converted.tensors[0][0]] = converted.quantization.to_dict()
     _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
     _replace_weights(model.graph, initializers, rebuilds)
     _drop_exporter_annotations(model.graph)
@@ -168,9 +205,9 @@ def _dequantized(name: str, dtype: np.dtype, q: np.ndarray, scale: np.ndarray, z
     blocked = enc.kind in _BLOCKED
     grid = blocked_shape(name, q.shape, enc.block_size, layout) if blocked else None
     whole_blocks = blocked and q.ndim == 2  # DequantizeLinear's blocked scales have every other axis whole
-    extra: dict = {}
+    lpbq: dict = {}
     if enc.kind == "lpbq":
-        tensors, nodes, extra = _lpbq_tensors(name, output, q, enc, layout, grid)
+        tensors, nodes, lpbq = _lpbq_tensors(name, output, q, enc, layout, grid)
     elif opset >= 21 or (opset >= 13 and q.dtype != np.uint16 and not blocked):
         attributes = {"axis": axis} if enc.kind == "per_channel" else {}
         if blocked and whole_blocks:
@@ -186,9 +223,9 @@ def _dequantized(name: str, dtype: np.dtype, q: np.ndarray, scale: np.ndarray, z
     if output != name:
         nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(dtype)))
-    quantization = {"weight": name, "bitwidth": stored_bitwidth(enc), "encoding": enc.kind, "axis": axis,
-                    "block_axis": None if layout is None else layout.block_axis,
-                    "block_size": enc.block_size, "scale": scale_name, "zero_point": zero_point_name, **extra}
+    quantization = Quantization(weight=name, bitwidth=stored_bitwidth(enc), encoding=enc.kind, axis=axis,
+                                block_axis=None if layout is None else layout.block_axis, block_size=enc.block_size,
+                                scale=scale_name, zero_point=zero_point_name, **lpbq)
     return _Converted(tensors=tuple(tensors), nodes=tuple(nodes), quantization=quantization)
 
 

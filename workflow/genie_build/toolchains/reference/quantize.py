@@ -21,7 +21,8 @@ import math
 
 import numpy as np
 
-from genie_build.encodings import TensorEncoding, WeightLayout, blocked_shape
+from genie_build.encodings import TensorEncoding, blocked_shape
+from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
 
 # Values per block of rows that quantize works on at once: 16 MiB of float32 temporaries (float64 after the

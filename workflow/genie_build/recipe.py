@@ -1,0 +1,149 @@
+"""The precision recipe: bits per weight role (embedding, decoder layers, LM head), overridable per tensor-name
+pattern, and the shape-only encoding it gives each weight of a :mod:`genie_build.weight_inventory`. Recipe
+files and workflow configs are judged by one definition, the ``recipe`` section of the config schema.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import jsonschema
+import yaml
+
+from genie_build.config import DEFAULT_SCHEMA, read_schema
+from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
+from genie_build.errors import GenieBuildError
+from genie_build.weight_inventory import Weight
+
+_BLOCKED = ("per_block", "lpbq")
+Granularity = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """A recipe override: weights whose name matches ``pattern`` (fnmatch) get this encoding."""
+
+    pattern: str
+    bitwidth: int
+    dtype: Literal["int", "float"] = "int"
+    granularity: Granularity = "per_channel"
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Bits per weight role; overrides are tried first, in order. ``activations`` is recorded only:
+    activation encodings do not change the weight bytes. Float weights without an integer encoding
+    (norms, biases) are stored at ``float_bitwidth``. ``lpbq`` (AIMET's LPBQ) stores the role's bits as the
+    compressed width, twice that as the decompressed one: values, a float scale per channel and an integer
+    scale per block."""
+
+    layers: int = 4
+    embedding: int = 8
+    lm_head: int = 8
+    activations: int = 16
+    float_bitwidth: int = 16
+    granularity: Granularity = "per_channel"
+    block_size: int | None = None
+    overrides: tuple[WeightRule, ...] = ()
+
+
+@cache
+def recipe_schema() -> dict:
+    """The ``recipe`` section of the workflow's config schema (``genie_build/schema/config.schema.yaml``): recipe
+    files and workflow configs are judged by one definition.
+
+    Raises:
+        GenieBuildError: the schema file cannot be read.
+    """
+    try:
+        return read_schema()["properties"]["recipe"]
+    except (KeyError, TypeError) as exc:
+        raise GenieBuildError(DEFAULT_SCHEMA, f"cannot read the recipe section of the config schema: {exc}") from None
+
+
+def read_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """The ``recipe`` mapping of a YAML (or JSON) file, e.g. an estimate config (``config/qwen2_5_7b_*.yaml``).
+
+    Raises:
+        GenieBuildError: the file is unreadable, has no ``recipe``, or a field is invalid (named).
+    """
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise GenieBuildError(path, f"not valid YAML: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("recipe"), dict):
+        raise GenieBuildError(path, "expected a top-level 'recipe' mapping")
+    return recipe_from_dict(document["recipe"], os.fspath(path))
+
+
+def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
+    """A :class:`Recipe` from its mapping (keys as the dataclass fields).
+
+    Raises:
+        GenieBuildError: an unknown key, a bad value, a per-block rule without ``block_size``, or a float
+            override whose bitwidth is not 16 or 32.
+    """
+    try:
+        jsonschema.validate(data, recipe_schema())
+    except jsonschema.ValidationError as exc:
+        field = "/".join(str(key) for key in exc.absolute_path) or "top level"
+        raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
+    overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
+    recipe = Recipe(**{**data, "overrides": overrides})
+    if recipe.granularity in _BLOCKED and recipe.block_size is None:
+        raise GenieBuildError(where, f"recipe granularity: {recipe.granularity} needs a block_size")
+    for rule in overrides:
+        allowed = SUPPORTED_FLOAT_BITWIDTHS if rule.dtype == "float" else SUPPORTED_INT_BITWIDTHS
+        if rule.bitwidth not in allowed:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.dtype} bitwidth {rule.bitwidth} "
+                                         f"is not one of {allowed}")
+        if rule.dtype == "int" and rule.granularity in _BLOCKED and rule.block_size is None:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.granularity} needs a block_size")
+        if rule.dtype == "int" and rule.granularity == "lpbq" and 2 * rule.bitwidth not in SUPPORTED_INT_BITWIDTHS:
+            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: lpbq needs a bitwidth of 4, 8 or 16")
+    return recipe
+
+
+def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
+    """The shape-only encoding the recipe gives a weight (scales counted, not computed); None: float
+    weight stored at ``recipe.float_bitwidth``.
+
+    Per-channel scales run along the weight's channel axis (:meth:`Weight.axes`: its consumer's, AIMET's
+    rule), blocks along its block axis.
+
+    Raises:
+        GenieBuildError: a per-block rule on a weight that is not a whole number of blocks.
+    """
+    spec = weight.spec
+    rule = next((rule for rule in recipe.overrides if fnmatch.fnmatchcase(spec.name, rule.pattern)), None)
+    if rule is None and weight.role == "float":
+        return None
+    if rule is None:  # the role's bits: recipe.layers, recipe.embedding or recipe.lm_head
+        rule = WeightRule("", getattr(recipe, weight.role), granularity=recipe.granularity,
+                          block_size=recipe.block_size)
+    if rule.dtype == "float":
+        return TensorEncoding(spec.name, "float", rule.bitwidth)
+    layout = weight.axes()
+    if rule.granularity == "per_tensor":
+        count = 1
+    elif rule.granularity == "per_channel":
+        count = spec.shape[layout.channel_axis]
+    else:
+        blocks, channels = block_grid(spec.name, spec.shape, rule.block_size, layout)
+        count = blocks * channels
+    if rule.granularity == "lpbq":
+        return TensorEncoding(spec.name, "int", 2 * rule.bitwidth, "lpbq", is_symmetric=True,
+                              scale=(1.0,) * channels, offset=(-(2 ** (2 * rule.bitwidth - 1)),) * channels,
+                              block_size=rule.block_size, compressed_bitwidth=rule.bitwidth,
+                              per_block_int_scale=(1,) * count)
+    return TensorEncoding(spec.name, "int", rule.bitwidth, rule.granularity, is_symmetric=True,
+                          scale=(1.0,) * count, offset=(-(2 ** (rule.bitwidth - 1)),) * count,
+                          block_size=rule.block_size)

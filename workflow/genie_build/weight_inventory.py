@@ -1,0 +1,137 @@
+"""What the estimate knows of a model before any weight is read: every weight's name, declared shape and role
+(the precision recipe picks its bits by role), and the pieces (embedding, layer i, head) that use it.
+
+From an HF ``config.json`` (Qwen2, Llama or Mistral architecture) the weights are named and shaped as
+``docs/conventions.md`` says. From an ONNX graph loaded without its external data, every float initializer of
+rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph constants, which the size
+model counts per layer as the conventions' graph has them, so that a graph and its config estimate alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from genie_build.boundaries import find_boundaries
+from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, LM_HEAD_WEIGHT,
+                                     layer_output)
+from genie_build.demo import shape_from_hf_config
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json
+from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
+from genie_build.plan import initializer_pieces
+
+Role = Literal["embedding", "layers", "lm_head", "float"]
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A weight without values: its declared shape, the role that picks its precision, and the pieces
+    that use it (0 = embedding, i + 1 = layer i, L + 1 = head; a tied table is in two)."""
+
+    spec: InitializerSpec
+    role: Role
+    pieces: frozenset[int]
+    layout: WeightLayout | None = None  # its consumer's axes; None: those of the role's default op
+
+    def axes(self) -> WeightLayout:
+        """The channel and block axes: the consumer's, else a Gather table's for the embedding and an
+        ``[in, out]`` MatMul weight's otherwise."""
+        if self.layout is not None:
+            return self.layout
+        rank = len(self.spec.shape)
+        if rank < 2:
+            return WeightLayout(0, None)
+        return WeightLayout(0, 1) if self.role == "embedding" else WeightLayout(rank - 1, rank - 2)
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    """What the estimate knows about a model: its weights and its L + 1 boundary tensors."""
+
+    weights: tuple[Weight, ...]
+    boundaries: tuple[str, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.boundaries) - 1
+
+
+def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
+    """The weights of a Qwen2/Llama ``config.json``, named and shaped as ``docs/conventions.md`` says.
+
+    Raises:
+        GenieBuildError: the file is unreadable, a key is missing or invalid, or the architecture is not
+            one the conventions describe (an explicit ``head_dim`` other than hidden / heads included).
+    """
+    config = read_json(path)
+    where = os.fspath(path)
+    if not isinstance(config, dict):
+        raise GenieBuildError(where, "expected a JSON object (an HF config.json)")
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise GenieBuildError(where, f"model_type {model_type!r} is not supported "
+                                     f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    shape = shape_from_hf_config(config, ar=1, where=where)
+    if config.get("head_dim", shape.head_dim) != shape.head_dim:
+        raise GenieBuildError(where, f"head_dim {config['head_dim']} differs from hidden_size / "
+                                     f"num_attention_heads = {shape.head_dim}; not supported")
+    qkv_bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
+    o_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
+    mlp_bias = bool(config.get("mlp_bias", False))
+    hidden, inter, kv_width = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
+    head_piece = shape.layers + 1
+
+    def weight(name: str, dims: tuple[int, ...], role: Role, *pieces: int) -> Weight:
+        return Weight(InitializerSpec(name, dims, "float32", math.prod(dims) * 4), role, frozenset(pieces))
+
+    tied = bool(config.get("tie_word_embeddings", False))
+    weights = [weight(EMBED_WEIGHT, (shape.vocab, hidden), "embedding", 0, *((head_piece,) if tied else ()))]
+    for i in range(shape.layers):
+        prefix, piece = f"model.layers.{i}", i + 1
+        projections = (("self_attn.q_proj", hidden, hidden, qkv_bias), ("self_attn.k_proj", hidden, kv_width, qkv_bias),
+                       ("self_attn.v_proj", hidden, kv_width, qkv_bias), ("self_attn.o_proj", hidden, hidden, o_bias),
+                       ("mlp.gate_proj", hidden, inter, mlp_bias), ("mlp.up_proj", hidden, inter, mlp_bias),
+                       ("mlp.down_proj", inter, hidden, mlp_bias))
+        for module, fan_in, fan_out, bias in projections:
+            weights.append(weight(f"{prefix}.{module}.weight", (fan_in, fan_out), "layers", piece))
+            if bias:
+                weights.append(weight(f"{prefix}.{module}.bias", (fan_out,), "float", piece))
+        weights += [weight(f"{prefix}.{norm}.weight", (hidden,), "float", piece)
+                    for norm in ("input_layernorm", "post_attention_layernorm")]
+    weights.append(weight(FINAL_NORM_WEIGHT, (hidden,), "float", head_piece))
+    if not tied:
+        weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
+    boundaries = (EMBEDDING_BOUNDARY, *(layer_output(i) for i in range(shape.layers)))
+    return ModelWeights(tuple(weights), boundaries)
+
+
+def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | None = None) -> ModelWeights:
+    """The weights of an ONNX graph (read without its external data) and the pieces using each.
+
+    A float initializer of rank >= 1 is a weight: a 2-D one is the ``embedding`` when the embedding piece
+    uses it, else ``lm_head`` in the head and ``layers`` in a layer; the others are ``float``.
+
+    Raises:
+        GenieBuildError: the graph cannot be read or its boundaries not found.
+    """
+    model = load_graph(path)
+    found = find_boundaries(model, path, boundaries)
+    owners = initializer_pieces(model, found)
+    head_piece = len(found)
+    specs = initializer_specs(model)
+    layouts = consumer_layouts([model.graph], {name: tuple(spec.shape) for name, spec in specs.items()})
+    weights = []
+    for name, spec in specs.items():
+        if name not in owners or not spec.shape or "float" not in spec.dtype:  # float16, bfloat16, float8...
+            continue
+        pieces = owners[name]
+        role: Role = "float"
+        if len(spec.shape) == 2:
+            role = "embedding" if 0 in pieces else "lm_head" if pieces == {head_piece} else "layers"
+        weights.append(Weight(spec, role, pieces, layouts.get(name)))
+    return ModelWeights(tuple(weights), found)
