@@ -50,6 +50,7 @@ LPBQ_BLOCK_SIZE = 64          # AIMET's LLM LPBQ recipe and AI Hub's LPBQ export
 LPBQ_DECOMPRESSED_BITWIDTH = 8
 WEIGHT_OP_TYPES = ("Gemm", "MatMul", "Conv")
 DEFAULT_NUM_SAMPLES = 8
+AIMET_OUTPUT_SUFFIX = "_updated"
 _PASS_THROUGH = ("Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
 
 ForwardPass = Callable[[Any], None]   # runs calibration feeds through an onnxruntime session
@@ -131,26 +132,33 @@ def calibrate_prompt(prompt_path: str | Path, recipe: Recipe, forward_pass: Forw
             leaves a weight reaching its op through a Cast unquantized), or a weight does not split into LPBQ
             blocks.
     """
-    quantsim, llm_configurator = _aimet()
     path = Path(prompt_path)
     graph = load_graph(path)
     check_external_data(graph, path)
     if any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in graph.graph.initializer):
-        raise GenieBuildError(path, "aimet-onnx needs float32 weights (for the demo: demo.weight_dtype float32): it "
-                                    "does not quantize a float16 weight reaching its op through a Cast")
+        raise GenieBuildError(path, "float16 weights: aimet-onnx does not quantize a weight reaching its op "
+                                    "through a Cast; export float32 weights (the demo needs demo.weight_dtype float32)")
     lm_head_node, lm_head = lm_head_weight(graph.graph, path)
     kv_io = kv_cache_io(graph.graph)
     del graph
     with tempfile.TemporaryDirectory(prefix="genie-build-aimet-") as scratch:
-        sim = quantsim.QuantizationSimModel(onnx.load(path), param_type=recipe.param_type,
-                                            activation_type=ACTIVATION_TYPE, config_file=HTP_CONFIG,
-                                            path=str(Path(scratch) / "sim"))
-        if recipe.lpbq:
-            _set_lpbq(quantsim, sim, lm_head_node, path)
-        llm_configurator._apply_int8_kv_cache_tying_and_lm_head(sim, kv_io, lm_head)
+        sim = recipe_sim(onnx.load(path), recipe, lm_head_node, lm_head, kv_io, path, Path(scratch) / "sim")
         sim.compute_encodings(forward_pass)
         sim.export(scratch, "prompt", encoding_version="1.0.0", export_model=False)
         return read_encodings(Path(scratch) / "prompt.encodings")
+
+
+def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head_node: str, lm_head: str, kv_io: Mapping[str, str],
+               where: Path, scratch: Path) -> Any:
+    """An uncalibrated ``QuantizationSimModel`` of ``model`` set up by ``recipe`` and AIMET's LLM recipe
+    (``scratch``: where AIMET keeps the weights of a model too large for one protobuf)."""
+    quantsim, llm_configurator = _aimet()
+    sim = quantsim.QuantizationSimModel(model, param_type=recipe.param_type, activation_type=ACTIVATION_TYPE,
+                                        config_file=HTP_CONFIG, path=str(scratch))
+    if recipe.lpbq:
+        _set_lpbq(quantsim, sim, lm_head_node, where)
+    llm_configurator._apply_int8_kv_cache_tying_and_lm_head(sim, dict(kv_io), lm_head)
+    return sim
 
 
 def _set_lpbq(quantsim: Any, sim: Any, lm_head_node: str, path: Path) -> None:
@@ -305,16 +313,28 @@ def text_forward_pass(shape: FeedShape, ids: np.ndarray, num_samples: int) -> Fo
             if past_len > past:
                 caches = {name: np.zeros_like(cache) for name, cache in caches.items()}
                 past_len = 0
-            cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + shape.ar))
-            feed = {INPUT_IDS: window[None].astype(shape.ids_dtype), MASK: causal_mask(shape.ar, shape.context,
-                                                                                     past_len),
-                    POS_COS: cos, POS_SIN: sin, **caches}
-            outputs = dict(zip([output.name for output in session.get_outputs()], session.run(None, feed)))
+            feed = genie_feed(shape, window, past_len, caches)
+            outputs = session_outputs(session, feed)
             for name in caches:
                 write_new_entries(caches[name], outputs[kv_name(*_kv_kind_layer(name), "out")], name, past_len)
             past_len += shape.ar
 
     return run
+
+
+def genie_feed(shape: FeedShape, window: np.ndarray, past_len: int, caches: Mapping[str, np.ndarray]
+               ) -> dict[str, np.ndarray]:
+    """The prompt graph's feed for ``window`` (AR token ids) after ``past_len`` cached tokens."""
+    cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + shape.ar))
+    return {INPUT_IDS: np.asarray(window)[None].astype(shape.ids_dtype),
+            MASK: causal_mask(shape.ar, shape.context, past_len), POS_COS: cos, POS_SIN: sin, **caches}
+
+
+def session_outputs(session: Any, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a sim's session: its outputs by the graph's output names (AIMET renames a quantized output
+    ``<name>_updated``, aimet_onnx quantsim ``_insert_quantizer``)."""
+    names = [output.name for output in session.get_outputs()]
+    return {name.removesuffix(AIMET_OUTPUT_SUFFIX): value for name, value in zip(names, session.run(None, dict(feed)))}
 
 
 def _kv_kind_layer(name: str) -> tuple[str, int]:
