@@ -309,7 +309,17 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
     assert not (tmp_path / "out" / "prompt.encodings.json").exists()
 
 
-def test_bad_corpus_and_recipe_are_one_line_errors(pair, tmp_path):
+def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
+    from genie_build.demo import DemoShape, generate_demo
+    from genie_build.quantize import calibrate_prompt, feeds_forward_pass
+
+    generate_demo(DemoShape(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=96, vocab=300, context=8, ar=2),
+                  tmp_path)
+    with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):
+        calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16-lpbq"], feeds_forward_pass([]))
+
+
+def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     args = [sys.executable, "-m", "genie_build", "quantize", "--prompt", str(pair / "prompt.onnx"),
@@ -371,17 +381,15 @@ def test_the_rule_reruns_alone_on_a_changed_recipe_or_corpus(tmp_path):
     assert first.params["lm_head.weight"].bitwidth == 8
 
     def planned(config_file: Path) -> set[str]:
-        result = run_snakemake(workdir, "-s", "Quantize.smk", "-n", "--quiet", "rules", *targets,
-                               config_file=config_file)
-        return {line.split()[0] for line in result.stdout.splitlines()
-                if line.strip() and line.split()[0] in ("quantize_encodings", "generate_demo_model",
-                                                        "train_demo_tokenizer", "calibrate_demo_encodings")}
+        result = run_snakemake(workdir, "-s", "Quantize.smk", "-n", *targets, config_file=config_file)
+        return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.MULTILINE))
 
     assert planned(config) == set()
     assert planned(write_config(workdir, {**SMALL_DEMO, "quantize": {"recipe": "w8a16", "num_samples": 2}},
                                 name="w8.yaml")) == {"quantize_encodings"}
     corpus = workdir / "resources" / "calibration_corpus.txt"
-    corpus.write_text(corpus.read_text(encoding="utf-8") + "\nAnd it came to pass.\n", encoding="utf-8")
+    corpus.write_text("And it came to pass, when men began to multiply on the face of the earth.\n"
+                      + corpus.read_text(encoding="utf-8"), encoding="utf-8")   # the first windows change
     assert planned(config) == {"quantize_encodings"}
     run_snakemake(workdir, "-s", "Quantize.smk", *targets, config_file=config)
     assert read_encodings(workdir / targets[0]) != first

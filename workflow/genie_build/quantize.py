@@ -5,7 +5,7 @@ One AIMET driver for every caller (the ``quantize`` command and the demo's ``dem
 1. The prompt graph becomes a ``QuantizationSimModel(param_type=..., activation_type="int16",
    config_file="htp_v79")``: 16-bit activations, 4- or 8-bit per-channel weights (``w4a16``, ``w8a16``), or
    LPBQ (``w4a16-lpbq``: 4-bit blocks of :data:`LPBQ_BLOCK_SIZE` input channels whose scales are 8-bit integer
-   multiples of one float scale per output channel; ``set_grouped_blockwise_quantization_for_weights``).
+   multiples of one float scale per output channel; ``set_lpbq_for_params``).
 2. AIMET's own LLM recipe, ``aimet_onnx.llm_configurator.llm_configurator._apply_int8_kv_cache_tying_and_lm_head``
    (what AI Hub Models' w4a16 applies): KV cache inputs and outputs 8-bit symmetric, each layer's ``_in`` and
    ``_out`` tied to one quantizer (with the Concat that joins them), the LM head weight 8-bit per channel, and
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 ACTIVATION_TYPE = "int16"
 HTP_CONFIG = "htp_v79"
 LPBQ_BLOCK_SIZE = 64          # AIMET's LLM LPBQ recipe and AI Hub's LPBQ exports (block_size 64)
-LPBQ_DECOMPRESSED_BITWIDTH = 8
 WEIGHT_OP_TYPES = ("Gemm", "MatMul", "Conv")
 DEFAULT_NUM_SAMPLES = 8
 AIMET_OUTPUT_SUFFIX = "_updated"
@@ -164,9 +163,9 @@ def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head_node: str, lm_hea
 def _set_lpbq(quantsim: Any, sim: Any, lm_head_node: str, path: Path) -> None:
     """LPBQ for every backbone weight (the LM head stays 8-bit per channel, as AIMET's recipe sets it)."""
     try:
-        quantsim.set_grouped_blockwise_quantization_for_weights(
-            sim, WEIGHT_OP_TYPES, bitwidth=4, decompressed_bw=LPBQ_DECOMPRESSED_BITWIDTH,
-            block_size=LPBQ_BLOCK_SIZE, strict=True, nodes_to_exclude=[lm_head_node])
+        # 4-bit values, 8-bit (twice the bitwidth) per-block integer scales
+        quantsim.set_lpbq_for_params(sim, 4, LPBQ_BLOCK_SIZE, op_types=set(WEIGHT_OP_TYPES),
+                                     nodes_to_exclude={lm_head_node}, strict=True)
     except (RuntimeError, ValueError) as exc:
         raise GenieBuildError(path, f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}: {exc}") from None
 
