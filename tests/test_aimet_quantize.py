@@ -46,6 +46,7 @@ else:
 from aimet_onnx.quantsim import load_encodings_to_sim  # noqa: E402
 from aimet_onnx.utils import disable_quantizers  # noqa: E402
 from test_aimet import converted_weights, count_one_step_ties, largest_step  # noqa: E402
+from test_real_exports import demo_sources, user_workdir  # noqa: E402
 
 CORPUS = REPO / "resources" / "calibration_corpus.txt"
 NUM_SAMPLES = 12   # past = 56, AR 8: 8 windows per sequence, so the cache fills and a second sequence starts
@@ -57,19 +58,8 @@ WEIGHTS_ONLY_LOGITS_ATOL = 2e-3
 FULL_SIM_LOGITS_ATOL = 3e-2
 
 
-def demo_pair(out: Path) -> Path:
-    """The small demo's float graphs, config.json and a tokenizer trained on the repository's text."""
-    from genie_build.demo import DemoShape, generate_demo
-
-    shape = SMALL_DEMO["demo"]
-    generate_demo(DemoShape(**{key: value for key, value in shape.items() if key != "seed"}), out)
-    subprocess.run([sys.executable, "-m", "genie_build", "train-tokenizer", "--corpus",
-                    str(REPO / "resources" / "tokenizer_corpus.txt"), "--vocab", str(shape["vocab"]),
-                    "--out", str(out / "tokenizer.json")], check=True, capture_output=True)
-    return out
-
-
-PAIRS: dict[str, Callable[[Path], Path]] = {"demo": demo_pair}
+# the small demo's float graphs, config.json and a tokenizer trained on the repository's text
+PAIRS: dict[str, Callable[[Path], Path]] = {"demo": demo_sources}
 
 
 @pytest.fixture(scope="module", params=list(PAIRS))
@@ -96,7 +86,8 @@ def backbone_weights(graph: onnx.GraphProto) -> set[str]:
     initializers = {tensor.name for tensor in graph.initializer}
     transposed = {node.output[0]: node.input[0] for node in graph.node
                   if node.op_type == "Transpose" and node.input[0] in initializers}
-    weights = {transposed.get(node.input[1], node.input[1]) for node in graph.node if node.op_type in ("MatMul", "Gemm")}
+    weights = {transposed.get(node.input[1], node.input[1]) for node in graph.node
+               if node.op_type in ("MatMul", "Gemm")}
     return (weights & initializers) - {lm_head_weight(graph, "graph")[1]}
 
 
@@ -284,7 +275,8 @@ def test_each_window_sees_the_cache_the_windows_before_it_wrote(pair):
         k = index % per_sequence
         past_len = k * shape.ar
         np.testing.assert_array_equal(feed["input_ids"][0], ids[index * shape.ar:(index + 1) * shape.ar])
-        assert (feed["attention_mask"][0, 0, :past_len] == 0).all() and (feed["attention_mask"][0, 0, past_len:-shape.ar] < 0).all()
+        mask = feed["attention_mask"][0, 0]
+        assert (mask[:past_len] == 0).all() and (mask[past_len:-shape.ar] < 0).all()
         # columns written by window j of this sequence hold j's outputs (its call number); the rest are empty
         written = np.repeat(np.arange(index - k + 1, index + 1), shape.ar)[:past_len]
         np.testing.assert_array_equal(feed[key][0, 0, 0, :past_len], written)
@@ -319,6 +311,13 @@ def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
         calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16-lpbq"], feeds_forward_pass([]))
 
 
+def test_the_stage_without_aimet_onnx_names_what_is_missing(pair, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # import fails as if not installed
+    with pytest.raises(GenieBuildError, match="^quantize: aimet needs aimet-onnx, which is not installed"):
+        run_quantize(pair, "w4a16", tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -342,8 +341,6 @@ def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
 @pytest.mark.workflow
 def test_the_quantized_pair_builds_a_bundle_that_passes_check_bundle(pair, quantized, tmp_path):
     """The encodings as a user model's: slice_encodings, the bundle's shared-quantization checks and the host run."""
-    from test_real_exports import user_workdir
-
     recipe = "w4a16-lpbq"
     exports = tmp_path / "exports"
     exports.mkdir()

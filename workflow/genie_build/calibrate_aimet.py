@@ -11,7 +11,7 @@ from pathlib import Path
 from genie_build.calibrate import calibration_feeds, graph_shape
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
-from genie_build.quantize import RECIPES, feeds_forward_pass, quantize_pair
+from genie_build.quantize import RECIPES, feeds_forward_pass, quantize_pair, require_aimet
 
 DEMO_RECIPE = "w4a16"
 
@@ -24,6 +24,7 @@ def calibrate_with_aimet(prompt_path: str | Path, token_path: str | Path, out_pr
         GenieBuildError: aimet-onnx is not installed, a graph or the config is missing or does not match, the
             weights are float16, or ``num_samples < 1``.
     """
+    require_aimet("demo.calibrator")
     if num_samples < 1:
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")
     prompt = Path(prompt_path)

@@ -113,13 +113,18 @@ def kv_cache_io(graph: onnx.GraphProto) -> dict[str, str]:
 
 # --- the AIMET driver --------------------------------------------------------------------------------------
 
-def _aimet() -> Any:
+def require_aimet(where: str = "quantize") -> tuple[Any, Any]:
+    """aimet-onnx's ``quantsim`` and ``llm_configurator`` modules.
+
+    Raises:
+        GenieBuildError: aimet-onnx is not installed (at ``where``: the option or command that asked for it).
+    """
     try:
-        from aimet_onnx import quantsim
-        from aimet_onnx.llm_configurator import llm_configurator
+        import aimet_onnx.llm_configurator.llm_configurator as llm_configurator
+        import aimet_onnx.quantsim as quantsim
     except ImportError:
-        raise GenieBuildError("quantize", "needs aimet-onnx, which is not installed "
-                                          "(pip install --no-deps -r envs/requirements-aimet.txt)") from None
+        raise GenieBuildError(where, "aimet needs aimet-onnx, which is not installed "
+                                     "(pip install --no-deps -r envs/requirements-aimet.txt)") from None
     return quantsim, llm_configurator
 
 
@@ -151,7 +156,7 @@ def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head_node: str, lm_hea
                where: Path, scratch: Path) -> Any:
     """An uncalibrated ``QuantizationSimModel`` of ``model`` set up by ``recipe`` and AIMET's LLM recipe
     (``scratch``: where AIMET keeps the weights of a model too large for one protobuf)."""
-    quantsim, llm_configurator = _aimet()
+    quantsim, llm_configurator = require_aimet()
     sim = quantsim.QuantizationSimModel(model, param_type=recipe.param_type, activation_type=ACTIVATION_TYPE,
                                         config_file=HTP_CONFIG, path=str(scratch))
     if recipe.lpbq:
@@ -364,6 +369,7 @@ def quantize(prompt_path: str | Path, token_path: str | Path, out_prompt: str | 
         GenieBuildError: a bad recipe, ``num_samples < 1``, or any of the problems of :func:`feed_shape`,
             :func:`corpus_token_ids`, :func:`calibrate_prompt` and :func:`token_encodings`.
     """
+    require_aimet()
     chosen = recipe_named(recipe)
     if num_samples < 1:
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")

@@ -18,7 +18,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--corpus", required=True, help="calibration text (UTF-8)")
     parser.add_argument("--recipe", required=True, choices=sorted(stage.RECIPES), help="docs/quantize.md")
     parser.add_argument("--num-samples", type=int, default=stage.DEFAULT_NUM_SAMPLES,
-                        help=f"calibration windows of the prompt graph's AR tokens (default {stage.DEFAULT_NUM_SAMPLES})")
+                        help="calibration windows of the prompt graph's AR tokens "
+                             f"(default {stage.DEFAULT_NUM_SAMPLES})")
     parser.add_argument("--out-prompt", required=True, help="the prompt graph's encodings (AIMET 1.0.0 .json)")
     parser.add_argument("--out-token", required=True, help="the token graph's encodings (AIMET 1.0.0 .json)")
     return parser
