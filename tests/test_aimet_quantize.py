@@ -112,7 +112,7 @@ def test_the_encodings_are_what_the_recipe_says(pair, quantized, recipe):
     assert (lm_head.kind, lm_head.bitwidth) == ("per_channel", 8)
 
     kv_io = kv_cache_io(graph)
-    assert len(kv_io) == 2 * SMALL_DEMO["demo"]["layers"]
+    assert len(kv_io) == 2 * json.loads((pair / "config.json").read_text())["num_hidden_layers"]
     for cache_in, cache_out in kv_io.items():
         enc_in, enc_out = prompt.activations[cache_in], prompt.activations[cache_out]
         assert (enc_in.bitwidth, enc_in.is_symmetric) == (8, True)

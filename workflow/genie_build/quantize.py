@@ -175,7 +175,7 @@ def _set_lpbq(quantsim: Any, sim: Any, lm_head_node: str, path: Path) -> None:
         raise GenieBuildError(path, f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}: {exc}") from None
 
 
-def tie_kv_cache(enc: Encodings, tensor_names: set[str] | frozenset[str]) -> Encodings:
+def copy_kv_input_encodings(enc: Encodings, tensor_names: set[str] | frozenset[str]) -> Encodings:
     """Each ``past_{key,value}_{i}_out`` of the graph (``tensor_names``) with the encoding of its ``_in``: the
     two share one quantizer in AIMET, but AIMET exports it under the input's name only (the output is made by a
     data-movement op)."""
@@ -208,7 +208,7 @@ def token_encodings(prompt_enc: Encodings, prompt_path: Path, token_path: Path) 
                                           "model so that they name their tensors alike")
     empty = Encodings(activations={}, params={}, quantizer_args=dict(prompt_enc.quantizer_args),
                       header=prompt_enc.header, version=prompt_enc.version)
-    return tie_kv_cache(share_encodings(prompt_enc, empty, token_names), token_names)
+    return copy_kv_input_encodings(share_encodings(prompt_enc, empty, token_names), token_names)
 
 
 def quantize_pair(prompt_path: str | Path, token_path: str | Path, out_prompt: str | Path, out_token: str | Path,
@@ -216,7 +216,7 @@ def quantize_pair(prompt_path: str | Path, token_path: str | Path, out_prompt: s
     """Quantize the prompt graph (:func:`calibrate_prompt`), give the token graph its encodings, write both."""
     paths = Path(prompt_path), Path(token_path)
     prompt = calibrate_prompt(paths[0], recipe, forward_pass)
-    prompt = tie_kv_cache(prompt, read_graph_tensors(paths[0]).tensor_names)
+    prompt = copy_kv_input_encodings(prompt, read_graph_tensors(paths[0]).tensor_names)
     token = token_encodings(prompt, *paths)
     for enc, out in ((prompt, out_prompt), (token, out_token)):
         write_encodings(out, enc)
