@@ -188,8 +188,8 @@ def copy_kv_input_encodings(enc: Encodings, tensor_names: set[str] | frozenset[s
     return replace(enc, activations=activations)
 
 
-def token_encodings(prompt_enc: Encodings, prompt_path: Path, token_path: Path) -> Encodings:
-    """The prompt graph's encodings of the tensors the token graph has.
+def shared_token_tensors(prompt_path: Path, token_path: Path) -> frozenset[str]:
+    """The token graph's tensor names, checked to be the prompt graph's where they need an encoding.
 
     Raises:
         GenieBuildError: the token graph has a float tensor (activation or initializer) that the prompt graph
@@ -198,7 +198,6 @@ def token_encodings(prompt_enc: Encodings, prompt_path: Path, token_path: Path) 
     token = load_graph(token_path)
     check_external_data(token, token_path)
     prompt_names = read_graph_tensors(prompt_path).tensor_names
-    token_names = read_graph_tensors(token_path).tensor_names
     floats = set(float_activations(token)) | {tensor.name for tensor in token.graph.initializer
                                               if tensor.data_type == onnx.TensorProto.FLOAT}
     missing = sorted(floats - prompt_names)
@@ -206,6 +205,11 @@ def token_encodings(prompt_enc: Encodings, prompt_path: Path, token_path: Path) 
         raise GenieBuildError(token_path, f"tensors {missing[:3]} ({len(missing)} in all) are not in the prompt "
                                           "graph, so they have no encoding to share; export both graphs from one "
                                           "model so that they name their tensors alike")
+    return read_graph_tensors(token_path).tensor_names
+
+
+def token_encodings(prompt_enc: Encodings, token_names: frozenset[str]) -> Encodings:
+    """The prompt graph's encodings of the tensors the token graph has (``token_names``)."""
     empty = Encodings(activations={}, params={}, quantizer_args=dict(prompt_enc.quantizer_args),
                       header=prompt_enc.header, version=prompt_enc.version)
     return copy_kv_input_encodings(share_encodings(prompt_enc, empty, token_names), token_names)
@@ -213,11 +217,17 @@ def token_encodings(prompt_enc: Encodings, prompt_path: Path, token_path: Path) 
 
 def quantize_pair(prompt_path: str | Path, token_path: str | Path, out_prompt: str | Path, out_token: str | Path,
                   *, recipe: Recipe, forward_pass: ForwardPass) -> tuple[Encodings, Encodings]:
-    """Quantize the prompt graph (:func:`calibrate_prompt`), give the token graph its encodings, write both."""
-    paths = Path(prompt_path), Path(token_path)
-    prompt = calibrate_prompt(paths[0], recipe, forward_pass)
-    prompt = copy_kv_input_encodings(prompt, read_graph_tensors(paths[0]).tensor_names)
-    token = token_encodings(prompt, *paths)
+    """Quantize the prompt graph (:func:`calibrate_prompt`), give the token graph its encodings, write both.
+
+    Raises:
+        GenieBuildError: the problems of :func:`shared_token_tensors` (checked before AIMET runs) and
+            :func:`calibrate_prompt`.
+    """
+    prompt_path, token_path = Path(prompt_path), Path(token_path)
+    token_names = shared_token_tensors(prompt_path, token_path)
+    prompt = calibrate_prompt(prompt_path, recipe, forward_pass)
+    prompt = copy_kv_input_encodings(prompt, read_graph_tensors(prompt_path).tensor_names)
+    token = token_encodings(prompt, token_names)
     for enc, out in ((prompt, out_prompt), (token, out_token)):
         write_encodings(out, enc)
         logger.info("%s: %d activation and %d param encodings (%s)", out, len(enc.activations),
@@ -367,7 +377,7 @@ def quantize(prompt_path: str | Path, token_path: str | Path, out_prompt: str | 
 
     Raises:
         GenieBuildError: a bad recipe, ``num_samples < 1``, or any of the problems of :func:`feed_shape`,
-            :func:`corpus_token_ids`, :func:`calibrate_prompt` and :func:`token_encodings`.
+            :func:`corpus_token_ids` and :func:`quantize_pair`.
     """
     require_aimet()
     chosen = recipe_named(recipe)
