@@ -25,5 +25,5 @@ rule quantize_encodings:
     shell:
         "{params.python} -m genie_build quantize --prompt {input.prompt:q} --token {input.token:q}"
         " --hf-config {input.hf_config:q} --tokenizer {input.tokenizer:q} --corpus {input.corpus:q}"
-        " --recipe {params.recipe} --num-samples {params.num_samples}"
+        " --recipe {params.recipe:q} --num-samples {params.num_samples:q}"
         " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"
