@@ -18,6 +18,7 @@ include: "workflow/rules/common.smk"
 if SOURCE_KIND == "hf":
 
     include: "workflow/rules/export.smk"
+    include: "workflow/rules/quantize.smk"
 
 else:
 

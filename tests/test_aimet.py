@@ -107,9 +107,10 @@ def aimet_export(model: onnx.ModelProto, recipe: str, feeds: list[dict], out: Pa
     return truth, exports
 
 
-def converted_weights(export: Path, names: list[str], feeds: dict, out: Path) -> dict[str, np.ndarray]:
-    """The weights the reference toolchain's converted graph hands its nodes."""
-    convert_model(export / "model.onnx", export / "model.encodings", out, graph_name="g", float_bitwidth=32)
+def converted_weights(model_path: Path, encodings_path: Path, names: list[str], feeds: dict, out: Path
+                      ) -> dict[str, np.ndarray]:
+    """The weights the reference toolchain's converted graph hands its nodes, with the graph's outputs."""
+    convert_model(model_path, encodings_path, out, graph_name="g", float_bitwidth=32)
     model = onnx.load(out)
     model.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -151,7 +152,8 @@ def compare_with_aimet(model, truth, exports, feed, recipe, tmp_path) -> tuple[i
                 if tensor.data_type == TensorProto.FLOAT}
     compared = ties = 0
     for version, export in exports.items():
-        ours = converted_weights(export, list(original), feed, tmp_path / f"converted_{version}.onnx")
+        ours = converted_weights(export / "model.onnx", export / "model.encodings", list(original), feed,
+                                 tmp_path / f"converted_{version}.onnx")
         stated = encodings_by_name(export / "model.encodings")
         for name, value in original.items():
             expected = truth.get(name, value)

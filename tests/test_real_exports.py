@@ -368,7 +368,8 @@ def test_per_tensor_weights_convert_to_aimets_own_in_every_format(param_type, tm
         export = tmp_path / version
         encodings = read_encodings(export / "model.encodings")
         assert {encodings.of_initializer(name).kind for name in weights} == {"per_tensor"}
-        ours = converted_weights(export, list(weights), feeds[0], tmp_path / f"converted_{version}.onnx")
+        ours = converted_weights(export / "model.onnx", export / "model.encodings", list(weights), feeds[0],
+                                 tmp_path / f"converted_{version}.onnx")
         for name in weights:
             compared += truth[name].size
             ties += count_one_step_ties(ours[name], truth[name], largest_step(export / "model.encodings", name))
