@@ -1,5 +1,5 @@
-"""Memory and time of the Hugging Face stages on a checkpoint of at least 2 GB: ``export-hf`` (and ``quantize``
-when that command exists), each run as ``python -m genie_build <command>`` in its own process, its peak RSS
+"""Memory and time of the Hugging Face stages on a checkpoint of at least 2 GB: ``export-hf`` then ``quantize``,
+each run as ``python -m genie_build <command>`` in its own process, its peak RSS
 (``ru_maxrss`` of that child, from ``os.wait4``) set against the checkpoint's bytes on disk, and its wall time.
 
 The checkpoint is a random-weight Qwen2 written by transformers' ``save_pretrained`` in float32 (so the export's
@@ -26,6 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "resources" / "tokenizer_corpus.txt"
+CALIBRATION_CORPUS = REPO / "resources" / "calibration_corpus.txt"   # the quantize stage's default
 
 _MAKE_CHECKPOINT = """
 import json, sys, torch, transformers
@@ -61,11 +62,6 @@ def run_child(stage: str, command: list[str], log: Path) -> Run:
     return Run(stage, seconds, usage.ru_maxrss * 1024)  # Linux: kilobytes
 
 
-def has_command(name: str) -> bool:
-    result = subprocess.run([sys.executable, "-m", "genie_build", name, "--help"], capture_output=True, cwd=REPO)
-    return result.returncode == 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scratch", type=Path, required=True, help="folder for the checkpoint and the exports")
@@ -75,7 +71,7 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--ar", type=int, default=128)
     parser.add_argument("--context", type=int, default=2048)
-    parser.add_argument("--recipe", default="w4a16", help="quantize's recipe (when the command exists)")
+    parser.add_argument("--recipe", default="w4a16", help="quantize's recipe")
     parser.add_argument("--num-samples", type=int, default=2, help="quantize's calibration samples")
     parser.add_argument("--min-gb", type=float, default=2.0, help="refuse a smaller checkpoint (a trial: 0)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
@@ -97,15 +93,13 @@ def main() -> int:
     runs = [run_child("export-hf", [*python, "-m", "genie_build", "export-hf", "--checkpoint", str(checkpoint),
                                     "--out-dir", str(export), "--ar", str(args.ar), "--context", str(args.context)],
                       args.scratch / "export.log")]
-    if has_command("quantize"):
-        runs.append(run_child("quantize", [
-            *python, "-m", "genie_build", "quantize", "--prompt", str(export / "prompt.onnx"),
-            "--token", str(export / "token.onnx"), "--hf-config", str(checkpoint / "config.json"),
-            "--tokenizer", str(checkpoint / "tokenizer.json"), "--corpus", str(CORPUS), "--recipe", args.recipe,
-            "--num-samples", str(args.num_samples), "--out-prompt", str(export / "prompt.encodings.json"),
-            "--out-token", str(export / "token.encodings.json")], args.scratch / "quantize.log"))
-    else:
-        print("(no quantize command in this checkout: export only)")
+    runs.append(run_child("quantize", [
+        *python, "-m", "genie_build", "quantize", "--prompt", str(export / "prompt.onnx"),
+        "--token", str(export / "token.onnx"), "--hf-config", str(checkpoint / "config.json"),
+        "--tokenizer", str(checkpoint / "tokenizer.json"), "--corpus", str(CALIBRATION_CORPUS),
+        "--recipe", args.recipe, "--num-samples", str(args.num_samples),
+        "--out-prompt", str(export / "prompt.encodings.json"), "--out-token", str(export / "token.encodings.json")],
+        args.scratch / "quantize.log"))
 
     graph_bytes = sum(path.stat().st_size for path in export.glob("*.onnx*"))
     print(f"checkpoint: Qwen2 float32, {args.layers} layers, hidden {args.hidden}, intermediate "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-HF_INSTALL_HINT = "pip install -e .[hf]"
+HF_INSTALL_HINT = "pip install --no-deps -r envs/requirements-hf.txt"
 
 
 def export_tiny_qwen2(out_dir: str | os.PathLike[str], layers: int = 4, hidden: int = 64, heads: int = 4,

@@ -27,9 +27,9 @@ from genie_build.encodings import read_encodings
 from genie_build.toolchains.reference.convert import convert_model
 
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
-    import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-aimet.txt): a missing one fails
+    import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-hf.txt): a missing one fails
 else:
-    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-aimet.txt)")
+    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-hf.txt)")
 
 from aimet_onnx.quantsim import (QuantizationSimModel, set_blockwise_quantization_for_weights,  # noqa: E402
                                  set_lpbq_for_params)

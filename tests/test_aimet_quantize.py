@@ -27,7 +27,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from workflow_helpers import REPO, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import REPO, load_json, run_snakemake
 
 from genie_build.conventions import KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
@@ -38,9 +38,9 @@ from genie_build.quantize import (LPBQ_BLOCK_SIZE, RECIPES, FeedShape, corpus_to
                                   text_forward_pass)
 
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
-    import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-aimet.txt): a missing one fails
+    import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-hf.txt): a missing one fails
 else:
-    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-aimet.txt)")
+    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-hf.txt)")
 
 from aimet_onnx.quantsim import load_encodings_to_sim  # noqa: E402
 from aimet_onnx.utils import disable_quantizers  # noqa: E402
@@ -350,8 +350,10 @@ def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
 # --- through the workflow --------------------------------------------------------------------------------------
 
 @pytest.mark.workflow
+@pytest.mark.parametrize("pair", ["demo"], indirect=True)
 def test_the_quantized_pair_builds_a_bundle_that_passes_check_bundle(pair, quantized, tmp_path):
-    """The encodings as a user model's: slice_encodings, the bundle's shared-quantization checks and the host run."""
+    """The encodings as a user model's: slice_encodings, the bundle's shared-quantization checks and the host run
+    (the exported pairs build their bundles as model.hf_checkpoint, in tests/test_workflow_hf.py)."""
     recipe = "w4a16-lpbq"
     exports = tmp_path / "exports"
     exports.mkdir()
@@ -366,38 +368,3 @@ def test_the_quantized_pair_builds_a_bundle_that_passes_check_bundle(pair, quant
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
     assert host_run["new_ids"] == host_run["unsplit_ids"]
-
-
-QUANTIZE_SNAKEFILE = """\
-include: "workflow/rules/common.smk"
-include: "workflow/rules/source.smk"
-include: "workflow/rules/quantize.smk"
-ruleorder: quantize_encodings > calibrate_demo_encodings
-"""
-
-
-@pytest.mark.workflow
-def test_the_rule_reruns_alone_on_a_changed_recipe_or_corpus(tmp_path):
-    """quantize_encodings on the demo's graphs (its own Snakefile: the main one does not include the rule in demo
-    mode); a new recipe (a param) or corpus (an input) reruns that rule only, never the graphs' generation."""
-    workdir = copy_workflow(tmp_path)
-    (workdir / "Quantize.smk").write_text(QUANTIZE_SNAKEFILE)
-    config = write_config(workdir, {**SMALL_DEMO, "quantize": {"recipe": "w4a16", "num_samples": 2}})
-    targets = ["results/demo/source/prompt.encodings.json", "results/demo/source/token.encodings.json"]
-    run_snakemake(workdir, "-s", "Quantize.smk", *targets, config_file=config)
-    first = read_encodings(workdir / targets[0])
-    assert first.params["lm_head.weight"].bitwidth == 8
-
-    def planned(config_file: Path) -> set[str]:
-        result = run_snakemake(workdir, "-s", "Quantize.smk", "-n", *targets, config_file=config_file)
-        return set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.MULTILINE))
-
-    assert planned(config) == set()
-    assert planned(write_config(workdir, {**SMALL_DEMO, "quantize": {"recipe": "w8a16", "num_samples": 2}},
-                                name="w8.yaml")) == {"quantize_encodings"}
-    corpus = workdir / "resources" / "calibration_corpus.txt"
-    corpus.write_text("And it came to pass, when men began to multiply on the face of the earth.\n"
-                      + corpus.read_text(encoding="utf-8"), encoding="utf-8")   # the first windows change
-    assert planned(config) == {"quantize_encodings"}
-    run_snakemake(workdir, "-s", "Quantize.smk", *targets, config_file=config)
-    assert read_encodings(workdir / targets[0]) != first

@@ -225,8 +225,8 @@ def test_cli_generates_and_reports_bad_sizes(tmp_path: Path, capsys: pytest.Capt
 
 def hf_model(model_dir: Path):
     """transformers' Qwen2ForCausalLM built from config.json, holding the ONNX graph's weights."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (pip install .[hf])")
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install --no-deps -r envs/requirements-hf.txt)")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install --no-deps -r envs/requirements-hf.txt)")
     config = transformers.Qwen2Config(**json.loads((model_dir / "config.json").read_text()))
     config._attn_implementation = "eager"
     model = transformers.Qwen2ForCausalLM(config).eval()

@@ -1,7 +1,7 @@
 """The demo calibrated by aimet-onnx itself (``demo.calibrator: aimet``): the ``quantize`` stage's driver
 (:mod:`genie_build.quantize`, recipe ``w4a16``: AIMET's LLM recipe, the token graph sharing the prompt graph's
 encodings) on the built-in calibrator's deterministic feeds (:func:`genie_build.calibrate.calibration_feeds`),
-since the demo has no text to calibrate on. Needs aimet-onnx (``envs/requirements-aimet.txt``).
+since the demo has no text to calibrate on. Needs aimet-onnx (``envs/requirements-hf.txt``).
 """
 
 from __future__ import annotations

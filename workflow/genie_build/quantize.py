@@ -19,7 +19,7 @@ One AIMET driver for every caller (the ``quantize`` command and the demo's ``dem
 Memory: AIMET holds the prompt graph's weights in its ``ModelProto`` and again in its onnxruntime session, plus
 one quantizer per tensor; the calibration feeds are made one window at a time (:func:`text_forward_pass`), so
 they add one KV cache. The token graph is read without its weights. Needs aimet-onnx
-(``envs/requirements-aimet.txt``).
+(``envs/requirements-hf.txt``).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def require_aimet(where: str = "quantize") -> tuple[Any, Any]:
         import aimet_onnx.quantsim as quantsim
     except ImportError:
         raise GenieBuildError(where, "aimet needs aimet-onnx, which is not installed "
-                                     "(pip install --no-deps -r envs/requirements-aimet.txt)") from None
+                                     "(pip install --no-deps -r envs/requirements-hf.txt)") from None
     return quantsim, llm_configurator
 
 

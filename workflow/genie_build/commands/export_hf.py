@@ -9,7 +9,7 @@ import logging
 from genie_build.errors import GenieBuildError
 
 log = logging.getLogger(__name__)
-HF_EXTRA_HINT = "pip install -r envs/requirements-hf.txt"
+HF_EXTRA_HINT = "pip install --no-deps -r envs/requirements-hf.txt"
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
