@@ -24,6 +24,7 @@ rule account_part:
 rule size_table:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
+        **CHECKPOINT_GATES,
     output:
         csv=report(f"{OUT}/size_table.csv", caption="../report/size_table.rst", category="Sizes"),
         md=f"{OUT}/size_table.md",
@@ -45,6 +46,7 @@ rule size_table:
 rule memory_plan:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", [config["bundle"]["variant"]]),
+        **CHECKPOINT_GATES,
     output:
         json=f"{OUT}/memory_plan.json",
         md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),
