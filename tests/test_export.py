@@ -41,20 +41,40 @@ from genie_build.ort_session import cpu_session_options  # noqa: E402
 
 AR, CONTEXT = 8, 32
 TOLERANCE = 1e-5  # max abs diff of float32 logits and KV entries, ONNX vs transformers
-CASES = {  # name -> (family, tied, max_shard_size)
-    "qwen2": ("qwen2", False, None),
-    "qwen2-tied-sharded": ("qwen2", True, "100KB"),
-    "llama3-tied": ("llama", True, None),
-    "qwen3-tied": ("qwen3", True, None),
+CASES = {  # name -> (family, tied, max_shard_size, config.json in the Hub's transformers-4 layout)
+    "qwen2": ("qwen2", False, None, False),
+    "qwen2-tied-sharded": ("qwen2", True, "100KB", False),
+    "qwen2.5-hub-config": ("qwen2", True, None, True),
+    "llama3-tied": ("llama", True, None, False),
+    "llama3.2-hub-config": ("llama", True, None, True),
+    "qwen3-tied": ("qwen3", True, None, False),
 }
+
+
+def as_hub_config(checkpoint: Path) -> None:
+    """Rewrite config.json as the Hub's Qwen2.5 and Llama 3.2 files state it (transformers 4): ``rope_theta`` and
+    ``rope_scaling`` at the top level instead of ``rope_parameters``, ``torch_dtype``, and for Qwen2 a sliding
+    window that ``use_sliding_window: false`` turns off."""
+    path = checkpoint / "config.json"
+    config = json.loads(path.read_text())
+    rope = dict(config.pop("rope_parameters"))
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    config["torch_dtype"] = config.pop("dtype", "float32")
+    config.pop("layer_types", None)
+    if config["model_type"] == "qwen2":
+        config.update(use_sliding_window=False, sliding_window=32768, max_window_layers=21)
+    path.write_text(json.dumps(config, indent=2))
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def exported(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """``(case, checkpoint dir, export dir)``, exported once per case."""
-    family, tied, shard = CASES[request.param]
+    family, tied, shard, hub_layout = CASES[request.param]
     root = tmp_path_factory.mktemp(request.param)
     checkpoint = hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=tied, max_shard_size=shard)
+    if hub_layout:
+        as_hub_config(checkpoint)
     export_checkpoint(checkpoint, root / "export", ar=AR, context=CONTEXT)
     assert (checkpoint / "model.safetensors.index.json").is_file() == bool(shard)  # the case is what it says
     return request.param, checkpoint, root / "export"

@@ -40,6 +40,7 @@ from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
+from genie_build.genie_config import read_rope
 from genie_build.onnx_graph import check_external_data, load_graph, read_graph_tensors
 
 logger = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ def feed_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path)
 
     Raises:
         GenieBuildError: an input Genie feeds is missing or not of Genie's rank, or the config has no RoPE base
-            or asks for RoPE scaling (the feeds give plain RoPE tables).
+            or a RoPE scaling Genie's tables do not compute.
     """
     config = read_json(hf_config_path)
     inputs = {value.name: value for value in prompt.graph.input}
@@ -265,18 +266,15 @@ def feed_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path)
         if len(dims.get(name, ())) != rank:
             raise GenieBuildError(prompt_path, f"input {name!r} of rank {rank} expected (Genie's IO contract), "
                                                f"found {dims.get(name)}")
-    rope = config.get("rope_parameters") or {}
-    theta = config.get("rope_theta", rope.get("rope_theta"))
-    scaling = config.get("rope_scaling") or (None if rope.get("rope_type", "default") == "default" else rope)
-    if theta is None:
-        raise GenieBuildError(hf_config_path, "no rope_theta (nor rope_parameters.rope_theta)")
+    rope = read_rope(config, hf_config_path)   # either HF layout, as genie_config writes it for Genie
+    theta, scaling = float(rope.theta), rope.scaling
     try:
-        rope_tables(2, float(theta), [0], scaling)
+        rope_tables(2, theta, [0], scaling)
     except (ValueError, KeyError) as exc:
         raise GenieBuildError(hf_config_path, f"RoPE scaling {scaling}: {exc}") from None
     logits = next((value for value in prompt.graph.output if value.name == LOGITS), None)
     vocab = logits.type.tensor_type.shape.dim[-1].dim_value if logits is not None else int(config["vocab_size"])
-    return FeedShape(ar=dims[INPUT_IDS][1], context=dims[MASK][2], rope_theta=float(theta), rope_scaling=scaling,
+    return FeedShape(ar=dims[INPUT_IDS][1], context=dims[MASK][2], rope_theta=theta, rope_scaling=scaling,
                      head_dim=2 * dims[POS_COS][3],
                      ids_dtype=onnx.helper.tensor_dtype_to_np_dtype(inputs[INPUT_IDS].type.tensor_type.elem_type),
                      caches={name: shape for name, shape in dims.items() if KV_TENSOR.match(name)}, vocab=vocab)
