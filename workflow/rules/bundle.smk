@@ -11,7 +11,6 @@ BUNDLE = f"{BUNDLE_DIR}/manifest.json"
 rule assemble_bundle:
     input:
         binaries=lambda wc: variant_part_files(f"{OUT}/compiled/{{variant}}/part_{{part}}.bin", [BUNDLE_VARIANT]),
-        **CHECKPOINT_GATES,
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
         model_check=f"{OUT}/model_check.json",  # no bundle of graphs whose shared weights differ

@@ -187,21 +187,6 @@ def part_labels():
     return [part.label for part in plan.parts]
 
 
-def _checkpoint_gate(name, graph):
-    def gate(wildcards):
-        getattr(checkpoints, name).get(graph=graph)
-        return []
-    return gate
-
-
-# Input functions that name no file, one per split and slice checkpoint, for the rules that call part_labels().
-# part_labels() stops at the first incomplete checkpoint, so on its own Snakemake would learn of the next one only
-# after that one ran: the two graphs' slices (and splits) one after the other. Snakemake evaluates each input
-# function apart, so with these gates it learns of all four at once and can run them side by side.
-CHECKPOINT_GATES = {f"{name}_{graph}": _checkpoint_gate(name, graph)
-                    for name in ("split_model", "slice_encodings") for graph in GRAPHS}
-
-
 def graph_name_for(graph, label):
     """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06'."""
     return conventions.graph_name(graph, *GRAPH_DIMS[graph], *conventions.parse_part_label(label))

@@ -24,7 +24,6 @@ rule account_part:
 rule size_table:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
-        **CHECKPOINT_GATES,
     output:
         csv=report(f"{OUT}/size_table.csv", caption="../report/size_table.rst", category="Sizes"),
         md=f"{OUT}/size_table.md",
@@ -46,7 +45,6 @@ rule size_table:
 rule memory_plan:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", [config["bundle"]["variant"]]),
-        **CHECKPOINT_GATES,
     output:
         json=f"{OUT}/memory_plan.json",
         md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),
