@@ -169,7 +169,11 @@ def read_graph_tensors(onnx_path: str | os.PathLike[str]) -> GraphTensors:
     Raises:
         GenieBuildError: the file is missing, not an ONNX model, or has no nodes.
     """
-    model = load_graph(onnx_path)
+    return graph_tensors(load_graph(onnx_path))
+
+
+def graph_tensors(model: onnx.ModelProto) -> GraphTensors:
+    """:func:`read_graph_tensors` of a model already loaded."""
     graphs = list(graph_and_subgraphs(model.graph))
     param_shapes = {tensor.name: tuple(tensor.dims) for graph in graphs for tensor in graph.initializer}
     param_shapes.update({sparse.values.name: tuple(sparse.dims)

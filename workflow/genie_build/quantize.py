@@ -41,7 +41,7 @@ from genie_build.encodings import Encodings, read_encodings, share_encodings, wr
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.genie_config import read_rope
-from genie_build.onnx_graph import check_external_data, load_graph, read_graph_tensors
+from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, read_graph_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -189,8 +189,9 @@ def copy_kv_input_encodings(enc: Encodings, tensor_names: set[str] | frozenset[s
     return replace(enc, activations=activations)
 
 
-def shared_token_tensors(prompt_path: Path, token_path: Path) -> frozenset[str]:
-    """The token graph's tensor names, checked to be the prompt graph's where they need an encoding.
+def shared_token_tensors(prompt_names: frozenset[str], token_path: Path) -> frozenset[str]:
+    """The token graph's tensor names, checked to be the prompt graph's (``prompt_names``) where they need an
+    encoding.
 
     Raises:
         GenieBuildError: the token graph has a float tensor (activation or initializer) that the prompt graph
@@ -198,7 +199,6 @@ def shared_token_tensors(prompt_path: Path, token_path: Path) -> frozenset[str]:
     """
     token = load_graph(token_path)
     check_external_data(token, token_path)
-    prompt_names = read_graph_tensors(prompt_path).tensor_names
     floats = set(float_activations(token)) | {tensor.name for tensor in token.graph.initializer
                                               if tensor.data_type == onnx.TensorProto.FLOAT}
     missing = sorted(floats - prompt_names)
@@ -206,7 +206,7 @@ def shared_token_tensors(prompt_path: Path, token_path: Path) -> frozenset[str]:
         raise GenieBuildError(token_path, f"tensors {missing[:3]} ({len(missing)} in all) are not in the prompt "
                                           "graph, so they have no encoding to share; export both graphs from one "
                                           "model so that they name their tensors alike")
-    return read_graph_tensors(token_path).tensor_names
+    return graph_tensors(token).tensor_names
 
 
 def token_encodings(prompt_enc: Encodings, token_names: frozenset[str]) -> Encodings:
@@ -225,9 +225,9 @@ def quantize_pair(prompt_path: str | Path, token_path: str | Path, out_prompt: s
             :func:`calibrate_prompt`.
     """
     prompt_path, token_path = Path(prompt_path), Path(token_path)
-    token_names = shared_token_tensors(prompt_path, token_path)
-    prompt = calibrate_prompt(prompt_path, recipe, forward_pass)
-    prompt = copy_kv_input_encodings(prompt, read_graph_tensors(prompt_path).tensor_names)
+    prompt_names = read_graph_tensors(prompt_path).tensor_names
+    token_names = shared_token_tensors(prompt_names, token_path)
+    prompt = copy_kv_input_encodings(calibrate_prompt(prompt_path, recipe, forward_pass), prompt_names)
     token = token_encodings(prompt, token_names)
     for enc, out in ((prompt, out_prompt), (token, out_token)):
         write_encodings(out, enc)
