@@ -34,6 +34,15 @@ include: "workflow/rules/bundle.smk"
 include: "workflow/rules/estimate.smk"
 
 
+# Snakemake leaves a timer behind that would keep the finished process alive for up to a second.
+onsuccess:
+    cancel_rescheduling_timers()
+
+
+onerror:
+    cancel_rescheduling_timers()
+
+
 rule all:
     input:
         final_outputs,

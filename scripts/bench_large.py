@@ -57,7 +57,7 @@ SPLIT_TARGET = 300 * MIB
 # Rule (the benchmark file's first path component) -> the genie_build subcommand it runs, in workflow order.
 COMMANDS = {"generate_demo_model": "generate-demo", "train_demo_tokenizer": "train-tokenizer",
             "calibrate_demo_encodings": "calibrate", "plan_split": "plan", "split_model": "split",
-            "verify_split": "verify-split", "slice_encodings": "slice-encodings", "convert_part": "convert",
+            "verify_split": "verify-split", "slice_encodings": "slice-model-encodings", "convert_part": "convert",
             "compile_part": "compile", "account_part": "account", "size_table": "size-table",
             "memory_plan": "memory-plan", "assemble_bundle": "bundle", "check_bundle": "check-bundle",
             "convert_unsplit": "convert", "compile_unsplit": "compile", "host_run": "run-bundle",
@@ -182,7 +182,7 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
     if rule == "verify_split":
         return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
     if rule == "slice_encodings":
-        return f"{wildcards[0]} encodings", size(f"source/{wildcards[0]}.encodings.json")
+        return "encodings, both graphs", size("source/*.encodings.json")
     if rule == "convert_part":
         return f"part {part}", size(f"parts/{wildcards[1]}/part_{part}.onnx.data")
     if rule == "compile_part":

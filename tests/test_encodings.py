@@ -527,6 +527,45 @@ def test_command_failing_midway_keeps_the_previous_output_whole(three_parts: dic
     assert [path.name for path in out.parent.iterdir()] == ["prompt"]  # no staging directory left
 
 
+def model_slice_cli(paths: dict[str, Path], token_encodings: Path, *extra: str) -> int:
+    """slice-model-encodings on the tiny model as both graphs (the prompt graph's encodings are ``paths``')."""
+    graphs = {"prompt": paths["encodings"], "token": token_encodings}
+    return main(["slice-model-encodings", *(item for graph, encodings in graphs.items() for item in (
+        f"--{graph}-model", str(paths["model"]), f"--{graph}-encodings", str(encodings),
+        f"--{graph}-parts-dir", str(paths["parts"]), f"--{graph}-out-dir", str(paths["out"].parent / graph))),
+        *extra])
+
+
+def test_model_command_writes_what_the_one_graph_command_writes_for_each_graph(three_parts: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    token = tmp_path / "token.encodings.json"
+    write_encodings(token, read_encodings(three_parts["encodings"]))
+    assert model_slice_cli(three_parts, token) == 0
+    both = {graph: {path.name: path.read_bytes() for path in (three_parts["out"].parent / graph).iterdir()}
+            for graph in ("prompt", "token")}
+    assert sorted(both["token"]) == [f"part_{label}.encodings.json" for label in LABELS]
+    one_by_one = tmp_path / "one_by_one"
+    for graph, extra in (("prompt", ()), ("token", ("--consistent-with", str(three_parts["encodings"])))):
+        assert main(["slice-encodings", "--graph", graph, "--model", str(three_parts["model"]), "--encodings",
+                     str(three_parts["encodings"] if graph == "prompt" else token), "--parts-dir",
+                     str(three_parts["parts"]), "--out-dir", str(one_by_one / graph), *extra]) == 0
+        assert {path.name: path.read_bytes() for path in (one_by_one / graph).iterdir()} == both[graph]
+
+
+def test_model_command_checks_the_token_graph_against_the_prompt_graph_and_writes_neither_on_failure(
+        three_parts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    enc = read_encodings(three_parts["encodings"])
+    token = tmp_path / "token.encodings.json"
+    write_encodings(token, replace(enc, activations={**enc.activations, "cos": act("cos", scale=5.0)}))
+    assert model_slice_cli(three_parts, token) == 2
+    assert "cos: activation encoding differs between the prompt graph and the token graph" in capsys.readouterr().err
+    assert not three_parts["out"].parent.exists() or list(three_parts["out"].parent.iterdir()) == []
+
+    assert model_slice_cli(three_parts, token, "--token-shares-prompt") == 0
+    part = read_encodings(three_parts["out"].parent / "token" / "part_1_of_3.encodings.json")
+    assert part.activations["cos"] == enc.activations["cos"]
+
+
 # ------------------------------------------------------------------------------------------- aimet-onnx formats
 
 # Excerpts of what aimet-onnx 2.42 writes (docs/conventions.md, "Encodings"): 2.0.0 with a per-tensor uint8

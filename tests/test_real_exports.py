@@ -272,7 +272,7 @@ def test_a_plain_aimet_export_with_the_kv_cache_untied_stops_before_converting(d
     result = run_snakemake(workdir, config_file=config, check=False)
     assert result.returncode != 0
     out = workdir / "results" / USER
-    log = (out / "logs" / "slice_encodings" / "prompt.log").read_text()
+    log = (out / "logs" / "slice_encodings.log").read_text()
     assert "genie-build: error: past_key_0_out: activation encoding is not past_key_0_in's" in log, log
     assert "tie the cache quantizers in AIMET" in log
     assert not (out / "compiled").exists() and not (out / "converted").exists()

@@ -1,18 +1,20 @@
-"""The encodings stage: cut one graph's full AIMET encodings into one file per split part.
+"""The encodings stage: cut the graphs' full AIMET encodings into one file per split part.
 
-Runs once per graph (prompt or token), so each graph's slices are their own checkpoint output and a change
-to one graph's encodings leaves the other's untouched. It validates the full encodings against the full
-graph, optionally checks them against the other graph's encodings (``consistent_with``: Genie rejects a
-tensor the two graphs share with different encodings) or takes the other graph's encodings for every tensor
-this graph has (``share_from``, as AI Hub gives the token graph the prompt graph's), then writes
-``part_{label}.encodings.json`` (canonical bytes, in the version of the input file) for every
-``part_{label}.onnx`` in the parts directory. The output directory appears complete or not at all.
+The workflow slices both graphs in one job (:func:`slice_model_encodings`): one checkpoint, so Snakemake learns of
+both graphs' slices at once, and each encodings file is read once. :func:`slice_graph_encodings` slices one graph,
+for a run by hand. Each validates a graph's full encodings against the full graph, checks them against the other
+graph's encodings (Genie rejects a tensor the two graphs share with different encodings) or takes the other graph's
+encodings for every tensor this graph has (as AI Hub gives the token graph the prompt graph's), then writes
+``part_{label}.encodings.json`` (canonical bytes, in the version of the input file) for every ``part_{label}.onnx``
+in the graph's parts directory. Each output directory appears complete or not at all; a graph's slices are
+rewritten with the same bytes when only the other graph's encodings changed, so nothing behind them reruns.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build.conventions import find_parts
@@ -23,6 +25,39 @@ from genie_build.fileio import atomic_directory
 from genie_build.onnx_graph import part_tensor_names, read_graph_tensors
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphSliceFiles:
+    """One graph's files for the encodings stage: the full graph, its encodings, its parts, where slices go."""
+
+    model: Path
+    encodings: Path
+    parts_dir: Path
+    out_dir: Path
+
+
+def slice_model_encodings(prompt: GraphSliceFiles, token: GraphSliceFiles, *, token_shares_prompt: bool = False,
+                          kv_cache_tied: bool = False) -> None:
+    """Write both graphs' slices (see the module doc); nothing is written unless both graphs' slices are good.
+
+    Args:
+        token_shares_prompt: the token graph takes the prompt graph's encoding for every tensor it has; otherwise
+            the tensors both graphs have must have identical encodings in both.
+        kv_cache_tied: require each ``past_*_out`` to have its ``past_*_in``'s encoding (a bundle will be built).
+
+    Raises:
+        GenieBuildError: as :func:`slice_graph_encodings`, for either graph.
+    """
+    prompt_encodings = read_encodings(prompt.encodings)
+    prompt_slices = _graph_slices("prompt", prompt_encodings, prompt.encodings, prompt.model, prompt.parts_dir,
+                                  kv_cache_tied=kv_cache_tied)
+    consistent_with, share_from = (None, prompt_encodings) if token_shares_prompt else (prompt_encodings, None)
+    token_slices = _graph_slices("token", read_encodings(token.encodings), token.encodings, token.model,
+                                 token.parts_dir, consistent_with=consistent_with, share_from=share_from,
+                                 kv_cache_tied=kv_cache_tied)
+    _write_slices(prompt.out_dir, prompt_slices)
+    _write_slices(token.out_dir, token_slices)
 
 
 def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: str | os.PathLike[str],
@@ -42,22 +77,33 @@ def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: 
         GenieBuildError: invalid encodings, encodings that do not fit the graph or the other graph's, an
             incomplete parts directory, or parts whose shared boundary tensors would get different encodings.
     """
-    enc = read_encodings(encodings)
+    others = {key: read_encodings(path) for key, path in (("consistent_with", consistent_with),
+                                                          ("share_from", share_from)) if path is not None}
+    slices = _graph_slices(graph, read_encodings(encodings), encodings, model, parts_dir, kv_cache_tied=kv_cache_tied,
+                           **others)
+    _write_slices(out_dir, slices)
+
+
+def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[str], model: str | os.PathLike[str],
+                  parts_dir: str | os.PathLike[str], *, consistent_with: Encodings | None = None,
+                  share_from: Encodings | None = None, kv_cache_tied: bool) -> dict[str, Encodings]:
+    """One graph's checked encodings, cut per part: label -> the part's encodings."""
     tensors = read_graph_tensors(model)
     if share_from is not None:
-        enc = share_encodings(read_encodings(share_from), enc, tensors.tensor_names)
-    validate_against_model(enc, encodings, tensors.tensor_names, tensors.param_shapes, tensors.param_layouts)
+        enc = share_encodings(share_from, enc, tensors.tensor_names)
+    validate_against_model(enc, encodings_path, tensors.tensor_names, tensors.param_shapes, tensors.param_layouts)
     if consistent_with is not None:
-        other = read_encodings(consistent_with)
-        check_graphs_consistent(*((enc, other) if graph == "prompt" else (other, enc)))
+        check_graphs_consistent(*((enc, consistent_with) if graph == "prompt" else (consistent_with, enc)))
     if kv_cache_tied:
         check_kv_cache_tied(enc, tensors.tensor_names)
-
     slices = {label: slice_encodings(enc, *part_tensor_names(path))
               for label, path in find_parts(Path(parts_dir)).items()}
     check_boundary_consistency(slices)
     _log_coverage(graph, enc, slices)
+    return slices
 
+
+def _write_slices(out_dir: str | os.PathLike[str], slices: dict[str, Encodings]) -> None:
     with atomic_directory(Path(out_dir)) as staging:
         for label, part_enc in slices.items():
             write_encodings(staging / slice_file_name(label), part_enc)

@@ -4,6 +4,7 @@ import os
 import re
 import shlex
 import sys
+import threading
 
 from snakemake.exceptions import WorkflowError
 
@@ -164,14 +165,21 @@ def onnx_with_data_mb(paths):
     return sum(os.path.getsize(file) for file in files if os.path.exists(file)) / 1e6
 
 
+def graph_part_files(graph):
+    """An input function: one graph's part .onnx files, named after the split checkpoint has run. Files inside a
+    checkpoint's directory have no producing job, so jobs reading them rerun only when their bytes changed (not
+    merely because the plan was rewritten). Each .onnx carries its .data file's SHA-1 (ONNX external-data
+    ``checksum``), so it changes with the part's weights, and Snakemake need not hash GBs of weights to see that."""
+    def part_files(wildcards):
+        plan = read_plan(checkpoints.plan_split.get().output.plan)
+        parts = checkpoints.split_model.get(graph=graph).output.parts
+        return [f"{parts}/part_{part.label}.onnx" for part in plan.parts]
+    return part_files
+
+
 def split_part_files(wildcards):
-    """One graph's part .onnx files, named after the split checkpoint has run: files inside a checkpoint's
-    directory have no producing job, so jobs reading them rerun only when their bytes changed (not merely
-    because the plan was rewritten). Each .onnx carries its .data file's SHA-1 (ONNX external-data ``checksum``),
-    so it changes with the part's weights, and Snakemake need not hash GBs of weights to see that they did."""
-    plan = read_plan(checkpoints.plan_split.get().output.plan)
-    parts = checkpoints.split_model.get(graph=wildcards.graph).output.parts
-    return [f"{parts}/part_{part.label}.onnx" for part in plan.parts]
+    """:func:`graph_part_files` of the job's own graph."""
+    return graph_part_files(wildcards.graph)(wildcards)
 
 
 def part_labels():
@@ -183,7 +191,7 @@ def part_labels():
     plan = read_plan(checkpoints.plan_split.get().output.plan)
     for graph in GRAPHS:
         checkpoints.split_model.get(graph=graph)
-        checkpoints.slice_encodings.get(graph=graph)
+    checkpoints.slice_encodings.get()
     return [part.label for part in plan.parts]
 
 
@@ -228,18 +236,6 @@ def graph_items(names, input):
     return [f"{names[graph]}={input[graph]}" for graph in GRAPHS]
 
 
-def other_encodings(wildcards):
-    """The token graph's slice job checks that the graphs' encodings agree (the one place that check runs), or
-    with encodings.share_from: prompt takes the prompt's; the prompt graph's job reads only its own."""
-    return [SOURCE["prompt_encodings"]] if wildcards.graph == "token" else []
-
-
-def other_encodings_option(wildcards):
-    if wildcards.graph != "token":
-        return []
-    return ["--share-from" if config["encodings"]["share_from"] == "prompt" else "--consistent-with"]
-
-
 def directory_of(name):
     """A param function: the directory holding the rule's input or output file ``name`` (input first)."""
     def directory(wildcards, input, output):
@@ -266,3 +262,17 @@ def final_outputs(wildcards):
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
           and config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
     ]
+
+
+def cancel_rescheduling_timers(log=None):
+    """Cancel the re-evaluation timers Snakemake's scheduler leaves behind, once the run is over.
+
+    After every round that starts jobs, Snakemake 9 arms a one-second, non-daemon ``threading.Timer`` to look at
+    the queue again (scheduling/job_scheduler.py, ``_schedule_reevalutation``, armed for the job rate limiter that
+    ``--max-jobs-per-timespan`` sets up, 100/1s by default). The interpreter waits for the last one before it exits,
+    so every run that ran a job ended up to a second after its last job (1.0 s of an 11 s incremental build). Run
+    as the onsuccess/onerror hook, when no job is left to schedule; a Timer that is cancelled exits at once and
+    never calls its function."""
+    for thread in threading.enumerate():
+        if isinstance(thread, threading.Timer):
+            thread.cancel()

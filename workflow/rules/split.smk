@@ -103,7 +103,7 @@ rule verify_split:
     benchmark:
         f"{OUT}/benchmarks/verify_split/{{graph}}.tsv"
     params:
-        parts_dir=directory_of("parts"),  # from the part files (see split_part_files for why not the checkpoint's)
+        parts_dir=directory_of("parts"),  # from the part files (see graph_part_files for why not the checkpoint's)
         python=PYTHON,
     shell:
         "{params.python} -m genie_build verify-split --model {input.model:q} --parts-dir {params.parts_dir:q}"

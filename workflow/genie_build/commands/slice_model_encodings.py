@@ -1,0 +1,36 @@
+"""``slice-model-encodings``: cut both graphs' full AIMET encodings into one file per split part, in one run
+(:func:`genie_build.slice_encodings.slice_model_encodings`; the workflow's encodings stage)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from genie_build import slice_encodings as stage
+from genie_build.conventions import GRAPH_KINDS
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("slice-model-encodings", help="cut both graphs' encodings into one file per part",
+                                   description=__doc__)
+    for graph in GRAPH_KINDS:
+        parser.add_argument(f"--{graph}-model", required=True, type=Path, help=f"the full {graph} graph")
+        parser.add_argument(f"--{graph}-encodings", required=True, type=Path,
+                            help="its AIMET encodings (0.6.1, 1.0.0, 2.0.0)")
+        parser.add_argument(f"--{graph}-parts-dir", required=True, type=Path, help="directory holding its part_*.onnx")
+        parser.add_argument(f"--{graph}-out-dir", required=True, type=Path, help="directory to write its slices into")
+    parser.add_argument("--token-shares-prompt", action="store_true",
+                        help="the token graph takes the prompt graph's encoding for every tensor it has (otherwise "
+                             "tensors in both graphs must have identical encodings)")
+    parser.add_argument("--kv-cache-tied", action="store_true",
+                        help="a bundle will be built: each past_*_out must have its past_*_in's encoding (Genie)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt, token = (stage.GraphSliceFiles(*(getattr(args, f"{graph}_{key}")
+                                             for key in ("model", "encodings", "parts_dir", "out_dir")))
+                     for graph in GRAPH_KINDS)
+    stage.slice_model_encodings(prompt, token, token_shares_prompt=args.token_shares_prompt,
+                                kv_cache_tied=args.kv_cache_tied)
+    return 0
