@@ -17,7 +17,7 @@ from genie_build.check_bundle import check_bundle
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
 from genie_build.metadata import METADATA_NAME, parse_metadata
-from genie_build.toolchains.reference.container import inspect_container
+from genie_build.toolchains.reference.container_format import inspect_container
 
 CTX_BINS = ["demo_part_1_of_3.bin", "demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]
 CONFIG_USED = {"model": {"name": "demo"}, "bundle": {"variant": "packed"}}

@@ -30,7 +30,8 @@ from genie_build.recipe import Recipe, WeightRule, read_recipe, recipe_from_dict
 from genie_build.split import split_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
-from genie_build.toolchains.reference.container import inspect_container, read_header, stored_nbytes, write_container
+from genie_build.toolchains.reference.container import stored_nbytes, write_container
+from genie_build.toolchains.reference.container_format import inspect_container, read_header
 from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY,
                                                       convert_model)
 from genie_build.toolchains.reference.onnx_io import set_metadata_json

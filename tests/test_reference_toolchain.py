@@ -26,9 +26,10 @@ from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
 from genie_build.toolchains.reference import container
-from genie_build.toolchains.reference.container import load_container, read_graphs, read_header
+from genie_build.toolchains.reference.container import load_container, read_graphs
+from genie_build.toolchains.reference.container_format import read_header
 from genie_build.toolchains.reference.packing import pack_int4
-from genie_build.toolchains.reference.convert import Quantization
+from genie_build.toolchains.reference.records import Quantization
 from genie_build.toolchains.reference.quantize import broadcast_params, dequantize, quantize, stored_bitwidth
 
 HIDDEN, VOCAB, LAYERS, AR, CONTEXT = 16, 64, 2, 4, 8

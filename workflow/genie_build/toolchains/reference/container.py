@@ -21,7 +21,6 @@ import hashlib
 import json
 import math
 import os
-import struct
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,19 +34,16 @@ from genie_build import __version__
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open, copy_range
 from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, load_graph
-from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions, GraphInfo, QuantInfo, TensorInfo
-from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, Quantization,
-                                                      quantized_weights)
+from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
+                                                               WEIGHT_SECTION_ALIGNMENT, Layout, padding, read_layout)
+from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, quantized_weights
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,
                                                        row_blocks, same_rank_params)
+from genie_build.toolchains.reference.records import Quantization, WeightEntry
 
-MAGIC = b"GBREFCTX"
-FORMAT_VERSION = 1
-WEIGHT_SECTION_ALIGNMENT = 64
-TOOLCHAIN = "reference"
-_PREAMBLE = struct.Struct("<8sIIQ")
 # Storage of values kept as they are, by numpy dtype name (the container's "u8"/"f16"/... codes).
 _RAW_STORAGE = {"uint8": "u8", "int8": "i8", "uint16": "u16", "int16": "i16", "uint32": "u32", "int32": "i32",
                 "uint64": "u64", "int64": "i64", "float16": "f16", "float32": "f32", "float64": "f64",
@@ -65,45 +61,6 @@ class _Graph:
     name: str
     path: Path
     model: onnx.ModelProto
-
-
-@dataclass(frozen=True)
-class WeightEntry:
-    """One stored tensor of the header's weight table (``docs/reference-container.md``): the graphs holding it,
-    how it is stored and where, at ``offset`` of the weight section."""
-
-    name: str
-    graphs: tuple[str, ...]
-    dtype: str                  # numpy dtype name of the values
-    shape: tuple[int, ...]
-    storage: str                # a raw code ("u8", "f16", ...) or one of _PACKED_STORAGE
-    packable_int4: bool         # the values fit 4 bits (the HTP packing rule), packed or not
-    offset: int
-    length: int
-    quantization: Quantization | None = None
-
-    def to_dict(self) -> dict:
-        record = {"name": self.name, "graphs": list(self.graphs), "dtype": self.dtype, "shape": list(self.shape),
-                  "storage": self.storage, "packable_int4": self.packable_int4, "offset": self.offset,
-                  "length": self.length}
-        return record if self.quantization is None else {**record, "quantization": self.quantization.to_dict()}
-
-    @classmethod
-    def from_dict(cls, record: dict) -> WeightEntry:
-        quantization = record.get("quantization")
-        return cls(**{**record, "graphs": tuple(record["graphs"]), "shape": tuple(record["shape"]),
-                      "quantization": None if quantization is None else Quantization.from_dict(quantization)})
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where a container's sections start, read from its preamble and header."""
-
-    header: dict
-    weights: tuple[WeightEntry, ...]    # the header's weight table
-    graph_section_start: int
-    weight_section_start: int
-    file_bytes: int
 
 
 # ------------------------------------------------------------------------------------------- writing
@@ -131,13 +88,13 @@ def write_container(converted: dict[str, Path], out_path: str | os.PathLike[str]
             structures = [_structure(graph.model) for graph in graphs]
             header = _header(graphs, structures, entries, weight_bytes, options)
             header_bytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-            graph_section_end = _PREAMBLE.size + len(header_bytes) + sum(map(len, structures))
+            graph_section_end = PREAMBLE.size + len(header_bytes) + sum(map(len, structures))
             with atomic_open(out_path) as out:
-                out.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(header_bytes)))
+                out.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(header_bytes)))
                 out.write(header_bytes)
                 for structure in structures:
                     out.write(structure)
-                out.write(b"\0" * _padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT))
+                out.write(b"\0" * padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT))
                 copy_range(weights, out, 0, weight_bytes)
     except OSError as exc:
         raise GenieBuildError(out_path, f"cannot write: {exc.strerror or exc}") from None
@@ -172,7 +129,7 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
             if quantization is not None:
                 zero_point = read_initializer(by_name[quantization.zero_point], graph.path)
             storage, payload = _encode(values, quantization, zero_point, options.weights_packing, graph.path)
-            sink.write(b"\0" * _padding(sink.tell(), 1 if storage in _PACKED_STORAGE else values.dtype.itemsize))
+            sink.write(b"\0" * padding(sink.tell(), 1 if storage in _PACKED_STORAGE else values.dtype.itemsize))
             stored[key] = len(entries)
             entries.append(WeightEntry(name=tensor.name, graphs=(graph.name,), dtype=values.dtype.name,
                                        shape=values.shape, storage=storage,
@@ -315,10 +272,6 @@ def _applied_options(graphs: list[_Graph], entries: list[WeightEntry], options: 
         dsp_arch=options.dsp_arch, float_bitwidth=float_bitwidths[0])
 
 
-def _padding(position: int, alignment: int) -> int:
-    return -position % alignment
-
-
 # ------------------------------------------------------------------------------------------- reading
 
 @dataclass(frozen=True)
@@ -338,7 +291,7 @@ def read_graphs(path: str | os.PathLike[str]) -> dict[str, ContainerGraph]:
     Raises:
         GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
     """
-    layout = _read_layout(path)
+    layout = read_layout(path)
     decoded: dict[int, np.ndarray] = {}  # by index in the weight table
     graphs = {}
     with open(path, "rb") as handle:
@@ -377,7 +330,7 @@ def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:
     return models
 
 
-def _decode(handle: BinaryIO, layout: _Layout, entries: dict[str, WeightEntry], name: str) -> np.ndarray:
+def _decode(handle: BinaryIO, layout: Layout, entries: dict[str, WeightEntry], name: str) -> np.ndarray:
     """One tensor's values, unpacked from its storage, with no temporary wider than 2 bytes per value."""
     entry = entries[name]
     handle.seek(layout.weight_section_start + entry.offset)
@@ -394,70 +347,3 @@ def _decode(handle: BinaryIO, layout: _Layout, entries: dict[str, WeightEntry], 
         signed += broadcast_params(zero_point, shape, quantization.axis)
         return signed.astype(dtype)
     return np.frombuffer(payload, dtype=dtype).reshape(shape)
-
-
-def inspect_container(path: str | os.PathLike[str]) -> BinaryInfo:
-    """What a container holds, read from its header: sizes, graphs with IO and quantization, options.
-
-    Raises:
-        GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
-    """
-    layout = _read_layout(path)
-    header = layout.header
-
-    def tensor(record: dict) -> TensorInfo:
-        quant = record["quant"]
-        return TensorInfo(name=record["name"], shape=tuple(record["shape"]), dtype=record["dtype"],
-                          quant=None if quant is None else QuantInfo(**quant))
-
-    graphs = tuple(GraphInfo(name=graph["name"], inputs=tuple(map(tensor, graph["inputs"])),
-                             outputs=tuple(map(tensor, graph["outputs"]))) for graph in header["graphs"])
-    return BinaryInfo(path=os.fspath(path), file_bytes=layout.file_bytes,
-                      weight_bytes=header["weight_section"]["bytes"], graphs=graphs, toolchain=header["toolchain"],
-                      tool_version=header["tool_version"],
-                      applied_options=AppliedOptions.from_dict(header["applied_options"], os.fspath(path)))
-
-
-def read_header(path: str | os.PathLike[str]) -> dict:
-    """A container's JSON header (graphs, applied options, the weight table), checked against the file.
-
-    Raises:
-        GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
-    """
-    return _read_layout(path).header
-
-
-def _read_layout(path: str | os.PathLike[str]) -> _Layout:
-    try:
-        with open(path, "rb") as handle:
-            preamble = handle.read(_PREAMBLE.size)
-            if len(preamble) < _PREAMBLE.size or not preamble.startswith(MAGIC):
-                raise GenieBuildError(path, f"not a genie-build reference context binary: starts with "
-                                            f"{preamble[:len(MAGIC)]!r}, expected {MAGIC!r}")
-            _, version, _, header_length = _PREAMBLE.unpack(preamble)
-            if version != FORMAT_VERSION:
-                raise GenieBuildError(path, f"reference container format version {version}; this genie-build "
-                                            f"reads version {FORMAT_VERSION}")
-            header = json.loads(handle.read(header_length))
-            file_bytes = os.fstat(handle.fileno()).st_size
-    except FileNotFoundError:
-        raise GenieBuildError(path, "file not found") from None
-    except OSError as exc:
-        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GenieBuildError(path, f"reference container header is not valid JSON (truncated?): {exc}") from None
-    try:
-        graph_section_bytes, weight_bytes = int(header["graph_section_bytes"]), int(header["weight_section"]["bytes"])
-        weights = tuple(map(WeightEntry.from_dict, header["weights"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise GenieBuildError(path, f"reference container header lacks section sizes or a weight table: "
-                                    f"{exc!r}") from None
-    graph_section_start = _PREAMBLE.size + header_length
-    graph_section_end = graph_section_start + graph_section_bytes
-    weight_section_start = graph_section_end + _padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT)
-    expected = weight_section_start + weight_bytes
-    if file_bytes != expected:
-        raise GenieBuildError(path, f"is {file_bytes} bytes but its header describes {expected} "
-                                    "(truncated or corrupt reference container)")
-    return _Layout(header=header, weights=weights, graph_section_start=graph_section_start,
-                   weight_section_start=weight_section_start, file_bytes=file_bytes)

@@ -30,7 +30,6 @@ aligned; smaller ones stay inline.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections import defaultdict
@@ -51,6 +50,7 @@ from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, defaul
                                                      read_initializer, set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
+from genie_build.toolchains.reference.records import Quantization
 
 QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
@@ -60,35 +60,6 @@ FLOAT_BITWIDTHS = (16, 32)
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 _BLOCKED = ("per_block", "lpbq")
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """How convert stored one quantized weight: the record under :data:`QUANTIZED_WEIGHTS_KEY` (keyed by the
-    values tensor), which the container reads to pack and unpack the values. Tensor names, not arrays."""
-
-    weight: str                 # the original initializer
-    bitwidth: int               # of the stored values (:func:`stored_bitwidth`)
-    encoding: str               # the encoding's kind: per_tensor, per_channel, per_block, lpbq
-    axis: int | None            # the channel axis of the scale and zero point; None: per tensor
-    block_axis: int | None
-    block_size: int | None
-    scale: str
-    zero_point: str
-    block_int_scale: str | None = None           # LPBQ only: the per-block integer scales
-    block_int_scale_bitwidth: int | None = None  # LPBQ only
-
-    def to_dict(self) -> dict:
-        """The JSON record; the LPBQ-only keys appear for LPBQ alone."""
-        record = dataclasses.asdict(self)
-        return {key: value for key, value in record.items() if value is not None or key not in _LPBQ_ONLY}
-
-    @classmethod
-    def from_dict(cls, record: dict) -> Quantization:
-        return cls(**record)
-
-
-_LPBQ_ONLY = ("block_int_scale", "block_int_scale_bitwidth")
 
 
 def quantized_weights(model: onnx.ModelProto) -> dict[str, Quantization]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
-from genie_build.toolchains.reference.container import TOOLCHAIN, inspect_container, write_container
-from genie_build.toolchains.reference.convert import convert_model
+from genie_build.toolchains.reference.container_format import TOOLCHAIN, inspect_container
 
 
 class ReferenceToolchain:
@@ -20,12 +19,16 @@ class ReferenceToolchain:
     def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
                 float_bitwidth: int) -> None:
         """See :func:`genie_build.toolchains.reference.convert.convert_model`."""
+        # imported here, as in compile: numpy and onnx take 0.2 s that the commands only reading a binary
+        # (account, bundle, check-bundle) need not pay
+        from genie_build.toolchains.reference.convert import convert_model
         convert_model(onnx_path, encodings_path, out_path, graph_name=graph_name, float_bitwidth=float_bitwidth)
 
     def compile(self, converted: dict[str, Path], out_path: Path, options: CompileOptions) -> None:
         """See :func:`genie_build.toolchains.reference.container.write_container`."""
+        from genie_build.toolchains.reference.container import write_container
         write_container(converted, out_path, options)
 
     def inspect(self, binary_path: Path) -> BinaryInfo:
-        """See :func:`genie_build.toolchains.reference.container.inspect_container`."""
+        """See :func:`genie_build.toolchains.reference.container_format.inspect_container`."""
         return inspect_container(binary_path)
