@@ -11,8 +11,8 @@ checkpoint slice_encodings:
         prompt_encodings=SOURCE["prompt_encodings"],
         token_encodings=SOURCE["token_encodings"],
     output:
-        prompt=directory(f"{OUT}/encodings/prompt"),
-        token=directory(f"{OUT}/encodings/token"),
+        # one directory holding prompt/ and token/: a checkpoint with one output, as every other checkpoint here
+        slices=directory(f"{OUT}/encodings"),
     priority: CRITICAL_PATH
     log:
         f"{OUT}/logs/slice_encodings.log",
@@ -29,7 +29,7 @@ checkpoint slice_encodings:
     shell:
         "{params.python} -m genie_build slice-model-encodings"
         " --prompt-model {input.prompt_model:q} --prompt-encodings {input.prompt_encodings:q}"
-        " --prompt-parts-dir {params.prompt_parts_dir:q} --prompt-out-dir {output.prompt:q}"
+        " --prompt-parts-dir {params.prompt_parts_dir:q} --prompt-out-dir {output.slices:q}/prompt"
         " --token-model {input.token_model:q} --token-encodings {input.token_encodings:q}"
-        " --token-parts-dir {params.token_parts_dir:q} --token-out-dir {output.token:q}"
+        " --token-parts-dir {params.token_parts_dir:q} --token-out-dir {output.slices:q}/token"
         " {params.token_shares_prompt:q} {params.kv_cache_tied:q} > {log:q} 2>&1"

@@ -25,12 +25,16 @@ rule check_contract:
 
 
 # Hashes every shared weight of both graphs: its own job, so an encodings change does not repeat it, and one that
-# runs beside the split (the bundle, not the split, waits for it).
+# runs beside the split (the bundle, not the split, waits for it). It waits for the plan only so that it starts when
+# the two splits already hold the cores (they have the priority): ready at the start, it took a core for 6-9 s while
+# the second split waited for it, and Snakemake then hashed its 5 GB of inputs before starting anything else. A
+# replan with the same bytes does not rerun it (the plan is a checkpoint).
 rule check_model:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
         weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
+        plan=f"{OUT}/plan.json",
     output:
         f"{OUT}/model_check.json",
     log:
