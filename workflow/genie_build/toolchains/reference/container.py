@@ -120,7 +120,7 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
             values = read_initializer(tensor, graph.path)
             quantization = quantized.get(tensor.name)
             key = (tensor.name, values.dtype.str, values.shape, quantization,
-                   hashlib.sha256(values.tobytes()).hexdigest())
+                   hashlib.sha256(_bytes_of(values)).hexdigest())
             if options.weight_sharing_enabled and key in stored:
                 index = stored[key]
                 entries[index] = dataclasses.replace(entries[index], graphs=(*entries[index].graphs, graph.name))
@@ -156,13 +156,19 @@ def stored_nbytes(shape: Sequence[int], dtype: str, packed: bool = False) -> int
 
 
 def _encode(values: np.ndarray, quantization: Quantization | None, zero_point: np.ndarray | None, packing: bool,
-            where: Path) -> tuple[str, bytes]:
+            where: Path) -> tuple[str, bytes | np.ndarray]:
     """How one tensor is stored: ``(storage, bytes)``."""
     if packing and _packable(values, quantization, zero_point):
         if quantization.bitwidth <= 4:
             return "packed4", pack_int4(values)
         return "packed4_signed", pack_int4(_signed_nibbles(values, quantization, zero_point))
-    return _raw_storage(values.dtype.name, where), values.tobytes()
+    return _raw_storage(values.dtype.name, where), _bytes_of(values)
+
+
+def _bytes_of(values: np.ndarray) -> np.ndarray:
+    """The values' bytes in C order, as a flat uint8 view: no copy when they are already contiguous (weights are
+    hundreds of MB, and ``tobytes`` copied each twice, to hash it and to write it)."""
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
 
 
 def _raw_storage(dtype: str, where: str | os.PathLike[str]) -> str:

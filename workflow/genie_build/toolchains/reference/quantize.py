@@ -76,14 +76,26 @@ def quantize(w: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None, *,
     dtype = unsigned_dtype(bits)
     rows = np.atleast_1d(w)
     q = np.empty(rows.shape, dtype=dtype)
-    for block in row_blocks(rows.shape, scale, axis, block_values):
+    blocks = row_blocks(rows.shape, scale, axis, block_values)
+    # One buffer for every block's arithmetic, in place: fresh temporaries cost page faults and memory traffic, which
+    # two converts running side by side share. Subtracting the offset in float32 gives the codes the exact integer
+    # arithmetic gives when both the rounded quotient and the offset are below 2**24 in magnitude, and otherwise a
+    # value beyond the clip range either way; so float32 for offsets that small, float64 (exact) for wider ones.
+    work_dtype = np.float32 if bits <= 16 and np.abs(offset).max(initial=0) < 2**23 else np.float64
+    largest = max((block.stop - block.start for block in blocks), default=0) * math.prod(rows.shape[1:])
+    buffer = np.empty(largest, dtype=work_dtype)
+    for block in blocks:
         x = np.asarray(rows[block], dtype=np.float32)
         if not np.isfinite(x).all():
             raise GenieBuildError(enc.name, "weight holds NaN or infinite values, which cannot be quantized")
         block_scale, block_offset = (params_of_rows(params, rows.shape, axis, block) for params in (scale, offset))
-        codes = np.rint(x / broadcast_params(block_scale, x.shape, axis)) - broadcast_params(block_offset, x.shape,
-                                                                                              axis)
-        q[block] = np.clip(codes, 0, 2**bits - 1)
+        codes = buffer[:x.size].reshape(x.shape)
+        # dtype: the quotient in float32 (AIMET's precision) whichever the buffer's type
+        np.divide(x, broadcast_params(block_scale, x.shape, axis), out=codes, dtype=np.float32)
+        np.rint(codes, out=codes)
+        np.subtract(codes, broadcast_params(block_offset, x.shape, axis).astype(work_dtype), out=codes)
+        np.clip(codes, 0, 2**bits - 1, out=codes)
+        q[block] = codes
     return q.reshape(w.shape), scale, (-offset).astype(dtype)
 
 
