@@ -348,7 +348,7 @@ def test_graphs_calibrated_one_by_one_stop_the_build_unless_the_token_graph_shar
     encodings = {"prompt": "exports/prompt.encodings.json", "token": "exports/alone.encodings.json"}
     for name, share in (("alone-default", "none"), ("alone-shared", "prompt")):
         config = user_config(workflow, name, model={"encodings": encodings}, encodings={"share_from": share})
-        result = run_snakemake(workflow, "-p", f"results/{name}/encodings/token", config_file=config,
+        result = run_snakemake(workflow, "-p", f"results/{name}/encodings", config_file=config,
                                check=share == "prompt")
         if share == "none":
             assert result.returncode != 0
