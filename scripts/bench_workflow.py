@@ -270,8 +270,8 @@ def report(runs: dict[str, Run], generate_seconds: float, jobs: list[Job], start
     incremental = runs["incremental"]
     first_start = min(job.started for job in incremental_jobs) - incremental.started
     last_end = max(job.started + job.seconds for job in incremental_jobs) - incremental.started
-    lines += ["", f"In the incremental build Snakemake took {first_start:.2f} s from its start to its first job (Python, "
-                  f"its imports, parsing the workflow, the DAG) and {incremental.seconds - last_end:.2f} s "
+    lines += ["", f"In the incremental build Snakemake took {first_start:.2f} s from its start to its first job "
+                  f"(Python, its imports, parsing the workflow, the DAG) and {incremental.seconds - last_end:.2f} s "
                   f"after its last job; its jobs ran from {first_start:.2f} s to {last_end:.2f} s, a longest chain of "
                   f"{critical_path_seconds(incremental_jobs):.2f} s of job time."]
     return "\n".join(lines)

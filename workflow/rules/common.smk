@@ -264,7 +264,7 @@ def final_outputs(wildcards):
     ]
 
 
-def cancel_rescheduling_timers(log=None):
+def cancel_rescheduling_timers():
     """Cancel the re-evaluation timers Snakemake's scheduler leaves behind, once the run is over.
 
     After every round that starts jobs, Snakemake 9 arms a one-second, non-daemon ``threading.Timer`` to look at
