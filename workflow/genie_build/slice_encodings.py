@@ -39,7 +39,7 @@ class GraphSliceFiles:
 
 def slice_model_encodings(prompt: GraphSliceFiles, token: GraphSliceFiles, *, token_shares_prompt: bool = False,
                           kv_cache_tied: bool = False) -> None:
-    """Write both graphs' slices (see the module doc); nothing is written unless both graphs' slices are good.
+    """Write both graphs' slices (see the module doc); neither graph's are written unless both graphs' check out.
 
     Args:
         token_shares_prompt: the token graph takes the prompt graph's encoding for every tensor it has; otherwise
@@ -77,11 +77,14 @@ def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: 
         GenieBuildError: invalid encodings, encodings that do not fit the graph or the other graph's, an
             incomplete parts directory, or parts whose shared boundary tensors would get different encodings.
     """
-    others = {key: read_encodings(path) for key, path in (("consistent_with", consistent_with),
-                                                          ("share_from", share_from)) if path is not None}
-    slices = _graph_slices(graph, read_encodings(encodings), encodings, model, parts_dir, kv_cache_tied=kv_cache_tied,
-                           **others)
+    slices = _graph_slices(graph, read_encodings(encodings), encodings, model, parts_dir,
+                           consistent_with=_read_if_given(consistent_with), share_from=_read_if_given(share_from),
+                           kv_cache_tied=kv_cache_tied)
     _write_slices(out_dir, slices)
+
+
+def _read_if_given(path: str | os.PathLike[str] | None) -> Encodings | None:
+    return None if path is None else read_encodings(path)
 
 
 def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[str], model: str | os.PathLike[str],
