@@ -3,7 +3,6 @@ deterministic bytes; atomic (a failure leaves nothing at the final path, and an 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 from pathlib import Path
@@ -12,13 +11,11 @@ import pytest
 import yaml
 
 import genie_build.bundle as bundle_module
-from genie_build import fileio
 from bundle_helpers import ReferenceBuild
 from genie_build.bundle import assemble_bundle, runtime_tool_versions
 from genie_build.check_bundle import check_bundle
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import write_bytes
 from genie_build.metadata import METADATA_NAME, parse_metadata
 from genie_build.toolchains.reference.container_format import inspect_container
 
@@ -70,33 +67,6 @@ def test_two_assemblies_are_byte_identical(build: ReferenceBuild, tmp_path: Path
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     assert json.loads((first / "manifest.json").read_text())["config_used"] == CONFIG_USED
-
-
-def test_ctx_bins_are_hard_links_that_keep_their_bytes_when_a_binary_is_rebuilt(
-        build: ReferenceBuild, tmp_path: Path) -> None:
-    binaries = []
-    for source in build.binaries:
-        binaries.append(tmp_path / source.name)
-        write_bytes(binaries[-1], source.read_bytes())
-    bundle = assemble(build, tmp_path / "bundle", binaries)
-    assert [(bundle / name).stat().st_ino for name in CTX_BINS] == [path.stat().st_ino for path in binaries]
-    before = (bundle / CTX_BINS[0]).read_bytes()
-    write_bytes(binaries[0], b"rebuilt")  # as a compile job writes its output: a new file renamed over the old
-    assert (bundle / CTX_BINS[0]).read_bytes() == before
-    assert check_bundle(bundle, hf_config=build.source / "config.json", chipset="SM8750") == []
-    assert (bundle / "tokenizer.json").stat().st_ino != (build.source / "tokenizer.json").stat().st_ino
-
-
-def test_ctx_bins_are_copied_where_they_cannot_be_linked(build: ReferenceBuild, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def cross_device(src, dst):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(fileio.os, "link", cross_device)
-    bundle = assemble(build, tmp_path / "bundle")
-    for name, source in zip(CTX_BINS, build.binaries):
-        assert (bundle / name).read_bytes() == source.read_bytes()
-        assert (bundle / name).stat().st_ino != source.stat().st_ino
 
 
 def test_a_failed_assembly_leaves_no_bundle(build: ReferenceBuild, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from genie_build import __version__
 from genie_build.conventions import graph_ar_cl, part_label
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_directory, link_or_copy, sha256_file, write_json, write_text
+from genie_build.fileio import atomic_directory, sha256_file, write_json, write_text
 from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, load_hf_config,
                                       make_genie_config, make_htp_backend_ext_config)
 from genie_build.metadata import METADATA_NAME, dump_metadata
@@ -81,7 +81,7 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
     htp_config = make_htp_backend_ext_config(chipset)
     with atomic_directory(out_dir) as staging:
         for name, path in zip(names, binaries):
-            link_or_copy(path, staging / name)
+            shutil.copyfile(path, staging / name)
         shutil.copyfile(tokenizer_path, staging / TOKENIZER_NAME)
         write_json(staging / GENIE_CONFIG_NAME, genie_config)
         write_json(staging / HTP_EXT_CONFIG_NAME, htp_config)

@@ -108,18 +108,6 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-    """Hard-link ``src`` as ``dst``, or copy it where the file system cannot link it there (another device, no
-    hard links). A link costs no disk and no time, and stays right for a job's output: the job that rebuilds
-    ``src`` writes a new file (Snakemake deletes a job's outputs before it runs it; :func:`atomic_open` renames a
-    new file over the path), so ``dst`` keeps the bytes it was made from. Not for a user's files, which they may
-    edit in place."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
 def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, length: int) -> None:
     """Copy ``length`` bytes of ``src`` starting at ``offset`` in chunks, so memory stays bounded."""
     src.seek(offset)
