@@ -329,6 +329,7 @@ def test_the_stage_without_aimet_onnx_names_what_is_missing(pair, tmp_path, monk
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("pair", ["demo"], indirect=True)  # the corpus is read alike for every architecture
 def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
