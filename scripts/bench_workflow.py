@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -36,9 +37,12 @@ from pathlib import Path
 
 import yaml
 
+from genie_build.cli_args import positive_int
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the same workflow copy and encodings edit as the tests
 from workflow_helpers import copy_workflow, scale_encoding  # noqa: E402
+
 SOURCE_FILES = ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data",
                 "prompt.encodings.json", "token.encodings.json", "tokenizer.json", "config.json")
 MODEL = "bench"
@@ -138,10 +142,11 @@ def fresh_build(workdir: Path, config_file: Path, cores: int) -> Run:
     whose balloon driver hands freed memory back to the host, deleting GBs of cached files right before a run made
     that run fault the memory back in (this machine wrote 512 MB in 6-7 s instead of 0.6 s, nearly all of it
     kernel time), which a build box with a full page cache never pays."""
-    aside = workdir / PREVIOUS_BUILDS / f"{len(list((workdir / PREVIOUS_BUILDS).glob('*')))}"
-    for state in (workdir / "results", workdir / ".snakemake"):
-        if state.exists():
-            aside.mkdir(parents=True, exist_ok=True)
+    states = [state for state in (workdir / "results", workdir / ".snakemake") if state.exists()]
+    if states:
+        (workdir / PREVIOUS_BUILDS).mkdir(exist_ok=True)
+        aside = Path(tempfile.mkdtemp(dir=workdir / PREVIOUS_BUILDS))
+        for state in states:
             state.rename(aside / state.name)
     return timed(workdir, config_file, cores)
 
@@ -319,7 +324,7 @@ def main() -> int:
     parser.add_argument("--no-host-run", action="store_true",
                         help="build without the host run (bundle.host_run: false), a whole-model check that reruns "
                              "in full on any change")
-    parser.add_argument("--incremental-runs", type=int, default=INCREMENTAL_RUNS,
+    parser.add_argument("--incremental-runs", type=positive_int, default=INCREMENTAL_RUNS,
                         help="incremental builds, each after a new edit of the same weight's encodings (a build "
                              "of ~10 s scatters more than a full one); the median is compared with the target")
     parser.add_argument("--layer", type=int, default=None,
