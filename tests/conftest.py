@@ -2,9 +2,12 @@
 
 - ``small_demo``: the SMALL demo model (tests/demo_shapes.py) generated once; read only.
 - ``hf_qwen2``: a transformers Qwen2 (2 layers, AR 8, CL 32) exported by torch.onnx dynamo, prompt and token
-  graphs; read only. Skips without torch/transformers.
+  graphs; read only. Skips without torch/transformers; a test that takes it is marked ``hf``.
 - ``build``: the tiny demo built end to end through the commands (tests/bundle_helpers.py, about 2 s); read only:
   a test that changes it copies what it changes.
+
+Markers (pyproject.toml): ``workflow`` runs Snakemake end to end, ``hf`` needs the Hugging Face stack
+(envs/requirements-hf.txt); the fast tier is ``-m "not workflow and not hf"``.
 
 The Snakemake workflow tests (``-m workflow``) share one build per module (their ``built`` fixtures) and clone it
 (tests/rebuild_helpers.py ``clone_workdir``) before changing anything.
@@ -38,3 +41,9 @@ def hf_qwen2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def build(tmp_path_factory: pytest.TempPathFactory) -> ReferenceBuild:
     """A tiny demo built once through every command: source files, parts, slices, converted graphs, ctx-bins."""
     return build_reference_bundle(tmp_path_factory.mktemp("reference"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "hf_qwen2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.hf)

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from genie_build.encodings import read_encodings
 from genie_build.toolchains.reference.convert import convert_model
 
+pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
     import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-hf.txt): a missing one fails
 else:

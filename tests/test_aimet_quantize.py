@@ -37,6 +37,7 @@ from genie_build.quantize import (LPBQ_BLOCK_SIZE, RECIPES, FeedShape, corpus_to
                                   kv_cache_io, lm_head_weight, quantize, recipe_sim, session_outputs,
                                   text_forward_pass)
 
+pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
     import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-hf.txt): a missing one fails
 else:

@@ -206,6 +206,7 @@ def hf_graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return export_tiny_qwen2(tmp_path_factory.mktemp("hf"), layers=LAYERS)
 
 
+@pytest.mark.hf
 def test_hf_export_boundaries(hf_graphs: tuple[Path, Path]) -> None:
     """A torch dynamo export of transformers' Qwen2: exactly L + 1 rank-3 hidden boundaries, in graph order,
     and the same names in the prompt and token graphs."""
@@ -224,6 +225,7 @@ def test_hf_export_boundaries(hf_graphs: tuple[Path, Path]) -> None:
     assert readers and all(node_layer(node) is None for node in readers)
 
 
+@pytest.mark.hf
 def test_hf_export_graphs_share_weights_and_plan(hf_graphs: tuple[Path, Path]) -> None:
     prompt, token = hf_graphs
     for path in hf_graphs:

@@ -237,6 +237,7 @@ def hf_model(model_dir: Path):
     return torch, model
 
 
+@pytest.mark.hf
 @pytest.mark.parametrize("kind, past_len", [("prompt", 0), ("prompt", 13), ("token", 30), ("token", 47)])
 def test_matches_hf_qwen2(tiny_dir: Path, kind: str, past_len: int) -> None:
     """Logits and new K/V equal HF's for the last AR tokens of a sequence whose first ``past_len``

@@ -29,6 +29,7 @@ from genie_build.genie_config import head_dim, read_rope
 from genie_build.genie_contract import model_violations
 from genie_build.onnx_graph import graph_io, load_graph
 
+pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")

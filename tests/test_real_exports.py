@@ -30,6 +30,7 @@ from onnx import helper, numpy_helper
 
 from workflow_helpers import REPO, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
+pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
     import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-hf.txt): a missing one fails
 else:

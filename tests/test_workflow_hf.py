@@ -26,7 +26,7 @@ else:
 
 import hf_checkpoints  # noqa: E402  (needs torch)
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.hf]
 AR, CONTEXT = 8, 64   # the host run: a 24-token prompt + 16 new tokens
 MODEL = "hf"
 OUT = f"results/{MODEL}"

@@ -381,13 +381,13 @@ def quantize(prompt_path: str | Path, token_path: str | Path, out_prompt: str | 
         GenieBuildError: a bad recipe, ``num_samples < 1``, or any of the problems of :func:`feed_shape`,
             :func:`corpus_token_ids` and :func:`quantize_pair`.
     """
-    require_aimet()
     chosen = recipe_named(recipe)
     if num_samples < 1:
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")
     prompt = Path(prompt_path)
     shape = feed_shape(load_graph(prompt), prompt, Path(hf_config_path))
     ids = corpus_token_ids(corpus_path, tokenizer_path, shape.vocab)
+    require_aimet()  # after the inputs are read: importing aimet-onnx (and torch) takes seconds, a bad input does not
     return quantize_pair(prompt, token_path, out_prompt, out_token, recipe=chosen,
                          forward_pass=text_forward_pass(shape, ids, num_samples))
 
