@@ -6,7 +6,8 @@ export (files under ``exports/``), so every timed build starts from ONNX files a
 generating the demo is timed on its own. Each full build starts from nothing (no results/, no .snakemake/). Times
 are wall-clock seconds of the whole ``python -m snakemake`` command, start-up and DAG included. The jobs of the
 --cores 1 build and of the incremental one are then summed per rule from Snakemake's own records
-(.snakemake/metadata), with the longest chain of dependent jobs, to show what dominates. The incremental build runs
+(.snakemake/metadata), with the longest chain of dependent jobs, to show what dominates; the same jobs' time in the
+2-core build shows whether the machine slowed one of the two builds. The incremental build runs
 three times (``--incremental-runs``), each after a new edit, and its median is the one compared with the target.
 
 The figures are only as quiet as the machine: the load average before each run is printed next to it. Each timed
@@ -53,6 +54,7 @@ SPEED_UP_TARGET = 1.9
 NO_OP_TARGET = 0.05
 INCREMENTAL_TARGET = 0.20
 STARTUP_TARGET = 0.3  # seconds a job pays before its work
+SAME_SPEED = 0.97  # job time at 2 cores over job time at 1 core, below which the 1-core build was slowed
 INCREMENTAL_RUNS = 3
 EXECUTOR_PLUGIN_PREFIX = "snakemake_executor_plugin_"
 PREVIOUS_BUILDS = "previous-builds"  # in the work dir: earlier builds, until the timed runs are over
@@ -255,8 +257,24 @@ def startup_table(jobs: list[Job], startup: dict[str, float]) -> list[str]:
     return lines + [f"| {command} | {counts[command]} | {seconds:.2f} |" for command, seconds in startup.items()]
 
 
-def report(runs: dict[str, Run], generate_seconds: float, jobs: list[Job], startup: dict[str, float],
-           hashed: int, incremental_jobs: list[Job], incremental_seconds: list[float]) -> str:
+def job_speed_lines(full1: Run, full2: Run, jobs: list[Job], jobs_two_cores: list[Job]) -> list[str]:
+    """The same jobs' time at --cores 1 and at --cores 2. Side by side they share the memory bus and the disk, so
+    on a steady machine they take as long or longer at 2 cores; if they took clearly less (below
+    :data:`SAME_SPEED`), the machine slowed the 1-core build, and the speed-up is also given with the 1-core
+    build's jobs at their 2-core durations."""
+    work1, work2 = sum(job.seconds for job in jobs), sum(job.seconds for job in jobs_two_cores)
+    line = (f"The same jobs took {work2:.1f} s at --cores 2 (side by side) against {work1:.1f} s at --cores 1 "
+            f"({work2 / work1:.2f}x). ")
+    if work2 >= SAME_SPEED * work1:
+        return [line + "The speed-up above includes what running side by side cost them."]
+    corrected = (full1.seconds - work1 + work2) / full2.seconds
+    return [line + "The 1-core build's jobs ran slower than the same jobs side by side: the machine slowed that "
+                   f"build. With its jobs at their 2-core durations it would take {full1.seconds - work1 + work2:.1f} "
+                   f"s, a speed-up of {corrected:.2f}x."]
+
+
+def report(runs: dict[str, Run], generate_seconds: float, jobs: list[Job], jobs_two_cores: list[Job],
+           startup: dict[str, float], hashed: int, incremental_jobs: list[Job], incremental_seconds: list[float]) -> str:
     """The timings, their ratios against the targets, and where the --cores 1 build spent its time (Markdown)."""
     full1, full2 = runs["full1"], runs["full2"]
     incremental_target = INCREMENTAL_TARGET
@@ -286,6 +304,7 @@ def report(runs: dict[str, Run], generate_seconds: float, jobs: list[Job], start
                   f"dependent jobs: {chain:.1f} s, so no 2-core schedule takes less than {best_two_cores:.1f} s of job "
                   f"time: a speed-up of at most {work / best_two_cores:.2f}x on an idle machine, before Snakemake's "
                   "own time.",
+              *job_speed_lines(full1, full2, jobs, jobs_two_cores),
               f"Snakemake read {hashed / 1e9:.1f} GB to checksum the jobs' inputs, in its main process.",
               ""]
     paid = sum(startup[job.command] for job in jobs if job.command in startup)
@@ -343,6 +362,7 @@ def main() -> int:
     runs = {"full1": fresh_build(workdir, config_file, 1)}
     jobs, hashed = recorded_jobs(workdir), hashed_bytes(workdir)
     runs["full2"] = fresh_build(workdir, config_file, 2)
+    jobs_two_cores = recorded_jobs(workdir)
     runs["noop"] = timed(workdir, config_file, 2)
     layer = args.layer if args.layer is not None else config["demo"]["layers"] // 2
     incrementals = [incremental_build(workdir, config_file, layer) for _ in range(args.incremental_runs)]
@@ -350,7 +370,7 @@ def main() -> int:
         len(incrementals) // 2]
     startup = startup_per_command(jobs)
     shutil.rmtree(workdir / PREVIOUS_BUILDS, ignore_errors=True)
-    print(report(runs, generate_seconds, jobs, startup, hashed, incremental_jobs,
+    print(report(runs, generate_seconds, jobs, jobs_two_cores, startup, hashed, incremental_jobs,
                  [run.seconds for run, _ in incrementals]))
     return 0
 

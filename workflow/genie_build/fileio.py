@@ -139,11 +139,9 @@ class HashingWriter:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
+    # file_digest reads into one reused buffer: chunks of read() are new objects, each a fresh mapping of memory
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(COPY_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

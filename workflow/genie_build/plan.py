@@ -10,15 +10,15 @@ Pure functions on names and sizes; no file I/O except :func:`write_plan` / :func
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
-import jsonschema
 import onnx
 
 from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
@@ -452,9 +452,19 @@ PLAN_SCHEMA = {
 }
 
 
-# Built once: jsonschema.validate() re-checks the schema itself on every call, and the workflow reads the plan
-# in many input functions.
-_PLAN_VALIDATOR = jsonschema.Draft202012Validator(PLAN_SCHEMA)
+@functools.cache
+def _plan_validator() -> Any:
+    """Built once: jsonschema.validate() re-checks the schema itself on every call, and the workflow reads the plan
+    in many input functions. Imported here: the plan command writes plans and never reads one, and jsonschema
+    would be a quarter of its start-up (0.08 s)."""
+    import jsonschema
+    return jsonschema.Draft202012Validator(PLAN_SCHEMA)
+
+
+def _plan_error(data: Any) -> Any:
+    """The schema violation of ``data`` that best explains it (jsonschema's ``best_match``), or None."""
+    from jsonschema.exceptions import best_match
+    return best_match(_plan_validator().iter_errors(data))
 
 
 def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
@@ -469,7 +479,7 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
         GenieBuildError: the file is missing, not JSON, or not a plan (the message says which field).
     """
     data = read_json(path)
-    error = jsonschema.exceptions.best_match(_PLAN_VALIDATOR.iter_errors(data))
+    error = _plan_error(data)
     if error is not None:
         field = "/".join(str(key) for key in error.absolute_path) or "top level"
         raise GenieBuildError(path, f"not a valid plan: {field}: {error.message}")

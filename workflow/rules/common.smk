@@ -72,6 +72,9 @@ CACHE_KEY_PART = "{part}"
 # No convert starts before both graphs are split and sliced (part_labels), so those jobs go before other ready ones
 # (the shared-weights check, the chain == full checks), which nothing waits for until the bundle.
 CRITICAL_PATH = 10
+# Then the whole-model checks (check_model, verify_split: 5-12 s each, against 1-3 s for a per-part job): left to
+# Snakemake's own order they ran last, one alone on a core while the other idled and the bundle waited for it.
+LONG_CHECKS = 5
 # On a cluster, one submission per part holds its converts, compiles and accounts (no effect on local runs).
 GROUP_PER_PART = "part_{part}"
 

@@ -37,6 +37,7 @@ rule check_model:
         plan=f"{OUT}/plan.json",
     output:
         f"{OUT}/model_check.json",
+    priority: LONG_CHECKS
     log:
         f"{OUT}/logs/check_model.log",
     benchmark:
@@ -102,6 +103,7 @@ rule verify_split:
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
     output:
         f"{OUT}/verify/{{graph}}.json",
+    priority: LONG_CHECKS
     log:
         f"{OUT}/logs/verify_split/{{graph}}.log",
     benchmark:
