@@ -29,7 +29,8 @@ from pathlib import Path
 from genie_build.boundaries import find_boundaries
 from genie_build.encodings import Encodings
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import model_pieces, plan_by_num_parts, write_plan
+from genie_build.plan import model_pieces, plan_by_num_parts
+from genie_build.plan_file import write_plan
 
 MIB = 1024 * 1024
 # 24 layers, hidden 2048, vocab 32000: about 2.7 GB of fp32 weights per graph (prompt and token).

@@ -16,7 +16,8 @@ from genie_build.demo import DemoShape, generate_demo
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph, tensor_shapes
-from genie_build.plan import model_pieces, read_plan
+from genie_build.plan import model_pieces
+from genie_build.plan_file import read_plan
 from hf_export import export_tiny_qwen2
 from scoped_graph import EMBED_OUT, NAME_SCOPES_KEY, build_scoped_graph, layer_out
 

@@ -1,4 +1,4 @@
-"""genie_build.plan and the ``plan`` command: pieces, balanced contiguous parts, plan.json."""
+"""genie_build.plan, genie_build.plan_file and the ``plan`` command: pieces, balanced contiguous parts, plan.json."""
 
 from __future__ import annotations
 
@@ -20,17 +20,14 @@ from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import InitializerSpec, initializer_specs
 from genie_build.plan import (
     MIB,
-    Piece,
-    Plan,
     initializer_pieces,
     model_pieces,
     plan_by_max_part_bytes,
     plan_by_num_parts,
     quantized_bytes,
-    read_plan,
     weighed_pieces,
-    write_plan,
 )
+from genie_build.plan_file import Piece, Plan, read_plan, write_plan
 from scoped_graph import EMBED_OUT, build_scoped_graph, layer_out
 
 

@@ -36,7 +36,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec
-from genie_build.plan import MIB, Piece, Plan, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces, write_plan
+from genie_build.plan import MIB, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces
+from genie_build.plan_file import Piece, Plan, write_plan
 from genie_build.recipe import Recipe, weight_encoding
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.toolchains.base import AppliedOptions

@@ -4,20 +4,18 @@ The model is a sequence of *pieces*: ``embedding``, ``layer_0`` .. ``layer_{L-1}
 LM head). Parts are contiguous runs of pieces. As in AI Hub Models' Genie exports, part 1 holds the
 embedding lookup alone by default, and the head always shares the last part with the last layer(s).
 
-Pure functions on names and sizes; no file I/O except :func:`write_plan` / :func:`read_plan`.
+Pure functions on names and sizes; the plan's records and its file are :mod:`genie_build.plan_file`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import get_args
 
 import onnx
 
@@ -26,64 +24,21 @@ from genie_build.boundaries import find_boundaries
 from genie_build.conventions import part_label
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, write_json
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
                                     check_shared_initializers, initializer_specs, load_graph)
+from genie_build.plan_file import PartPlan, Piece, Plan, PlanMode, write_plan
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
 log = logging.getLogger(__name__)
 
 SCALE_OFFSET_PAIR_BYTES = 4      # estimate for one stored scale/offset pair
 PER_BLOCK_INT_SCALE_BYTES = 1    # estimate for one LPBQ per-block integer scale
-PieceKind = Literal["embedding", "layer", "head"]
-PlanMode = Literal["num_parts", "max_part_mb"]
 MODES = get_args(PlanMode)
 NUM_PARTS_KEY = "split.num_parts"
 MAX_PART_KEY = "split.max_part_mb"
 MIB = 1024 * 1024
 
 _FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
-
-
-@dataclass(frozen=True)
-class Piece:
-    """An indivisible unit of the model for planning: the embedding, one decoder layer, or the head
-    (final norm + LM head). ``bytes`` is its weight size after quantization (from shapes + encodings).
-    ``output_boundary`` is the residual tensor it hands to the next piece (None for the head)."""
-
-    name: str            # "embedding", "layer_0" .. "layer_{L-1}", "head"
-    kind: PieceKind
-    bytes: int
-    layer: int | None = None
-    output_boundary: str | None = None
-
-
-@dataclass(frozen=True)
-class PartPlan:
-    """One part: 1-based ``index``; the pieces it holds; the tensors it takes and gives at its cuts."""
-
-    index: int
-    label: str                    # genie_build.conventions.part_label: "1_of_6", "01_of_11"
-    pieces: tuple[str, ...]
-    first_layer: int | None       # None for an embedding-only part
-    last_layer: int | None
-    input_boundary: str | None    # None for the first part (it takes input_ids)
-    output_boundary: str | None   # None for the last part (it gives logits)
-    estimated_bytes: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    num_parts: int
-    parts: tuple[PartPlan, ...]
-    num_layers: int
-    boundaries: tuple[str, ...]   # residual-stream tensors: after embedding, after each layer 0..L-1
-    embedding_alone: bool
-    mode: PlanMode
-    max_part_bytes: int | None = None   # the budget, in "max_part_mb" mode
-    pieces: tuple[Piece, ...] = ()      # every piece with its estimated bytes
-    graph_ar: dict[str, int] = field(default_factory=dict)  # tokens per call of each graph: prompt, token
-    context_length: int | None = None   # the compiled context length CL, shared by both graphs
 
 
 # ------------------------------------------------------------------------------------------- pieces
@@ -413,79 +368,3 @@ def _make_plan(pieces: Sequence[Piece], parts: Sequence[tuple[Piece, ...]], embe
 
 def _size_text(size: int) -> str:
     return f"{size} bytes ({size / MIB:.2f} MiB)"
-
-
-# ------------------------------------------------------------------------------------------- plan.json
-
-_NAME = {"type": "string", "minLength": 1}
-_OPTIONAL_NAME = {"type": ["string", "null"]}
-_OPTIONAL_INT = {"type": ["integer", "null"]}
-_COUNT = {"type": "integer", "minimum": 0}
-PLAN_SCHEMA = {
-    "type": "object", "additionalProperties": False,
-    "required": ["num_parts", "mode", "max_part_bytes", "num_layers", "embedding_alone", "boundaries",
-                 "pieces", "parts"],
-    "properties": {
-        "num_parts": {"type": "integer", "minimum": 2},
-        "mode": {"enum": list(MODES)},
-        "max_part_bytes": _OPTIONAL_INT,
-        "num_layers": {"type": "integer", "minimum": 1},
-        "graph_ar": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
-        "context_length": {"type": ["integer", "null"], "minimum": 1},
-        "embedding_alone": {"type": "boolean"},
-        "boundaries": {"type": "array", "items": _NAME},
-        "pieces": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False,
-            "required": ["name", "kind", "bytes", "layer", "output_boundary"],
-            "properties": {"name": _NAME, "kind": {"enum": list(get_args(PieceKind))}, "bytes": _COUNT,
-                           "layer": _OPTIONAL_INT, "output_boundary": _OPTIONAL_NAME}}},
-        "parts": {"type": "array", "minItems": 2, "items": {
-            "type": "object", "additionalProperties": False,
-            "required": ["index", "label", "pieces", "first_layer", "last_layer", "input_boundary",
-                         "output_boundary", "estimated_bytes"],
-            "properties": {"index": {"type": "integer", "minimum": 1}, "label": _NAME,
-                           "pieces": {"type": "array", "minItems": 1, "items": _NAME},
-                           "first_layer": _OPTIONAL_INT, "last_layer": _OPTIONAL_INT,
-                           "input_boundary": _OPTIONAL_NAME, "output_boundary": _OPTIONAL_NAME,
-                           "estimated_bytes": _COUNT}}},
-    },
-}
-
-
-@functools.cache
-def _plan_validator() -> Any:
-    """Built once: jsonschema.validate() re-checks the schema itself on every call, and the workflow reads the plan
-    in many input functions. Imported here: the plan command writes plans and never reads one, and jsonschema
-    would be a quarter of its start-up (0.08 s)."""
-    import jsonschema
-    return jsonschema.Draft202012Validator(PLAN_SCHEMA)
-
-
-def _plan_error(data: Any) -> Any:
-    """The schema violation of ``data`` that best explains it (jsonschema's ``best_match``), or None."""
-    from jsonschema.exceptions import best_match
-    return best_match(_plan_validator().iter_errors(data))
-
-
-def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
-    """Write ``plan.json`` atomically; the same plan always gives the same bytes."""
-    write_json(path, dataclasses.asdict(plan))
-
-
-def read_plan(path: str | os.PathLike[str]) -> Plan:
-    """Read ``plan.json`` written by :func:`write_plan`.
-
-    Raises:
-        GenieBuildError: the file is missing, not JSON, or not a plan (the message says which field).
-    """
-    data = read_json(path)
-    error = _plan_error(data)
-    if error is not None:
-        field = "/".join(str(key) for key in error.absolute_path) or "top level"
-        raise GenieBuildError(path, f"not a valid plan: {field}: {error.message}")
-    if len(data["parts"]) != data["num_parts"]:
-        raise GenieBuildError(path, f"not a valid plan: num_parts is {data['num_parts']} but "
-                                    f"{len(data['parts'])} parts are listed")
-    parts = tuple(PartPlan(**{**part, "pieces": tuple(part["pieces"])}) for part in data["parts"])
-    return Plan(**{**data, "parts": parts, "boundaries": tuple(data["boundaries"]),
-                   "pieces": tuple(Piece(**piece) for piece in data["pieces"])})

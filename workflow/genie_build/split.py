@@ -41,7 +41,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import HashingWriter, atomic_directory, copy_range
 from genie_build.onnx_graph import (ar_and_context_length, check_external_data, graph_io, load_graph, stored_tensors,
                                     subgraphs)
-from genie_build.plan import PartPlan, Plan
+from genie_build.plan_file import PartPlan, Plan
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from genie_build.config import validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.hf_checkpoint import weight_files as _hf_weight_files
-from genie_build.plan import read_plan
+from genie_build.plan_file import read_plan
 from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
 
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from genie_build.conventions import GRAPH_KINDS
-from genie_build.plan import read_plan
+from genie_build.plan_file import read_plan
 from genie_build.split import split_graph
 
 logger = logging.getLogger(__name__)
