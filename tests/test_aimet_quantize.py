@@ -330,6 +330,15 @@ def test_the_stage_without_aimet_onnx_names_what_is_missing(pair, tmp_path, monk
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("pair", ["demo"], indirect=True)
+def test_a_bad_corpus_is_reported_before_aimet_is_imported(pair, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # importing it would fail
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(GenieBuildError, match="gives no tokens"):
+        run_quantize(pair, "w4a16", tmp_path / "out", corpus=empty)
+
+
 @pytest.mark.parametrize("pair", ["demo"], indirect=True)  # the corpus is read alike for every architecture
 def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
     empty = tmp_path / "empty.txt"
