@@ -14,19 +14,30 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 
 
-# The export writes the graphs where the demo rules would, so only one of the two is there.
+# A checkpoint is exported and calibrated part by part; whole graphs (the demo's or the user's) are split, and their
+# encodings sliced.
 if SOURCE_KIND == "hf":
 
     include: "workflow/rules/export.smk"
-    include: "workflow/rules/quantize.smk"
+
+else:
+    if SOURCE_KIND == "demo":
+
+        include: "workflow/rules/source.smk"
+
+    include: "workflow/rules/split.smk"
+
+
+if CALIBRATION_CHAIN:
+
+    include: "workflow/rules/calibrate.smk"
 
 else:
 
-    include: "workflow/rules/source.smk"
+    include: "workflow/rules/encodings.smk"
 
 
-include: "workflow/rules/split.smk"
-include: "workflow/rules/encodings.smk"
+
 include: "workflow/rules/convert.smk"
 include: "workflow/rules/compile.smk"
 include: "workflow/rules/sizes.smk"

@@ -52,11 +52,14 @@ def hf_model(family: str, *, tied: bool = False, layers: int = 2, hidden: int = 
 
 
 def make_checkpoint(out_dir: str | os.PathLike[str], family: str, *, tied: bool = False,
-                    max_shard_size: str | None = None, **sizes) -> Path:
+                    max_shard_size: str | None = None, dtype: str = "float32", **sizes) -> Path:
     """Write a random checkpoint of ``family`` with a tokenizer.json to ``out_dir``; ``max_shard_size`` (e.g.
-    ``"100KB"``) shards the weights with a ``model.safetensors.index.json``."""
+    ``"100KB"``) shards the weights with a ``model.safetensors.index.json``; ``dtype`` ``"bfloat16"`` stores them
+    as the Hub's checkpoints do."""
+    import torch
+
     out = Path(out_dir)
-    model = hf_model(family, tied=tied, **sizes)
+    model = hf_model(family, tied=tied, **sizes).to(getattr(torch, dtype))
     model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     write_text(out / "tokenizer.json", build_tokenizer(CORPUS, model.config.vocab_size).to_str())
     return out

@@ -192,19 +192,25 @@ def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe,
 
 
 def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, record_property):
-    """demo.calibrator: aimet writes what aimet-onnx computes (AIMET's LLM recipe, the token graph sharing the
-    prompt graph's encodings, KV in/out tied); loaded back into a fresh QuantizationSimModel with
-    ``load_encodings_to_sim`` and folded, AIMET's weights are the reference toolchain's, value for value."""
+    """The demo calibrated by aimet-onnx (AIMET's LLM recipe, the token graph sharing the prompt graph's encodings,
+    KV in/out tied; whole, as the chain's units are, tests/test_calibration_chain.py); loaded back into a fresh
+    QuantizationSimModel with ``load_encodings_to_sim`` and folded, AIMET's weights are the reference toolchain's,
+    value for value."""
     from aimet_onnx.quantsim import load_encodings_to_sim
+    from whole_model import feeds_forward_pass, quantize_pair
 
-    from genie_build.calibrate_aimet import calibrate_with_aimet
+    from genie_build.calibrate import calibration_feeds, graph_shape
     from genie_build.demo import DemoShape, generate_demo
     from genie_build.encodings import check_graphs_consistent
+    from genie_build.onnx_graph import load_graph
+    from genie_build.recipes import RECIPES
 
     generate_demo(DemoShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=320, context=32, ar=4),
                   tmp_path)
-    calibrate_with_aimet(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "prompt.encodings.json",
-                         tmp_path / "token.encodings.json", num_samples=2)
+    shape = graph_shape(load_graph(tmp_path / "prompt.onnx"), tmp_path / "prompt.onnx", tmp_path / "config.json")
+    quantize_pair(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "prompt.encodings.json",
+                  tmp_path / "token.encodings.json", recipe=RECIPES["w4a16"],
+                  forward_pass=feeds_forward_pass(calibration_feeds(shape, "prompt", 2)))
     prompt = read_encodings(tmp_path / "prompt.encodings.json")
     token = read_encodings(tmp_path / "token.encodings.json")
     check_graphs_consistent(prompt, token)
@@ -245,32 +251,38 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
 
 @pytest.mark.workflow
 def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
-    """demo.calibrator: aimet, end to end on the small demo: the bundle passes Genie's load-time rules and the
-    host run of the split, quantized bundle gives the unsplit model's tokens."""
+    """demo.calibrator: aimet, end to end on the small demo: the split parts are calibrated by the chain, the
+    bundle passes Genie's load-time rules and its host run gives the tokens of the parts' converted graphs."""
     from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+
+    from genie_build.run_bundle import PARTS_REFERENCE
 
     workdir = copy_workflow(tmp_path)
     config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "calibrator": "aimet"},
-                                    "model": {"name": "aimet"}})
+                                    "model": {"name": "aimet"}, "quantize": {"num_samples": 4}})
     run_snakemake(workdir, config_file=config)
     out = workdir / "results" / "aimet"
-    assert json.loads((out / "source" / "prompt.encodings.json").read_text())["producer"]["package"] == "aimet-onnx"
+    assert not list((out / "source").glob("*.encodings.json"))   # no whole-model calibration
+    units = sorted((out / "calibration").glob("unit_*.encodings.json"))
+    assert len(units) == SMALL_DEMO["split"]["num_parts"]
+    assert all(json.loads(path.read_text())["producer"]["package"] == "aimet-onnx" for path in units)
+    assert load_json(out / "plan_check.json")["same_parts"]
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["unsplit_ids"]
+    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE
 
 
-def test_the_aimet_calibrator_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
-    from genie_build.calibrate_aimet import calibrate_with_aimet
+def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
     from genie_build.demo import DemoShape, generate_demo
     from genie_build.errors import GenieBuildError
+    from genie_build.quantize import calibrate_prompt
+    from genie_build.recipes import RECIPES
+    from whole_model import feeds_forward_pass
 
     generate_demo(DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=300, context=8, ar=2,
                             weight_dtype="float16"), tmp_path)
-    with pytest.raises(GenieBuildError, match="needs demo.weight_dtype float32"):
-        calibrate_with_aimet(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "p.json",
-                             tmp_path / "t.json", num_samples=1)
-    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(GenieBuildError, match="float16 weights"):
+        calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16"], feeds_forward_pass([]))
 
 
 @pytest.fixture(scope="module")

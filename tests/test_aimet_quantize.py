@@ -1,4 +1,5 @@
-"""The quantize stage (genie_build.quantize) against aimet-onnx itself, on Genie-shaped graph pairs.
+"""The AIMET driver (genie_build.quantize) against aimet-onnx itself, on Genie-shaped graph pairs calibrated whole
+(tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
 
 A graph pair is a fixture parameter (:data:`PAIRS`: a name -> a function writing ``prompt.onnx``, ``token.onnx``,
 ``config.json`` and ``tokenizer.json`` into a folder): the demo's graphs today; exported Hugging Face graphs join by
@@ -16,8 +17,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -33,9 +32,9 @@ from genie_build.conventions import KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.quantize import (LPBQ_BLOCK_SIZE, RECIPES, FeedShape, corpus_token_ids, feed_shape,
-                                  kv_cache_io, lm_head_weight, quantize, recipe_sim, session_outputs,
-                                  text_forward_pass)
+from genie_build.quantize import (FeedShape, corpus_token_ids, feed_shape, kv_cache_io, lm_head_weight, recipe_sim,
+                                  session_outputs, text_forward_pass)
+from genie_build.recipes import LPBQ_BLOCK_SIZE, RECIPES
 
 pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
@@ -47,6 +46,7 @@ from aimet_onnx.quantsim import load_encodings_to_sim  # noqa: E402
 from aimet_onnx.utils import disable_quantizers  # noqa: E402
 from test_aimet import converted_weights, count_one_step_ties, largest_step  # noqa: E402
 from test_real_exports import demo_sources, user_workdir  # noqa: E402
+from whole_model import feeds_forward_pass, quantize  # noqa: E402
 
 CORPUS = REPO / "resources" / "calibration_corpus.txt"
 NUM_SAMPLES = 12   # past = 56, AR 8: 8 windows per sequence, so the cache fills and a second sequence starts
@@ -148,8 +148,7 @@ def aimet_sim_with(pair: Path, recipe: str, encodings: Path, scratch: Path):
     """A fresh QuantizationSimModel of the prompt graph, set up by the recipe, with ``encodings`` loaded."""
     model = onnx.load(pair / "prompt.onnx")
     graph = load_graph(pair / "prompt.onnx").graph
-    lm_head_node, lm_head = lm_head_weight(graph, "prompt")
-    sim = recipe_sim(model, RECIPES[recipe], lm_head_node, lm_head, kv_cache_io(graph), pair, scratch)
+    sim = recipe_sim(model, RECIPES[recipe], lm_head_weight(graph, "prompt"), kv_cache_io(graph), pair, scratch)
     # AIMET holds a layer's tied cache quantizer under past_*_in alone; past_*_out is the stage's copy of it
     data = json.loads(encodings.read_text())
     data["activation_encodings"] = [entry for entry in data["activation_encodings"]
@@ -315,47 +314,12 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
 
 def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
     from genie_build.demo import DemoShape, generate_demo
-    from genie_build.quantize import calibrate_prompt, feeds_forward_pass
+    from genie_build.quantize import calibrate_prompt
 
     generate_demo(DemoShape(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=96, vocab=300, context=8, ar=2),
                   tmp_path)
     with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):
         calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16-lpbq"], feeds_forward_pass([]))
-
-
-def test_the_stage_without_aimet_onnx_names_what_is_missing(pair, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # import fails as if not installed
-    with pytest.raises(GenieBuildError, match="^quantize: aimet needs aimet-onnx, which is not installed"):
-        run_quantize(pair, "w4a16", tmp_path)
-    assert not list(tmp_path.iterdir())
-
-
-@pytest.mark.parametrize("pair", ["demo"], indirect=True)
-def test_a_bad_corpus_is_reported_before_aimet_is_imported(pair, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # importing it would fail
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    with pytest.raises(GenieBuildError, match="gives no tokens"):
-        run_quantize(pair, "w4a16", tmp_path / "out", corpus=empty)
-
-
-@pytest.mark.parametrize("pair", ["demo"], indirect=True)  # the corpus is read alike for every architecture
-def test_a_bad_corpus_or_sample_count_is_a_one_line_error(pair, tmp_path):
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    args = [sys.executable, "-m", "genie_build", "quantize", "--prompt", str(pair / "prompt.onnx"),
-            "--token", str(pair / "token.onnx"), "--hf-config", str(pair / "config.json"),
-            "--tokenizer", str(pair / "tokenizer.json"), "--out-prompt", str(tmp_path / "p.json"),
-            "--out-token", str(tmp_path / "t.json")]
-    for extra, message in (([ "--corpus", str(empty), "--recipe", "w4a16"], "gives no tokens"),
-                           (["--corpus", str(tmp_path / "missing.txt"), "--recipe", "w4a16"],
-                            "cannot read the calibration text"),
-                           (["--corpus", str(CORPUS), "--recipe", "w4a16", "--num-samples", "0"], "at least 1")):
-        result = subprocess.run(args + extra, capture_output=True, text=True)
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.strip().splitlines()[-1].startswith("genie-build: error: ")
-        assert message in result.stderr
-    assert not list(tmp_path.glob("*.json"))
 
 
 # --- through the workflow --------------------------------------------------------------------------------------
@@ -378,4 +342,4 @@ def test_the_quantized_pair_builds_a_bundle_that_passes_check_bundle(pair, quant
     out = workdir / "results" / "user"
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["unsplit_ids"]
+    assert host_run["new_ids"] == host_run["reference_ids"]

@@ -201,14 +201,3 @@ def test_low_memory_session_options_give_the_same_encodings(tmp_path: Path, monk
               num_samples=2)
     assert (tmp_path / "p.json").read_bytes() == (tmp_path / "p0.json").read_bytes()
     assert (tmp_path / "t.json").read_bytes() == (tmp_path / "t0.json").read_bytes()
-
-
-def test_the_aimet_calibrator_without_aimet_onnx_names_what_is_missing(tmp_path, monkeypatch):
-    import sys
-
-    from genie_build.calibrate_aimet import calibrate_with_aimet
-
-    monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # import fails as if not installed
-    with pytest.raises(GenieBuildError, match="^demo.calibrator: aimet needs aimet-onnx, which is not installed"):
-        calibrate_with_aimet(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "p.json",
-                             tmp_path / "t.json", num_samples=1)

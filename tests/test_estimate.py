@@ -87,14 +87,13 @@ def test_piece_and_part_bytes_of_a_small_qwen2_config_match_hand_computation(tmp
     assert overheads[1] - container_overhead([pieces["layer_0"]], 0) == 26 * TABLE_ENTRY_BYTES
 
 
-def test_tied_embeddings_put_the_table_in_the_head_and_drop_the_lm_head(tmp_path):
+def test_a_tied_head_is_its_own_lm_head_as_the_export_writes_it(tmp_path):
     model = weights_from_hf_config(write_config(tmp_path, tie_word_embeddings=True))
-    names = [weight.spec.name for weight in model.weights]
-    assert LM_HEAD_WEIGHT not in names
-    table = next(weight for weight in model.weights if weight.spec.name == EMBED_WEIGHT)
-    assert table.pieces == {0, 3}
+    by_name = {weight.spec.name: weight for weight in model.weights}
+    assert by_name[EMBED_WEIGHT].pieces == {0}
+    assert by_name[LM_HEAD_WEIGHT].pieces == {3} and by_name[LM_HEAD_WEIGHT].spec.shape == (8, 32)
     result = estimate(model, Recipe(), num_parts=3)
-    assert result.plan.pieces[-1].bytes == 16 + 384      # final norm + the 8-bit table again
+    assert result.plan.pieces[-1].bytes == 16 + 384      # final norm + the 8-bit head, a copy of the table
 
 
 def test_llama_biases_follow_attention_bias_and_mlp_bias(tmp_path):
@@ -109,10 +108,20 @@ def test_llama_biases_follow_attention_bias_and_mlp_bias(tmp_path):
     assert biases(model_type="llama", mlp_bias=True) == ["down_proj", "gate_proj", "up_proj"]
 
 
+def test_qwen3_has_its_head_dim_and_query_key_norms(tmp_path):
+    model = weights_from_hf_config(write_config(tmp_path, model_type="qwen3", head_dim=8))
+    shapes = {weight.spec.name: weight.spec.shape for weight in model.weights if ".layers.0." in weight.spec.name}
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (8, 16)     # 2 heads of 8
+    assert shapes["model.layers.0.self_attn.o_proj.weight"] == (16, 8)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (8, 8)      # 1 KV head of 8
+    assert shapes["model.layers.0.self_attn.q_norm.weight"] == shapes["model.layers.0.self_attn.k_norm.weight"] == (8,)
+    assert not any(name.endswith(".bias") for name in shapes)
+
+
 @pytest.mark.parametrize("changes, message", [
-    ({"model_type": "qwen3"}, "model_type 'qwen3' is not supported"),
-    ({"head_dim": 8}, "head_dim 8 differs"),
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
     ({"hidden_size": None}, "hidden_size"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
 ])
 def test_unsupported_configs_are_refused_naming_the_file(tmp_path, changes, message):
     config = {key: value for key, value in {**SMALL, **changes}.items() if value is not None}

@@ -1,4 +1,5 @@
-"""export-hf: a Hugging Face checkpoint -> Genie's prompt (AR-N) and token (AR-1) graphs.
+"""The whole export of a Hugging Face checkpoint -> Genie's prompt (AR-N) and token (AR-1) graphs: the reference the
+per-part export is compared with (tests/test_export_parts.py), sharing its wrapper and post-processing.
 
 The proof: the float export, run in onnxruntime with the feeds Genie computes (conventions' rope_tables and
 causal_mask), equals transformers' own forward with a DynamicCache: the logits and the new KV entries of the prompt
@@ -241,14 +242,14 @@ def test_ar_and_context_are_checked(checkpoint, tmp_path):
 def test_a_failure_in_the_second_graph_leaves_no_file(checkpoint, tmp_path, monkeypatch):
     import genie_build.export as export
 
-    real = export._export_graph
+    real = export._exported_graph
 
-    def fail_on_token(wrapper, shape, kind, path):
+    def fail_on_token(module, shape, kind, pieces, name):
         if kind == "token":
-            raise GenieBuildError(path, "disk full")
-        real(wrapper, shape, kind, path)
+            raise GenieBuildError(name, "disk full")
+        return real(module, shape, kind, pieces, name)
 
-    monkeypatch.setattr(export, "_export_graph", fail_on_token)
+    monkeypatch.setattr(export, "_exported_graph", fail_on_token)
     out = tmp_path / "out"
     out.mkdir()
     (out / "prompt.onnx").write_text("an older export")
@@ -256,16 +257,6 @@ def test_a_failure_in_the_second_graph_leaves_no_file(checkpoint, tmp_path, monk
         export.export_checkpoint(checkpoint, out, ar=AR, context=CONTEXT)
     assert sorted(p.name for p in out.iterdir()) == ["prompt.onnx"]
     assert (out / "prompt.onnx").read_text() == "an older export"
-
-
-def test_the_command_exits_2_with_one_line(checkpoint, tmp_path):
-    _edit_config(checkpoint, model_type="mistral", architectures=["MistralForCausalLM"])
-    result = subprocess.run([sys.executable, "-m", "genie_build", "export-hf", "--checkpoint", str(checkpoint),
-                             "--out-dir", str(tmp_path / "out"), "--ar", str(AR), "--context", str(CONTEXT)],
-                            capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert result.stderr.startswith("genie-build: error:") and "'mistral'" in result.stderr
 
 
 def test_the_cli_does_not_import_torch_unless_exporting():

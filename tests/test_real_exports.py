@@ -200,7 +200,7 @@ def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights
     out = workdir / "results" / USER
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["unsplit_ids"]
+    assert host_run["new_ids"] == host_run["reference_ids"]
     # share_from: prompt -- the token graph's parts hold the prompt graph's quantized weights too
     compared = ties = 0
     for kind in GRAPHS:

@@ -32,11 +32,11 @@ UNQUOTED_ALLOWED = {
     "params.strict": "boolean (schema): True or False",
     "params.float_bitwidth": "integer: schema enum [16, 32], or the \\d+ of the converter wildcard",
     "params.vocab": "integer (schema)",
-    "params.calibrator": "schema enum [builtin, aimet]",
     "params.max_context_mb": "number (schema)",
     "params.max_session_mb": "number (schema)",
     "wildcards.graph": "constrained to prompt|token",
     "wildcards.part": r"constrained to \d+_of_\d+",
+    "wildcards.unit": r"constrained to \d+_of_\d+",
     "wildcards.variant": "constrained to the variant names, which the schema limits to [A-Za-z0-9_-]+",
 }
 # Shell metacharacters in every path of the user-model build: a missing quote either breaks the build or runs

@@ -42,7 +42,7 @@ def test_report_holds_the_size_table_chart_and_memory_plan(built):
 def test_host_run_reproduces_the_unsplit_model(built):
     workdir, _ = built
     host_run = load_json(workdir / "results" / "demo" / "host_run.json")
-    assert len(host_run["new_ids"]) == 16 and host_run["new_ids"] == host_run["unsplit_ids"]
+    assert len(host_run["new_ids"]) == 16 and host_run["new_ids"] == host_run["reference_ids"]
 
 
 def test_full_build_writes_every_contract_output(built):

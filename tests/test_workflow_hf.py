@@ -1,10 +1,13 @@
-"""The workflow with model.hf_checkpoint, from a random-weight Hugging Face checkpoint to a checked Genie bundle.
+"""The workflow with model.hf_checkpoint, from a random-weight Hugging Face checkpoint to a checked Genie bundle, one
+part at a time.
 
-For Qwen2, Llama (llama3 RoPE scaling) and Qwen3 checkpoints written by transformers itself: export_hf_graphs and
-quantize_encodings (aimet-onnx) run as stages; the bundle passes check-bundle and the host run's tokens equal the
-unsplit model's. On the Qwen2 build: a second run has nothing to do; a new recipe or calibration text reruns the
-quantize stage and not the export; a changed safetensors byte re-exports; a checkpoint without weights is a config
-error at parse time.
+For Qwen2, Llama (llama3 RoPE scaling) and Qwen3 checkpoints written by transformers itself: the plan is made from
+config.json when the workflow is parsed, each part is exported by a job of its own and calibrated unit by unit
+(aimet-onnx); the bundle passes check-bundle and the host run's tokens equal those of the parts' converted graphs
+(what stands in for an unsplit model, which this path never makes). On the Qwen2 build: a second run has nothing to
+do; a new calibration text or recipe reruns the calibration chain and not the export; a changed shard re-exports
+only the part holding its tensors, and recalibrates from that part's first unit on; a checkpoint without weights is
+a config error at parse time.
 """
 
 from __future__ import annotations
@@ -22,21 +25,22 @@ pytest.importorskip("onnxscript")
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
     import aimet_onnx  # noqa: F401  -- CI installs it: a missing one fails
 else:
-    pytest.importorskip("aimet_onnx", reason="the quantize stage needs aimet-onnx (envs/requirements-hf.txt)")
+    pytest.importorskip("aimet_onnx", reason="the calibration needs aimet-onnx (envs/requirements-hf.txt)")
 
 import hf_checkpoints  # noqa: E402  (needs torch)
+
+from genie_build.run_bundle import PARTS_REFERENCE  # noqa: E402
 
 pytestmark = [pytest.mark.workflow, pytest.mark.hf]
 AR, CONTEXT = 8, 64   # the host run: a 24-token prompt + 16 new tokens
 MODEL = "hf"
 OUT = f"results/{MODEL}"
-EXPORTS = [f"{OUT}/source/{name}" for name in ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data")]
-ENCODINGS = [f"{OUT}/source/{graph}.encodings.json" for graph in ("prompt", "token")]
+NUM_PARTS = 3          # 3 layers: [embedding] [layer 0, layer 1] [layer 2, head]
 
 
 def _config(workdir, name="test-config.yaml", **quantize):
     return write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
-                                  "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": 2},
+                                  "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
                                   "quantize": {"recipe": "w4a16", "num_samples": 4, **quantize}}, name=name)
 
 
@@ -44,25 +48,29 @@ def _log(result) -> str:
     return result.stdout + result.stderr
 
 
+def _ran(result) -> list[tuple[str, str]]:
+    """(rule, wildcards) of every job a run or dry run lists."""
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", _log(result), re.MULTILINE)
+    return [(rule, (re.search(r"^    wildcards: (.*)$", body, re.MULTILINE) or [None, ""])[1]) for rule, body in jobs]
+
+
 def _planned(workdir, config) -> set[str]:
     """The rules a dry run would run."""
-    result = run_snakemake(workdir, "-n", config_file=config)
-    return set(re.findall(r"^(?:local)?rule (\w+):", _log(result), re.MULTILINE))
+    return {rule for rule, _ in _ran(run_snakemake(workdir, "-n", config_file=config))}
 
 
 _BUILDS: dict[str, tuple] = {}
 
 
 def _build(family, tmp_path_factory):
-    """A workdir whose default targets were built from a random ``family`` checkpoint (tied, sharded); one per
-    family and test session."""
+    """A workdir whose default targets were built from a random ``family`` checkpoint (tied, sharded, 3 layers);
+    one per family and test session."""
     if family not in _BUILDS:
         root = copy_workflow(tmp_path_factory.mktemp(family))
-        hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB")
+        hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB", layers=3)
         config = _config(root)
-        ran = set(re.findall(r"^(?:local)?rule (\w+):", _log(run_snakemake(root, "-p", config_file=config)),
-                             re.MULTILINE))
-        assert {"export_hf_graphs", "quantize_encodings"} <= ran
+        ran = {rule for rule, _ in _ran(run_snakemake(root, "-p", config_file=config))}
+        assert {"plan_hf", "export_part", "calibrate_unit", "part_encodings", "check_plan", "verify_parts"} <= ran
         _BUILDS[family] = family, root, config
     return _BUILDS[family]
 
@@ -72,19 +80,33 @@ def built(request, tmp_path_factory):
     return _build(request.param, tmp_path_factory)
 
 
-def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_the_unsplit_model(built):
+def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_its_parts(built):
     family, workdir, _ = built
     check = load_json(workdir / f"{OUT}/contract_check.json")
     assert check["violations"] == [] and check["graphs"] == {"prompt": {"ar": AR, "cl": CONTEXT},
                                                              "token": {"ar": 1, "cl": CONTEXT}}
+    assert len(check["prompt"]) == NUM_PARTS   # the parts together, as one model
     assert load_json(workdir / f"{OUT}/bundle_check.json")["errors"] == 0
     host_run = load_json(workdir / f"{OUT}/host_run.json")
-    assert len(host_run["new_ids"]) > 0 and host_run["new_ids"] == host_run["unsplit_ids"], family
+    assert len(host_run["new_ids"]) > 0 and host_run["new_ids"] == host_run["reference_ids"], family
+    assert host_run["compared_with"] == PARTS_REFERENCE
+    assert load_json(workdir / f"{OUT}/plan_check.json")["same_parts"]
+    for graph in ("prompt", "token"):
+        assert load_json(workdir / f"{OUT}/verify/{graph}.json")["reference"].startswith("transformers modules")
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")
     rope = genie["dialog"]["engine"]["model"]["positional-encoding"]
     assert ("rope-scaling" in rope) == (family == "llama")
-    for stage in ("export_hf_graphs", "quantize_encodings"):
-        assert (workdir / f"{OUT}/benchmarks/{stage}.tsv").is_file()
+    assert not (workdir / OUT / "source").exists()   # no whole graph is ever made
+    assert not list((workdir / OUT).glob("converted/*/*/*"))   # temp: gone once compiled and run
+
+
+def test_long_jobs_say_how_far_they_are(built):
+    _, workdir, _ = built
+    export_log = (workdir / f"{OUT}/logs/export_part/part_2_of_3.log").read_text()
+    assert re.search(r"read \d+ tensor\(s\) from model-\d+-of-\d+\.safetensors", export_log)
+    assert "exported" in export_log
+    unit_log = (workdir / f"{OUT}/logs/calibrate_unit/unit_2_of_3.log").read_text()
+    assert all(f"calibrated window {k} of 4" in unit_log for k in range(1, 5))
 
 
 def test_only_what_changed_reruns(tmp_path_factory):
@@ -94,27 +116,31 @@ def test_only_what_changed_reruns(tmp_path_factory):
     assert "Nothing to be done" in _log(run_snakemake(workdir, config_file=config))
     assert output_mtimes(workdir, MODEL) == before
 
-    new_recipe = _planned(workdir, _config(workdir, "w8.yaml", recipe="w8a16"))
-    assert "quantize_encodings" in new_recipe and "export_hf_graphs" not in new_recipe
+    for changed in (_config(workdir, "w8.yaml", recipe="w8a16"), _config(workdir, "more.yaml", num_samples=5)):
+        planned = _planned(workdir, changed)
+        assert {"calibrate_unit", "part_encodings"} <= planned and "export_part" not in planned
     corpus = workdir / "resources" / "calibration_corpus.txt"
     corpus.write_text("And it came to pass, when men began to multiply on the face of the earth.\n"
                       + corpus.read_text(encoding="utf-8"), encoding="utf-8")
     new_text = _planned(workdir, config)
-    assert "quantize_encodings" in new_text and "export_hf_graphs" not in new_text
-    run_snakemake(workdir, "-p", *ENCODINGS, config_file=config)
+    assert "calibrate_unit" in new_text and "export_part" not in new_text
+    run_snakemake(workdir, config_file=config)
     after = output_mtimes(workdir, MODEL)
-    assert all(after[path.removeprefix(f"{OUT}/")] == before[path.removeprefix(f"{OUT}/")] for path in EXPORTS)
-    assert all(after[path.removeprefix(f"{OUT}/")] != before[path.removeprefix(f"{OUT}/")] for path in ENCODINGS)
+    assert all(after[path] == before[path] for path in before if path.startswith("parts/"))
+    assert all(after[path] != before[path] for path in before if path.startswith("calibration/unit_"))
 
+    # the last shard holds the head's tensors (the index lists them), which only the last part reads
     shard = sorted((workdir / "checkpoint").glob("model-*.safetensors"))[-1]
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0x01  # the last weight's last byte: the file stays a valid safetensors file
     shard.write_bytes(bytes(data))
-    rerun = run_snakemake(workdir, "-p", *EXPORTS, config_file=config)
-    assert "export_hf_graphs" in _log(rerun)
+    result = run_snakemake(workdir, "-p", config_file=config)
+    jobs = _ran(result)
+    assert {wildcards for rule, wildcards in jobs if rule == "export_part"} == {"part=3_of_3"}
+    assert {wildcards for rule, wildcards in jobs if rule == "calibrate_unit"} == {"unit=3_of_3"}
     exported = output_mtimes(workdir, MODEL)
-    assert all(exported[f"source/{name}"] != after[f"source/{name}"] for name in ("prompt.onnx.data", "token.onnx.data"))
-    assert {"quantize_encodings"} <= _planned(workdir, config)
+    assert all(exported[path] == after[path] for path in after if path.startswith(("parts/part_1", "parts/part_2")))
+    assert exported["parts/part_3_of_3/weights.onnx.data"] != after["parts/part_3_of_3/weights.onnx.data"]
 
 
 def test_a_checkpoint_without_weights_is_a_config_error(tmp_path):

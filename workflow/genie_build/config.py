@@ -209,6 +209,10 @@ def _check_cross_fields(config: dict, where: str) -> None:
         raise GenieBuildError(_key(where, ("model", "hf_checkpoint")),
                               f"a checkpoint to export is a source of its own: unset {', '.join(given_with_checkpoint)}"
                               " (its graphs, tokenizer and config.json come from the checkpoint)")
+    if config["demo"]["calibrator"] == "aimet" and config["demo"]["weight_dtype"] != "float32":
+        raise GenieBuildError(_key(where, ("demo", "weight_dtype")),
+                              f"{config['demo']['weight_dtype']!r} with calibrator aimet: aimet-onnx quantizes "
+                              "float32 weights only (a weight reaching its op through a Cast stays unquantized)")
     if not {"prompt_onnx", "hf_checkpoint"} & set(config["model"]):  # the demo is built: its sizes must make a model
         try:
             DemoShape(**shape_config(config["demo"]))

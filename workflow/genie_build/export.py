@@ -1,8 +1,10 @@
-"""Export a Hugging Face checkpoint to Genie's prompt (AR-N) and token (AR-1) graphs.
+"""Export a Hugging Face checkpoint to Genie's prompt (AR-N) and token (AR-1) graphs: one part at a time
+(:func:`export_part`, what the workflow runs) or the whole model (:func:`export_checkpoint`, the reference the
+tests compare the parts with).
 
-The graphs are transformers' own model (its embedding, decoder layers with their attention, MLP and norms, the
+The graphs are transformers' own modules (the embedding, decoder layers with their attention, MLP and norms, the
 final norm and the LM head, with the checkpoint's weights), exported by ``torch.onnx.export(dynamo=True,
-optimize=False)`` through a thin wrapper whose inputs and outputs are Genie's IO contract
+optimize=False)`` through a thin wrapper, :class:`GenieIO`, whose inputs and outputs are Genie's IO contract
 (docs/conventions.md), so nothing of the model is written again by hand:
 
 - ``attention_mask [1, AR, CL]`` (additive) goes to every layer's attention as HF's 4-D additive mask;
@@ -12,55 +14,79 @@ optimize=False)`` through a thin wrapper whose inputs and outputs are Genie's IO
   keys ``[1, n_kv, D, past]`` and past values with the new entries, and the graph outputs only the new ones
   (keys transposed).
 
-After the export, the residual-stream tensors get the names of the conventions (``/model/embed_tokens/
-Gather_output_0``, ``/model/layers.{i}/Add_1_output_0``) and the graph is named ``prompt_ar{AR}_cl{CL}``; weights
-keep their HF names, the Linear weights stored ``[out, in]`` behind a Transpose as torch writes them. A tied LM
-head is untied into its own ``lm_head.weight`` (a copy of the embedding table): Genie bundles quantize the table
-and the head differently, and each graph part holds its own weights anyway.
+A part holds the plan's pieces: the embedding (its graph takes ``input_ids``), a run of decoder layers (their
+``past_*`` tensors) and the head (it gives ``logits``); between parts only the residual stream crosses, as the
+input and output boundary (``/model/embed_tokens/Gather_output_0``, ``/model/layers.{i}/Add_1_output_0``). Its
+graphs have the IO, tensor names, graph names and file layout the split gives a part of the whole export
+(:mod:`genie_build.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
+graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped, and the weights
+(HF names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) go to ``part_{k}_of_{N}.onnx.data``
+4 KiB-aligned with the file's SHA-1 as each tensor's ``checksum``. Both graphs read the same weights, so the
+token graph's data file is a hard link of the prompt graph's: stored once.
 
-Memory: the model is loaded once in float32 (``from_pretrained`` reads the safetensors memory-mapped), each
-graph's exporter program is freed before the next, and the external data is written tensor by tensor.
+A tied LM head is written as its own ``lm_head.weight`` (the embedding table's values): Genie bundles quantize the
+table and the head differently, and they sit in different parts.
+
+Memory: a part reads only its own tensors, from the safetensors files holding them (``safe_open``), into modules
+built on the meta device: about its float32 weights plus the process (a bfloat16 checkpoint is upcast tensor by
+tensor). The exporter's program refers to the modules' tensors, and they are written to the data file one by one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib
 import io
 import logging
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
-from genie_build.boundaries import discover_boundaries
-from genie_build.conventions import (EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN,
-                                     graph_ar, kv_name, layer_output, unsplit_graph_name)
+from genie_build import __version__
+from genie_build.canonical import canonicalize
+from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS,
+                                     MASK, POS_COS, POS_SIN, graph_ar, graph_name, kv_name, layer_output,
+                                     unsplit_graph_name)
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import write_bytes
+from genie_build.fileio import COPY_CHUNK_BYTES, HashingWriter, atomic_open, write_bytes
 from genie_build.genie_config import head_dim
-from genie_build.hf_checkpoint import CONFIG_NAME, SUPPORTED_ARCHITECTURES, Checkpoint, read_checkpoint
+from genie_build.hf_checkpoint import CONFIG_NAME, SUPPORTED_ARCHITECTURES, Checkpoint, read_checkpoint, tensor_files
 from genie_build.onnx_graph import check_shared_initializers
+from genie_build.plan_file import PartPlan
+from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
+
+__all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphPieces", "export_checkpoint", "export_part",
+           "export_shape", "part_files", "part_modules", "piece_outputs"]
 
 log = logging.getLogger(__name__)
 STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+PART_WEIGHTS_NAME = "weights.onnx.data"
+# What transformers raises for a config.json or checkpoint it cannot read (huggingface_hub's strict dataclasses
+# validate config fields, e.g. layer_types against num_hidden_layers, with an Exception of their own).
+_READ_ERRORS = (OSError, ValueError, TypeError, KeyError, StrictDataclassError)
 
 
 @dataclass(frozen=True)
 class ExportShape:
-    """What the graphs' IO depends on: AR of the prompt graph, CL, and the cache's dims."""
+    """What the graphs' IO depends on: AR of the prompt graph, CL, the cache's dims and the hidden size."""
 
     ar: int
     context: int
     layers: int
     kv_heads: int
     head_dim: int
+    hidden: int
 
     def past(self, kind: str) -> int:
         return self.context - graph_ar(kind, self.ar)
@@ -83,7 +109,47 @@ def export_shape(config: dict[str, Any], ar: int, context: int, where: str | os.
         raise GenieBuildError("export.context", f"{context} exceeds the model's max_position_embeddings {limit}")
     return ExportShape(ar=ar, context=context, layers=config["num_hidden_layers"],
                        kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-                       head_dim=head_dim(config, where))
+                       head_dim=head_dim(config, where), hidden=config["hidden_size"])
+
+
+@dataclass(frozen=True)
+class GraphPieces:
+    """Which pieces of the model a graph holds, and the residual-stream tensors at its cuts."""
+
+    embedding: bool
+    layers: tuple[int, ...]
+    head: bool
+    input_boundary: str | None = None    # None: the graph takes input_ids
+    output_boundary: str | None = None   # None: the graph gives logits
+
+    @classmethod
+    def of_part(cls, part: PartPlan) -> GraphPieces:
+        layers = () if part.first_layer is None else tuple(range(part.first_layer, part.last_layer + 1))
+        return cls("embedding" in part.pieces, layers, "head" in part.pieces, part.input_boundary,
+                   part.output_boundary)
+
+    @classmethod
+    def whole(cls, num_layers: int) -> GraphPieces:
+        return cls(True, tuple(range(num_layers)), True)
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        """Genie's input and output names, in the order the split gives a part (whole-graph order, the boundary
+        first)."""
+        inputs = [self.input_boundary] if self.input_boundary else []
+        inputs += [INPUT_IDS] if self.embedding else []
+        inputs += [MASK, POS_COS, POS_SIN] if self.layers else []
+        outputs = [self.output_boundary] if self.output_boundary else []
+        outputs += [LOGITS] if self.head else []
+        for layer in self.layers:
+            inputs += [kv_name("key", layer, "in"), kv_name("value", layer, "in")]
+            outputs += [kv_name("key", layer, "out"), kv_name("value", layer, "out")]
+        return inputs, outputs
+
+    def internal_boundaries(self) -> list[str]:
+        """The residual-stream tensors inside the graph, which keep the conventions' names."""
+        cuts = [EMBEDDING_BOUNDARY] if self.embedding and self.layers else []
+        return cuts + [layer_output(layer) for layer in self.layers[:-1]] + (
+            [layer_output(self.layers[-1])] if self.head and self.layers else [])
 
 
 @dataclass(frozen=True)
@@ -96,67 +162,15 @@ class ExportSummary:
     files: tuple[Path, ...]
 
 
-def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, ar: int,
-                      context: int) -> ExportSummary:
-    """Write ``prompt.onnx`` (AR = ``ar``) and ``token.onnx`` (AR 1), each with its ``.onnx.data``, to ``out_dir``.
-
-    All four files are written in a staging folder inside ``out_dir`` and moved into place only when both graphs
-    are complete, so a failure leaves none of them.
-
-    Raises:
-        GenieBuildError: the checkpoint is not one the export supports or cannot be loaded; a file cannot be
-            written.
-    """
-    checkpoint = read_checkpoint(directory)
-    shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
-    model, tied = load_model(checkpoint)
-    wrapper = GenieIO(model).eval()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with _staging(out) as staging:
-        for kind in GRAPH_KINDS:
-            _export_graph(wrapper, shape, kind, staging / f"{kind}.onnx")
-        del wrapper, model
-        check_shared_initializers(staging / "prompt.onnx", staging / "token.onnx")
-        files = tuple(name for kind in GRAPH_KINDS for name in (f"{kind}.onnx.data", f"{kind}.onnx"))
-        for name in files:  # data before graphs: a graph in place always finds its data
-            os.replace(staging / name, out / name)
-    return ExportSummary(checkpoint.model_type, shape, tied, tuple(out / name for name in files))
-
-
-def load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
-    """The checkpoint as its transformers class, float32, eager attention (plain MatMul/Softmax), in eval mode;
-    with a tied LM head untied. Returns ``(model, whether the head was tied)``.
-
-    Raises:
-        GenieBuildError: transformers cannot load it (the message's first line, naming the directory).
-    """
-    import transformers
-    from safetensors import SafetensorError
-
-    model_class = getattr(transformers, SUPPORTED_ARCHITECTURES[checkpoint.model_type])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = model_class.from_pretrained(checkpoint.directory, dtype=torch.float32,
-                                                attn_implementation="eager")
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise GenieBuildError(checkpoint.directory, f"transformers cannot load the checkpoint: {first_line}") from None
-    model.eval().requires_grad_(False)
-    table = model.get_input_embeddings().weight
-    tied = model.lm_head.weight is table
-    if tied:
-        model.lm_head.weight = torch.nn.Parameter(table.detach().clone(), requires_grad=False)
-    return model, tied
-
+# --- the model's modules --------------------------------------------------------------------------------------
 
 class NewEntriesCache:
     """The cache HF's attention layers write to (duck-typed ``Cache.update``): past entries come from the graph
-    inputs in Genie's layout, the new ones are kept for the graph outputs."""
+    inputs in Genie's layout, keyed by layer index, and the new ones are kept for the graph outputs."""
 
-    def __init__(self, past: Sequence[torch.Tensor]) -> None:
-        self.past_keys, self.past_values = past[0::2], past[1::2]  # keys [1, kv, D, past], values [1, kv, past, D]
+    def __init__(self, past: Sequence[torch.Tensor], layers: Sequence[int]) -> None:
+        self.past_keys = dict(zip(layers, past[0::2]))     # [1, kv, D, past]
+        self.past_values = dict(zip(layers, past[1::2]))   # [1, kv, past, D]
         self.new_keys: dict[int, torch.Tensor] = {}
         self.new_values: dict[int, torch.Tensor] = {}
 
@@ -172,77 +186,335 @@ class NewEntriesCache:
 
 
 class GenieIO(torch.nn.Module):
-    """A causal LM with Genie's graph IO. The attributes ``model`` and ``lm_head`` are the HF model's own, so the
-    exported initializers keep HF's weight names."""
+    """Pieces of a causal LM with Genie's graph IO (:meth:`GraphPieces.io_names`). The attributes mirror the HF
+    model's (``model.embed_tokens``, ``model.layers.{i}``, ``model.norm``, ``lm_head``), so the exported
+    initializers and the name scopes keep HF's names."""
 
-    def __init__(self, causal_lm: torch.nn.Module) -> None:
+    def __init__(self, pieces: GraphPieces, embed_tokens: torch.nn.Module | None,
+                 layers: Mapping[int, torch.nn.Module], norm: torch.nn.Module | None,
+                 lm_head: torch.nn.Module | None) -> None:
         super().__init__()
-        self.model = causal_lm.model
-        self.lm_head = causal_lm.lm_head
+        self.pieces = pieces
+        self.model = torch.nn.Module()
+        if embed_tokens is not None:
+            self.model.embed_tokens = embed_tokens
+        self.model.layers = torch.nn.ModuleDict({str(index): layers[index] for index in pieces.layers})
+        if norm is not None:
+            self.model.norm = norm
+        if lm_head is not None:
+            self.lm_head = lm_head
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids_cos: torch.Tensor,
-                position_ids_sin: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        cache = NewEntriesCache(past)
-        mask = attention_mask.unsqueeze(1)  # [1, 1, AR, CL], broadcast over heads
-        # HF's rotary embedding gives [1, AR, D] with each half repeated; apply_rotary_pos_emb adds the head axis
-        cos = torch.cat([position_ids_cos, position_ids_cos], dim=-1).squeeze(1)
-        sin = torch.cat([position_ids_sin, position_ids_sin], dim=-1).squeeze(1)
-        hidden = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin), cache=cache)
-        return (self.lm_head(self.model.norm(hidden)), *cache.outputs())
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hidden, rest = inputs[0], inputs[1:]
+        cache = NewEntriesCache(rest[3:], self.pieces.layers)
+        if self.pieces.layers:
+            attention_mask, position_ids_cos, position_ids_sin = rest[:3]
+            mask = attention_mask.unsqueeze(1)  # [1, 1, AR, CL], broadcast over heads
+            # HF's rotary embedding gives [1, AR, D] with each half repeated; apply_rotary_pos_emb adds the head axis
+            cos = torch.cat([position_ids_cos, position_ids_cos], dim=-1).squeeze(1)
+            sin = torch.cat([position_ids_sin, position_ids_sin], dim=-1).squeeze(1)
+        if self.pieces.embedding:
+            hidden = self.model.embed_tokens(hidden)
+        for index in self.pieces.layers:
+            hidden = self.model.layers[str(index)](hidden, attention_mask=mask, position_embeddings=(cos, sin),
+                                                   cache=cache)
+        if self.pieces.head:
+            hidden = self.lm_head(self.model.norm(hidden))
+        return (hidden, *cache.outputs())
 
 
-def example_args(shape: ExportShape, kind: str) -> tuple[torch.Tensor, ...]:
+def example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[torch.Tensor, ...]:
     """Zero inputs of a graph's shapes and dtypes (docs/conventions.md): the export traces with these."""
     ar, past, d, kv = graph_ar(kind, shape.ar), shape.past(kind), shape.head_dim, shape.kv_heads
-    cache = [torch.zeros(dims) for _ in range(shape.layers) for dims in ((1, kv, d, past), (1, kv, past, d))]
-    return (torch.zeros((1, ar), dtype=torch.int32), torch.zeros((1, ar, shape.context)),
-            torch.zeros((1, 1, ar, d // 2)), torch.zeros((1, 1, ar, d // 2)), *cache)
+    first = (torch.zeros((1, ar), dtype=torch.int32) if pieces.embedding
+             else torch.zeros((1, ar, shape.hidden)))
+    feeds = ((torch.zeros((1, ar, shape.context)), torch.zeros((1, 1, ar, d // 2)), torch.zeros((1, 1, ar, d // 2)))
+             if pieces.layers else ())
+    cache = [torch.zeros(dims) for _ in pieces.layers for dims in ((1, kv, d, past), (1, kv, past, d))]
+    return (first, *feeds, *cache)
 
 
-def io_names(layers: int) -> tuple[list[str], list[str]]:
-    """Genie's input and output names, in graph order."""
-    cache = [(kv_name("key", i, side), kv_name("value", i, side)) for i in range(layers) for side in ("in", "out")]
-    inputs = [INPUT_IDS, MASK, POS_COS, POS_SIN, *(name for pair in cache[0::2] for name in pair)]
-    return inputs, [LOGITS, *(name for pair in cache[1::2] for name in pair)]
+def load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
+    """The checkpoint as its transformers class (``from_pretrained``), float32, eager attention, in eval mode, with
+    a tied LM head untied. Returns ``(model, whether the head was tied)``.
+
+    Raises:
+        GenieBuildError: transformers cannot load it (the message's first line, naming the directory).
+    """
+    import transformers
+    from safetensors import SafetensorError
+
+    model_class = getattr(transformers, SUPPORTED_ARCHITECTURES[checkpoint.model_type])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = model_class.from_pretrained(checkpoint.directory, dtype=torch.float32,
+                                                attn_implementation="eager")
+    except (*_READ_ERRORS, RuntimeError, SafetensorError) as exc:
+        raise GenieBuildError(checkpoint.directory, f"transformers cannot load the checkpoint: {_first_line(exc)}"
+                              ) from None
+    model.eval().requires_grad_(False)
+    table = model.get_input_embeddings().weight
+    tied = model.lm_head.weight is table
+    if tied:
+        model.lm_head.weight = torch.nn.Parameter(table.detach().clone(), requires_grad=False)
+    return model, tied
 
 
-def _export_graph(wrapper: GenieIO, shape: ExportShape, kind: str, path: Path) -> None:
-    """One graph to ``path`` (+ ``path.data``), then renamed to the conventions' tensor and graph names."""
-    input_names, output_names = io_names(shape.layers)
+def part_modules(checkpoint: Checkpoint, pieces: GraphPieces) -> GenieIO:
+    """The part's modules built from the model family's own classes on the meta device, then given the part's
+    tensors from the checkpoint (float32), and nothing else.
+
+    Raises:
+        GenieBuildError: transformers cannot build the family's modules, or the checkpoint lacks a tensor or has
+            one of another shape (named).
+    """
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(checkpoint.directory, attn_implementation="eager")
+    except _READ_ERRORS as exc:
+        raise GenieBuildError(checkpoint.directory / CONFIG_NAME, f"transformers cannot read it: {_first_line(exc)}"
+                              ) from None
+    family = SUPPORTED_ARCHITECTURES[checkpoint.model_type].removesuffix("ForCausalLM")
+    modeling = importlib.import_module(f"transformers.models.{checkpoint.model_type}.modeling_{checkpoint.model_type}")
+    layer_class, norm_class = getattr(modeling, f"{family}DecoderLayer"), getattr(modeling, f"{family}RMSNorm")
+    with torch.device("meta"):
+        module = GenieIO(
+            pieces, torch.nn.Embedding(config.vocab_size, config.hidden_size) if pieces.embedding else None,
+            {index: layer_class(config, index) for index in pieces.layers},
+            norm_class(config.hidden_size, eps=config.rms_norm_eps) if pieces.head else None,
+            torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False) if pieces.head else None)
+    state = dict(_read_tensors(checkpoint, list(module.state_dict())))
+    try:
+        module.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise GenieBuildError(checkpoint.directory, f"the checkpoint's tensors do not fit the model: "
+                                                    f"{_first_line(exc)}") from None
+    return module.eval().requires_grad_(False)
+
+
+def piece_outputs(checkpoint: Checkpoint, pieces: GraphPieces, inputs: Mapping[str, np.ndarray]
+                  ) -> dict[str, np.ndarray]:
+    """What transformers' modules compute for a part's outputs (by Genie name) from its ``inputs`` (by Genie
+    name): the part's pieces (the embedding, each decoder layer, the head) built, loaded and run one at a time,
+    the residual stream passed on from one to the next."""
+    steps = ([GraphPieces(True, (), False)] if pieces.embedding else []) + [
+        GraphPieces(False, (layer,), False) for layer in pieces.layers] + ([GraphPieces(False, (), True)]
+                                                                          if pieces.head else [])
+    hidden = torch.from_numpy(np.asarray(inputs[pieces.input_boundary or INPUT_IDS]))
+    outputs = {}
+    for step in steps:
+        module = part_modules(checkpoint, step)
+        names = [MASK, POS_COS, POS_SIN, *(kv_name(kind, layer, "in") for layer in step.layers
+                                           for kind in ("key", "value"))] if step.layers else []
+        with torch.no_grad():
+            hidden, *entries = module(hidden, *(torch.from_numpy(np.asarray(inputs[name])) for name in names))
+        for layer in step.layers:
+            outputs[kv_name("key", layer, "out")], outputs[kv_name("value", layer, "out")] = (
+                entry.numpy() for entry in entries)
+        del module
+    outputs[pieces.output_boundary or LOGITS] = hidden.numpy()
+    return outputs
+
+
+def _read_tensors(checkpoint: Checkpoint, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each named tensor as float32, read from the file holding it; ``lm_head.weight`` of a tied checkpoint is the
+    embedding table."""
+    from safetensors import SafetensorError, safe_open
+
+    holders = tensor_files(checkpoint.directory)
+    tied = bool(checkpoint.config.get("tie_word_embeddings", False))
+    stored = {name: EMBED_WEIGHT if tied and name == LM_HEAD_WEIGHT else name for name in names}
+    missing = sorted(name for name in set(stored.values()) if name not in holders)
+    if missing:
+        raise GenieBuildError(checkpoint.directory, f"the checkpoint has no tensor(s) {missing[:3]} "
+                                                    f"({len(missing)} in all)")
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(holders[stored[name]], []).append(name)
+    for path, wanted in sorted(by_file.items()):
+        try:
+            with safe_open(path, framework="pt") as handle:
+                for name in wanted:
+                    yield name, handle.get_tensor(stored[name]).to(torch.float32)
+        except (OSError, SafetensorError, RuntimeError) as exc:
+            raise GenieBuildError(path, f"cannot read tensor(s) of the checkpoint: {_first_line(exc)}") from None
+        log.info("read %d tensor(s) from %s", len(wanted), path.name)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# --- exporting ----------------------------------------------------------------------------------------------
+
+def export_part(checkpoint_dir: str | os.PathLike[str], part: PartPlan, out_dir: str | os.PathLike[str], *,
+                num_parts: int, ar: int, context: int) -> ExportSummary:
+    """Write ``part`` (of a plan of ``num_parts``) to ``out_dir``: ``prompt.onnx`` (AR ``ar``) and ``token.onnx``
+    (AR 1), context ``context``, reading one ``weights.onnx.data`` (:func:`part_files`), from the part's tensors
+    only.
+
+    Raises:
+        GenieBuildError: the checkpoint is not one the export supports or lacks a tensor of the part, the settings
+            do not fit the model, or a file cannot be written.
+    """
+    checkpoint = read_checkpoint(checkpoint_dir)
+    shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
+    pieces = GraphPieces.of_part(part)
+    log.info("part %s: %s (%d layer(s)); reading its tensors", part.label, "+".join(part.pieces), len(pieces.layers))
+    module = part_modules(checkpoint, pieces)
+    names = {kind: graph_name(kind, graph_ar(kind, ar), context, part.index, num_parts) for kind in GRAPH_KINDS}
+    graphs, data = part_files(out_dir)
+    _export_graphs(module, shape, pieces, names, graphs, {kind: data for kind in GRAPH_KINDS})
+    return ExportSummary(checkpoint.model_type, shape, bool(checkpoint.config.get("tie_word_embeddings")),
+                         (data, *graphs.values()))
+
+
+def part_files(out_dir: str | os.PathLike[str]) -> tuple[dict[str, Path], Path]:
+    """An exported part's files: each graph's ``.onnx`` and the one data file both read. (ONNX refuses external
+    data that is a hard link or lies outside the graph's folder, so sharing the weights puts both graphs in one
+    folder.)"""
+    out = Path(out_dir)
+    return {kind: out / f"{kind}.onnx" for kind in GRAPH_KINDS}, out / PART_WEIGHTS_NAME
+
+
+def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, ar: int,
+                      context: int) -> ExportSummary:
+    """Write the whole model as ``prompt.onnx`` (AR = ``ar``) and ``token.onnx`` (AR 1), each with its own
+    ``.onnx.data``, to ``out_dir``: the model loaded by transformers' ``from_pretrained``, the reference the
+    per-part export is compared with (split, it gives the same parts).
+
+    All four files are written in a staging folder inside ``out_dir`` and moved into place only when both graphs
+    are complete, so a failure leaves none of them.
+
+    Raises:
+        GenieBuildError: the checkpoint is not one the export supports or cannot be loaded; a file cannot be
+            written.
+    """
+    checkpoint = read_checkpoint(directory)
+    shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
+    model, tied = load_model(checkpoint)
+    pieces = GraphPieces.whole(shape.layers)
+    wrapper = GenieIO(pieces, model.model.embed_tokens, dict(enumerate(model.model.layers)), model.model.norm,
+                      model.lm_head).eval()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = {kind: unsplit_graph_name(kind, graph_ar(kind, ar), context) for kind in GRAPH_KINDS}
+    with _staging(out) as staging:
+        graphs = {kind: staging / f"{kind}.onnx" for kind in GRAPH_KINDS}
+        _export_graphs(wrapper, shape, pieces, names, graphs, {kind: _data_path(graphs[kind]) for kind in GRAPH_KINDS})
+        del wrapper, model
+        check_shared_initializers(graphs["prompt"], graphs["token"])
+        files = tuple(name for kind in GRAPH_KINDS for name in (f"{kind}.onnx.data", f"{kind}.onnx"))
+        for name in files:  # data before graphs: a graph in place always finds its data
+            os.replace(staging / name, out / name)
+    return ExportSummary(checkpoint.model_type, shape, tied, tuple(out / name for name in files))
+
+
+def _export_graphs(module: GenieIO, shape: ExportShape, pieces: GraphPieces, names: Mapping[str, str],
+                   graphs: Mapping[str, Path], data: Mapping[str, Path]) -> None:
+    """Export the prompt and token graphs of ``module`` to ``graphs``, the prompt graph's weights written to
+    ``data["prompt"]`` and the token graph reading the same file, or a copy of it at ``data["token"]``."""
+    weights: dict[str, onnx.TensorProto] = {}
+    for kind in GRAPH_KINDS:
+        model, program = _exported_graph(module, shape, kind, pieces, names[kind])
+        if kind == "prompt":
+            weights = _write_weights(program, data[kind])
+        elif data[kind] != data["prompt"]:
+            _copy_file(data["prompt"], data[kind])
+        del program
+        _add_weights(model, weights, data[kind].name, graphs[kind])
+        write_bytes(graphs[kind], model.SerializeToString(deterministic=True))
+        check_part(graphs[kind])
+        log.info("exported %s (%s): %d nodes, %d weights", graphs[kind], names[kind], len(model.graph.node),
+                 len(model.graph.initializer))
+
+
+def _exported_graph(module: GenieIO, shape: ExportShape, kind: str, pieces: GraphPieces, name: str
+                    ) -> tuple[onnx.ModelProto, Any]:
+    """One graph of ``module`` without its weights, named and canonicalized, and the exporter's program (which
+    holds the weights)."""
+    input_names, output_names = pieces.io_names()
     # The exporter prints progress and warns about its own internals; the log keeps what we say instead.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            tempfile.TemporaryDirectory(prefix="genie-build-export-") as scratch:
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(wrapper, example_args(shape, kind), dynamo=True, optimize=False,
+        program = torch.onnx.export(module, example_args(shape, kind, pieces), dynamo=True, optimize=False,
                                     input_names=input_names, output_names=output_names)
-        program.save(str(path), external_data=True)
-    del program
-    model = onnx.load(str(path), load_external_data=False)
-    model.graph.name = unsplit_graph_name(kind, graph_ar(kind, shape.ar), shape.context)
+        program.save(os.path.join(scratch, "graph.onnx"), include_initializers=False)
+        model = onnx.load(os.path.join(scratch, "graph.onnx"))
     for node in model.graph.node:  # the exporting box's source paths; the name scopes (kept) say where a node is
         kept = [prop for prop in node.metadata_props if prop.key != STACK_TRACE_KEY]
         del node.metadata_props[:]
         node.metadata_props.extend(kept)
-    _rename_values(model.graph, _boundary_names(model, path))
-    write_bytes(path, model.SerializeToString())
-    log.info("exported %s: %d nodes, %d initializers", path.name, len(model.graph.node),
-             len(model.graph.initializer))
+    canonicalize(model.graph)
+    _check_boundaries(model, pieces, name)
+    model.graph.name = name
+    model.producer_name, model.producer_version = "genie-build", __version__
+    return model, program
 
 
-def _boundary_names(model: onnx.ModelProto, path: Path) -> dict[str, str]:
-    """Exporter name -> conventions name of the residual stream after the embedding and after each layer."""
-    found = discover_boundaries(model, path)
-    wanted = (EMBEDDING_BOUNDARY, *(layer_output(i) for i in range(len(found) - 1)))
-    return dict(zip(found, wanted))
+def _check_boundaries(model: onnx.ModelProto, pieces: GraphPieces, name: str) -> None:
+    """The residual stream inside the graph has the conventions' names (what the canonical names give a decoder
+    whose layers add their attention and MLP outputs to the stream, in that order)."""
+    produced = {output for node in model.graph.node for output in node.output}
+    missing = [boundary for boundary in pieces.internal_boundaries() if boundary not in produced]
+    if missing:
+        raise GenieBuildError(name, f"the exported graph has no residual-stream tensor(s) {missing[:3]}: the "
+                                    "decoder layers of this model are not built as the export expects")
 
 
-def _rename_values(graph: onnx.GraphProto, names: dict[str, str]) -> None:
-    for node in graph.node:
-        node.input[:] = [names.get(name, name) for name in node.input]
-        node.output[:] = [names.get(name, name) for name in node.output]
-    for value in graph.value_info:
-        value.name = names.get(value.name, value.name)
+def _write_weights(program: Any, data_path: Path) -> dict[str, onnx.TensorProto]:
+    """Write every initializer of ``program`` to ``data_path`` (4 KiB aligned, one tensor at a time) and return
+    their TensorProtos referring to it (with the file's SHA-1 as ``checksum``)."""
+    protos = {}
+    with atomic_open(data_path) as handle:
+        writer = HashingWriter(hashlib.sha1(), handle)
+        for name, value in program.model.graph.initializers.items():
+            array = np.ascontiguousarray(value.const_value.numpy())
+            writer.write(b"\0" * (-writer.tell() % DATA_ALIGNMENT))
+            offset = writer.tell()
+            writer.write(memoryview(array).cast("B"))
+            protos[name] = _external_tensor(name, array, data_path.name, offset)
+    checksum = writer.digest.hexdigest()
+    for proto in protos.values():
+        proto.external_data.add(key=CHECKSUM_KEY, value=checksum)
+    log.info("wrote %d weights, %.1f MB, to %s", len(protos), data_path.stat().st_size / 1e6, data_path.name)
+    return protos
+
+
+def _external_tensor(name: str, array: np.ndarray, location: str, offset: int) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name=name, dims=array.shape, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+                              data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(array.nbytes))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _add_weights(model: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto], location: str, path: Path
+                 ) -> None:
+    """Give the graph the weights it reads, as the data file ``location`` beside it stores them."""
+    read = {name for node in model.graph.node for name in node.input}
+    produced = {name for node in model.graph.node for name in node.output} | {v.name for v in model.graph.input}
+    needed = sorted(read - produced - {""})
+    missing = [name for name in needed if name not in weights]
+    if missing:
+        raise GenieBuildError(path, f"the graph reads weights the prompt graph does not have: {missing[:3]}")
+    for name in weights:
+        if name in read:
+            tensor = model.graph.initializer.add()
+            tensor.CopyFrom(weights[name])
+            tensor.external_data[0].value = location
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    with open(source, "rb") as src, atomic_open(target) as dst:
+        shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
+
+
+def _data_path(onnx_path: Path) -> Path:
+    return onnx_path.with_name(onnx_path.name + ".data")
 
 
 @contextlib.contextmanager
@@ -253,4 +525,3 @@ def _staging(out: Path):
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-

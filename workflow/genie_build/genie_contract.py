@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_IDS, INPUTS_EMBEDS, KV_TENSOR,
                                      LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Tensor, genie_dims, read_ar, read_cl,
@@ -109,14 +110,16 @@ def model_violations(graphs: dict[str, tuple[Sequence[Tensor], Sequence[Tensor]]
     return dims, found
 
 
-def check_contract(prompt: str, token: str, out: str | os.PathLike[str], *, expect_ar: int | None = None,
-                   expect_context: int | None = None, context_size: int | None = None,
+def check_contract(prompt: str | Sequence[str], token: str | Sequence[str], out: str | os.PathLike[str], *,
+                   expect_ar: int | None = None, expect_context: int | None = None, context_size: int | None = None,
                    report_only: bool = False) -> None:
     """The ``check-contract`` stage: the prompt and token graphs' IO against the contract (structure only, never
     the weights), AR and CL as Genie reads them agreeing between the graphs and with the config's; the summary
     goes to ``out``.
 
     Args:
+        prompt, token: each graph's file, or its parts' files in part order (a model exported part by part): the
+            parts' inputs and outputs less the tensors that pass between them are the model's.
         expect_ar, expect_context: the config's prompt AR and CL (None: not checked against a config).
         context_size: Genie's context size, at most the CL.
         report_only: no bundle will be built, so violations are recorded (and logged) instead of raised.
@@ -128,19 +131,32 @@ def check_contract(prompt: str, token: str, out: str | os.PathLike[str], *, expe
     from genie_build.fileio import write_json
     from genie_build.onnx_graph import graph_io, load_graph
 
-    paths = {"prompt": prompt, "token": token}
-    graphs = {kind: graph_io(load_graph(path)) for kind, path in paths.items()}
+    files = {kind: [given] if isinstance(given, (str, os.PathLike)) else list(given)
+             for kind, given in (("prompt", prompt), ("token", token))}
+    paths = {kind: os.fspath(found[0]) for kind, found in files.items()}
+    graphs = {kind: _model_io([graph_io(load_graph(path)) for path in found]) for kind, found in files.items()}
     expected = {} if expect_context is None else {"prompt": (expect_ar, expect_context), "token": (1, expect_context)}
     dims, violations = model_violations({kind: (io.inputs, io.outputs) for kind, io in graphs.items()},
                                         expected=expected, context_size=context_size)
     if violations and not report_only:
-        culprit = next((paths[v.graph] for v in violations if v.graph in paths), prompt)
+        culprit = next((paths[v.graph] for v in violations if v.graph in paths), paths["prompt"])
         raise GenieBuildError(culprit, contract_error_text(violations))
     for violation in violations:
         log.warning("no bundle will be built, so this is not an error: %s", violation)
-    write_json(out, {"prompt": prompt, "token": token,
+    named = {kind: [os.fspath(path) for path in found] for kind, found in files.items()}
+    write_json(out, {**{kind: found[0] if len(found) == 1 else found for kind, found in named.items()},
                      "graphs": {kind: {"ar": ar, "cl": cl} for kind, (ar, cl) in dims.items()},
                      "bundle_enabled": not report_only, "violations": [str(v) for v in violations]})
+
+
+def _model_io(parts: Sequence[Any]) -> Any:
+    """The IO of a model made of ``parts`` (each a :class:`genie_build.onnx_graph.GraphIO`, in part order): what
+    the parts take and give, less what passes between them, each name once."""
+    produced = {spec.name for io in parts for spec in io.outputs}
+    consumed = {spec.name for io in parts for spec in io.inputs}
+    inputs = {spec.name: spec for io in parts for spec in io.inputs if spec.name not in produced}
+    outputs = {spec.name: spec for io in parts for spec in io.outputs if spec.name not in consumed}
+    return type(parts[0])(tuple(inputs.values()), tuple(outputs.values()))
 
 
 def contract_error_text(violations: Sequence[Violation]) -> str:

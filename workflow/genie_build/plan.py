@@ -14,7 +14,7 @@ import itertools
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import get_args
 
 import onnx
@@ -61,6 +61,26 @@ def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str 
         GenieBuildError: a graph's data is missing, the graphs' weights or boundaries differ, AR or CL cannot be
             read, or the request is infeasible.
     """
+    plan = plan_graphs(prompt_path, token_path,
+                       lambda model, found: model_pieces(model, read_encodings(encodings_path), found),
+                       num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
+                       boundaries=boundaries, check_weights=check_weights)
+    write_plan(out, plan)
+    for part in plan.parts:
+        log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
+    return plan
+
+
+def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
+                weigh: Callable[[onnx.ModelProto, tuple[str, ...]], list[Piece]], *, num_parts: int | None = None,
+                max_part_bytes: int | None = None, embedding_alone: bool = True,
+                boundaries: Sequence[str] | None = None, check_weights: bool = True) -> Plan:
+    """The plan of a prompt/token graph pair whose pieces ``weigh`` weighs (given the prompt graph, loaded without
+    its weights, and its boundaries): the checks and planning of :func:`plan_split`, however the bytes are known.
+
+    Raises:
+        GenieBuildError: as :func:`plan_split`.
+    """
     if (num_parts is None) == (max_part_bytes is None):
         raise GenieBuildError("plan", "give exactly one of num_parts and max_part_bytes")
     prompt, token = load_graph(prompt_path), load_graph(token_path)
@@ -73,14 +93,10 @@ def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str 
     if token_boundaries != found:
         raise GenieBuildError(token_path, f"the token graph's boundaries {list(token_boundaries)} differ from the "
                                           f"prompt graph's {list(found)}; set {BOUNDARIES_KEY}")
-    pieces = model_pieces(prompt, read_encodings(encodings_path), found)
+    pieces = weigh(prompt, found)
     plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
             else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
-    plan = dataclasses.replace(plan, **graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
-    write_plan(out, plan)
-    for part in plan.parts:
-        log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
-    return plan
+    return dataclasses.replace(plan, **graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
 
 
 def graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:

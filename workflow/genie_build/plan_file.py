@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import jsonschema
 
@@ -122,6 +122,19 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
     if len(data["parts"]) != data["num_parts"]:
         raise GenieBuildError(path, f"not a valid plan: num_parts is {data['num_parts']} but "
                                     f"{len(data['parts'])} parts are listed")
-    parts = tuple(PartPlan(**{**part, "pieces": tuple(part["pieces"])}) for part in data["parts"])
+    parts = tuple(part_from_dict(part, path) for part in data["parts"])
     return Plan(**{**data, "parts": parts, "boundaries": tuple(data["boundaries"]),
                    "pieces": tuple(Piece(**piece) for piece in data["pieces"])})
+
+
+def part_from_dict(data: Any, where: str | os.PathLike[str]) -> PartPlan:
+    """A part from its fields (as ``plan.json`` lists it, or a rule passes one part); ``estimated_bytes`` may be
+    left out (a part's export does not depend on it).
+
+    Raises:
+        GenieBuildError: not a part's fields.
+    """
+    try:
+        return PartPlan(**{"estimated_bytes": 0, **data, "pieces": tuple(data["pieces"])})
+    except (KeyError, TypeError) as exc:
+        raise GenieBuildError(where, f"not a part of a plan: {exc}") from None

@@ -1,24 +1,26 @@
-"""Quantize a Genie-shaped prompt/token graph pair with aimet-onnx, by a named recipe, calibrated on text.
+"""Quantize Genie-shaped graphs with aimet-onnx, by a named recipe, calibrated on text: one unit of the calibration
+chain at a time (:func:`calibrate_unit`, the ``calibrate-unit`` command), or a whole prompt graph
+(:func:`calibrate_prompt`, the reference the chain is compared with).
 
-One AIMET driver for every caller (the ``quantize`` command and the demo's ``demo.calibrator: aimet``):
+1. The graph becomes a ``QuantizationSimModel(param_type=..., activation_type="int16", config_file="htp_v79")``:
+   16-bit activations, 4- or 8-bit per-channel weights (``w4a16``, ``w8a16``), or LPBQ (``w4a16-lpbq``: 4-bit
+   blocks of :data:`LPBQ_BLOCK_SIZE` input channels whose scales are 8-bit integer multiples of one float scale per
+   output channel; ``set_lpbq_for_params``).
+2. AIMET's own LLM recipe, the steps of ``aimet_onnx.llm_configurator.llm_configurator.
+   _apply_int8_kv_cache_tying_and_lm_head`` (what AI Hub Models' w4a16 applies) taken one by one: KV cache inputs
+   and outputs 8-bit symmetric, each layer's ``_in`` and ``_out`` tied to one quantizer (with the Concat that joins
+   them), the LM head weight 8-bit per channel (in the graph that has the head), and the second input of every
+   MatMul (the attention's K and V) 8-bit symmetric.
+3. ``compute_encodings`` runs the calibration windows (:func:`text_forward_pass`) on the sim's session (weights
+   fake-quantized, activations observed in float, so a unit fed the stream its predecessor produced sees what it
+   would see inside the whole model), then the encodings are exported (AIMET 1.0.0).
 
-1. The prompt graph becomes a ``QuantizationSimModel(param_type=..., activation_type="int16",
-   config_file="htp_v79")``: 16-bit activations, 4- or 8-bit per-channel weights (``w4a16``, ``w8a16``), or
-   LPBQ (``w4a16-lpbq``: 4-bit blocks of :data:`LPBQ_BLOCK_SIZE` input channels whose scales are 8-bit integer
-   multiples of one float scale per output channel; ``set_lpbq_for_params``).
-2. AIMET's own LLM recipe, ``aimet_onnx.llm_configurator.llm_configurator._apply_int8_kv_cache_tying_and_lm_head``
-   (what AI Hub Models' w4a16 applies): KV cache inputs and outputs 8-bit symmetric, each layer's ``_in`` and
-   ``_out`` tied to one quantizer (with the Concat that joins them), the LM head weight 8-bit per channel, and
-   the second input of every MatMul (the attention's K and V) 8-bit symmetric.
-3. ``compute_encodings`` runs a caller's forward pass on the sim's session (weights fake-quantized, activations
-   observed in float), then the encodings are exported (AIMET 1.0.0).
-4. The token graph is not calibrated: it takes the prompt graph's encoding for every tensor they share (Genie
-   refuses a shared tensor quantized differently in the two graphs). A float tensor of the token graph that the
-   prompt graph lacks has no encoding to take, so it is an error naming it.
+The token graphs are not calibrated: they take the prompt graph's encoding for every tensor they share
+(:func:`token_encodings`; :mod:`genie_build.part_encodings` does it for each part).
 
-Memory: AIMET holds the prompt graph's weights in its ``ModelProto`` and again in its onnxruntime session, plus
-one quantizer per tensor; the calibration feeds are made one window at a time (:func:`text_forward_pass`), so
-they add one KV cache. The token graph is read without its weights. Needs aimet-onnx
+Memory: AIMET holds a unit's weights in its ``ModelProto``, again in its onnxruntime session and fake-quantized,
+about four times its float32 weights (:mod:`genie_build.calibration_units` sizes the units by it); the feeds are
+made one window at a time, so they add one KV cache of the unit's layers. Needs aimet-onnx
 (``envs/requirements-hf.txt``).
 """
 
@@ -35,45 +37,27 @@ import numpy as np
 import onnx
 
 from genie_build.calibrate import float_activations
+from genie_build.calibration_units import CalibrationUnit
 from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, kv_name,
                                      rope_tables)
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
-from genie_build.genie_config import read_rope
+from genie_build.fileio import atomic_open, read_json
+from genie_build.genie_config import head_dim, read_rope
 from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, read_graph_tensors
+from genie_build.ort_session import job_threads
+from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
+from genie_build.split import build_part, cut_graph, ensure_value_info
 
 logger = logging.getLogger(__name__)
 
 ACTIVATION_TYPE = "int16"
 HTP_CONFIG = "htp_v79"
-LPBQ_BLOCK_SIZE = 64          # AIMET's LLM LPBQ recipe and AI Hub's LPBQ exports (block_size 64)
 WEIGHT_OP_TYPES = ("Gemm", "MatMul", "Conv")
-DEFAULT_NUM_SAMPLES = 8
 AIMET_OUTPUT_SUFFIX = "_updated"
 _PASS_THROUGH = ("Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
 
 ForwardPass = Callable[[Any], None]   # runs calibration feeds through an onnxruntime session
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """What a recipe sets beyond AIMET's LLM recipe: the backbone weights' type and whether they are LPBQ."""
-
-    name: str
-    param_type: str
-    lpbq: bool = False
-
-
-RECIPES = {recipe.name: recipe for recipe in (Recipe("w4a16", "int4"), Recipe("w4a16-lpbq", "int4", lpbq=True),
-                                              Recipe("w8a16", "int8"))}
-
-
-def recipe_named(name: str) -> Recipe:
-    """Raises: GenieBuildError: ``name`` is no recipe."""
-    if name not in RECIPES:
-        raise GenieBuildError("--recipe", f"{name!r} is not one of {sorted(RECIPES)}")
-    return RECIPES[name]
 
 
 # --- the graph ---------------------------------------------------------------------------------------------
@@ -85,6 +69,14 @@ def lm_head_weight(graph: onnx.GraphProto, where: str | Path) -> tuple[str, str]
     Raises:
         GenieBuildError: no ``logits`` output, or no weighted MatMul/Gemm produces it.
     """
+    found = find_lm_head(graph)
+    if found is None:
+        raise GenieBuildError(where, f"no weighted MatMul or Gemm produces the output {LOGITS!r} (the LM head)")
+    return found
+
+
+def find_lm_head(graph: onnx.GraphProto) -> tuple[str, str] | None:
+    """:func:`lm_head_weight`, or None for a graph without the LM head."""
     producers = {output: node for node in graph.node for output in node.output}
     initializers = {tensor.name for tensor in graph.initializer}
     node = producers.get(LOGITS)
@@ -96,7 +88,7 @@ def lm_head_weight(graph: onnx.GraphProto, where: str | Path) -> tuple[str, str]
             weight = producers[weight].input[0]
         if weight in initializers:
             return node.name, weight
-    raise GenieBuildError(where, f"no weighted MatMul or Gemm produces the output {LOGITS!r} (the LM head)")
+    return None
 
 
 def kv_cache_io(graph: onnx.GraphProto) -> dict[str, str]:
@@ -130,7 +122,8 @@ def require_aimet(where: str = "quantize") -> tuple[Any, Any]:
 
 
 def calibrate_prompt(prompt_path: str | Path, recipe: Recipe, forward_pass: ForwardPass) -> Encodings:
-    """The prompt graph quantized by ``recipe`` and AIMET's LLM recipe, calibrated by ``forward_pass``.
+    """The whole prompt graph quantized by ``recipe`` and AIMET's LLM recipe, calibrated by ``forward_pass``: the
+    reference the chain of units is compared with (the workflow calibrates unit by unit, :func:`calibrate_unit`).
 
     Raises:
         GenieBuildError: aimet-onnx is missing, the graph is unreadable or stores float16 weights (aimet-onnx
@@ -140,38 +133,62 @@ def calibrate_prompt(prompt_path: str | Path, recipe: Recipe, forward_pass: Forw
     path = Path(prompt_path)
     graph = load_graph(path)
     check_external_data(graph, path)
-    if any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in graph.graph.initializer):
-        raise GenieBuildError(path, "float16 weights: aimet-onnx does not quantize a weight reaching its op "
-                                    "through a Cast; export float32 weights (the demo needs demo.weight_dtype float32)")
-    lm_head_node, lm_head = lm_head_weight(graph.graph, path)
+    _check_float32(graph, path)
+    lm_head = lm_head_weight(graph.graph, path)
     kv_io = kv_cache_io(graph.graph)
     del graph
+    return _calibrated(onnx.load(path), recipe, lm_head, kv_io, path, forward_pass)
+
+
+def _check_float32(model: onnx.ModelProto, path: Path) -> None:
+    if any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in model.graph.initializer):
+        raise GenieBuildError(path, "float16 weights: aimet-onnx does not quantize a weight reaching its op "
+                                    "through a Cast; export float32 weights (the demo needs demo.weight_dtype float32)")
+
+
+def _calibrated(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] | None, kv_io: Mapping[str, str],
+                where: Path, forward_pass: ForwardPass) -> Encodings:
+    """``model``'s encodings: a sim set up by :func:`recipe_sim`, calibrated by ``forward_pass``, exported."""
     with tempfile.TemporaryDirectory(prefix="genie-build-aimet-") as scratch:
-        sim = recipe_sim(onnx.load(path), recipe, lm_head_node, lm_head, kv_io, path, Path(scratch) / "sim")
+        sim = recipe_sim(model, recipe, lm_head, kv_io, where, Path(scratch) / "sim")
+        del model
         sim.compute_encodings(forward_pass)
-        sim.export(scratch, "prompt", encoding_version="1.0.0", export_model=False)
-        return read_encodings(Path(scratch) / "prompt.encodings")
+        sim.export(scratch, "graph", encoding_version="1.0.0", export_model=False)
+        return read_encodings(Path(scratch) / "graph.encodings")
 
 
-def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head_node: str, lm_head: str, kv_io: Mapping[str, str],
+def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] | None, kv_io: Mapping[str, str],
                where: Path, scratch: Path) -> Any:
     """An uncalibrated ``QuantizationSimModel`` of ``model`` set up by ``recipe`` and AIMET's LLM recipe
-    (``scratch``: where AIMET keeps the weights of a model too large for one protobuf)."""
+    (``scratch``: where AIMET keeps the weights of a model too large for one protobuf).
+
+    ``lm_head`` is ``(node, weight)`` of the LM head, None for a graph (a unit of the chain) without it: the
+    steps of ``llm_configurator._apply_int8_kv_cache_tying_and_lm_head`` are taken one by one, in its order, so
+    that a graph without the head skips only the head's step. Each step is local to a decoder layer or to the
+    head, so a unit gets what the whole graph gets (docs/quantize.md). The session takes the job's threads.
+    """
     quantsim, llm_configurator = require_aimet()
+    threads = job_threads()
     sim = quantsim.QuantizationSimModel(model, param_type=recipe.param_type, activation_type=ACTIVATION_TYPE,
-                                        config_file=HTP_CONFIG, path=str(scratch))
+                                        config_file=HTP_CONFIG, path=str(scratch),
+                                        session_options_kwargs={"intra_op_num_threads": threads} if threads else None)
     if recipe.lpbq:
-        _set_lpbq(quantsim, sim, lm_head_node, where)
-    llm_configurator._apply_int8_kv_cache_tying_and_lm_head(sim, dict(kv_io), lm_head)
+        _set_lpbq(quantsim, sim, {lm_head[0]} if lm_head else set(), where)
+    llm_configurator._set_tensors_to_output_8b_sym(sim, [*kv_io, *kv_io.values()])
+    if lm_head is not None:
+        llm_configurator._set_lm_head_to_8b(sim, lm_head[1])
+    llm_configurator._tie_quantizers_for_kv_cache(sim, dict(kv_io))
+    llm_configurator._set_matmul_second_input_to_8b(sim)
     return sim
 
 
-def _set_lpbq(quantsim: Any, sim: Any, lm_head_node: str, path: Path) -> None:
-    """LPBQ for every backbone weight (the LM head stays 8-bit per channel, as AIMET's recipe sets it)."""
+def _set_lpbq(quantsim: Any, sim: Any, excluded: set[str], path: Path) -> None:
+    """LPBQ for every backbone weight (the LM head, ``excluded``, stays 8-bit per channel, as AIMET's recipe
+    sets it)."""
     try:
         # 4-bit values, 8-bit (twice the bitwidth) per-block integer scales
         quantsim.set_lpbq_for_params(sim, 4, LPBQ_BLOCK_SIZE, op_types=set(WEIGHT_OP_TYPES),
-                                     nodes_to_exclude={lm_head_node}, strict=True)
+                                     nodes_to_exclude=excluded, strict=True)
     except (RuntimeError, ValueError) as exc:
         raise GenieBuildError(path, f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}: {exc}") from None
 
@@ -216,68 +233,75 @@ def token_encodings(prompt_enc: Encodings, token_names: frozenset[str]) -> Encod
     return copy_kv_input_encodings(share_encodings(prompt_enc, empty, token_names), token_names)
 
 
-def quantize_pair(prompt_path: str | Path, token_path: str | Path, out_prompt: str | Path, out_token: str | Path,
-                  *, recipe: Recipe, forward_pass: ForwardPass) -> tuple[Encodings, Encodings]:
-    """Quantize the prompt graph (:func:`calibrate_prompt`), give the token graph its encodings, write both.
-
-    Raises:
-        GenieBuildError: the problems of :func:`shared_token_tensors` (checked before AIMET runs) and
-            :func:`calibrate_prompt`.
-    """
-    prompt_path, token_path = Path(prompt_path), Path(token_path)
-    prompt_names = read_graph_tensors(prompt_path).tensor_names
-    token_names = shared_token_tensors(prompt_names, token_path)
-    prompt = copy_kv_input_encodings(calibrate_prompt(prompt_path, recipe, forward_pass), prompt_names)
-    token = token_encodings(prompt, token_names)
-    for enc, out in ((prompt, out_prompt), (token, out_token)):
-        write_encodings(out, enc)
-        logger.info("%s: %d activation and %d param encodings (%s)", out, len(enc.activations),
-                    len(enc.params), recipe.name)
-    return prompt, token
-
-
 # --- calibration feeds from text ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class FeedShape:
-    """The prompt graph's inputs as Genie feeds them: AR, context, RoPE table width, KV cache shapes."""
+    """A graph's inputs as Genie feeds them: AR, context, RoPE table width, KV cache shapes, and which of the
+    inputs the graph takes (a unit of the chain may take the residual stream instead of ``input_ids``, and the
+    embedding's unit takes no mask, RoPE or cache)."""
 
     ar: int
     context: int
     rope_theta: float
     rope_scaling: Mapping[str, Any] | None
     head_dim: int
-    ids_dtype: np.dtype
+    ids_dtype: np.dtype | None              # None: the graph takes no input_ids
     caches: Mapping[str, tuple[int, ...]]   # past_*_in -> shape
     vocab: int
+    positions: bool = True                  # it takes attention_mask and the RoPE tables
+    boundary: str | None = None             # the residual-stream input it takes instead of input_ids
 
 
 def feed_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path) -> FeedShape:
-    """Read the feeds' sizes from the prompt graph's inputs and the RoPE base from ``config.json``.
+    """Read a whole prompt graph's feeds from its inputs and the RoPE base from ``config.json``.
 
     Raises:
         GenieBuildError: an input Genie feeds is missing or not of Genie's rank, or the config has no RoPE base
             or a RoPE scaling Genie's tables do not compute.
     """
-    config = read_json(hf_config_path)
-    inputs = {value.name: value for value in prompt.graph.input}
-    dims = {name: tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim) for name, value in inputs.items()}
+    dims = _input_dims(prompt, prompt_path, required=(INPUT_IDS, MASK, POS_COS, POS_SIN))
+    return _feed_shape(prompt, dims, hf_config_path, ar=dims[INPUT_IDS][1], context=dims[MASK][2], boundary=None)
+
+
+def unit_feed_shape(unit: onnx.ModelProto, where: Path, hf_config_path: Path, *, ar: int, context: int,
+                    boundary: str | None) -> FeedShape:
+    """The feeds of a unit of the chain (AR and context are the model's, from the plan: an embedding unit's
+    inputs do not say its context, and the window schedule depends on it).
+
+    Raises:
+        GenieBuildError: as :func:`feed_shape`, for the inputs the unit takes.
+    """
+    dims = _input_dims(unit, where, required=())
+    return _feed_shape(unit, dims, hf_config_path, ar=ar, context=context, boundary=boundary)
+
+
+def _input_dims(model: onnx.ModelProto, where: Path, required: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    dims = {value.name: tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim) for value in model.graph.input}
     for name, rank in ((INPUT_IDS, 2), (MASK, 3), (POS_COS, 4), (POS_SIN, 4)):
-        if len(dims.get(name, ())) != rank:
-            raise GenieBuildError(prompt_path, f"input {name!r} of rank {rank} expected (Genie's IO contract), "
-                                               f"found {dims.get(name)}")
+        if (name in required or name in dims) and len(dims.get(name, ())) != rank:
+            raise GenieBuildError(where, f"input {name!r} of rank {rank} expected (Genie's IO contract), "
+                                         f"found {dims.get(name)}")
+    return dims
+
+
+def _feed_shape(model: onnx.ModelProto, dims: Mapping[str, tuple[int, ...]], hf_config_path: Path, *, ar: int,
+                context: int, boundary: str | None) -> FeedShape:
+    config = read_json(hf_config_path)
     rope = read_rope(config, hf_config_path)   # either HF layout, as genie_config writes it for Genie
     theta, scaling = float(rope.theta), rope.scaling
     try:
         rope_tables(2, theta, [0], scaling)
     except (ValueError, KeyError) as exc:
         raise GenieBuildError(hf_config_path, f"RoPE scaling {scaling}: {exc}") from None
-    logits = next((value for value in prompt.graph.output if value.name == LOGITS), None)
+    logits = next((value for value in model.graph.output if value.name == LOGITS), None)
     vocab = logits.type.tensor_type.shape.dim[-1].dim_value if logits is not None else int(config["vocab_size"])
-    return FeedShape(ar=dims[INPUT_IDS][1], context=dims[MASK][2], rope_theta=theta, rope_scaling=scaling,
-                     head_dim=2 * dims[POS_COS][3],
-                     ids_dtype=onnx.helper.tensor_dtype_to_np_dtype(inputs[INPUT_IDS].type.tensor_type.elem_type),
-                     caches={name: shape for name, shape in dims.items() if KV_TENSOR.match(name)}, vocab=vocab)
+    types = {value.name: value.type.tensor_type.elem_type for value in model.graph.input}
+    return FeedShape(ar=ar, context=context, rope_theta=theta, rope_scaling=scaling,
+                     head_dim=2 * dims[POS_COS][3] if POS_COS in dims else head_dim(config, hf_config_path),
+                     ids_dtype=onnx.helper.tensor_dtype_to_np_dtype(types[INPUT_IDS]) if INPUT_IDS in types else None,
+                     caches={name: shape for name, shape in dims.items() if KV_TENSOR.match(name)}, vocab=vocab,
+                     positions=MASK in dims, boundary=boundary if boundary in dims else None)
 
 
 def corpus_token_ids(corpus_path: str | Path, tokenizer_path: str | Path, vocab: int) -> np.ndarray:
@@ -313,37 +337,60 @@ def windows(ids: np.ndarray, ar: int, count: int) -> Iterator[np.ndarray]:
     yield from stream.reshape(count, ar)
 
 
-def text_forward_pass(shape: FeedShape, ids: np.ndarray, num_samples: int) -> ForwardPass:
-    """A forward pass over ``num_samples`` windows of ``ids``, fed as Genie feeds its prompt graph: window k at
-    positions ``past_len .. past_len + AR - 1`` with the causal mask, RoPE tables, and the KV cache holding what
-    the graph itself output for the windows before it in the same sequence (new entries written at
-    ``past_len``). When the cache has no room for another window the next window starts a new sequence
-    (empty cache, position 0), as a new conversation would."""
-    past = shape.context - shape.ar
+def calibration_windows(ids: np.ndarray, ar: int, context: int, count: int) -> Iterator[tuple[np.ndarray, int]]:
+    """Each window of :func:`windows` with the number of tokens before it in its sequence: window k at positions
+    ``past_len .. past_len + AR - 1``; when the cache has no room for another window the next one starts a new
+    sequence (``past_len`` 0), as a new conversation would. Every unit of the chain replays this schedule."""
+    past_len = 0
+    for window in windows(ids, ar, count):
+        if past_len > context - ar:
+            past_len = 0
+        yield window, past_len
+        past_len += ar
 
+
+def text_forward_pass(shape: FeedShape, ids: np.ndarray, num_samples: int, *,
+                      boundary_in: np.ndarray | None = None, collect: str | None = None,
+                      collected: list[np.ndarray] | None = None) -> ForwardPass:
+    """A forward pass over ``num_samples`` windows of ``ids`` (:func:`calibration_windows`), fed as Genie feeds
+    its graphs: the causal mask, RoPE tables, and the KV cache holding what the graph itself output for the
+    windows before it in the same sequence (new entries written at ``past_len``; emptied when a sequence starts).
+
+    A unit of the chain takes window k's residual stream from ``boundary_in[k]`` and gives its own, ``collect``,
+    which is appended to ``collected`` window by window.
+    """
     def run(session: Any) -> None:
+        if collected is not None:
+            collected.clear()
         caches = {name: np.zeros(dims, np.float32) for name, dims in shape.caches.items()}
-        past_len = 0
-        for window in windows(ids, shape.ar, num_samples):
-            if past_len > past:
+        for index, (window, past_len) in enumerate(calibration_windows(ids, shape.ar, shape.context, num_samples)):
+            if past_len == 0:
                 caches = {name: np.zeros_like(cache) for name, cache in caches.items()}
-                past_len = 0
-            feed = genie_feed(shape, window, past_len, caches)
-            outputs = session_outputs(session, feed)
+            boundary = None if boundary_in is None else boundary_in[index]
+            outputs = session_outputs(session, genie_feed(shape, window, past_len, caches, boundary))
             for name in caches:
                 write_new_entries(caches[name], outputs[kv_name(*_kv_kind_layer(name), "out")], name, past_len)
-            past_len += shape.ar
+            if collect is not None and collected is not None:
+                collected.append(outputs[collect])
+            logger.info("calibrated window %d of %d (%d tokens before it)", index + 1, num_samples, past_len)
 
     return run
 
 
-def genie_feed(shape: FeedShape, window: np.ndarray, past_len: int, caches: Mapping[str, np.ndarray]
-               ) -> dict[str, np.ndarray]:
-    """The prompt graph's feed for ``window`` (AR token ids) after ``past_len`` cached tokens."""
-    cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + shape.ar),
-                           shape.rope_scaling)
-    return {INPUT_IDS: np.asarray(window)[None].astype(shape.ids_dtype),
-            MASK: causal_mask(shape.ar, shape.context, past_len), POS_COS: cos, POS_SIN: sin, **caches}
+def genie_feed(shape: FeedShape, window: np.ndarray, past_len: int, caches: Mapping[str, np.ndarray],
+               boundary: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The graph's feed for ``window`` (AR token ids) after ``past_len`` cached tokens: what of the prompt
+    graph's inputs it takes, and ``boundary`` for its residual-stream input."""
+    feed: dict[str, np.ndarray] = dict(caches)
+    if shape.ids_dtype is not None:
+        feed[INPUT_IDS] = np.asarray(window)[None].astype(shape.ids_dtype)
+    if shape.boundary is not None:
+        feed[shape.boundary] = boundary
+    if shape.positions:
+        cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + shape.ar),
+                               shape.rope_scaling)
+        feed.update({MASK: causal_mask(shape.ar, shape.context, past_len), POS_COS: cos, POS_SIN: sin})
+    return feed
 
 
 def session_outputs(session: Any, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -371,32 +418,87 @@ def write_new_entries(cache: np.ndarray, new: np.ndarray, name: str, past_len: i
     cache[tuple(target)] = new[tuple(source)]
 
 
-def quantize(prompt_path: str | Path, token_path: str | Path, out_prompt: str | Path, out_token: str | Path, *,
-             hf_config_path: str | Path, tokenizer_path: str | Path, corpus_path: str | Path, recipe: str,
-             num_samples: int = DEFAULT_NUM_SAMPLES) -> tuple[Encodings, Encodings]:
-    """The ``quantize`` command: both graphs' AIMET encodings by ``recipe``, calibrated on ``num_samples``
-    windows of the corpus.
+# --- the chain: one unit at a time ---------------------------------------------------------------------------
+
+def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], label: str, out_encodings: str | Path,
+                   out_boundary: str | Path, *, hf_config_path: str | Path, tokenizer_path: str | Path,
+                   corpus_path: str | Path, recipe: str, num_samples: int, ar: int, context: int,
+                   boundary_in: str | Path | None = None) -> Encodings:
+    """The ``calibrate-unit`` command: unit ``label`` of the chain, one of its part's ``units``
+    (:mod:`genie_build.calibration_units`), carved from the part's prompt graph, quantized by ``recipe`` and
+    AIMET's LLM recipe, and
+    calibrated on ``num_samples`` windows of the corpus, fed the residual stream the unit before it stored
+    (``boundary_in``); writes its encodings and its own output stream (``out_boundary``: ``[windows, 1, AR,
+    hidden]`` float32, empty for the last unit, whose output is the logits).
 
     Raises:
-        GenieBuildError: a bad recipe, ``num_samples < 1``, or any of the problems of :func:`feed_shape`,
-            :func:`corpus_token_ids` and :func:`quantize_pair`.
+        GenieBuildError: a bad recipe or sample count, a unit the chain does not have, a boundary file of another
+            shape than the windows need, or the problems of :func:`unit_graph`, :func:`corpus_token_ids` and
+            :func:`calibrate_prompt`.
     """
     chosen = recipe_named(recipe)
     if num_samples < 1:
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")
-    prompt = Path(prompt_path)
-    shape = feed_shape(load_graph(prompt), prompt, Path(hf_config_path))
+    part_path = Path(part_graph)
+    unit = next((unit for unit in units if unit.label == label), None)
+    if unit is None or {other.part for other in units} != {unit.part}:
+        raise GenieBuildError("--part-units-json", f"not the units of one part holding unit {label!r}")
+    model = unit_graph(part_path, units, label)
+    shape = unit_feed_shape(model, part_path, Path(hf_config_path), ar=ar, context=context,
+                            boundary=unit.input_boundary)
     ids = corpus_token_ids(corpus_path, tokenizer_path, shape.vocab)
-    require_aimet()  # after the inputs are read: importing aimet-onnx (and torch) takes seconds, a bad input does not
-    return quantize_pair(prompt, token_path, out_prompt, out_token, recipe=chosen,
-                         forward_pass=text_forward_pass(shape, ids, num_samples))
+    streamed = None if shape.boundary is None else read_boundary(boundary_in, num_samples, ar)
+    require_aimet("calibrate-unit")  # after the inputs are read: importing aimet-onnx takes seconds, a bad input not
+    logger.info("unit %s: %s of part %s, %d windows of %d tokens", label, "+".join(unit.pieces), unit.part,
+                num_samples, ar)
+    onnx.external_data_helper.load_external_data_for_model(model, str(part_path.parent))
+    _check_float32(model, part_path)
+    collected: list[np.ndarray] = []
+    forward_pass = text_forward_pass(shape, ids, num_samples, boundary_in=streamed, collect=unit.output_boundary,
+                                     collected=collected)
+    encodings = _calibrated(model, chosen, find_lm_head(model.graph), kv_cache_io(model.graph), part_path,
+                            forward_pass)
+    write_encodings(out_encodings, encodings)
+    write_boundary(out_boundary, np.stack(collected) if collected else np.zeros((0,), np.float32))
+    logger.info("unit %s: %d activation and %d param encodings", label, len(encodings.activations),
+                len(encodings.params))
+    return encodings
 
 
-def feeds_forward_pass(feeds: Sequence[Mapping[str, np.ndarray]] | Iterator[Mapping[str, np.ndarray]]
-                       ) -> ForwardPass:
-    """A forward pass over given feeds (the demo's deterministic random ones)."""
-    def run(session: Any) -> None:
-        for feed in feeds:
-            session.run(None, dict(feed))
+def unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) -> onnx.ModelProto:
+    """Unit ``label`` carved from its part's graph (``units``: the part's units) by the split's own cut, its
+    weights still external (in the part's data file).
 
-    return run
+    Raises:
+        GenieBuildError: the part graph is unreadable, or the units' boundaries do not cut it.
+    """
+    model = load_graph(part_graph)
+    check_external_data(model, part_graph)
+    labels = [unit.label for unit in units]
+    specs = cut_graph(model, labels, [unit.output_boundary for unit in units[:-1]], part_graph)
+    spec = specs[labels.index(label)]
+    model = ensure_value_info(model, [*spec.inputs, *spec.outputs], part_graph)
+    return build_part(model, spec, f"unit_{label}")
+
+
+def read_boundary(path: str | Path | None, windows_count: int, ar: int) -> np.ndarray:
+    """The residual stream a unit stored for the next, checked against the windows it must cover.
+
+    Raises:
+        GenieBuildError: no file, not a ``.npy``, or another shape than ``[windows, 1, AR, hidden]`` float32.
+    """
+    if path is None:
+        raise GenieBuildError("--boundary-in", "this unit takes the residual stream of the unit before it")
+    try:
+        stream = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise GenieBuildError(path, f"cannot read the stored residual stream: {exc}") from None
+    if stream.dtype != np.float32 or stream.ndim != 4 or stream.shape[:3] != (windows_count, 1, ar):
+        raise GenieBuildError(path, f"holds {stream.dtype} {list(stream.shape)}, not [{windows_count}, 1, {ar}, "
+                                    "hidden] float32: it was stored for other calibration settings")
+    return stream
+
+
+def write_boundary(path: str | Path, stream: np.ndarray) -> None:
+    with atomic_open(path) as handle:
+        np.save(handle, stream, allow_pickle=False)

@@ -29,15 +29,16 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 from tokenizers import Tokenizer
 
 from genie_build.check_bundle import require_valid_bundle
-from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, graph_ar_cl,
-                                     rope_tables)
+from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
+                                     graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, load_tokenizer
-from genie_build.onnx_graph import graph_io
+from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
@@ -191,11 +192,13 @@ def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: 
 
 @dataclass(frozen=True)
 class HostRun:
-    """The host-run stage's result: the bundle's generation and, when compared, the unsplit model's tokens."""
+    """The host-run stage's result: the bundle's generation and, when compared, the reference's tokens and what
+    the reference was."""
 
     prompt: str
     generation: Generation
-    unsplit_ids: tuple[int, ...] | None = None  # None: not compared
+    reference_ids: tuple[int, ...] | None = None  # None: not compared
+    compared_with: str | None = None
 
     def to_dict(self) -> dict:
         """The report (``host_run.json``)."""
@@ -203,25 +206,39 @@ class HostRun:
         report = {"prompt": self.prompt, "prompt_ids": list(generation.prompt_ids),
                   "new_ids": list(generation.new_ids), "text": generation.text,
                   "tokens_per_second": round(generation.tokens_per_second, 1)}
-        return report if self.unsplit_ids is None else {**report, "unsplit_ids": list(self.unsplit_ids)}
+        if self.reference_ids is None:
+            return report
+        return {**report, "compared_with": self.compared_with, "reference_ids": list(self.reference_ids)}
+
+
+UNSPLIT_REFERENCE = "the unsplit model, converted with the whole encodings and compiled with the bundle's options"
+PARTS_REFERENCE = ("the parts' converted graphs chained on the host, without the bundle's context binaries (a model "
+                   "calibrated part by part has no whole encodings to convert an unsplit graph with)")
 
 
 def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
-             compare_with: str | os.PathLike[str] | None = None) -> HostRun:
-    """Generate from the bundle (:func:`run_bundle`) and, given the unsplit model's container, check that its
-    greedy tokens are the bundle's (:func:`unsplit_tokens`).
+             compare_with: str | os.PathLike[str] | None = None,
+             compare_with_parts: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
+    """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
+    on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
+    converted graphs (``compare_with_parts``, :func:`converted_parts_tokens`).
 
     Raises:
-        GenieBuildError: the bundle is invalid, or its tokens differ from the unsplit model's.
+        GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
     generation = run_bundle(bundle_dir, prompt, max_new_tokens)
-    if compare_with is None:
+    if compare_with is not None:
+        expected, reference = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens), \
+            UNSPLIT_REFERENCE
+    elif compare_with_parts:
+        expected = converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens)
+        reference = PARTS_REFERENCE
+    else:
         return HostRun(prompt, generation)
-    expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens)
     if expected != list(generation.new_ids):
-        raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from the unsplit "
-                                          f"model's {expected} ({compare_with})")
-    return HostRun(prompt, generation, tuple(expected))
+        raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from those of "
+                                          f"{reference}: {expected}")
+    return HostRun(prompt, generation, tuple(expected), reference)
 
 
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
@@ -231,9 +248,46 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
 
     RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
     loaded (run :func:`load_bundle` first to check the bundle)."""
+    return _reference_tokens(bundle_dir, [read_graphs(unsplit_binary)], prompt_ids, max_new_tokens)
+
+
+def converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
+                           prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens of the parts' converted graphs (``graphs``: the reference converter's ONNX files, every graph of
+    every part, grouped by the part their graph name gives), run as they are, without a context binary.
+
+    Raises:
+        GenieBuildError: a graph cannot be read or its name gives no part.
+    """
+    parts: dict[str, dict[str, ContainerGraph]] = {}
+    for path in graphs:
+        model = load_graph(path)
+        check_external_data(model, path)
+        onnx.external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        match = PART_SUFFIX.search(model.graph.name)
+        if match is None:
+            raise GenieBuildError(path, f"graph name {model.graph.name!r} does not say which part it is")
+        parts.setdefault(match.group(0), {})[model.graph.name] = _as_container_graph(model)
+    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
+
+
+def _as_container_graph(model: onnx.ModelProto) -> ContainerGraph:
+    """A loaded graph as :func:`read_graphs` gives one: its initializers' values apart from the model."""
+    weights = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    for tensor in model.graph.initializer:
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+                      "string_data", "external_data"):
+            tensor.ClearField(field)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+    return ContainerGraph(model=model, weights=weights)
+
+
+def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
+                      prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path)["dialog"]
-    runner = make_runner([read_graphs(unsplit_binary)], **_host_rope(dialog["engine"], config_path))
+    runner = make_runner(parts, **_host_rope(dialog["engine"], config_path))
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 

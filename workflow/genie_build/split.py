@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -142,9 +142,20 @@ def plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec
             boundary crosses a cut, or a graph output is computed by no node.
     """
     _check_plan_chain(plan, where)
-    graph = model.graph
+    return cut_graph(model, [part.label for part in plan.parts],
+                     [part.output_boundary for part in plan.parts[:-1]], where)
+
+
+def cut_graph(model: onnx.ModelProto, labels: Sequence[str], cuts: Sequence[str], where: Path) -> list[PartSpec]:
+    """The pieces of a graph cut at ``cuts`` (tensor names, in data-flow order; ``len(labels) - 1`` of them), each
+    labelled, with their inputs, outputs and nodes as :func:`plan_parts` describes a part's.
+
+    Raises:
+        GenieBuildError: as :func:`plan_parts`.
+    """
+    graph, cuts = model.graph, list(cuts)
     producers = _producers(graph)
-    depths = node_depths(graph, plan, producers, where)
+    depths = node_depths(graph, labels, cuts, producers, where)
     owners = {}
     for output in graph.output:
         if output.name not in producers:
@@ -153,13 +164,12 @@ def plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec
         owners[output.name] = depths[producers[output.name]]
     graph_inputs = [spec.name for spec in graph_io(model).inputs]
     specs = []
-    for position, part in enumerate(plan.parts):
-        outputs = ([part.output_boundary] if part.output_boundary else []) + [
-            v.name for v in graph.output if owners[v.name] == position]
-        nodes, needed = _walk_back(graph, outputs, plan, position, depths, producers, where)
-        inputs = ([part.input_boundary] if part.input_boundary else []) + [
-            name for name in graph_inputs if name in needed]
-        specs.append(PartSpec(part.label, tuple(inputs), tuple(outputs), tuple(sorted(nodes))))
+    for position, label in enumerate(labels):
+        outputs = cuts[position:position + 1] + [v.name for v in graph.output if owners[v.name] == position]
+        nodes, needed = _walk_back(graph, outputs, labels, cuts, position, depths, producers, where)
+        inputs = cuts[position - 1:position] if position else []
+        inputs += [name for name in graph_inputs if name in needed]
+        specs.append(PartSpec(label, tuple(inputs), tuple(outputs), tuple(sorted(nodes))))
     return specs
 
 
@@ -177,47 +187,48 @@ def _check_plan_chain(plan: Plan, where: Path) -> None:
                                          f"{before.label} gives {before.output_boundary!r}")
 
 
-def node_depths(graph: onnx.GraphProto, plan: Plan, producers: dict[str, int], where: Path) -> list[int]:
-    """For each node, how many of the plan's cuts it depends on: the 0-based part it belongs to.
+def node_depths(graph: onnx.GraphProto, labels: Sequence[str], cuts: Sequence[str], producers: dict[str, int],
+                where: Path) -> list[int]:
+    """For each node, how many of the ``cuts`` it depends on: the 0-based piece it belongs to.
 
-    Part ``i`` owns the nodes that depend on its input boundary but not on its output boundary. Nodes
-    that depend on no cut (the embedding, and the RoPE/mask preamble) get 0.
+    Piece ``i`` owns the nodes that depend on its input cut but not on its output cut. Nodes that depend on no
+    cut (the embedding, and the RoPE/mask preamble) get 0.
 
     Raises:
         GenieBuildError: a cut tensor is not produced by a node, or a cut does not depend on the one
-            before it (the plan's cuts are out of order).
+            before it (the cuts are out of order).
     """
     consumers = _consumers(graph)
-    cuts = [part.output_boundary for part in plan.parts[:-1]]
     depths = [0] * len(graph.node)
     for position, cut in enumerate(cuts):
         if cut not in producers:
-            raise GenieBuildError(where, f"part {plan.parts[position].label}: boundary tensor {cut!r} is not "
+            raise GenieBuildError(where, f"part {labels[position]}: boundary tensor {cut!r} is not "
                                          "produced by any node of the graph")
         if depths[producers[cut]] != position:
-            raise GenieBuildError(where, f"plan: boundary {cut!r} of part {plan.parts[position].label} does "
+            raise GenieBuildError(where, f"plan: boundary {cut!r} of part {labels[position]} does "
                                          f"not depend on the boundary before it ({cuts[position - 1]!r})")
         for index in _descendants(cut, consumers, graph):
             depths[index] += 1
     return depths
 
 
-def _walk_back(graph: onnx.GraphProto, outputs: list[str], plan: Plan, position: int, depths: list[int],
-               producers: dict[str, int], where: Path) -> tuple[set[int], set[str]]:
-    """Collect the nodes that compute part ``position``'s ``outputs``, stopping at its input boundary.
+def _walk_back(graph: onnx.GraphProto, outputs: list[str], labels: Sequence[str], cuts: Sequence[str],
+               position: int, depths: list[int], producers: dict[str, int], where: Path
+               ) -> tuple[set[int], set[str]]:
+    """Collect the nodes that compute piece ``position``'s ``outputs``, stopping at its input cut.
 
-    Nodes of depth 0 that are reached (the preamble) are copied into the part; reaching a node of an
-    earlier part (depth 1 .. position - 1) means a tensor other than the boundary crosses a cut.
+    Nodes of depth 0 that are reached (the preamble) are copied into the piece; reaching a node of an
+    earlier piece (depth 1 .. position - 1) means a tensor other than the cut crosses it.
 
     Returns:
         The node indices, and the names they read that no collected node produces (graph inputs and
-        initializers; the input boundary is left out).
+        initializers; the input cut is left out).
 
     Raises:
-        GenieBuildError: a tensor other than the boundary crosses a cut, or a tensor is neither
-            produced, an initializer nor a graph input.
+        GenieBuildError: a tensor other than the cut crosses it, or a tensor is neither produced, an
+            initializer nor a graph input.
     """
-    part = plan.parts[position]
+    input_cut = cuts[position - 1] if position else None
     initializers = {t.name for t in graph.initializer}
     graph_inputs = {v.name for v in graph.input}
     nodes: set[int] = set()
@@ -225,21 +236,21 @@ def _walk_back(graph: onnx.GraphProto, outputs: list[str], plan: Plan, position:
     stack = list(outputs)
     while stack:
         name = stack.pop()
-        if name == part.input_boundary or name in needed:
+        if name == input_cut or name in needed:
             continue
         if name in producers:
             index = producers[name]
             if 0 < depths[index] < position:
-                raise GenieBuildError(where, f"part {part.label} reads {name!r}, computed in part "
-                                             f"{plan.parts[depths[index]].label}: only the boundary "
-                                             f"{part.input_boundary!r} may cross the cut")
+                raise GenieBuildError(where, f"part {labels[position]} reads {name!r}, computed in part "
+                                             f"{labels[depths[index]]}: only the boundary {input_cut!r} may "
+                                             "cross the cut")
             if index not in nodes:
                 nodes.add(index)
                 stack.extend(node_inputs(graph.node[index]))
         elif name in initializers or name in graph_inputs:
             needed.add(name)
         else:
-            raise GenieBuildError(where, f"part {part.label} needs tensor {name!r}, which no node, "
+            raise GenieBuildError(where, f"part {labels[position]} needs tensor {name!r}, which no node, "
                                          "initializer or graph input provides")
     return nodes, needed
 

@@ -1,8 +1,8 @@
 """What the estimate knows of a model before any weight is read: every weight's name, declared shape and role
 (the precision recipe picks its bits by role), and the pieces (embedding, layer i, head) that use it.
 
-From an HF ``config.json`` (Qwen2, Llama or Mistral architecture) the weights are named and shaped as
-``docs/conventions.md`` says. From an ONNX graph loaded without its external data, every float initializer of
+From an HF ``config.json`` (Qwen2, Llama, Mistral or Qwen3) the weights are named and shaped as
+``docs/conventions.md`` says and as the export writes them. From an ONNX graph loaded without its external data, every float initializer of
 rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph constants, which the size
 model counts per layer as the conventions' graph has them, so that a graph and its config estimate alike.
 """
@@ -18,14 +18,12 @@ from typing import Literal
 from genie_build.boundaries import find_boundaries
 from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, LM_HEAD_WEIGHT,
                                      layer_output)
-from genie_build.demo import shape_from_hf_config
-from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
+from genie_build.genie_config import load_hf_config
+from genie_build.hf_checkpoint import read_model_shape
 from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
 from genie_build.plan import initializer_pieces
 
 Role = Literal["embedding", "layers", "lm_head", "float"]
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
 
 
 @dataclass(frozen=True)
@@ -62,50 +60,41 @@ class ModelWeights:
 
 
 def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
-    """The weights of a Qwen2/Llama ``config.json``, named and shaped as ``docs/conventions.md`` says.
+    """The weights of a Qwen2, Llama, Mistral or Qwen3 ``config.json`` as the export writes them: named and shaped
+    as ``docs/conventions.md`` says, with a tied LM head written as its own ``lm_head.weight`` (the export unties
+    it, because Genie bundles quantize the table and the head differently).
 
     Raises:
-        GenieBuildError: the file is unreadable, a key is missing or invalid, or the architecture is not
-            one the conventions describe (an explicit ``head_dim`` other than hidden / heads included).
+        GenieBuildError: the file is unreadable, or the model is not one :func:`read_model_shape` reads.
     """
-    config = read_json(path)
     where = os.fspath(path)
-    if not isinstance(config, dict):
-        raise GenieBuildError(where, "expected a JSON object (an HF config.json)")
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise GenieBuildError(where, f"model_type {model_type!r} is not supported "
-                                     f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    shape = shape_from_hf_config(config, ar=1, where=where)
-    if config.get("head_dim", shape.head_dim) != shape.head_dim:
-        raise GenieBuildError(where, f"head_dim {config['head_dim']} differs from hidden_size / "
-                                     f"num_attention_heads = {shape.head_dim}; not supported")
-    qkv_bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
-    o_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
-    mlp_bias = bool(config.get("mlp_bias", False))
-    hidden, inter, kv_width = shape.hidden, shape.intermediate, shape.kv_heads * shape.head_dim
+    shape = read_model_shape(load_hf_config(path), where)
+    hidden, inter = shape.hidden, shape.intermediate
+    q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     head_piece = shape.layers + 1
 
-    def weight(name: str, dims: tuple[int, ...], role: Role, *pieces: int) -> Weight:
-        return Weight(InitializerSpec(name, dims, "float32", math.prod(dims) * 4), role, frozenset(pieces))
+    def weight(name: str, dims: tuple[int, ...], role: Role, piece: int) -> Weight:
+        return Weight(InitializerSpec(name, dims, "float32", math.prod(dims) * 4), role, frozenset({piece}))
 
-    tied = bool(config.get("tie_word_embeddings", False))
-    weights = [weight(EMBED_WEIGHT, (shape.vocab, hidden), "embedding", 0, *((head_piece,) if tied else ()))]
+    weights = [weight(EMBED_WEIGHT, (shape.vocab, hidden), "embedding", 0)]
     for i in range(shape.layers):
         prefix, piece = f"model.layers.{i}", i + 1
-        projections = (("self_attn.q_proj", hidden, hidden, qkv_bias), ("self_attn.k_proj", hidden, kv_width, qkv_bias),
-                       ("self_attn.v_proj", hidden, kv_width, qkv_bias), ("self_attn.o_proj", hidden, hidden, o_bias),
-                       ("mlp.gate_proj", hidden, inter, mlp_bias), ("mlp.up_proj", hidden, inter, mlp_bias),
-                       ("mlp.down_proj", inter, hidden, mlp_bias))
+        projections = (("self_attn.q_proj", hidden, q_width, shape.qkv_bias),
+                       ("self_attn.k_proj", hidden, kv_width, shape.qkv_bias),
+                       ("self_attn.v_proj", hidden, kv_width, shape.qkv_bias),
+                       ("self_attn.o_proj", q_width, hidden, shape.o_bias),
+                       ("mlp.gate_proj", hidden, inter, shape.mlp_bias), ("mlp.up_proj", hidden, inter, shape.mlp_bias),
+                       ("mlp.down_proj", inter, hidden, shape.mlp_bias))
         for module, fan_in, fan_out, bias in projections:
             weights.append(weight(f"{prefix}.{module}.weight", (fan_in, fan_out), "layers", piece))
             if bias:
                 weights.append(weight(f"{prefix}.{module}.bias", (fan_out,), "float", piece))
-        weights += [weight(f"{prefix}.{norm}.weight", (hidden,), "float", piece)
-                    for norm in ("input_layernorm", "post_attention_layernorm")]
+        norms = [(norm, hidden) for norm in ("input_layernorm", "post_attention_layernorm")]
+        if shape.qk_norm:
+            norms += [(f"self_attn.{norm}", shape.head_dim) for norm in ("q_norm", "k_norm")]
+        weights += [weight(f"{prefix}.{norm}.weight", (width,), "float", piece) for norm, width in norms]
     weights.append(weight(FINAL_NORM_WEIGHT, (hidden,), "float", head_piece))
-    if not tied:
-        weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
+    weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
     boundaries = (EMBEDDING_BOUNDARY, *(layer_output(i) for i in range(shape.layers)))
     return ModelWeights(tuple(weights), boundaries)
 

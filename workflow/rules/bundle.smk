@@ -6,6 +6,10 @@ BUNDLE_VARIANT = config["bundle"]["variant"]
 # directory atomically, the manifest (listing every other file) among it.
 BUNDLE_DIR = f"{OUT}/genie_bundle"
 BUNDLE = f"{BUNDLE_DIR}/manifest.json"
+# No bundle of a model whose whole-model checks failed: the graphs' shared weights (whole graphs), Genie's IO
+# contract (a checkpoint exported part by part), the plan against the encodings the chain calibrated.
+BUNDLE_CHECKS = [f"{OUT}/contract_check.json" if SOURCE_KIND == "hf" else f"{OUT}/model_check.json",
+                 *([f"{OUT}/plan_check.json"] if CALIBRATION_CHAIN else [])]
 
 
 rule assemble_bundle:
@@ -13,7 +17,7 @@ rule assemble_bundle:
         binaries=lambda wc: variant_part_files(f"{OUT}/compiled/{{variant}}/part_{{part}}.bin", [BUNDLE_VARIANT]),
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
-        model_check=f"{OUT}/model_check.json",  # no bundle of graphs whose shared weights differ
+        checks=BUNDLE_CHECKS,
     output:
         manifest=BUNDLE,
     params:
@@ -55,65 +59,69 @@ rule check_bundle:
         " --out {output:q} > {log:q} 2>&1"
 
 
-# Host run (reference toolchain only): the bundle generates text on the CPU, and its greedy tokens must equal
-# those of the unsplit model converted with the whole encodings and compiled with the same options.
+# Host run (reference toolchain only): the bundle generates text on the CPU, and its greedy tokens must equal those of
+# the model without its bundle: the unsplit model converted with the whole encodings and compiled with the same
+# options; a model calibrated part by part has no whole encodings (nor, exported part by part, a whole graph), so
+# there the parts' converted graphs, chained on the host, stand in for it (the run's report says which).
 UNSPLIT = f"{OUT}/unsplit"
 
+if not CALIBRATION_CHAIN:
 
-rule convert_unsplit:
-    input:
-        onnx=lambda wc: SOURCE[f"{wc.graph}_onnx"],
-        weights=lambda wc: SOURCE_DATA[wc.graph],
-        encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
-        contract=f"{OUT}/contract_check.json",  # no convert job for graphs Genie could not load
-    output:
-        onnx=f"{UNSPLIT}/{{graph}}.onnx",
-        data=f"{UNSPLIT}/{{graph}}.onnx.data",
-    params:
-        graph_name=lambda wc: unsplit_graph_name(wc.graph),
-        float_bitwidth=config["variants"][BUNDLE_VARIANT]["float_bitwidth"],
-        tool_version=toolchain_version("reference"),
-        python=PYTHON,
-    log:
-        f"{OUT}/logs/convert_unsplit/{{graph}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/convert_unsplit/{{graph}}.tsv"
-    shell:
-        "{params.python} -m genie_build convert --toolchain reference --onnx {input.onnx:q} --encodings {input.encodings:q}"
-        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
-        " --out {output.onnx:q} > {log:q} 2>&1"
+    rule convert_unsplit:
+        input:
+            onnx=lambda wc: SOURCE[f"{wc.graph}_onnx"],
+            weights=lambda wc: SOURCE_DATA[wc.graph],
+            encodings=lambda wc: SOURCE[f"{wc.graph}_encodings"],
+            contract=f"{OUT}/contract_check.json",  # no convert job for graphs Genie could not load
+        output:
+            onnx=f"{UNSPLIT}/{{graph}}.onnx",
+            data=f"{UNSPLIT}/{{graph}}.onnx.data",
+        params:
+            graph_name=lambda wc: unsplit_graph_name(wc.graph),
+            float_bitwidth=config["variants"][BUNDLE_VARIANT]["float_bitwidth"],
+            tool_version=toolchain_version("reference"),
+            python=PYTHON,
+        log:
+            f"{OUT}/logs/convert_unsplit/{{graph}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/convert_unsplit/{{graph}}.tsv"
+        shell:
+            "{params.python} -m genie_build convert --toolchain reference --onnx {input.onnx:q}"
+            " --encodings {input.encodings:q} --graph-name {params.graph_name:q}"
+            " --float-bitwidth {params.float_bitwidth} --out {output.onnx:q} > {log:q} 2>&1"
 
-
-rule compile_unsplit:
-    input:
-        prompt=f"{UNSPLIT}/prompt.onnx",
-        token=f"{UNSPLIT}/token.onnx",
-    output:
-        f"{UNSPLIT}/model.bin",
-    params:
-        graphs=lambda wc, input: graph_items({graph: unsplit_graph_name(graph) for graph in GRAPHS}, input),
-        options=variant_json(BUNDLE_VARIANT),
-        chipset=config["target"]["chipset"],
-        tool_version=toolchain_version("reference"),
-        python=PYTHON,
-    log:
-        f"{OUT}/logs/compile_unsplit.log",
-    benchmark:
-        f"{OUT}/benchmarks/compile_unsplit.tsv"
-    shell:
-        "{params.python} -m genie_build compile --toolchain reference --graph {params.graphs:q} --variant-json {params.options:q}"
-        " --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
+    rule compile_unsplit:
+        input:
+            prompt=f"{UNSPLIT}/prompt.onnx",
+            token=f"{UNSPLIT}/token.onnx",
+        output:
+            f"{UNSPLIT}/model.bin",
+        params:
+            graphs=lambda wc, input: graph_items({graph: unsplit_graph_name(graph) for graph in GRAPHS}, input),
+            options=variant_json(BUNDLE_VARIANT),
+            chipset=config["target"]["chipset"],
+            tool_version=toolchain_version("reference"),
+            python=PYTHON,
+        log:
+            f"{OUT}/logs/compile_unsplit.log",
+        benchmark:
+            f"{OUT}/benchmarks/compile_unsplit.tsv"
+        shell:
+            "{params.python} -m genie_build compile --toolchain reference --graph {params.graphs:q}"
+            " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule host_run:
     input:
         manifest=BUNDLE,
         check=f"{OUT}/bundle_check.json",
-        unsplit=f"{UNSPLIT}/model.bin",
+        reference=host_run_reference,
     output:
         f"{OUT}/host_run.json",
     params:
         prompt="What is 2+3? Explain briefly.",
+        compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
+        if CALIBRATION_CHAIN else ["--compare-with", input.reference[0]],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
@@ -122,4 +130,4 @@ rule host_run:
         f"{OUT}/benchmarks/host_run.tsv"
     shell:
         "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
-        " --compare-with {input.unsplit:q} --out {output:q} > {log:q} 2>&1"
+        " {params.compare:q} --out {output:q} > {log:q} 2>&1"

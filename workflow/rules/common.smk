@@ -1,4 +1,5 @@
 # Plumbing only: config validation, paths, wildcard vocabulary, and the targets. Logic lives in genie_build.
+import dataclasses
 import json
 import os
 import re
@@ -12,7 +13,9 @@ from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_c
 from genie_build.config import validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
+from genie_build.calibration_units import part_units, predicted_peak_mb, read_units
 from genie_build.hf_checkpoint import weight_files as _hf_weight_files
+from genie_build.shape_plan import part_weight_files, piece_float_bytes, plan_checkpoint
 from genie_build.plan_file import read_plan
 from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
 
@@ -36,6 +39,10 @@ GRAPHS = conventions.GRAPH_KINDS
 # Where the graphs come from: the generated demo, a Hugging Face checkpoint the workflow exports (rules/export.smk),
 # or the user's own files (model.prompt_onnx and the other paths).
 SOURCE_KIND = "files" if "prompt_onnx" in config["model"] else "hf" if "hf_checkpoint" in config["model"] else "demo"
+# Encodings that no source brings are made by the calibration chain, one unit of one part at a time (rules/
+# calibrate.smk): a checkpoint's, float graphs' without model.encodings, the demo's with demo.calibrator: aimet.
+CALIBRATION_CHAIN = (SOURCE_KIND == "hf" or (SOURCE_KIND == "files" and "encodings" not in config["model"])
+                     or (SOURCE_KIND == "demo" and config["demo"]["calibrator"] == "aimet"))
 # Every job runs `{params.python} -m genie_build <command>`, with the interpreter running Snakemake (the project venv)
 # or for the qairt toolchain's jobs the interpreter of toolchains.qairt.python (a QAIRT build box's).
 PYTHON = shlex.quote(sys.executable)
@@ -72,6 +79,10 @@ CACHE_KEY_PART = "{part}"
 # No convert starts before both graphs are split and sliced (part_labels), so those jobs go before other ready ones
 # (the shared-weights check, the chain == full checks), which nothing waits for until the bundle.
 CRITICAL_PATH = 10
+# A unit of the calibration chain holds every core, and the chain is the longest path of a build that has one:
+# Snakemake weighs the priorities of the jobs it could start together, so a unit must outweigh any set of other
+# jobs that would fill the cores instead (two checks beside each other outweighed CRITICAL_PATH).
+CHAIN_FIRST = 100
 # Then the whole-model checks (check_model, verify_split: 5-12 s each, against 1-3 s for a per-part job): left to
 # Snakemake's own order they ran last, one alone on a core while the other idled and the bundle waited for it.
 LONG_CHECKS = 5
@@ -112,21 +123,23 @@ if SOURCE_KIND == "files":
     SOURCE = {
         "prompt_onnx": config["model"]["prompt_onnx"],
         "token_onnx": config["model"]["token_onnx"],
-        "prompt_encodings": _user_encodings("prompt"),
-        "token_encodings": _user_encodings("token"),
         "tokenizer": config["model"]["tokenizer"],
         "hf_config": config["model"]["hf_config"],
     }
-else:  # the demo's generated files, or the export's graphs and the checkpoint's own tokenizer and config
-    CHECKPOINT = config["model"].get("hf_checkpoint")
+    if not CALIBRATION_CHAIN:
+        SOURCE.update({f"{graph}_encodings": _user_encodings(graph) for graph in GRAPHS})
+elif SOURCE_KIND == "hf":  # no whole graphs: the checkpoint is exported, calibrated and converted part by part
+    CHECKPOINT = config["model"]["hf_checkpoint"]
+    SOURCE = {"tokenizer": f"{CHECKPOINT}/tokenizer.json", "hf_config": f"{CHECKPOINT}/config.json"}
+else:  # the demo's generated files
     SOURCE = {
         "prompt_onnx": f"{SRC}/prompt.onnx",
         "token_onnx": f"{SRC}/token.onnx",
-        "prompt_encodings": f"{SRC}/prompt.encodings.json",
-        "token_encodings": f"{SRC}/token.encodings.json",
-        "tokenizer": f"{CHECKPOINT}/tokenizer.json" if CHECKPOINT else f"{SRC}/tokenizer.json",
-        "hf_config": f"{CHECKPOINT}/config.json" if CHECKPOINT else f"{SRC}/config.json",
+        "tokenizer": f"{SRC}/tokenizer.json",
+        "hf_config": f"{SRC}/config.json",
     }
+    if not CALIBRATION_CHAIN:
+        SOURCE.update({f"{graph}_encodings": f"{SRC}/{graph}.encodings.json" for graph in GRAPHS})
 # SOURCE_DATA: the weights; a changed weight must rerun what reads the graph even when the .onnx is unchanged.
 # GRAPH_DIMS: (AR, CL) of each graph, which the QNN graph names carry.
 # The demo's and the export's (AR, CL) are the config's: their graphs do not exist yet when the workflow is parsed.
@@ -139,6 +152,24 @@ else:
     _user_graphs = {graph: _read_user_graph(graph) for graph in GRAPHS}
     SOURCE_DATA = {graph: data_files for graph, (data_files, _) in _user_graphs.items()}
     GRAPH_DIMS = {graph: dims for graph, (_, dims) in _user_graphs.items()}
+
+# A checkpoint's plan and calibration chain come from its config.json alone, so the part and unit labels are known
+# now, and each part is exported, calibrated and converted by jobs of its own (rules/export.smk, calibrate.smk).
+if SOURCE_KIND == "hf":
+    try:
+        PLAN, UNITS = plan_checkpoint(SOURCE["hf_config"], config["split"], recipe=config["quantize"]["recipe"],
+                                      ar=_ar, context=_cl, unit_memory_mb=config["quantize"]["unit_memory_mb"])
+        PIECE_FLOAT_BYTES = piece_float_bytes(SOURCE["hf_config"])
+        PART_WEIGHT_FILES = {part.label: [str(p) for p in part_weight_files(CHECKPOINT, part)] for part in PLAN.parts}
+    except GenieBuildError as exc:
+        _config_error("model.hf_checkpoint", str(exc))
+    PARTS = {part.label: part for part in PLAN.parts}
+    UNIT_BY_LABEL = {unit.label: unit for unit in UNITS}
+    # both graphs of a part in one folder, reading one weights file (ONNX refuses hard-linked or outside data)
+    PART_ONNX = f"{OUT}/parts/part_{{part}}/{{graph}}.onnx"
+else:
+    PART_ONNX = f"{OUT}/parts/{{graph}}/part_{{part}}.onnx"
+PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
 
 
 def converter_of(variant):
@@ -189,13 +220,24 @@ def part_labels():
     """Part labels from the plan and, through the checkpoints, the per-part files they name.
 
     Calling the checkpoints here is what makes one invocation rebuild only the parts whose bytes changed:
-    Snakemake re-evaluates every job behind a checkpoint after it ran (docs/snakemake.md, "Checkpoints").
+    Snakemake re-evaluates every job behind a checkpoint after it ran (docs/snakemake.md, "Checkpoints"). A
+    checkpoint's plan is made when the workflow is parsed, and its parts are regular jobs.
     """
+    if SOURCE_KIND == "hf":
+        return list(PARTS)
     plan = read_plan(checkpoints.plan_split.get().output.plan)
     for graph in GRAPHS:
         checkpoints.split_model.get(graph=graph)
-    checkpoints.slice_encodings.get()
+    if not CALIBRATION_CHAIN:
+        checkpoints.slice_encodings.get()
     return [part.label for part in plan.parts]
+
+
+def part_graph(graph, label):
+    """One part's graph, named after the split checkpoint (if any) has run: see :func:`graph_part_files`."""
+    if SOURCE_KIND != "hf":
+        checkpoints.split_model.get(graph=graph)
+    return PART_ONNX.format(graph=graph, part=label)
 
 
 def graph_name_for(graph, label):
@@ -226,12 +268,19 @@ def converter_parts(wildcards):
     return toolchain, int(float_bits)
 
 
+def converted_files(converter, graph, label):
+    """A converted graph's files: the reference converter's ONNX and its data (which the compile reads, so its
+    input: converted graphs are temp()), or an SDK converter's DLC."""
+    path = f"{OUT}/converted/{converter}/{graph}/part_{label}"
+    return [f"{path}.onnx", f"{path}.onnx.data"] if converter.startswith("reference-") else [f"{path}.dlc"]
+
+
 def converted_graphs(wildcards):
+    """The compile's inputs: each graph (named by the graph kind) and its data files."""
     converter = converter_of(wildcards.variant)
-    extension = ".onnx" if converter.startswith("reference-") else ".dlc"
-    return {
-        graph: f"{OUT}/converted/{converter}/{graph}/part_{wildcards.part}{extension}" for graph in GRAPHS
-    }
+    files = {graph: converted_files(converter, graph, wildcards.part) for graph in GRAPHS}
+    return {**{graph: paths[0] for graph, paths in files.items()},
+            **{f"{graph}_data": paths[1:] for graph, paths in files.items()}}
 
 
 def graph_items(names, input):
@@ -251,6 +300,25 @@ def variant_part_files(pattern, variants):
     return [pattern.format(variant=v, part=p) for v in variants for p in part_labels()]
 
 
+def part_files(pattern, **fields):
+    """``pattern`` filled in for every part, in part order."""
+    return [pattern.format(part=label, **fields) for label in part_labels()]
+
+
+def converted_part_files(variant):
+    """The converted files of every part (prompt, token, in part order) of ``variant``'s converter."""
+    converter = converter_of(variant)
+    return [path for label in part_labels() for graph in GRAPHS for path in converted_files(converter, graph, label)]
+
+
+def host_run_reference(wildcards):
+    """What a host run compares the bundle's tokens with (rules/bundle.smk): the unsplit model compiled alike, or for
+    a model calibrated part by part, which has no whole encodings, the parts' converted graphs."""
+    if CALIBRATION_CHAIN:
+        return converted_part_files(BUNDLE_VARIANT)
+    return [f"{OUT}/unsplit/model.bin"]
+
+
 def final_outputs(wildcards):
     if "hf_config" in config["model"] and "prompt_onnx" not in config["model"]:
         raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
@@ -261,10 +329,75 @@ def final_outputs(wildcards):
         f"{OUT}/size_table.md",
         f"{OUT}/size_table.png",
         f"{OUT}/memory_plan.md",
+        *([f"{OUT}/plan_check.json"] if CALIBRATION_CHAIN else []),
         *([f"{OUT}/bundle_check.json"] if config["bundle"]["enabled"] else []),
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
           and config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
     ]
+
+
+# --- a checkpoint exported part by part (rules/export.smk) -----------------------------------------------------
+
+EXPORTED = f"{OUT}/parts/part_{{part}}"
+
+
+def part_json(wildcards):
+    """The part as the export needs it: its pieces and boundaries, not its estimated bytes (a new recipe re-weighs
+    the parts; a part whose layers stay the same keeps its export)."""
+    fields = dataclasses.asdict(PARTS[wildcards.part])
+    del fields["estimated_bytes"]
+    return json.dumps(fields, sort_keys=True)
+
+
+def part_float_mb(label):
+    return sum(PIECE_FLOAT_BYTES[piece] for piece in PARTS[label].pieces) / 1e6
+
+
+# --- the calibration chain (rules/calibrate.smk) ------------------------------------------------------------------
+
+CALIBRATION = f"{OUT}/calibration"
+CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
+
+
+def chain_units():
+    if SOURCE_KIND == "hf":
+        return UNITS
+    return read_units(checkpoints.plan_split.get().output.units)
+
+
+def unit_named(label):
+    return next(unit for unit in chain_units() if unit.label == label)
+
+
+def unit_before(label):
+    """The unit before ``label`` in the chain, or None for the first."""
+    units = chain_units()
+    index = units.index(unit_named(label))
+    return units[index - 1] if index else None
+
+
+def units_json(units):
+    return json.dumps([dataclasses.asdict(unit) for unit in units], sort_keys=True)
+
+
+def unit_inputs(wildcards):
+    """The unit's part graph (with its weights' SHA-1: changed weights recalibrate) and the stream it is fed."""
+    before = unit_before(wildcards.unit)
+    return {"part_graph": part_graph("prompt", unit_named(wildcards.unit).part),
+            "boundary": [f"{CALIBRATION}/unit_{before.label}.boundary.npy"] if before else []}
+
+
+def previous_unit(wildcards):
+    """The unit before the part's first: its output is the part's input boundary, whose encoding it gives."""
+    return unit_before(part_units(chain_units(), wildcards.part)[0].label)
+
+
+def part_encodings_inputs(wildcards):
+    previous = previous_unit(wildcards)
+    return {"units": [f"{CALIBRATION}/unit_{unit.label}.encodings.json"
+                      for unit in part_units(chain_units(), wildcards.part)],
+            "previous": [f"{CALIBRATION}/unit_{previous.label}.encodings.json"] if previous else [],
+            "prompt_graph": part_graph("prompt", wildcards.part), "token_graph": part_graph("token", wildcards.part)}
 
 
 def cancel_rescheduling_timers():

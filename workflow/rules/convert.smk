@@ -1,8 +1,9 @@
 # Convert each part of each graph with its encodings. Variants that convert alike share one job
 # (converter = '{toolchain}-fp{float_bitwidth}'); the reference toolchain writes ONNX, the SDK ones a DLC.
+# Converted graphs are temp(): only the compiles (and a host run of a model exported part by part) read them, and
+# they weigh about a byte per weight per graph (16 GB for a 7B model); Snakemake deletes them once read and does
+# not make them again while the binaries are up to date.
 
-PART_ONNX = f"{OUT}/parts/{{graph}}/part_{{part}}.onnx"
-PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
 CONVERTED = f"{OUT}/converted/{{converter}}/{{graph}}/part_{{part}}"
 # Rules eligible for between-workflow caching may not have benchmark:, so the job writes its own TSV.
 CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
@@ -13,8 +14,8 @@ rule convert_part_reference:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=PART_ENCODINGS,
     output:
-        onnx=f"{CONVERTED}.onnx",
-        data=f"{CONVERTED}.onnx.data",
+        onnx=temp(f"{CONVERTED}.onnx"),
+        data=temp(f"{CONVERTED}.onnx.data"),
     wildcard_constraints:
         converter=r"reference-fp\d+",
     params:
@@ -42,7 +43,7 @@ rule convert_part_sdk:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=PART_ENCODINGS,
     output:
-        dlc=f"{CONVERTED}.dlc",
+        dlc=temp(f"{CONVERTED}.dlc"),
     wildcard_constraints:
         converter=r"(qairt|qnn-cli)-fp\d+",
     params:

@@ -5,12 +5,13 @@
 PREDICTED = f"{OUT}/predicted"
 # The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
 # else the HF config.json, named and shaped as docs/conventions.md says.
-ESTIMATE_FROM_CONFIG = "hf_config" in config["model"] and "prompt_onnx" not in config["model"]
+ESTIMATE_CONFIG = (SOURCE["hf_config"] if SOURCE_KIND == "hf" else config["model"].get("hf_config")
+                   if "prompt_onnx" not in config["model"] else None)
 
 
 rule estimate_sizes:
     input:
-        model=config["model"]["hf_config"] if ESTIMATE_FROM_CONFIG else SOURCE["prompt_onnx"],
+        model=ESTIMATE_CONFIG or SOURCE["prompt_onnx"],
     output:
         plan=f"{PREDICTED}/plan.json",
         estimate=f"{PREDICTED}/estimate.json",
@@ -20,7 +21,7 @@ rule estimate_sizes:
         memory_json=f"{PREDICTED}/memory_plan.json",
         memory_md=f"{PREDICTED}/memory_plan.md",
     params:
-        source="--hf-config" if ESTIMATE_FROM_CONFIG else "--onnx",
+        source="--hf-config" if ESTIMATE_CONFIG else "--onnx",
         split=json.dumps(config["split"], sort_keys=True),
         recipe=json.dumps(config["recipe"], sort_keys=True),
         max_context_mb=config["report"]["max_context_mb"],

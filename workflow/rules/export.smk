@@ -1,26 +1,98 @@
-# A Hugging Face checkpoint (model.hf_checkpoint) exported to Genie's prompt and token graphs. The inputs are the
-# checkpoint's config.json and safetensors files (and the shard index), so a changed checkpoint re-exports; the
-# tokenizer is read from the checkpoint where it is. Only included when model.hf_checkpoint is set.
+# A Hugging Face checkpoint (model.hf_checkpoint), part by part: the plan from config.json (made when the workflow is
+# parsed, written down here), one export job per part reading only the safetensors files that hold its tensors, and
+# the checks a whole graph would have had: Genie's IO contract on the parts together, and each part against the
+# checkpoint's transformers modules. Only included when model.hf_checkpoint is set.
 
-rule export_hf_graphs:
+rule plan_hf:
     input:
         hf_config=SOURCE["hf_config"],
-        weights=[str(path) for path in checkpoint_weight_files(CHECKPOINT)],
     output:
-        prompt=f"{SRC}/prompt.onnx",
-        prompt_data=f"{SRC}/prompt.onnx.data",
-        token=f"{SRC}/token.onnx",
-        token_data=f"{SRC}/token.onnx.data",
+        plan=f"{OUT}/plan.json",
+        units=f"{OUT}/calibration_units.json",
     params:
-        checkpoint=CHECKPOINT,
-        out_dir=directory_of("prompt"),
+        split=json.dumps(config["split"], sort_keys=True),
+        recipe=config["quantize"]["recipe"],
         ar=config["export"]["ar"],
         context=config["export"]["context"],
+        unit_memory_mb=config["quantize"]["unit_memory_mb"],
         python=PYTHON,
     log:
-        f"{OUT}/logs/export_hf_graphs.log",
+        f"{OUT}/logs/plan_hf.log",
     benchmark:
-        f"{OUT}/benchmarks/export_hf_graphs.tsv"
+        f"{OUT}/benchmarks/plan_hf.tsv"
     shell:
-        "{params.python} -m genie_build export-hf --checkpoint {params.checkpoint:q} --out-dir {params.out_dir:q}"
-        " --ar {params.ar:q} --context {params.context:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build plan-hf --hf-config {input.hf_config:q} --split-json {params.split:q}"
+        " --recipe {params.recipe:q} --ar {params.ar:q} --context {params.context:q}"
+        " --unit-memory-mb {params.unit_memory_mb:q} --out-plan {output.plan:q} --out-units {output.units:q} > {log:q} 2>&1"
+
+
+rule export_part:
+    input:
+        weights=lambda wc: PART_WEIGHT_FILES[wc.part],  # config.json, the index, the shards holding the part's tensors
+    output:
+        prompt=f"{EXPORTED}/prompt.onnx",
+        token=f"{EXPORTED}/token.onnx",
+        weights=f"{EXPORTED}/weights.onnx.data",
+    params:
+        checkpoint=CHECKPOINT,
+        part=part_json,
+        num_parts=PLAN.num_parts,
+        ar=config["export"]["ar"],
+        context=config["export"]["context"],
+        out_dir=directory_of("prompt"),
+        python=PYTHON,
+    resources:
+        # measured: the part's float32 weights and about 0.8 GB of torch and transformers (docs/large-models.md)
+        mem_mb=lambda wc: int(1.25 * part_float_mb(wc.part) + 1000),
+    log:
+        f"{OUT}/logs/export_part/part_{{part}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/export_part/part_{{part}}.tsv"
+    shell:
+        "{params.python} -m genie_build export-part --checkpoint {params.checkpoint:q} --part-json {params.part:q}"
+        " --num-parts {params.num_parts:q} --ar {params.ar:q} --context {params.context:q} --out-dir {params.out_dir:q}"
+        " > {log:q} 2>&1"
+
+
+# Genie's IO contract on the model the parts make together (their IO less what passes between them); the bundle
+# waits for it. Structure only.
+rule check_contract:
+    input:
+        prompt=part_files(f"{EXPORTED}/prompt.onnx"),
+        token=part_files(f"{EXPORTED}/token.onnx"),
+    output:
+        f"{OUT}/contract_check.json",
+    params:
+        checks=contract_checks,
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/check_contract.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_contract.tsv"
+    shell:
+        "{params.python} -m genie_build check-contract --prompt {input.prompt:q} --token {input.token:q}"
+        " --checks-json {params.checks:q} --out {output:q} > {log:q} 2>&1"
+
+
+# Each part's graph against the checkpoint's transformers modules, the parts chained on one feed: memory holds one
+# part's session or one piece's modules, never the model.
+rule verify_parts:
+    input:
+        plan=f"{OUT}/plan.json",
+        parts=lambda wc: part_files(f"{EXPORTED}/{{graph}}.onnx", graph=wc.graph),
+        weights=sorted({path for paths in PART_WEIGHT_FILES.values() for path in paths}),
+    output:
+        f"{OUT}/verify/{{graph}}.json",
+    params:
+        checkpoint=CHECKPOINT,
+        python=PYTHON,
+    priority: LONG_CHECKS
+    resources:
+        mem_mb=lambda wc: int(1.5 * max(map(part_float_mb, PARTS)) + 1000),
+    log:
+        f"{OUT}/logs/verify_parts/{{graph}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/verify_parts/{{graph}}.tsv"
+    shell:
+        "{params.python} -m genie_build verify-parts --checkpoint {params.checkpoint:q} --plan {input.plan:q}"
+        " --graph {wildcards.graph} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"

@@ -53,16 +53,25 @@ rule check_model:
 # change does not replan, and Snakemake does not hash GBs of weights for this job. It weighs the pieces with the
 # prompt graph's encodings only (whether the graphs' encodings agree is the token graph's slice_encodings job's
 # check), so a change to the token graph's encodings does not replan either.
+# Graphs without encodings are weighed by the recipe instead, and the plan comes with the calibration chain's units.
+PLAN_WEIGHING = ({"units": f"{OUT}/calibration_units.json"} if CALIBRATION_CHAIN
+                 else {"prompt_encodings": SOURCE["prompt_encodings"]})
+
+
 checkpoint plan_split:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
-        prompt_encodings=SOURCE["prompt_encodings"],
         contract=f"{OUT}/contract_check.json",  # nothing is split or converted for graphs Genie could not load
+        **({} if CALIBRATION_CHAIN else PLAN_WEIGHING),
     output:
         plan=f"{OUT}/plan.json",
+        **(PLAN_WEIGHING if CALIBRATION_CHAIN else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
+        weighing=lambda wc, input, output: (
+            ["--recipe", config["quantize"]["recipe"], "--unit-memory-mb", str(config["quantize"]["unit_memory_mb"]),
+             "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.prompt_encodings]),
         python=PYTHON,
     log:
         f"{OUT}/logs/plan_split.log",
@@ -70,7 +79,7 @@ checkpoint plan_split:
         f"{OUT}/benchmarks/plan_split.tsv"
     shell:
         "{params.python} -m genie_build plan --prompt {input.prompt:q} --token {input.token:q}"
-        " --encodings-prompt {input.prompt_encodings:q} --split-json {params.split:q}"
+        " {params.weighing:q} --split-json {params.split:q}"
         " --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 

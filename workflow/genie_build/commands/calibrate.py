@@ -1,5 +1,6 @@
-"""Calibrate AIMET 1.0.0 encodings (16-bit activations, 4/8-bit per-channel weights) on the demo model, with the
-light built-in calibrator or with aimet-onnx itself."""
+"""Calibrate AIMET 1.0.0 encodings (16-bit activations, 4/8-bit per-channel weights) on the demo model with the
+light built-in calibrator (``demo.calibrator: aimet`` calibrates through aimet-onnx's chain instead:
+``calibrate-unit``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,7 @@ import argparse
 from pathlib import Path
 
 from genie_build.calibrate import DEFAULT_NUM_SAMPLES, calibrate
-from genie_build.calibrate_aimet import calibrate_with_aimet
 from genie_build.errors import GenieBuildError
-
-CALIBRATORS = {"builtin": calibrate, "aimet": calibrate_with_aimet}
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,15 +21,13 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--out-token", required=True, help="encodings of the token graph (.json)")
     parser.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES,
                         help=f"calibration runs per graph (default {DEFAULT_NUM_SAMPLES})")
-    parser.add_argument("--calibrator", choices=sorted(CALIBRATORS), default="builtin",
-                        help="builtin (light, default) or aimet (aimet-onnx's QuantizationSimModel)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     prompt, token = _graph_paths(args)
-    CALIBRATORS[args.calibrator](prompt, token, args.out_prompt, args.out_token, num_samples=args.num_samples,
-                                 hf_config_path=args.hf_config)
+    calibrate(prompt, token, args.out_prompt, args.out_token, num_samples=args.num_samples,
+              hf_config_path=args.hf_config)
     return 0
 
 

@@ -16,8 +16,9 @@ _CHECKS = {"expect_ar": None, "expect_context": None, "context_size": None, "rep
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("check-contract", help=__doc__.splitlines()[0], description=__doc__)
-    parser.add_argument("--prompt", required=True, help="prompt graph (AR > 1) .onnx")
-    parser.add_argument("--token", required=True, help="token graph (AR = 1) .onnx")
+    parser.add_argument("--prompt", required=True, nargs="+",
+                        help="prompt graph (AR > 1) .onnx, or its parts' in part order (a model exported part by part)")
+    parser.add_argument("--token", required=True, nargs="+", help="token graph (AR = 1) .onnx, or its parts'")
     parser.add_argument("--expect-ar", type=int, metavar="N", help="the prompt graph's AR the config gives")
     parser.add_argument("--expect-context", type=int, metavar="N", help="the graphs' CL the config gives")
     parser.add_argument("--context-size", type=int, metavar="N", help="Genie's context size (at most the CL)")

@@ -1,12 +1,16 @@
-"""``plan``: check the prompt/token graphs, find the boundaries, write ``plan.json``
-(:func:`genie_build.plan.plan_split`)."""
+"""``plan``: check the prompt/token graphs, find the boundaries, write ``plan.json``: the pieces weighed with the
+prompt graph's encodings (:func:`genie_build.plan.plan_split`), or, for float graphs to be calibrated part by part,
+by a recipe's rule from the weights' shapes, with the calibration chain's units
+(:func:`genie_build.shape_plan.write_float_graphs_plan`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from genie_build.cli_args import add_split_options, split_options
+from genie_build.cli_args import add_split_options, positive_int, split_options
+from genie_build.errors import GenieBuildError
 from genie_build.plan import MIB, plan_split
+from genie_build.recipes import RECIPES
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -14,8 +18,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                    description=__doc__)
     parser.add_argument("--prompt", required=True, help="prompt graph (AR > 1) .onnx")
     parser.add_argument("--token", required=True, help="token graph (AR = 1) .onnx, same weights")
-    parser.add_argument("--encodings-prompt", required=True, help="AIMET encodings of the prompt graph (weigh the "
-                                                                  "pieces; slice-encodings checks the graphs agree)")
+    weighing = parser.add_mutually_exclusive_group(required=True)
+    weighing.add_argument("--encodings-prompt", help="AIMET encodings of the prompt graph (weigh the pieces; "
+                                                     "slice-encodings checks the graphs agree)")
+    weighing.add_argument("--recipe", choices=sorted(RECIPES),
+                          help="no encodings yet: weigh the pieces as this recipe will quantize them")
+    parser.add_argument("--unit-memory-mb", type=positive_int,
+                        help="with --recipe: memory budget of one calibration job (MB), for the units")
+    parser.add_argument("--out-units", help="with --recipe: the calibration units (JSON) to write")
     add_split_options(parser)
     parser.add_argument("--skip-weight-check", action="store_true",
                         help="do not compare the graphs' shared weights (the workflow runs check-model for that, "
@@ -26,6 +36,13 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     split = split_options(args)
+    if args.recipe is not None:
+        if args.unit_memory_mb is None or args.out_units is None:
+            raise GenieBuildError("--recipe", "needs --unit-memory-mb and --out-units (the calibration units)")
+        from genie_build.shape_plan import write_float_graphs_plan
+        write_float_graphs_plan(args.prompt, args.token, split, args.out, args.out_units, recipe=args.recipe,
+                                unit_memory_mb=args.unit_memory_mb, check_weights=not args.skip_weight_check)
+        return 0
     plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=split["num_parts"],
                max_part_bytes=None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB),
                embedding_alone=split["embedding_alone"], boundaries=split["boundaries"],

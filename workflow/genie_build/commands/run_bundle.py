@@ -13,22 +13,27 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("bundle", metavar="DIR", help="the bundle directory (reference ctx-bins)")
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate at most (default 16)")
-    parser.add_argument("--compare-with", metavar="BIN",
-                        help="the unsplit model compiled as one reference container: fail unless its greedy "
-                             "tokens equal the bundle's")
+    compare = parser.add_mutually_exclusive_group()
+    compare.add_argument("--compare-with", metavar="BIN",
+                         help="the unsplit model compiled as one reference container: fail unless its greedy "
+                              "tokens equal the bundle's")
+    compare.add_argument("--compare-with-parts", metavar="ONNX", nargs="+", default=(),
+                         help="instead, every part's graphs as the reference converter wrote them (a model exported "
+                              "part by part has no unsplit graph)")
     parser.add_argument("--out", help="also write the result as JSON here")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    result = host_run(args.bundle, args.prompt, args.max_new_tokens, compare_with=args.compare_with)
+    result = host_run(args.bundle, args.prompt, args.max_new_tokens, compare_with=args.compare_with,
+                      compare_with_parts=args.compare_with_parts)
     generation = result.generation
     print(f"{args.prompt}{generation.text}")
     print(f"prompt: {len(generation.prompt_ids)} tokens in {generation.prompt_seconds:.3f} s; generated "
           f"{len(generation.new_ids)} tokens, {generation.tokens_per_second:.1f} tokens/s; ids "
           f"{list(generation.new_ids)}")
-    if result.unsplit_ids is not None:
-        print(f"equal to the unsplit model's tokens ({args.compare_with})")
+    if result.reference_ids is not None:
+        print(f"equal to the tokens of {result.compared_with}")
     if args.out:
         write_json(args.out, result.to_dict())
     return 0

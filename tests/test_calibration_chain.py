@@ -1,0 +1,236 @@
+"""The calibration chain against whole-model calibration, with aimet-onnx itself.
+
+For random Qwen2, Llama 3 and Qwen3 checkpoints, exported part by part (3 parts, the middle one in two units), and
+each recipe: the units calibrated one after the other, each fed the residual stream the unit before it stored,
+merged per part (genie_build.part_encodings), give every encoding, activation and weight, that whole-model
+calibration (tests/whole_model.py: the whole export's prompt graph in one QuantizationSimModel) gives the same
+part's tensors, bit for bit, over windows that fill the cache and start a second sequence. The plan made from
+config.json weighs every piece as the calibrated encodings store it. Also: the command's one-line errors, and the
+plan check refusing encodings that would cut the model elsewhere.
+
+Skips when aimet-onnx is not installed, unless ``GENIE_BUILD_REQUIRE_AIMET=1`` (set by ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workflow_helpers import REPO
+
+from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, predicted_peak_mb
+from genie_build.conventions import EMBEDDING_BOUNDARY, part_label
+from genie_build.encodings import read_encodings, slice_encodings
+from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_tensors
+from genie_build.plan_check import check_plan, measured_pieces
+from genie_build.recipes import RECIPES
+from genie_build.shape_plan import plan_from_hf_config
+from genie_build.split import split_graph
+
+pytestmark = pytest.mark.hf
+if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
+    import aimet_onnx  # noqa: F401  -- CI installs it: a missing one fails
+else:
+    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-hf.txt)")
+pytest.importorskip("torch")
+
+import hf_checkpoints  # noqa: E402
+
+from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
+from genie_build.part_encodings import write_part_encodings  # noqa: E402
+from genie_build.quantize import (calibrate_prompt, calibrate_unit, copy_kv_input_encodings,  # noqa: E402
+                                  corpus_token_ids, feed_shape, text_forward_pass)
+
+CORPUS = REPO / "resources" / "calibration_corpus.txt"
+AR, CONTEXT, NUM_SAMPLES = 8, 32, 6    # 4 windows fill a sequence: the fifth starts a new one
+
+
+def one_piece_units(plan, split_part: str) -> tuple[CalibrationUnit, ...]:
+    """The plan's pieces as units: one per part, but ``split_part``'s pieces one unit each (so a unit starts inside
+    a part)."""
+    boundaries = {piece.name: piece.output_boundary for piece in plan.pieces}
+    groups: list[tuple[str, list[str]]] = []
+    for part in plan.parts:
+        groups += [(part.label, [name]) for name in part.pieces] if part.label == split_part else [
+            (part.label, list(part.pieces))]
+    return tuple(CalibrationUnit(part_label(i, len(groups)), part, tuple(pieces),
+                                 boundaries[groups[i - 2][1][-1]] if i > 1 else None, boundaries[pieces[-1]], 0)
+                 for i, (part, pieces) in enumerate(groups, start=1))
+
+
+def run_chain(root: Path, checkpoint: Path, plan, units, recipe: str) -> Path:
+    """Every unit in chain order, then every part's encodings; returns the folder holding them."""
+    out = root / f"chain-{recipe}"
+    out.mkdir()
+    for index, unit in enumerate(units):
+        before = units[index - 1] if index else None
+        calibrate_unit(part_files(root / "parts" / unit.part)[0]["prompt"], part_units(units, unit.part), unit.label,
+                       out / f"unit_{unit.label}.json", out / f"unit_{unit.label}.npy",
+                       hf_config_path=checkpoint / "config.json", tokenizer_path=checkpoint / "tokenizer.json",
+                       corpus_path=CORPUS, recipe=recipe, num_samples=NUM_SAMPLES, ar=AR, context=CONTEXT,
+                       boundary_in=out / f"unit_{before.label}.npy" if before else None)
+    for part in plan.parts:
+        mine = part_units(units, part.label)
+        first = units.index(mine[0])
+        graphs, _ = part_files(root / "parts" / part.label)
+        write_part_encodings([(unit, out / f"unit_{unit.label}.json") for unit in mine],
+                             (units[first - 1], out / f"unit_{units[first - 1].label}.json") if first else None,
+                             graphs["prompt"], graphs["token"], out / f"prompt_{part.label}.json",
+                             out / f"token_{part.label}.json", kv_cache_tied=True)
+    return out
+
+
+@pytest.fixture(scope="module", params=hf_checkpoints.FAMILIES)
+def model(request, tmp_path_factory):
+    """``(family, root, checkpoint, plan, units)``: a 3-layer checkpoint exported whole (then split) and part by
+    part, into [embedding] [layer 0, layer 1] [layer 2, head], the middle part calibrated as two units."""
+    root = tmp_path_factory.mktemp(request.param)
+    checkpoint = hf_checkpoints.make_checkpoint(root / "checkpoint", request.param, tied=True, layers=3,
+                                                context=CONTEXT)
+    plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=AR, context=CONTEXT, num_parts=3)
+    assert [part.pieces for part in plan.parts] == [("embedding",), ("layer_0", "layer_1"), ("layer_2", "head")]
+    export_checkpoint(checkpoint, root / "whole", ar=AR, context=CONTEXT)
+    for kind in ("prompt", "token"):
+        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split" / kind, kind)
+    for part in plan.parts:
+        export_part(checkpoint, part, root / "parts" / part.label, num_parts=3, ar=AR, context=CONTEXT)
+    return request.param, root, checkpoint, plan, one_piece_units(plan, plan.parts[1].label)
+
+
+def whole_model_encodings(root: Path, checkpoint: Path, recipe: str):
+    prompt = root / "whole" / "prompt.onnx"
+    shape = feed_shape(load_graph(prompt), prompt, checkpoint / "config.json")
+    ids = corpus_token_ids(CORPUS, checkpoint / "tokenizer.json", shape.vocab)
+    encodings = calibrate_prompt(prompt, RECIPES[recipe], text_forward_pass(shape, ids, NUM_SAMPLES))
+    return copy_kv_input_encodings(encodings, read_graph_tensors(prompt).tensor_names)
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, recipe, record_property):
+    family, root, checkpoint, plan, units = model
+    assert len(units) == 4 and len(part_units(units, plan.parts[1].label)) == 2
+    chain = run_chain(root, checkpoint, plan, units, recipe)
+    whole = whole_model_encodings(root, checkpoint, recipe)
+    compared = 0
+    for part in plan.parts:
+        names, initializers = part_tensor_names(root / "split" / "prompt" / f"part_{part.label}.onnx")
+        expected = slice_encodings(whole, names, initializers)
+        actual = read_encodings(chain / f"prompt_{part.label}.json")
+        assert actual.activations == expected.activations, (family, recipe, part.label)
+        assert actual.params == expected.params, (family, recipe, part.label)
+        compared += len(actual.activations) + len(actual.params)
+        token = read_encodings(chain / f"token_{part.label}.json")
+        token_names = read_graph_tensors(part_files(root / "parts" / part.label)[0]["token"]).tensor_names
+        assert token.activations == {n: e for n, e in actual.activations.items() if n in token_names}
+    record_property("encodings_compared", compared)
+    assert compared > 100
+    # the part after the embedding has no encoding on its input, as the whole model quantizes no Gather output
+    assert EMBEDDING_BOUNDARY not in read_encodings(chain / f"prompt_{plan.parts[1].label}.json").activations
+    assert EMBEDDING_BOUNDARY in read_encodings(chain / f"unit_{units[1].label}.json").activations
+    # each unit stored its stream for the next one, window by window; the last unit's output is the logits
+    stream = np.load(chain / f"unit_{units[0].label}.npy")
+    assert stream.shape == (NUM_SAMPLES, 1, AR, 64) and stream.dtype == np.float32
+    assert np.load(chain / f"unit_{units[-1].label}.npy").size == 0
+    # the plan made from config.json weighs every piece as these encodings store it
+    graphs = {part.label: (part_files(root / "parts" / part.label)[0]["prompt"], chain / f"prompt_{part.label}.json")
+              for part in plan.parts}
+    recipe_plan = plan_from_hf_config(checkpoint / "config.json", recipe=recipe, ar=AR, context=CONTEXT, num_parts=3)
+    measured = measured_pieces(recipe_plan, graphs)
+    assert [piece.bytes for piece in measured] == [piece.bytes for piece in recipe_plan.pieces]
+    assert check_plan(recipe_plan, measured, root / f"plan_check_{recipe}.json", "plan.json").same_parts
+
+
+def test_a_plan_the_encodings_would_cut_elsewhere_is_refused(model, tmp_path):
+    _, root, checkpoint, plan, units = model
+    chain = root / "chain-w4a16"
+    if not chain.exists():
+        chain = run_chain(root, checkpoint, plan, units, "w4a16")
+    graphs = {part.label: (part_files(root / "parts" / part.label)[0]["prompt"], chain / f"prompt_{part.label}.json")
+              for part in plan.parts}
+    measured = measured_pieces(plan, graphs)
+    # a layer that weighs as much as the rest: the balanced split now cuts elsewhere
+    heavy = [dataclasses.replace(p, bytes=p.bytes * 40) if p.name == "layer_0" else p for p in measured]
+    with pytest.raises(GenieBuildError, match="other parts than the plan") as error:
+        check_plan(plan, heavy, tmp_path / "check.json", "plan.json")
+    assert "embedding | layer_0+layer_1 | layer_2+head" in str(error.value)
+    assert not (tmp_path / "check.json").exists()
+
+
+# --- the units ---------------------------------------------------------------------------------------------------
+
+def test_units_never_cross_a_part_and_fit_the_budget():
+    pieces = {"embedding": 2_180_000_000, **{f"layer_{i}": 930_000_000 for i in range(4)}, "head": 2_180_000_000}
+    plan = plan_from_hf_config(REPO / "config" / "hf" / "qwen2_5_7b_instruct.json", recipe="w4a16", ar=128,
+                               context=4096, num_parts=6)
+    floats = {piece.name: pieces.get(piece.name, 930_000_000) for piece in plan.pieces}
+    units = calibration_units(plan, floats, 10240)
+    assert [u.pieces for u in units][:2] == [("embedding",), ("layer_0", "layer_1")]
+    assert len(units) == 17 and units[-1].pieces == ("head",) and units[-2].pieces == ("layer_26", "layer_27")
+    for unit in units:
+        part = next(p for p in plan.parts if p.label == unit.part)
+        assert set(unit.pieces) <= set(part.pieces)
+        assert predicted_peak_mb(unit.float_bytes) <= 10240
+    assert all(b.input_boundary == a.output_boundary for a, b in zip(units, units[1:]))
+    with pytest.raises(GenieBuildError, match="quantize.unit_memory_mb: 8000 MB cannot hold piece embedding") as error:
+        calibration_units(plan, floats, 8000)
+    assert "set at least 9720" in str(error.value)
+
+
+# --- the command -------------------------------------------------------------------------------------------------
+
+def _command(model, tmp_path: Path, *extra: str, corpus: Path = CORPUS) -> subprocess.CompletedProcess:
+    _, root, checkpoint, plan, units = model
+    unit = units[1]
+    return subprocess.run(
+        [sys.executable, "-m", "genie_build", "calibrate-unit",
+         "--part-graph", str(part_files(root / "parts" / unit.part)[0]["prompt"]),
+         "--part-units-json", json.dumps([dataclasses.asdict(u) for u in part_units(units, unit.part)]),
+         "--unit", unit.label, "--hf-config", str(checkpoint / "config.json"),
+         "--tokenizer", str(checkpoint / "tokenizer.json"), "--corpus", str(corpus), "--recipe", "w4a16",
+         "--ar", str(AR), "--context", str(CONTEXT), "--out-encodings", str(tmp_path / "unit.json"),
+         "--out-boundary", str(tmp_path / "unit.npy"), *extra], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("model", ["qwen2"], indirect=True)   # the inputs are read alike for every family
+def test_bad_inputs_are_one_line_and_write_nothing(model, tmp_path):
+    empty, stale = tmp_path / "empty.txt", tmp_path / "stale.npy"
+    empty.write_text("")
+    np.save(stale, np.zeros((2, 1, AR, 64), np.float32))
+    for extra, corpus, message in (
+            (["--num-samples", "2", "--boundary-in", str(stale)], empty, "gives no tokens"),
+            (["--num-samples", "2", "--boundary-in", str(stale)], tmp_path / "missing.txt", "cannot read the calibration"),
+            (["--num-samples", "0", "--boundary-in", str(stale)], CORPUS, "at least 1"),
+            (["--num-samples", "3", "--boundary-in", str(stale)], CORPUS, "stored for other calibration settings"),
+            (["--num-samples", "2"], CORPUS, "takes the residual stream of the unit before it")):
+        result = _command(model, tmp_path, *extra, corpus=corpus)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith("genie-build: error: ")
+        assert message in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "unit.json").exists() and not (tmp_path / "unit.npy").exists()
+
+
+@pytest.mark.parametrize("model", ["qwen2"], indirect=True)
+def test_without_aimet_onnx_the_unit_names_what_is_missing_after_reading_its_inputs(model, tmp_path, monkeypatch):
+    _, root, checkpoint, plan, units = model
+    monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # import fails as if not installed
+    unit = units[0]
+    kwargs = dict(hf_config_path=checkpoint / "config.json", tokenizer_path=checkpoint / "tokenizer.json",
+                  recipe="w4a16", num_samples=2, ar=AR, context=CONTEXT)
+    graph = part_files(root / "parts" / unit.part)[0]["prompt"]
+    with pytest.raises(GenieBuildError, match="^calibrate-unit: aimet needs aimet-onnx, which is not installed"):
+        calibrate_unit(graph, part_units(units, unit.part), unit.label, tmp_path / "u.json", tmp_path / "u.npy",
+                       corpus_path=CORPUS, **kwargs)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(GenieBuildError, match="gives no tokens"):   # a bad corpus is found first
+        calibrate_unit(graph, part_units(units, unit.part), unit.label, tmp_path / "u.json", tmp_path / "u.npy",
+                       corpus_path=empty, **kwargs)
+    assert not list(tmp_path.glob("u.*"))

@@ -1,0 +1,176 @@
+"""Plans made from shapes, before any calibration: of a Hugging Face checkpoint from its ``config.json`` alone
+(before anything is exported), and of float graphs brought without encodings.
+
+The pieces (embedding, each decoder layer, the head) are weighed as the calibrated encodings will store them
+(:func:`genie_build.recipes.precision_of`, AIMET's rule per weight) and balanced into parts by the same planner
+as a split (:mod:`genie_build.plan`). A checkpoint's part labels are therefore known when the workflow is parsed,
+and every part is exported, calibrated and converted as its own job. With the plan come the calibration chain's
+units (:mod:`genie_build.calibration_units`); :mod:`genie_build.plan_check` re-plans from the real encodings after
+calibration and refuses a plan that they would cut differently.
+
+Also here, for the workflow's input functions: which checkpoint tensors each part reads
+(:func:`part_tensor_names`) and so which safetensors files it depends on (:func:`part_weight_files`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+from pathlib import Path
+
+from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, write_units
+from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
+from genie_build.errors import GenieBuildError
+from genie_build.genie_config import load_hf_config
+from genie_build.hf_checkpoint import CONFIG_NAME, INDEX_NAME, read_model_shape, tensor_files
+from genie_build.plan import MIB, plan_by_max_part_bytes, plan_by_num_parts, plan_graphs, weighed_pieces
+from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
+from genie_build.recipe import weight_encoding
+from genie_build.recipes import precision_of, recipe_named
+from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
+
+__all__ = ["part_tensor_names", "part_weight_files", "piece_float_bytes", "plan_checkpoint", "plan_from_hf_config",
+           "write_float_graphs_plan", "write_plan_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+
+def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int,
+                        num_parts: int | None = None, max_part_bytes: int | None = None,
+                        embedding_alone: bool = True) -> Plan:
+    """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
+    exported with prompt AR ``ar`` and context ``context``.
+
+    Raises:
+        GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
+            config key).
+    """
+    if (num_parts is None) == (max_part_bytes is None):
+        raise GenieBuildError("split", "give exactly one of num_parts and max_part_mb")
+    model = weights_from_hf_config(config_path)
+    pieces = _weighed(model, recipe)
+    plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
+            else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=context)
+
+
+def _weighed(model: ModelWeights, recipe: str) -> list[Piece]:
+    precision = precision_of(recipe_named(recipe))
+    specs = {weight.spec.name: weight.spec for weight in model.weights}
+    owners = {weight.spec.name: weight.pieces for weight in model.weights}
+    encodings = {weight.spec.name: weight_encoding(weight, precision) for weight in model.weights}
+    return weighed_pieces(specs, owners, encodings, model.boundaries)
+
+
+def piece_float_bytes(config_path: str | os.PathLike[str]) -> dict[str, int]:
+    """Piece name -> the float32 bytes of its weights (what an export or a calibration holds of it)."""
+    return _float_bytes(weights_from_hf_config(config_path))
+
+
+def _float_bytes(model: ModelWeights) -> dict[str, int]:
+    totals = [0] * (model.num_layers + 2)
+    for weight in model.weights:
+        for piece in weight.pieces:
+            totals[piece] += 4 * math.prod(weight.spec.shape)
+    names = ["embedding", *(f"layer_{i}" for i in range(model.num_layers)), "head"]
+    return dict(zip(names, totals))
+
+
+def part_tensor_names(config_path: str | os.PathLike[str], part: PartPlan) -> list[str]:
+    """The checkpoint tensors a part's export reads: its pieces' weights, the embedding table for the LM head of a
+    tied checkpoint (which stores no ``lm_head.weight``)."""
+    model = weights_from_hf_config(config_path)
+    tied = read_model_shape(load_hf_config(config_path), config_path).tied
+    pieces = {name: index for index, name in enumerate(
+        ["embedding", *(f"layer_{i}" for i in range(model.num_layers)), "head"])}
+    wanted = {pieces[name] for name in part.pieces}
+    names = [weight.spec.name for weight in model.weights if weight.pieces & wanted]
+    return [EMBED_WEIGHT if tied and name == LM_HEAD_WEIGHT else name for name in names]
+
+
+def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> list[Path]:
+    """The checkpoint files a part's export depends on: its ``config.json``, the shard index (if any), and the
+    safetensors files holding the part's tensors, so a changed shard re-exports only the parts it feeds.
+
+    Raises:
+        GenieBuildError: the checkpoint lacks one of the part's tensors (naming it and the file looked in).
+    """
+    root = Path(checkpoint)
+    holders = tensor_files(root)
+    files = []
+    for name in part_tensor_names(root / CONFIG_NAME, part):
+        if name not in holders:
+            where = root / INDEX_NAME if (root / INDEX_NAME).is_file() else next(iter(set(holders.values())), root)
+            raise GenieBuildError(where, f"has no tensor {name!r}, which part {part.label} needs")
+        files.append(holders[name])
+    index = [root / INDEX_NAME] if (root / INDEX_NAME).is_file() else []
+    return [root / CONFIG_NAME, *index, *sorted(set(files))]
+
+
+def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], *, recipe: str, ar: int,
+                    context: int, unit_memory_mb: int) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+    """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
+    recipe, the export's AR and context and the calibration budget: what the workflow computes when it is
+    parsed, and what the ``plan-hf`` command writes down.
+
+    Raises:
+        GenieBuildError: as :func:`plan_from_hf_config` and :func:`genie_build.calibration_units.
+            calibration_units`; ``split.boundaries`` (the export names its own).
+    """
+    if split.get("boundaries"):
+        raise GenieBuildError("split.boundaries", "the export names the residual stream itself; unset it")
+    max_mb = split.get("max_part_mb")
+    plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context,
+                               num_parts=split.get("num_parts"),
+                               max_part_bytes=None if max_mb is None else int(max_mb * MIB),
+                               embedding_alone=split.get("embedding_alone", True))
+    return plan, calibration_units(plan, piece_float_bytes(config_path), unit_memory_mb)
+
+
+def write_plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], out_plan: str | os.PathLike[str],
+                          out_units: str | os.PathLike[str], **settings: Any) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+    """The ``plan-hf`` command: :func:`plan_checkpoint`, written to ``plan.json`` and the units' file."""
+    plan, units = plan_checkpoint(config_path, split, **settings)
+    _write(plan, units, out_plan, out_units)
+    return plan, units
+
+
+def _write(plan: Plan, units: tuple[CalibrationUnit, ...], out_plan: str | os.PathLike[str],
+           out_units: str | os.PathLike[str]) -> None:
+    write_plan(out_plan, plan)
+    write_units(out_units, units)
+    for part in plan.parts:
+        log.info("part %s: %s, %.2f MiB; units %s", part.label, "+".join(part.pieces), part.estimated_bytes / MIB,
+                 ", ".join(f"{unit.label} ({'+'.join(unit.pieces)})" for unit in part_units(units, part.label)))
+
+
+def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
+                            split: Mapping[str, Any], out_plan: str | os.PathLike[str],
+                            out_units: str | os.PathLike[str], *, recipe: str, unit_memory_mb: int,
+                            check_weights: bool = True) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+    """The ``plan`` command for float graphs without encodings: the pair's plan, its pieces weighed by the named
+    recipe's rule from the prompt graph's weight shapes (:func:`genie_build.weight_inventory.weights_from_onnx`),
+    and the calibration chain's units; both written.
+
+    Raises:
+        GenieBuildError: as :func:`genie_build.plan.plan_graphs` and :func:`genie_build.calibration_units.
+            calibration_units`.
+    """
+    weighed: dict[str, ModelWeights] = {}
+
+    def weigh(_model: Any, found: tuple[str, ...]) -> list[Piece]:
+        weighed["model"] = weights_from_onnx(prompt_path, found)
+        return _weighed(weighed["model"], recipe)
+
+    max_mb = split.get("max_part_mb")
+    plan = plan_graphs(prompt_path, token_path, weigh, num_parts=split.get("num_parts"),
+                       max_part_bytes=None if max_mb is None else int(max_mb * MIB),
+                       embedding_alone=split.get("embedding_alone", True), boundaries=split.get("boundaries"),
+                       check_weights=check_weights)
+    units = calibration_units(plan, _float_bytes(weighed["model"]), unit_memory_mb)
+    _write(plan, units, out_plan, out_units)
+    return plan, units

@@ -1,0 +1,87 @@
+# The calibration chain (CALIBRATION_CHAIN: a checkpoint, float graphs without model.encodings, the demo with
+# demo.calibrator: aimet): aimet-onnx calibrates one unit (consecutive pieces of one part, as many as
+# quantize.unit_memory_mb holds) at a time, fed the residual stream the unit before it stored, so every encoding
+# equals a whole-model calibration's (docs/quantize.md). A part's encodings are merged as soon as its last unit is
+# done, so its converts start while later units still calibrate. A new corpus, recipe or sample count reruns the
+# chain and what follows, never the export or the split. A checkpoint's units are known when the workflow is
+# parsed; split graphs' come with their plan (a checkpoint of Snakemake's).
+
+rule calibrate_unit:
+    input:
+        unpack(unit_inputs),
+        tokenizer=SOURCE["tokenizer"],
+        hf_config=SOURCE["hf_config"],
+        corpus=config["quantize"]["corpus"],
+    output:
+        encodings=f"{CALIBRATION}/unit_{{unit}}.encodings.json",
+        boundary=f"{CALIBRATION}/unit_{{unit}}.boundary.npy",
+    params:
+        part_units=lambda wc: units_json(part_units(chain_units(), unit_named(wc.unit).part)),
+        boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
+        recipe=config["quantize"]["recipe"],
+        num_samples=config["quantize"]["num_samples"],
+        ar=CHAIN_AR,
+        context=CHAIN_CONTEXT,
+        python=PYTHON,
+    wildcard_constraints:
+        unit=r"\d+_of_\d+",
+    # the chain is the build's longest path: its units go first and take every core (aimet-onnx's session)
+    priority: CHAIN_FIRST
+    threads: workflow.cores
+    resources:
+        mem_mb=lambda wc: predicted_peak_mb(unit_named(wc.unit).float_bytes),
+    log:
+        f"{OUT}/logs/calibrate_unit/unit_{{unit}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/calibrate_unit/unit_{{unit}}.tsv"
+    shell:
+        "{params.python} -m genie_build calibrate-unit --part-graph {input.part_graph:q}"
+        " --part-units-json {params.part_units:q} --unit {wildcards.unit} {params.boundary_in:q}"
+        " --hf-config {input.hf_config:q} --tokenizer {input.tokenizer:q} --corpus {input.corpus:q}"
+        " --recipe {params.recipe:q} --num-samples {params.num_samples:q} --ar {params.ar:q} --context {params.context:q}"
+        " --out-encodings {output.encodings:q} --out-boundary {output.boundary:q} > {log:q} 2>&1"
+
+
+rule part_encodings:
+    input:
+        unpack(part_encodings_inputs),
+    output:
+        prompt=f"{OUT}/encodings/prompt/part_{{part}}.encodings.json",
+        token=f"{OUT}/encodings/token/part_{{part}}.encodings.json",
+    params:
+        part_units=lambda wc: units_json(part_units(chain_units(), wc.part)),
+        previous=lambda wc, input: ["--previous-unit-json", json.dumps(dataclasses.asdict(previous_unit(wc)),
+                                                                        sort_keys=True),
+                                    "--previous-encodings", input.previous[0]] if input.previous else [],
+        # Genie refuses a KV cache output quantized unlike its input; only a bundle needs that
+        kv_cache_tied=["--kv-cache-tied"] if config["bundle"]["enabled"] else [],
+        python=PYTHON,
+    priority: CRITICAL_PATH
+    log:
+        f"{OUT}/logs/part_encodings/part_{{part}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/part_encodings/part_{{part}}.tsv"
+    shell:
+        "{params.python} -m genie_build part-encodings --part-units-json {params.part_units:q}"
+        " --unit-encodings {input.units:q} {params.previous:q}"
+        " --prompt-graph {input.prompt_graph:q} --token-graph {input.token_graph:q} {params.kv_cache_tied:q}"
+        " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"
+
+
+# The plan was made from shapes; the calibrated encodings must cut the model into the same parts (the bundle waits).
+rule check_plan:
+    input:
+        plan=f"{OUT}/plan.json",
+        graphs=lambda wc: [part_graph("prompt", label) for label in part_labels()],
+        encodings=lambda wc: part_files(PART_ENCODINGS, graph="prompt"),
+    output:
+        f"{OUT}/plan_check.json",
+    params:
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/check_plan.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_plan.tsv"
+    shell:
+        "{params.python} -m genie_build check-plan --plan {input.plan:q} --graphs {input.graphs:q}"
+        " --encodings {input.encodings:q} --out {output:q} > {log:q} 2>&1"
