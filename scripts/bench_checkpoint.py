@@ -75,11 +75,13 @@ def tensor_shapes(shape: dict, layers: range) -> dict[str, tuple[int, ...]]:
         prefix = f"model.layers.{i}"
         tensors.update({f"{prefix}.input_layernorm.weight": (hidden,),
                         f"{prefix}.post_attention_layernorm.weight": (hidden,),
-                        f"{prefix}.self_attn.q_proj.weight": (hidden, hidden), f"{prefix}.self_attn.q_proj.bias": (hidden,),
+                        f"{prefix}.self_attn.q_proj.weight": (hidden, hidden),
+                        f"{prefix}.self_attn.q_proj.bias": (hidden,),
                         f"{prefix}.self_attn.k_proj.weight": (kv, hidden), f"{prefix}.self_attn.k_proj.bias": (kv,),
                         f"{prefix}.self_attn.v_proj.weight": (kv, hidden), f"{prefix}.self_attn.v_proj.bias": (kv,),
                         f"{prefix}.self_attn.o_proj.weight": (hidden, hidden),
-                        f"{prefix}.mlp.gate_proj.weight": (inter, hidden), f"{prefix}.mlp.up_proj.weight": (inter, hidden),
+                        f"{prefix}.mlp.gate_proj.weight": (inter, hidden),
+                        f"{prefix}.mlp.up_proj.weight": (inter, hidden),
                         f"{prefix}.mlp.down_proj.weight": (hidden, inter)})
     return tensors
 
@@ -195,11 +197,12 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
         "export": ("from genie_build.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
         "calibration": ("from pathlib import Path; from genie_build import quantize as q; "
+                        "from genie_build.recipes import RECIPES; "
                         f"p = Path({str(export / 'prompt.onnx')!r}); c = Path({str(checkpoint / 'config.json')!r}); "
                         "s = q.feed_shape(q.load_graph(p), p, c); "
                         f"ids = q.corpus_token_ids({str(REPO / 'resources' / 'calibration_corpus.txt')!r}, "
                         f"{str(checkpoint / 'tokenizer.json')!r}, s.vocab); "
-                        "q.calibrate_prompt(p, q.RECIPES['w4a16'], q.text_forward_pass(s, ids, 4))"),
+                        "q.calibrate_prompt(p, RECIPES['w4a16'], q.text_forward_pass(s, ids, 4))"),
     }
     ratios = {}
     for stage, code in steps.items():

@@ -206,7 +206,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(model, tmp_path):
     np.save(stale, np.zeros((2, 1, AR, 64), np.float32))
     for extra, corpus, message in (
             (["--num-samples", "2", "--boundary-in", str(stale)], empty, "gives no tokens"),
-            (["--num-samples", "2", "--boundary-in", str(stale)], tmp_path / "missing.txt", "cannot read the calibration"),
+            (["--num-samples", "2", "--boundary-in", str(stale)], tmp_path / "missing.txt",
+             "cannot read the calibration"),
             (["--num-samples", "0", "--boundary-in", str(stale)], CORPUS, "at least 1"),
             (["--num-samples", "3", "--boundary-in", str(stale)], CORPUS, "stored for other calibration settings"),
             (["--num-samples", "2"], CORPUS, "takes the residual stream of the unit before it")):

@@ -38,7 +38,7 @@ import hf_checkpoints  # noqa: E402  (needs torch)
 from test_export import as_hub_config, _hf_steps  # noqa: E402
 
 from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
-from genie_build.verify_export import TOLERANCE, verify_parts  # noqa: E402
+from genie_build.verify_export import verify_parts  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS = 8, 32, 3
 CASES = {  # name -> (family, tied, max_shard_size, dtype, config.json in the Hub's transformers-4 layout)
@@ -74,7 +74,8 @@ def _nodes(model: onnx.ModelProto) -> list[tuple]:
 
 
 def _io(model: onnx.ModelProto) -> list[list[tuple[str, bytes]]]:
-    return [[(v.name, v.type.SerializeToString()) for v in values] for values in (model.graph.input, model.graph.output)]
+    return [[(v.name, v.type.SerializeToString()) for v in values]
+            for values in (model.graph.input, model.graph.output)]
 
 
 def _weights(model: onnx.ModelProto, folder: Path) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import yaml
 from onnx import helper, numpy_helper
 
 from workflow_helpers import REPO, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
@@ -196,7 +197,7 @@ def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(demo / name, exports / name)
     workdir, config = user_workdir(tmp_path, exports, {})
-    run_snakemake(workdir, config_file=config)
+    run_snakemake(workdir, "--notemp", config_file=config)   # keep the converted parts to read their weights
     out = workdir / "results" / USER
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
@@ -380,3 +381,33 @@ def test_per_tensor_weights_convert_to_aimets_own_in_every_format(param_type, tm
             ties += count_one_step_ties(ours[name], truth[name], largest_step(export / "model.encodings", name))
     print(f"per tensor {param_type}: {compared} values compared, {ties} one-step ties")
     assert ties <= compared // 1000
+
+
+@pytest.mark.workflow
+def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_path):
+    """A user's float graphs with no model.encodings: split, then calibrated by the chain (recipe w8a16), without
+    ever calibrating the whole model; the bundle passes check-bundle and its host run gives the tokens of the
+    parts' converted graphs (there are no whole encodings to convert an unsplit model with)."""
+    from genie_build.run_bundle import PARTS_REFERENCE
+
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for name in ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data", "config.json", "tokenizer.json"):
+        shutil.copy(demo / name, exports / name)
+    workdir, config = user_workdir(tmp_path, exports, {"quantize": {"recipe": "w8a16", "num_samples": 4}})
+    settings = yaml.safe_load(config.read_text())
+    del settings["model"]["encodings"]
+    config.write_text(yaml.safe_dump(settings))
+    result = run_snakemake(workdir, "-p", config_file=config)
+    ran = set(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", result.stdout + result.stderr, re.MULTILINE))
+    assert {"plan_split", "split_model", "calibrate_unit", "part_encodings", "check_plan"} <= ran
+    assert not {"slice_encodings", "convert_unsplit"} & ran
+    out = workdir / "results" / USER
+    assert load_json(out / "plan_check.json")["same_parts"]
+    assert len(json.loads((out / "calibration_units.json").read_text())["units"]) == SMALL_DEMO["split"]["num_parts"]
+    part = json.loads((out / "encodings" / "prompt" / "part_2_of_3.encodings.json").read_text())
+    assert {e["bw"] for e in part["param_encodings"] if e["name"].endswith("up_proj.weight")} == {8}
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    host_run = load_json(out / "host_run.json")
+    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE
+

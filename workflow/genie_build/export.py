@@ -17,12 +17,11 @@ optimize=False)`` through a thin wrapper, :class:`GenieIO`, whose inputs and out
 A part holds the plan's pieces: the embedding (its graph takes ``input_ids``), a run of decoder layers (their
 ``past_*`` tensors) and the head (it gives ``logits``); between parts only the residual stream crosses, as the
 input and output boundary (``/model/embed_tokens/Gather_output_0``, ``/model/layers.{i}/Add_1_output_0``). Its
-graphs have the IO, tensor names, graph names and file layout the split gives a part of the whole export
+graphs have the IO, tensor names and graph names the split gives a part of the whole export
 (:mod:`genie_build.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
-graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped, and the weights
-(HF names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) go to ``part_{k}_of_{N}.onnx.data``
-4 KiB-aligned with the file's SHA-1 as each tensor's ``checksum``. Both graphs read the same weights, so the
-token graph's data file is a hard link of the prompt graph's: stored once.
+graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped. The weights (HF
+names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) are written once, 4 KiB-aligned, to one
+data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`).
 
 A tied LM head is written as its own ``lm_head.weight`` (the embedding table's values): Genie bundles quantize the
 table and the head differently, and they sit in different parts.

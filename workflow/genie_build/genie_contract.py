@@ -104,7 +104,7 @@ def model_violations(graphs: dict[str, tuple[Sequence[Tensor], Sequence[Tensor]]
         for what, reading in (("AR", ar), ("CL", cl)):
             if reading.value is None:
                 found.append(Violation(kind, "graph", f"gives Genie no {what} ({reading.source})",
-                                       f"static input_ids [1, AR] and attention_mask [1, AR, CL]"))
+                                       "static input_ids [1, AR] and attention_mask [1, AR, CL]"))
         found += graph_violations(kind, inputs, outputs, ar=ar.value, cl=cl.value, whole=True, check_dtypes=True)
     found += _check_pair(dims, expected or {}, context_size)
     return dims, found
@@ -239,7 +239,7 @@ def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *
     cache = {tensor.name: (tensor, genie_dims(tensor.shape)) for side, tensors in (("in", inputs), ("out", outputs))
              for tensor in tensors if (match := KV_TENSOR.match(tensor.name)) and match.group(3) == side}
     found += [Violation(graph, tensor.name, f"is an {'output' if side == 'in' else 'input'}",
-                        f"past_*_in as inputs and past_*_out as outputs")
+                        "past_*_in as inputs and past_*_out as outputs")
               for side, tensors in (("in", outputs), ("out", inputs))
               for tensor in tensors if (match := KV_TENSOR.match(tensor.name)) and match.group(3) == side]
     layers = sorted({int(KV_TENSOR.match(name).group(2)) for name in cache})

@@ -44,7 +44,7 @@ from genie_build.encodings import Encodings, read_encodings, share_encodings, wr
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open, read_json
 from genie_build.genie_config import head_dim, read_rope
-from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, read_graph_tensors
+from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
@@ -165,13 +165,15 @@ def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] 
     ``lm_head`` is ``(node, weight)`` of the LM head, None for a graph (a unit of the chain) without it: the
     steps of ``llm_configurator._apply_int8_kv_cache_tying_and_lm_head`` are taken one by one, in its order, so
     that a graph without the head skips only the head's step. Each step is local to a decoder layer or to the
-    head, so a unit gets what the whole graph gets (docs/quantize.md). The session takes the job's threads.
+    head, so a unit gets what the whole graph gets (docs/quantize.md). The session takes the job's threads and no
+    CPU arena (memory only; the values are the same).
     """
     quantsim, llm_configurator = require_aimet()
-    threads = job_threads()
+    # No CPU arena: it rounds a large tensor's block up to a power of two and keeps it after the run (the LM head's
+    # fake-quantized weight and its transpose, 2.2 GB each for Qwen2.5-7B)
+    options = {"enable_cpu_mem_arena": False, **({"intra_op_num_threads": job_threads()} if job_threads() else {})}
     sim = quantsim.QuantizationSimModel(model, param_type=recipe.param_type, activation_type=ACTIVATION_TYPE,
-                                        config_file=HTP_CONFIG, path=str(scratch),
-                                        session_options_kwargs={"intra_op_num_threads": threads} if threads else None)
+                                        config_file=HTP_CONFIG, path=str(scratch), session_options_kwargs=options)
     if recipe.lpbq:
         _set_lpbq(quantsim, sim, {lm_head[0]} if lm_head else set(), where)
     llm_configurator._set_tensors_to_output_8b_sym(sim, [*kv_io, *kv_io.values()])

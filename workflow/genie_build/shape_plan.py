@@ -131,8 +131,9 @@ def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any
     return plan, calibration_units(plan, piece_float_bytes(config_path), unit_memory_mb)
 
 
-def write_plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], out_plan: str | os.PathLike[str],
-                          out_units: str | os.PathLike[str], **settings: Any) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+def write_plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any],
+                          out_plan: str | os.PathLike[str], out_units: str | os.PathLike[str],
+                          **settings: Any) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The ``plan-hf`` command: :func:`plan_checkpoint`, written to ``plan.json`` and the units' file."""
     plan, units = plan_checkpoint(config_path, split, **settings)
     _write(plan, units, out_plan, out_units)

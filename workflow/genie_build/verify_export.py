@@ -51,8 +51,9 @@ class PartCheck:
         return self.max_abs_diff <= TOLERANCE * max(self.max_abs_reference, 1.0)
 
 
-def verify_parts(checkpoint_dir: str | os.PathLike[str], plan: Plan, kind: str, graphs: Sequence[str | os.PathLike[str]],
-                 out: str | os.PathLike[str], *, seed: int = 0) -> list[PartCheck]:
+def verify_parts(checkpoint_dir: str | os.PathLike[str], plan: Plan, kind: str,
+                 graphs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, seed: int = 0
+                 ) -> list[PartCheck]:
     """Run the ``kind`` graphs of the plan's parts (``graphs``, in part order) chained on one Genie feed and
     compare every output with transformers' modules; write the report to ``out``.
 

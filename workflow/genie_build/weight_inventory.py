@@ -1,10 +1,11 @@
-"""What the estimate knows of a model before any weight is read: every weight's name, declared shape and role
-(the precision recipe picks its bits by role), and the pieces (embedding, layer i, head) that use it.
+"""What the plans and the estimate know of a model before any weight is read: every weight's name, declared shape
+and role (a precision recipe picks its bits by role), and the pieces (embedding, layer i, head) that use it.
 
 From an HF ``config.json`` (Qwen2, Llama, Mistral or Qwen3) the weights are named and shaped as
-``docs/conventions.md`` says and as the export writes them. From an ONNX graph loaded without its external data, every float initializer of
-rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph constants, which the size
-model counts per layer as the conventions' graph has them, so that a graph and its config estimate alike.
+``docs/conventions.md`` says and as the export writes them. From an ONNX graph loaded without its external data,
+every float initializer of rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph
+constants, which the size model counts per layer as the conventions' graph has them, so that a graph and its
+config estimate alike.
 """
 
 from __future__ import annotations
