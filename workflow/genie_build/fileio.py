@@ -226,6 +226,17 @@ def _require_regular(path: str | os.PathLike[str], status: os.stat_result, max_b
         raise GenieBuildError(path, f"is {status.st_size} bytes, more than the {max_bytes} such a file may have")
 
 
+def regular_file_size(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+                      max_bytes: int | None = None) -> int:
+    """The size of a file :func:`open_regular` accepts, read from what it opened (nothing of the file is read).
+
+    Raises:
+        GenieBuildError: as :func:`open_regular`.
+    """
+    with open_regular(path, inside=inside, max_bytes=max_bytes) as handle:
+        return os.fstat(handle.fileno()).st_size
+
+
 def read_regular(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
                  max_bytes: int) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` bytes (:func:`open_regular`); never more than the

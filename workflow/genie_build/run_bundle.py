@@ -31,7 +31,7 @@ import onnx
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from genie_build.check_bundle import require_valid_bundle
+from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, graph_ar_cl,
                                      rope_tables)
 from genie_build.errors import GenieBuildError
@@ -149,12 +149,13 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     """
     bundle = Path(bundle_dir)
     require_valid_bundle(bundle)
-    dialog = read_json(bundle / GENIE_CONFIG_NAME)["dialog"]
+    # checked above; read as the checker reads them all the same: regular files inside the bundle, bounded
+    dialog = read_json(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     engine = dialog["engine"]
     rope = _host_rope(engine, bundle / GENIE_CONFIG_NAME)
-    parts = (read_graphs(bundle / name) for name in engine["model"]["binary"]["ctx-bins"])
+    parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
     return LoadedBundle(runner=make_runner(parts, **rope),
-                        tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"]),
+                        tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
 
 
@@ -232,7 +233,7 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
     RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
     loaded (run :func:`load_bundle` first to check the bundle)."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
-    dialog = read_json(config_path)["dialog"]
+    dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     runner = make_runner([read_graphs(unsplit_binary)], **_host_rope(dialog["engine"], config_path))
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])

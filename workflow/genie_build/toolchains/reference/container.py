@@ -22,7 +22,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,7 +32,7 @@ import onnx
 
 from genie_build import __version__
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, copy_range
+from genie_build.fileio import atomic_open, copy_range, open_regular
 from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, load_graph
 from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
@@ -290,17 +290,21 @@ class ContainerGraph:
     weights: dict[str, np.ndarray]
 
 
-def read_graphs(path: str | os.PathLike[str]) -> dict[str, ContainerGraph]:
+def read_graphs(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None
+                ) -> dict[str, ContainerGraph]:
     """Every graph of a container, by name, with its weights decoded once per weight-table entry: memory holds
     the weights once, unpacked to their dtype, and no serialized copy of them.
+
+    Args:
+        inside: read the file only if it lies inside one of these folders (a bundle's), symlinks resolved.
 
     Raises:
         GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
     """
-    layout = read_layout(path)
+    layout = read_layout(path, inside=inside)
     decoded: dict[int, np.ndarray] = {}  # by index in the weight table
     graphs = {}
-    with open(path, "rb") as handle:
+    with open_regular(path, inside=inside) as handle:
         for graph in layout.header["graphs"]:
             handle.seek(layout.graph_section_start + graph["structure_offset"])
             model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
