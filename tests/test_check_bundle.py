@@ -25,7 +25,7 @@ from genie_build.cli import main
 from genie_build.errors import GenieBuildError
 from genie_build.metadata import METADATA_NAME, dump_metadata
 
-VENDOR = Path("/work/shared/data/vendor-genie-configs")
+VENDOR = Path(__file__).resolve().parent / "data" / "vendor"  # copies, with their source and licence: README.md
 QWEN_VOCAB = 152064
 
 
