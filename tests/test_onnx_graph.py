@@ -503,3 +503,19 @@ def test_check_model_names_the_users_file_tensor_and_value_of_a_non_finite_weigh
     assert one_line_error(excinfo) == (f"{prompt}: initializer '{EMBED}' holds -inf at index [5, 1] (shape [32, 8]): "
                                        "every float weight must be finite")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_training_graphs_are_walked_too(tmp_path: Path) -> None:
+    """A training_info graph is never run, but its tensors can point anywhere: they are checked like the rest."""
+    from genie_build.onnx_graph import model_tensors
+    path = constant_model(tmp_path / "m.onnx")
+    model = load_graph(path)
+    initialization = helper.make_graph([], "init", [], [], [helper.make_tensor("step", TensorProto.FLOAT, [1], [0.0])])
+    model.training_info.add().initialization.CopyFrom(initialization)
+    external = model.training_info[0].initialization.initializer[0]
+    external.data_location = TensorProto.EXTERNAL
+    external.external_data.add(key="location", value="../../etc/hostname")
+    assert [stored.what for stored in model_tensors(model)][-1] == "initializer 'step' in training_info[0].initialization"
+    with pytest.raises(GenieBuildError, match="initializer 'step' in training_info.0..initialization: external data "
+                                              "location '../../etc/hostname' must be"):
+        check_external_data(model, path)

@@ -25,6 +25,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from genie_build.chipsets import lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_text
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -32,6 +33,8 @@ DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yam
 # loader (a no-op run takes about 2 s).
 _SCHEMA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# A config or recipe file is a few kB; a larger one is not one (read as a regular file, never a FIFO or a device).
+MAX_CONFIG_BYTES = 16 * 1024**2
 
 
 def load_config(path: str | os.PathLike[str], schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
@@ -40,14 +43,7 @@ def load_config(path: str | os.PathLike[str], schema_path: str | os.PathLike[str
     Raises:
         GenieBuildError: the file is missing, not YAML, or not a valid config.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GenieBuildError(path, "file not found") from None
-    except UnicodeDecodeError as exc:
-        raise GenieBuildError(path, f"not UTF-8 text: {exc}") from None
-    except OSError as exc:
-        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    text = read_text(path, max_bytes=MAX_CONFIG_BYTES)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -105,7 +105,8 @@ class StoredTensor:
 def model_tensors(model: onnx.ModelProto) -> Iterator[StoredTensor]:
     """Every tensor a model stores, in a fixed order: the initializers and sparse initializers of the main graph,
     then the tensors of each node's attributes (``Constant``'s ``value``, ``sparse_value``, ...) and of its
-    subgraphs (If/Loop/Scan bodies, at any depth), then those of the nodes of model-local functions.
+    subgraphs (If/Loop/Scan bodies, at any depth), then those of the nodes of model-local functions, then those of
+    the training graphs (``training_info``, which inference never runs but a file can still point anywhere from).
 
     Everything that can hold bytes -- inline or in an external file -- is here: a check or a copy that walks this
     misses none of them.
@@ -114,6 +115,11 @@ def model_tensors(model: onnx.ModelProto) -> Iterator[StoredTensor]:
     for function in model.functions:
         for node in function.node:
             yield from _node_stored_tensors(node, f" in function {function.name!r}")
+    for index, training in enumerate(model.training_info):
+        for field_name in ("initialization", "algorithm"):
+            if training.HasField(field_name):
+                yield from _graph_stored_tensors(getattr(training, field_name),
+                                                 f" in training_info[{index}].{field_name}")
 
 
 def _graph_stored_tensors(graph: onnx.GraphProto, scope: str, main: bool = False) -> Iterator[StoredTensor]:

@@ -97,6 +97,7 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
     model = load_graph(onnx_path)
     check_external_data(model, onnx_path)
+    model.ClearField("training_info")  # inference only: a device binary holds no training graphs
     _inline_stored_tensors(model, onnx_path)
     encodings = read_encodings(encodings_path)
     names = read_graph_tensors(onnx_path)
