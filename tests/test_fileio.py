@@ -98,7 +98,8 @@ def test_open_regular_refuses_what_is_not_a_regular_file_without_blocking(tmp_pa
     os.mkfifo(fifo)
     (tmp_path / "zero").symlink_to("/dev/zero")
     cases = {fifo: "is a FIFO, not a regular file", tmp_path / "zero": "is a character device, not a regular file",
-             tmp_path: "is a directory, not a regular file", tmp_path / "absent": "file not found"}
+             tmp_path: "is a directory, not a regular file", tmp_path / "absent": "file not found",
+             tmp_path / "a\0b": "cannot read: embedded null byte"}
     for path, problem in cases.items():
         with pytest.raises(GenieBuildError) as info:
             fileio.read_regular(path, max_bytes=100)

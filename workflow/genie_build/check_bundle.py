@@ -67,7 +67,7 @@ UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them
 # Bounds of what the checker reads. The JSON and YAML documents of a bundle are kilobytes to a few megabytes (a
 # many-part metadata.yaml); a ctx-bin an HTP session can map is under 4 GB (3.75 GB of a session's address space is
 # usable), so a file larger than this is no ctx-bin; and all the hashing a manifest can ask for stays bounded.
-MAX_DOCUMENT_BYTES = 64 * 1024**2
+MAX_DOCUMENT_BYTES = 16 * 1024**2
 MAX_CTX_BIN_BYTES = 8 * 1024**3
 MAX_HASHED_BYTES = 64 * 1024**3
 

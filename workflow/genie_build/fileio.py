@@ -172,8 +172,11 @@ def resolve_inside(path: str | os.PathLike[str], roots: Iterable[str | os.PathLi
     Raises:
         GenieBuildError: naming ``path``, when its real path is outside every root.
     """
-    real = Path(os.path.realpath(path))
-    folders = [Path(os.path.realpath(root)) for root in roots]
+    try:
+        real = Path(os.path.realpath(path))
+        folders = [Path(os.path.realpath(root)) for root in roots]
+    except ValueError as exc:  # a NUL in the path
+        raise GenieBuildError(path, f"cannot read: {exc}") from None
     if not any(real == folder or folder in real.parents for folder in folders):
         shown = " or ".join(str(folder) for folder in dict.fromkeys(folders))
         raise GenieBuildError(path, f"resolves to {real}, outside {shown}: nothing outside the folder is read")
@@ -205,6 +208,8 @@ def open_regular(path: str | os.PathLike[str], *, inside: Iterable[str | os.Path
         raise GenieBuildError(path, "file not found") from None
     except OSError as exc:
         raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL in the path
+        raise GenieBuildError(path, f"cannot read: {exc}") from None
     try:
         _require_regular(path, os.fstat(fd), max_bytes)
         os.set_blocking(fd, True)
