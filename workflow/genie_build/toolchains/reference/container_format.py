@@ -110,11 +110,31 @@ def read_layout(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathL
     graph_section_end = graph_section_start + graph_section_bytes
     weight_section_start = graph_section_end + padding(graph_section_end, WEIGHT_SECTION_ALIGNMENT)
     expected = weight_section_start + weight_bytes
-    if file_bytes != expected:
+    if file_bytes != expected or graph_section_bytes < 0 or weight_bytes < 0:
         raise GenieBuildError(path, f"is {file_bytes} bytes but its header describes {expected} "
                                     "(truncated or corrupt reference container)")
+    _require_within(path, "graph", [(graph.get("structure_offset"), graph.get("structure_length"))
+                                     for graph in _records(path, header.get("graphs"))], graph_section_bytes)
+    _require_within(path, "weight", [(entry.offset, entry.length) for entry in weights], weight_bytes)
     return Layout(header=header, weights=weights, graph_section_start=graph_section_start,
                    weight_section_start=weight_section_start, file_bytes=file_bytes)
+
+
+def _records(path: str | os.PathLike[str], graphs: object) -> list[dict]:
+    if not (isinstance(graphs, list) and all(isinstance(graph, dict) for graph in graphs)):
+        raise GenieBuildError(path, "reference container header has no list of graphs")
+    return graphs
+
+
+def _require_within(path: str | os.PathLike[str], what: str, ranges: list[tuple[object, object]],
+                    section_bytes: int) -> None:
+    """Every ``(offset, length)`` of the header lies inside its section, so no reader is asked to read (or
+    allocate) more than the file holds."""
+    for offset, length in ranges:
+        if not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length
+                and offset + length <= section_bytes):
+            raise GenieBuildError(path, f"a {what} record at offset {offset!r}, length {length!r} lies outside its "
+                                        f"section of {section_bytes} bytes (corrupt reference container)")
 
 
 def padding(position: int, alignment: int) -> int:
