@@ -29,6 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
+from google.protobuf.message import Error as ProtobufError
 
 from genie_build import __version__
 from genie_build.errors import GenieBuildError
@@ -306,21 +307,32 @@ def read_graphs(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathL
     graphs = {}
     with open_regular(path, inside=inside) as handle:
         for graph in layout.header["graphs"]:
-            handle.seek(layout.graph_section_start + graph["structure_offset"])
-            model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
-            indices = {entry.name: index for index, entry in enumerate(layout.weights) if graph["name"] in entry.graphs}
-            entries = {name: layout.weights[index] for name, index in indices.items()}
-            weights = {}
-            for tensor in model.graph.initializer:
-                if tensor.name not in entries:
-                    raise GenieBuildError(path, f"graph {graph['name']!r}: initializer {tensor.name!r} is missing "
-                                                "from the weight table")
-                index = indices[tensor.name]
-                if index not in decoded:
-                    decoded[index] = _decode(handle, layout, entries, tensor.name)
-                weights[tensor.name] = decoded[index]
-            graphs[graph["name"]] = ContainerGraph(model=model, weights=weights)
+            try:
+                graphs[graph["name"]] = _read_graph(handle, layout, graph, decoded, path)
+            except (ProtobufError, KeyError, TypeError, ValueError) as exc:  # a header that lies about a record
+                raise GenieBuildError(path, f"graph {graph.get('name')!r} does not decode as its header says: "
+                                            f"{exc!r}") from None
     return graphs
+
+
+def _read_graph(handle: BinaryIO, layout: Layout, graph: dict, decoded: dict[int, np.ndarray],
+                path: str | os.PathLike[str]) -> ContainerGraph:
+    """One graph of :func:`read_graphs`: its structure, and its weights decoded (into ``decoded``) unless another
+    graph's were the same entry."""
+    handle.seek(layout.graph_section_start + graph["structure_offset"])
+    model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
+    indices = {entry.name: index for index, entry in enumerate(layout.weights) if graph["name"] in entry.graphs}
+    entries = {name: layout.weights[index] for name, index in indices.items()}
+    weights = {}
+    for tensor in model.graph.initializer:
+        if tensor.name not in entries:
+            raise GenieBuildError(path, f"graph {graph['name']!r}: initializer {tensor.name!r} is missing "
+                                        "from the weight table")
+        index = indices[tensor.name]
+        if index not in decoded:
+            decoded[index] = _decode(handle, layout, entries, tensor.name)
+        weights[tensor.name] = decoded[index]
+    return ContainerGraph(model=model, weights=weights)
 
 
 def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:
