@@ -662,6 +662,8 @@ def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
 
 
 def _check_tokenizer_ids(bundle: Path, tokenizer: str, width: int) -> list[Finding]:
+    """The bundle's tokenizer parses (a bounded regular file inside the bundle) and its largest id, added tokens
+    included, lies within the logits' ``width``."""
     try:
         vocabulary = load_tokenizer(bundle / _bundle_path(tokenizer), inside=[bundle]).get_vocab(with_added_tokens=True)
     except GenieBuildError as exc:

@@ -123,6 +123,8 @@ def model_tensors(model: onnx.ModelProto) -> Iterator[StoredTensor]:
 
 
 def _graph_stored_tensors(graph: onnx.GraphProto, scope: str, main: bool = False) -> Iterator[StoredTensor]:
+    """A graph's initializers, sparse initializers and node tensors (recursing into subgraphs); ``scope`` says
+    where the graph sits, ``main`` that it is the model's own graph."""
     for tensor in graph.initializer:
         yield StoredTensor(f"initializer {tensor.name!r}{scope}", tensor, initializer=main)
     for sparse in graph.sparse_initializer:
@@ -132,6 +134,7 @@ def _graph_stored_tensors(graph: onnx.GraphProto, scope: str, main: bool = False
 
 
 def _node_stored_tensors(node: onnx.NodeProto, scope: str) -> Iterator[StoredTensor]:
+    """The tensors of a node's attributes, and of the subgraphs among them."""
     label = f"node {(node.name or (node.output[0] if node.output else ''))!r} ({node.op_type})"
     for attribute in node.attribute:
         where = f"attribute {attribute.name!r} of {label}{scope}"
@@ -666,6 +669,7 @@ class _FiniteChecker:
         self.first: tuple[int, float] | None = None
 
     def write(self, data: bytes) -> int:
+        """Look at the whole values in ``data`` (with what the last write left over); always takes all of it."""
         if self.first is None:
             buffer = memoryview(self.carry + bytes(data) if self.carry else data).cast("B")
             usable = len(buffer) - len(buffer) % self.dtype.itemsize
