@@ -294,6 +294,9 @@ AS_STORED = {
     "lpbq block scale overflows": (_v100_lpbq_with(scale=[3e38, 0.2]),
                                    "param encoding 'w3': scale[0] x per_block_int_scale[1] 6e+38 is inf in float32"),
     "lpbq channel scale 1e-320": (_v100_lpbq_with(scale=[1e-320, 0.2]), "scale[0] 1e-320 is subnormal"),
+    "lpbq block scale wider than its bits": (_v100_lpbq_with(per_block_int_scale=[1, 2, 300, 4]),
+                                             "per_block_int_scale[2] 300 is more than the 16 a 4-bit block scale "
+                                             "holds"),
     "grid beyond float32": (_v100_with(bw=32, offset=[-2**31, -2**31], scale=[1e30, 0.1], is_sym=True),
                             "scale[0] 1.0000000150474662e+30 with offset -2147483648 reaches 2.14748e+39, beyond "
                             "float32"),

@@ -545,6 +545,7 @@ def _checked(where: _Where, encoding: TensorEncoding) -> TensorEncoding:
         _require_normal(where, scale, np.float64, lambda i: f"scale[{i}]")
         blocks = len(encoding.per_block_int_scale) // len(scale)
         int_scale = np.asarray(encoding.per_block_int_scale, dtype=np.float64).reshape(len(scale), blocks)
+        _require_block_int_scales_fit(where, int_scale.ravel(), encoding.bitwidth - encoding.compressed_bitwidth)
         block_scale = (int_scale * scale[:, None]).ravel()
         _require_normal(where, block_scale, np.float32, lambda i: f"scale[{i // blocks}] x per_block_int_scale[{i}]")
         bits = encoding.compressed_bitwidth
@@ -558,6 +559,16 @@ def _checked(where: _Where, encoding: TensorEncoding) -> TensorEncoding:
     if encoding.is_symmetric:
         _require_symmetric_offsets(where, offset, encoding.bitwidth)
     return encoding
+
+
+def _require_block_int_scales_fit(where: _Where, int_scale: np.ndarray, bits: int) -> None:
+    """LPBQ's integer block scales are stored in ``bw - compressed_bw`` bits, as 1 .. 2**bits (AIMET's range); a
+    larger one would wrap when stored."""
+    bad = np.flatnonzero(int_scale > 2**bits)
+    if bad.size:
+        index = int(bad[0])
+        raise where.error(f"per_block_int_scale[{index}] {int(int_scale[index])} is more than the {2**bits} a "
+                          f"{bits}-bit block scale holds (bw - compressed_bw)")
 
 
 def _require_normal(where: _Where, values: np.ndarray, precision: type, what: Callable[[int], str]) -> None:
