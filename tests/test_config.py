@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, load_config, read_schema, validate_config
+from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_VALUES, load_config, read_schema, validate_config
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,3 +234,11 @@ def test_a_checkpoint_to_export_gets_the_export_defaults_and_excludes_the_user_p
     message = error_of(changed(model={"name": "qwen", "hf_checkpoint": "ck", "hf_config": "ck/config.json"}))
     assert message.startswith("config model.hf_checkpoint: ") and "unset hf_config" in message
     assert error_of(changed(export={"ar": 0})).startswith("config export.ar")
+
+
+def test_a_config_of_nested_yaml_aliases_is_refused_before_anything_walks_it() -> None:
+    """Nine lines of aliases stand for a billion values: refused in one line, not walked."""
+    text = "a0: &a0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)) + "split: {boundaries: *a8}\n"
+    config = {**changed(), **{key: value for key, value in yaml.safe_load(text).items() if key == "split"}}
+    assert error_of(config) == f"config: holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are expanded"

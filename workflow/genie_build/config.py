@@ -35,6 +35,8 @@ _SCHEMA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # A config or recipe file is a few kB; a larger one is not one (read as a regular file, never a FIFO or a device).
 MAX_CONFIG_BYTES = 16 * 1024**2
+# A config holds hundreds of values (a long split.boundaries list, a few thousand).
+MAX_CONFIG_VALUES = 100_000
 
 
 def load_config(path: str | os.PathLike[str], schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
@@ -160,9 +162,16 @@ def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
 
 # ---------------------------------------------------------------------------------------------- beyond the schema
 
-def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] = frozenset()) -> None:
+def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] = frozenset(),
+                      budget: list[int] | None = None) -> None:
     """Refuse what YAML can build but the schema cannot judge: non-string keys (``1:``, ``null:``, ``on:``),
-    NaN or infinite numbers (``.nan``, ``.inf`` pass every bound), and aliases that contain themselves."""
+    NaN or infinite numbers (``.nan``, ``.inf`` pass every bound), aliases that contain themselves, and more than
+    :data:`MAX_CONFIG_VALUES` values once aliases are expanded (a few lines of nested aliases stand for billions,
+    which every later check would walk)."""
+    budget = [MAX_CONFIG_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise GenieBuildError(where, f"holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are expanded")
     if isinstance(value, float) and not math.isfinite(value):
         raise GenieBuildError(_key(where, path), f"{value} is not a finite number")
     if not isinstance(value, (Mapping, list, tuple)):
@@ -174,10 +183,10 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
         for key, item in value.items():
             if not isinstance(key, str):
                 raise GenieBuildError(_key(where, (*path, str(key))), f"key {key!r} is not a string; quote it")
-            _check_plain_data(item, where, (*path, key), seen)
+            _check_plain_data(item, where, (*path, key), seen, budget)
     else:
         for index, item in enumerate(value):
-            _check_plain_data(item, where, (*path, index), seen)
+            _check_plain_data(item, where, (*path, index), seen, budget)
 
 
 # The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.
