@@ -281,7 +281,7 @@ def user_config(workdir: Path, name: str, model: dict | None = None, **sections:
 
 
 @pytest.mark.workflow
-@pytest.mark.parametrize("name", ["../x", "/abs", "a/b"])
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "-rf"])
 def test_model_name_cannot_write_outside_results(workflow: Path, name: str) -> None:
     config = user_config(workflow, "escape", model={"name": name})
     before = visible_entries(workflow)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import genie_build.bundle as bundle_module
-from bundle_helpers import ReferenceBuild
+from bundle_helpers import TINY_DEMO, ReferenceBuild
 from genie_build.bundle import assemble_bundle, runtime_tool_versions
 from genie_build.check_bundle import check_bundle
 from genie_build.cli import main
@@ -132,3 +132,30 @@ def test_context_size_defaults_to_the_compiled_context_length(build: ReferenceBu
     assert config["dialog"]["context"]["size"] == 64
     config = json.loads((assemble(build, tmp_path / "c", context_size=48) / "genie_config.json").read_text())
     assert config["dialog"]["context"]["size"] == 48
+
+
+def test_a_bundle_that_fails_its_check_is_never_published_and_an_old_one_goes_too(build: ReferenceBuild,
+                                                                                   tmp_path: Path) -> None:
+    """Assembled from a config.json whose vocab_size is wider than the logits, the bundle would say n-vocab 4096 for
+    fewer logits and fail on the phone: the command fails with every error in one line, and nothing is left at the
+    bundle's path -- not the new bundle, and not the old one, whose manifest the workflow removes anyway."""
+    config = json.loads((build.source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 4096}))
+    out = tmp_path / "genie_bundle"
+    assemble(build, out)  # a bundle from an earlier, good build
+    with pytest.raises(GenieBuildError) as caught:
+        assemble(build, out, hf_config_path=tmp_path / "config.json")
+    assert caught.value.where == str(out)
+    last_prompt_graph = f"prompt_ar{TINY_DEMO['ar']}_cl{TINY_DEMO['context']}_3_of_3"
+    assert caught.value.problem == (f"1 error(s): [n-vocab] context.n-vocab is 4096 but the logits of graph "
+                                    f"{last_prompt_graph!r} is {TINY_DEMO['vocab']} wide: Genie would read past them")
+    assert not out.exists() and [path.name for path in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_check_bundle_withdraw_moves_a_failing_bundle_aside(build: ReferenceBuild, tmp_path: Path) -> None:
+    out = assemble(build, tmp_path / "genie_bundle")
+    (out / "demo_part_2_of_3.bin").write_bytes(b"changed after the build")
+    assert main(["check-bundle", str(out), "--withdraw", "--out", str(tmp_path / "check.json")]) == 1
+    assert not out.exists() and (tmp_path / "genie_bundle.rejected" / "manifest.json").exists()
+    assert not (tmp_path / "check.json").exists()
+    assert main(["check-bundle", str(assemble(build, out)), "--withdraw"]) == 0 and out.exists()

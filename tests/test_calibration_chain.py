@@ -207,7 +207,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(model, tmp_path):
     for extra, corpus, message in (
             (["--num-samples", "2", "--boundary-in", str(stale)], empty, "gives no tokens"),
             (["--num-samples", "2", "--boundary-in", str(stale)], tmp_path / "missing.txt",
-             "cannot read the calibration"),
+             "file not found"),
             (["--num-samples", "0", "--boundary-in", str(stale)], CORPUS, "at least 1"),
             (["--num-samples", "3", "--boundary-in", str(stale)], CORPUS, "stored for other calibration settings"),
             (["--num-samples", "2"], CORPUS, "takes the residual stream of the unit before it")):

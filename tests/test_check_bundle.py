@@ -4,8 +4,13 @@ Genie's load-time rules with a finding naming its rule."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +25,7 @@ from genie_build.cli import main
 from genie_build.errors import GenieBuildError
 from genie_build.metadata import METADATA_NAME, dump_metadata
 
-VENDOR = Path("/work/shared/data/vendor-genie-configs")
+VENDOR = Path(__file__).resolve().parent / "data" / "vendor"  # copies, with their source and licence: README.md
 QWEN_VOCAB = 152064
 
 
@@ -241,7 +246,9 @@ def test_vendor_qwen_bundle_is_accepted_with_an_n_vocab_warning(tmp_path: Path) 
     findings = check_bundle(bundle, hf_config=tmp_path / "config.json")
     assert errors(findings) == []
     assert rules(findings, "warning") == {"n-vocab"}
-    assert any("n-vocab is 131072 but the model's vocab_size is 152064" in f.message for f in findings)
+    assert [f.message for f in findings] == [
+        f"context.n-vocab is 131072 but the model's vocab_size ({tmp_path / 'config.json'}) is 152064 wide: Genie "
+        "samples only the first n-vocab"]
 
 
 def vendor_layout_bundle(directory: Path, edit=None) -> Path:
@@ -422,3 +429,122 @@ def test_tensor_shapes_rule_uses_the_contract(tmp_path: Path) -> None:
         "graph 'token_ar1_cl256_3_of_3': past_value_1_out is [1, 2, 256, 16] (Genie reads it as [2, 256, 16]): it "
         "holds the whole cache, 256 entries where Genie takes only the 1 new token; Genie needs [*, AR, kv_dim] = "
         "[*, 1, 16] (kv_dim = head dim 16)")
+
+
+# --- hostile bundles: read only regular files inside the bundle, bounded, never a link out --------------------
+
+def check_bundle_command(bundle: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m genie_build check-bundle`` as a user runs it, with 60 s and 4 GB of address space: a checker that
+    follows /dev/zero, waits on a FIFO or allocates a header's claimed length fails here instead of taking the box."""
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 1024**3, 4 * 1024**3))
+
+    return subprocess.run([sys.executable, "-m", "genie_build", "check-bundle", str(bundle), *args],
+                          capture_output=True, text=True, timeout=60, preexec_fn=limit_memory)
+
+
+def finding_lines(result: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return [line for line in result.stdout.splitlines() if line.startswith(("error ", "warning "))]
+
+
+def replace_with(path: Path, kind: str) -> None:
+    """Swap a bundle file for a hostile stand-in: a link to /dev/zero, a FIFO, or a sparse file of 2**40 bytes."""
+    path.unlink()
+    if kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate(2**40)
+
+
+@pytest.mark.parametrize("name", ["genie_config.json", "manifest.json", "metadata.yaml", "tokenizer.json",
+                                  "htp_backend_ext_config.json", "demo_part_2_of_3.bin"])
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "huge"])
+def test_a_hostile_stand_in_for_any_bundle_file_is_a_finding_in_bounded_time_and_memory(
+        bundle: Path, name: str, kind: str) -> None:
+    (bundle / "manifest.json").write_text(json.dumps({"files": {}}))
+    replace_with(bundle / name, kind)
+    result = check_bundle_command(bundle)
+    assert result.returncode == 1
+    lines = finding_lines(result)
+    assert lines and lines[0].startswith("error [") and name in "\n".join(lines), lines
+
+
+def test_a_ctx_bin_header_claiming_2_to_the_40_bytes_is_refused_before_it_is_read(bundle: Path) -> None:
+    from genie_build.toolchains.reference.container_format import FORMAT_VERSION, MAGIC, PREAMBLE
+    (bundle / METADATA_NAME).unlink()  # graphs then come from the containers themselves
+    for path in bundle.glob("*.bin"):
+        path.write_bytes(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, 2**40) + b"{}")
+    lines = finding_lines(check_bundle_command(bundle))
+    assert len(lines) == 3 and all(line.startswith("error [graph-info] ") for line in lines)
+    assert lines[0] == (f"error [graph-info] demo_part_1_of_3.bin is not a reference container (its header length "
+                        f"{2**40} is more than the file holds (26 bytes) or than a header may have (268435456)) and the "
+                        "bundle has no metadata.yaml: graph checks need metadata.yaml or the SDK's "
+                        "qnn-context-binary-utility")
+
+
+def test_links_out_of_the_bundle_are_findings_and_never_followed(bundle: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("demo_part_2_of_3.bin", "tokenizer.json"):
+        (bundle / name).rename(outside / name)
+        (bundle / name).symlink_to(outside / name)
+    lines = finding_lines(check_bundle_command(bundle))
+    assert f"error [ctx-bins-exist] ctx-bin 'demo_part_2_of_3.bin' resolves to {outside / 'demo_part_2_of_3.bin'}, " \
+           f"outside {bundle}: nothing outside the folder is read" in lines
+    assert any(line.startswith("error [files] tokenizer file 'tokenizer.json' (dialog.tokenizer.path) resolves to "
+                               f"{outside / 'tokenizer.json'}, outside") for line in lines), lines
+
+
+@pytest.mark.parametrize("path", ["/etc/hostname", "../secret.txt", "../../etc/hostname"])
+@pytest.mark.parametrize("key", ["dialog.tokenizer.path", "dialog.engine.backend.extensions"])
+def test_tokenizer_and_extension_paths_must_stay_inside_the_bundle(bundle: Path, key: str, path: str) -> None:
+    def point_outside(config: dict) -> None:
+        *parents, last = key.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        node[last] = path
+
+    edit_json(bundle / "genie_config.json", point_outside)
+    lines = finding_lines(check_bundle_command(bundle))
+    assert any(f"{path!r} ({key}) must be a relative path inside the bundle" in line for line in lines), lines
+
+
+def test_a_manifest_cannot_confirm_a_guess_about_a_file_outside_the_bundle(bundle: Path, tmp_path: Path) -> None:
+    """Listing an outside file with its true or a false hash gives the same finding: nothing outside is read."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the guess")
+    outcomes = []
+    for digest in (hashlib.sha256(b"the guess").hexdigest(), "0" * 64):
+        for name in ("../secret.txt", str(secret)):
+            (bundle / "manifest.json").write_text(json.dumps({"files": {name: {"sha256": digest}}}))
+            outcomes.append([line for line in finding_lines(check_bundle_command(bundle)) if "[manifest]" in line
+                             and "secret" in line])
+    assert outcomes[0] == outcomes[2] and outcomes[1] == outcomes[3]
+    assert outcomes[0] == ["error [manifest] manifest.json lists '../secret.txt', which must be a relative path inside "
+                           "the bundle"]
+
+
+def test_n_vocab_wider_than_the_logits_is_an_error_and_a_tokenizer_id_past_them_too(bundle: Path, tmp_path: Path
+                                                                                  ) -> None:
+    """n-vocab 4096 for 64 logits: the bundle would fail when run (the field's 'n-vocab: 4096 for 2048 logits')."""
+    edit_json(bundle / "genie_config.json", lambda config: config["dialog"]["context"].update({"n-vocab": 4096}))
+    lines = finding_lines(check_bundle_command(bundle))
+    assert "error [n-vocab] context.n-vocab is 4096 but the logits of graph 'prompt_ar32_cl256_3_of_3' is 64 wide: " \
+           "Genie would read past them" in lines
+    edit_json(bundle / "genie_config.json", lambda config: config["dialog"]["context"].update({"n-vocab": 64}))
+    write_tokenizer(bundle / "tokenizer.json", 65)
+    assert finding_lines(check_bundle_command(bundle)) == [
+        "error [n-vocab] tokenizer token 'w64' has id 64, beyond the logits' 64 entries"]
+
+
+def test_metadata_with_yaml_aliases_is_refused_before_it_is_walked(bundle: Path) -> None:
+    levels = ["a0: &a0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (bundle / METADATA_NAME).write_text("\n".join(levels) + "\nmodel_files: {x: {inputs: *a8, outputs: *a8}}\n")
+    assert finding_lines(check_bundle_command(bundle)) == [
+        "error [graph-info] metadata.yaml: uses a YAML alias (*name): metadata.yaml must spell every entry out"]

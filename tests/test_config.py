@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, load_config, read_schema, validate_config
+from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_VALUES, load_config, read_schema, validate_config
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
      "config variants.packed.bogus: unknown key (known: toolchain, weights_packing, optimization_type, "
      "weight_sharing_enabled, vtcm_mb, float_bitwidth)"),
     (changed(split={"boundaries": ["a", 3]}), "config split.boundaries[1]: 3 is not of type 'string'"),
-    (changed(variants={"a b": {}}), "config variants: 'a b' does not match '^[A-Za-z0-9_-]+$'"),
+    (changed(variants={"a b": {}}), "config variants: 'a b' does not match '^[A-Za-z0-9_][A-Za-z0-9_-]*$'"),
     (changed(target__chipset="SM0000"), "config target.chipset: unknown chipset 'SM0000'; known: SM8550,"),
     (changed(bundle__variant="nope"), "config bundle.variant: 'nope' is not one of the variants: unpacked, packed"),
     (changed(report__baseline_variant="nope"),
@@ -108,6 +108,27 @@ def test_model_names_that_are_not_one_safe_folder_name_are_refused(name: str) ->
     message = error_of(changed(model={"name": name}))
     assert message.startswith(f"config model.name: {name!r} ")
     assert "cannot point outside results/" in message or "should be non-empty" in message
+
+
+USER_PATHS = {"prompt_onnx": "p.onnx", "token_onnx": "t.onnx", "encodings": "e.json", "tokenizer": "tok.json",
+              "hf_config": "c.json"}
+
+
+@pytest.mark.parametrize(("config", "key", "value"), [
+    ({"model": {"name": "-rf"}}, "model.name", "-rf"),
+    ({"model": {"name": "ok", **USER_PATHS}, "variants": {"-v": {}}, "bundle": {"variant": "-v"}}, "variants", "-v"),
+    *(({"model": {"name": "ok", **USER_PATHS, key: "-x"}}, f"model.{key}", "-x") for key in USER_PATHS),
+    ({"model": {"name": "ok", **USER_PATHS, "encodings": {"prompt": "p.json", "token": "--token"}}},
+     "model.encodings.token", "--token"),
+    ({"model": {"name": "ok", "hf_checkpoint": "-ckpt"}}, "model.hf_checkpoint", "-ckpt"),
+    ({"quantize": {"corpus": "-c.txt"}}, "quantize.corpus", "-c.txt"),
+])
+def test_names_and_paths_that_would_read_as_options_are_refused(config: dict, key: str, value: str) -> None:
+    """A command would take '-rf' or a variant '-v' for an option and fail in argparse after the whole build."""
+    sections = {section: ({**changed().get(section, {}), **body} if section != "variants" else body)
+                for section, body in config.items()}
+    message = error_of({**changed(), **sections})
+    assert message.startswith(f"config {key}: {value!r} does not match ") and "option" in message, message
 
 
 def test_demo_sizes_are_not_checked_for_a_user_model() -> None:
@@ -213,3 +234,11 @@ def test_a_checkpoint_to_export_gets_the_export_defaults_and_excludes_the_user_p
     message = error_of(changed(model={"name": "qwen", "hf_checkpoint": "ck", "hf_config": "ck/config.json"}))
     assert message.startswith("config model.hf_checkpoint: ") and "unset hf_config" in message
     assert error_of(changed(export={"ar": 0})).startswith("config export.ar")
+
+
+def test_a_config_of_nested_yaml_aliases_is_refused_before_anything_walks_it() -> None:
+    """Nine lines of aliases stand for a billion values: refused in one line, not walked."""
+    text = "a0: &a0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)) + "split: {boundaries: *a8}\n"
+    config = {**changed(), **{key: value for key, value in yaml.safe_load(text).items() if key == "split"}}
+    assert error_of(config) == f"config: holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are expanded"

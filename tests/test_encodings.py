@@ -272,6 +272,56 @@ def test_malformed_files_raise_one_line_errors_naming_file_and_tensor(tmp_path: 
     assert "\n" not in text
 
 
+def _v100_lpbq_with(**changes: object) -> dict:
+    doc = json.loads(json.dumps(V100))
+    _change(doc["param_encodings"][1], changes)
+    return doc
+
+
+# Values that pass as float64 but are not what they say once stored and computed with: the scale in float32 (the
+# precision AIMET quantizes in), an LPBQ block scale (channel scale x integer scale) in float32, a grid's ends in
+# float32 (a dequantized weight), and an is_sym encoding whose offset is not symmetric.
+AS_STORED = {
+    "1e-300 is 0": (_v100_with(scale=[0.1, 1e-300]), "param encoding 'w': scale[1] 1e-300 is 0 in float32, the "
+                                                      "precision it is computed in: a scale must be a normal float32, "
+                                                      "between 1.1754944e-38 and 3.4028235e+38"),
+    "1e300 is inf": (_v061_with(scale=1e300), "param encoding 'w': scale[1] 1e+300 is inf in float32"),
+    "1e-40 is subnormal": (_v100_with(scale=[1e-40, 0.1]), "scale[0] 1e-40 is subnormal (9.99994610111476e-41) in "
+                                                           "float32"),
+    "2.0.0 tiny y_scale": ({"version": "2.0.0", "encodings": [{"name": "w", "output_dtype": "int8",
+                                                               "y_scale": [0.5, 1e-45], "axis": 0}]},
+                           "encoding 'w': scale[1] 1e-45 is subnormal"),
+    "lpbq block scale overflows": (_v100_lpbq_with(scale=[3e38, 0.2]),
+                                   "param encoding 'w3': scale[0] x per_block_int_scale[1] 6e+38 is inf in float32"),
+    "lpbq channel scale 1e-320": (_v100_lpbq_with(scale=[1e-320, 0.2]), "scale[0] 1e-320 is subnormal"),
+    "lpbq block scale wider than its bits": (_v100_lpbq_with(per_block_int_scale=[1, 2, 300, 4]),
+                                             "per_block_int_scale[2] 300 is more than the 16 a 4-bit block scale "
+                                             "holds"),
+    "grid beyond float32": (_v100_with(bw=32, offset=[-2**31, -2**31], scale=[1e30, 0.1], is_sym=True),
+                            "scale[0] 1.0000000150474662e+30 with offset -2147483648 reaches 2.14748e+39, beyond "
+                            "float32"),
+    "is_sym with an asymmetric offset": (_v100_with(offset=[-8, -3]), "param encoding 'w': is_sym is true but "
+                                                                      "offset[1] is -3, an asymmetric offset"),
+    "061 is_symmetric with an asymmetric offset": (_v061_with(offset=-15), "is_sym is true but offset[1] is -15"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AS_STORED))
+def test_values_are_checked_as_they_will_be_stored(tmp_path: Path, case: str) -> None:
+    doc, message = AS_STORED[case]
+    path = dump(tmp_path, doc)
+    with pytest.raises(GenieBuildError) as caught:
+        read_encodings(path)
+    text = str(caught.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("offsets", [[-8, -8], [-7, -7], [0, 0], [-8, 0]])
+def test_symmetric_offsets_aimet_writes_are_accepted(tmp_path: Path, offsets: list[int]) -> None:
+    """Signed symmetric (-2**(bw-1)), strict symmetric (one more) and unsigned symmetric (0) per channel."""
+    assert read_encodings(dump(tmp_path, _v100_with(offset=offsets))).params["w"].offset == tuple(offsets)
+
+
 @pytest.mark.parametrize(("text", "message"), [("{nope", "not valid JSON"),
                                                ('{"version": "1.0.0", "activation_encodings": [{"name": "t", '
                                                 '"dtype": "INT", "enc_type": "PER_TENSOR", "bw": 8, '

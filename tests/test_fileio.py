@@ -87,3 +87,60 @@ def test_hashing_writer_hashes_what_it_writes_on_to_its_sink_or_alone(tmp_path):
     assert (tmp_path / "copy.bin").read_bytes() == data[3:]
     assert through.digest.hexdigest() == hashlib.sha1(data[3:]).hexdigest()
     assert alone.digest.hexdigest() == hashlib.sha256(data[3:]).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------- bounded reading
+
+def test_open_regular_refuses_what_is_not_a_regular_file_without_blocking(tmp_path):
+    """A FIFO would block the reader forever, /dev/zero never ends, a directory is no document: each is refused
+    from fstat of what was opened, before a byte is read."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    cases = {fifo: "is a FIFO, not a regular file", tmp_path / "zero": "is a character device, not a regular file",
+             tmp_path: "is a directory, not a regular file", tmp_path / "absent": "file not found",
+             tmp_path / "a\0b": "cannot read: embedded null byte"}
+    for path, problem in cases.items():
+        with pytest.raises(GenieBuildError) as info:
+            fileio.read_regular(path, max_bytes=100)
+        assert str(info.value) == f"{path}: {problem}"
+
+
+def test_open_regular_bounds_the_size_before_reading(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as handle:
+        handle.truncate(2**40)  # sparse: nothing is read, the size alone is refused
+    with pytest.raises(GenieBuildError, match=rf"big.json: is {2**40} bytes, more than the 1000 such a file may"):
+        fileio.read_json(big, max_bytes=1000)
+    small = tmp_path / "small.json"
+    small.write_text('{"a": 1}')
+    assert fileio.read_json(small, max_bytes=8) == {"a": 1}
+    with pytest.raises(GenieBuildError, match="more than the 7"):
+        fileio.read_json(small, max_bytes=7)
+
+
+def test_open_regular_inside_a_folder_follows_no_link_out_of_it(tmp_path):
+    root, outside = tmp_path / "bundle", tmp_path / "secret.txt"
+    root.mkdir()
+    outside.write_text("secret")
+    (root / "inner.txt").write_text("inner")
+    (root / "out").symlink_to(outside)
+    (root / "in").symlink_to(root / "inner.txt")
+    (root / "up").symlink_to("../secret.txt")
+    assert fileio.read_regular(root / "in", inside=[root], max_bytes=100) == b"inner"
+    for name in ("out", "up"):
+        with pytest.raises(GenieBuildError) as info:
+            fileio.read_regular(root / name, inside=[root], max_bytes=100)
+        assert str(info.value).startswith(f"{root / name}: resolves to {outside}, outside {root}")
+    with pytest.raises(GenieBuildError, match="outside"):
+        fileio.sha256_file(root / ".." / "secret.txt", inside=[root])
+    assert fileio.sha256_file(root / "in", inside=[root]) == hashlib.sha256(b"inner").hexdigest()
+
+
+def test_read_json_reads_no_more_than_the_size_it_opened(tmp_path):
+    path = tmp_path / "doc.json"
+    path.write_text('{"x": [1, 2]}')
+    assert fileio.read_json(path) == {"x": [1, 2]}
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(GenieBuildError, match="doc.json: not valid JSON"):
+        fileio.read_json(path)

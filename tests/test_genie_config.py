@@ -12,7 +12,7 @@ from bundle_helpers import BOS, EOS, demo_hf_config, write_tokenizer
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
 
-VENDOR = Path("/work/shared/data/vendor-genie-configs")
+VENDOR = Path(__file__).resolve().parent / "data" / "vendor"  # copies, with their source and licence: README.md
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
 

@@ -305,7 +305,7 @@ def hf_user_model(workdir: Path, hf_graphs: tuple[Path, Path]) -> Path:
         for path in (source, source.with_name(source.name + ".data")):
             (exports / path.name).write_bytes(path.read_bytes())
     model = load_graph(exports / "prompt.onnx")
-    params = {tensor.name: symmetric_per_channel(tensor.name, np.asarray(read_initializer(tensor, exports)), 0,
+    params = {tensor.name: symmetric_per_channel(tensor.name, np.asarray(read_initializer(tensor, exports / "prompt.onnx")), 0,
                                                  8 if "embed" in tensor.name or "lm_head" in tensor.name else 4)
               for tensor in model.graph.initializer if len(tensor.dims) == 2 and tensor.name.endswith(".weight")}
     for graph in ("prompt", "token"):   # the graphs share every weight, so one set of parameter encodings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from genie_build.onnx_graph import (
     load_graph,
     part_tensor_names,
     read_graph_tensors,
-    stored_tensors,
+    model_tensors,
     tensor_sha256,
     tensor_shapes,
 )
@@ -89,7 +90,7 @@ def test_load_graph_empty_file(tmp_path: Path) -> None:
 
 
 def test_load_graph_directory(tmp_path: Path) -> None:
-    with pytest.raises(GenieBuildError, match="cannot read"):
+    with pytest.raises(GenieBuildError, match="is a directory, not a regular file"):
         load_graph(tmp_path)
 
 
@@ -299,16 +300,222 @@ def test_read_graph_tensors_rejects_non_onnx(tmp_path: Path) -> None:
         read_graph_tensors(tmp_path / "absent.onnx")
 
 
-def test_stored_tensors_walks_initializers_attribute_tensors_and_subgraphs_in_order() -> None:
-    """The one tensor walker split (external data, in a fixed order) and the SDK staging (data locations) use."""
+def test_model_tensors_walks_initializers_attributes_subgraphs_and_functions_in_order() -> None:
+    """The one tensor walker every check, copy and reader of stored bytes uses: nothing that can hold bytes is
+    left out (sparse tensors, tensors of a model-local function), in a fixed order, each said where it sits."""
     def tensor(name: str) -> onnx.TensorProto:
         return helper.make_tensor(name, TensorProto.FLOAT, [1], [1.0])
 
     body = helper.make_graph([helper.make_node("Constant", [], ["k"], value=tensor("body_const"))], "body", [],
                              [helper.make_tensor_value_info("k", TensorProto.FLOAT, [1])], [tensor("body_init")])
-    nodes = [helper.make_node("Constant", [], ["c"], value=tensor("const")),
-             helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=body)]
+    sparse = helper.make_sparse_tensor(tensor("sparse_values"), helper.make_tensor("sparse_indices",
+                                                                                   TensorProto.INT64, [1], [0]), [4])
+    nodes = [helper.make_node("Constant", [], ["c"], name="c", value=tensor("const")),
+             helper.make_node("Constant", [], ["s"], name="s", sparse_value=sparse),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=body, else_branch=body),
+             helper.make_node("F", [], ["f"], domain="local")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [tensor("init")])
-    assert [t.name for t in stored_tensors(graph)] == ["init", "const", "body_init", "body_const", "body_init",
-                                                       "body_const"]
+    function = helper.make_function("local", "F", [], ["f"],
+                                    [helper.make_node("Constant", [], ["f"], value=tensor("function_const"))],
+                                    [helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, functions=[function])
+    walked = list(model_tensors(model))
+    assert [stored.tensor.name for stored in walked] == [
+        "init", "const", "sparse_values", "sparse_indices", "body_init", "body_const", "body_init", "body_const",
+        "function_const"]
+    assert [stored.initializer for stored in walked] == [True] + [False] * 8
+    assert walked[1].what == "attribute 'value' of node 'c' (Constant)"
+    assert walked[4].what == "initializer 'body_init' in the body 'else_branch' of node 'if' (If)"  # attributes sorted by name
+    assert walked[-1].what == "attribute 'value' of node 'f' (Constant) in function 'F'"
+    assert [stored.sparse for stored in walked[2:4]] == [True, True]
+
+
+# ------------------------------------------------------------------------------------------- every stored tensor
+
+def constant_model(path: Path, *, in_function: bool = False, in_subgraph: bool = False) -> Path:
+    """A model whose weight is a Constant node's value (what ``onnx.save(..., convert_attribute=True)`` writes), in
+    the main graph, an If body or a model-local function, saved with every tensor in ``<name>.data``."""
+    value = numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(8, 8), "w")
+    constant = helper.make_node("Constant", [], ["w"], name="const_w", value=value)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])
+    functions = []
+    if in_function:
+        functions = [helper.make_function("local", "MakeW", [], ["w"], [constant], [helper.make_opsetid("", 17)])]
+        nodes = [helper.make_node("MakeW", [], ["w"], domain="local"), helper.make_node("Identity", ["w"], ["y"])]
+    elif in_subgraph:
+        body = helper.make_graph([constant, helper.make_node("Identity", ["w"], ["b"])], "body", [],
+                                 [helper.make_tensor_value_info("b", TensorProto.FLOAT, [8, 8])])
+        nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=body)]
+    else:
+        nodes = [constant, helper.make_node("Identity", ["w"], ["y"])]
+    inputs = [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])] if in_subgraph else []
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, [y]), functions=functions,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    onnx.save(model, path, save_as_external_data=True, location=f"{path.name}.data", size_threshold=0,
+              convert_attribute=True)
+    return path
+
+
+def set_external(model: onnx.ModelProto, key: str, value: str) -> None:
+    """Set ``key`` of every external tensor of ``model`` (attributes, subgraphs, functions too)."""
+    from genie_build.onnx_graph import model_tensors
+    for stored in model_tensors(model):
+        entries = {entry.key: entry for entry in stored.tensor.external_data}
+        if key in entries:
+            entries[key].value = value
+        elif stored.tensor.external_data:
+            stored.tensor.external_data.add(key=key, value=value)
+
+
+@pytest.mark.parametrize("where", ["main", "subgraph", "function"])
+def test_external_data_of_attribute_tensors_is_checked_and_listed(tmp_path: Path, where: str) -> None:
+    from genie_build.onnx_graph import external_data_files
+    path = constant_model(tmp_path / "m.onnx", in_function=where == "function", in_subgraph=where == "subgraph")
+    assert external_data_files(load_graph(path), path) == [tmp_path / "m.onnx.data"]
+    (tmp_path / "m.onnx.data").unlink()
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_external_data(load_graph(path), path)
+    message = one_line_error(excinfo)
+    assert message.startswith(f"{path}: attribute 'value' of node 'const_w' (Constant)") and "not found" in message
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("location", "/etc/passwd", "external data location '/etc/passwd' must be a file name relative to the model's "
+                                "folder"),
+    ("location", "../../x.data", "must be a file name relative to the model's folder"),
+    ("offset", "abc", "external data offset 'abc' is not a non-negative integer"),
+    ("offset", "-5", "external data offset '-5' is not a non-negative integer"),
+    ("offset", "1e3", "external data offset '1e3' is not a non-negative integer"),
+    ("length", " 256", "external data length ' 256' is not a non-negative integer"),
+    ("offset", str(2**40), "runs past the end of"),
+    ("length", "4", "external length 4 in"),
+])
+def test_bad_external_references_are_one_line_naming_file_and_tensor(tmp_path: Path, key: str, value: str,
+                                                                     problem: str) -> None:
+    path = constant_model(tmp_path / "m.onnx")
+    model = load_graph(path)
+    set_external(model, key, value)
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_external_data(model, path)
+    message = one_line_error(excinfo)
+    assert message.startswith(f"{path}: attribute 'value' of node 'const_w' (Constant): ") and problem in message
+
+
+def test_a_data_file_that_links_out_of_the_model_folder_is_refused(tmp_path: Path) -> None:
+    """On another disk through a symlink: onnxruntime would refuse it at the end of the build; we refuse it
+    before any job, and read nothing from there."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = constant_model(folder / "m.onnx")
+    elsewhere = tmp_path / "other-disk" / "m.onnx.data"
+    elsewhere.parent.mkdir()
+    (folder / "m.onnx.data").rename(elsewhere)
+    (folder / "m.onnx.data").symlink_to(elsewhere)
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_external_data(load_graph(path), path)
+    assert f"resolves to {elsewhere}, outside {folder}" in one_line_error(excinfo)
+
+
+@pytest.mark.parametrize("special", ["fifo", "dev-zero", "directory"])
+def test_a_data_file_that_is_not_a_regular_file_is_refused(tmp_path: Path, special: str) -> None:
+    path = constant_model(tmp_path / "m.onnx")
+    data = tmp_path / "m.onnx.data"
+    data.unlink()
+    if special == "fifo":
+        os.mkfifo(data)
+    elif special == "directory":
+        data.mkdir()
+    else:
+        # /dev/zero is outside the folder: refused for that before its kind matters
+        data.symlink_to("/dev/zero")
+    with pytest.raises(GenieBuildError, match="is not a regular file|outside"):
+        check_external_data(load_graph(path), path)
+
+
+def test_data_reached_through_a_linked_model_file_is_read_from_the_models_real_folder(tmp_path: Path) -> None:
+    """A Hugging Face hub cache (or Snakemake's output cache) links the model and its data into a folder of
+    blobs: the data lies in the folder the model file really is in, as onnxruntime accepts too."""
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    constant_model(blobs / "m.onnx")
+    (snapshot / "m.onnx").symlink_to(blobs / "m.onnx")
+    (snapshot / "m.onnx.data").symlink_to(blobs / "m.onnx.data")
+    path = snapshot / "m.onnx"
+    check_external_data(load_graph(path), path)
+    assert tensor_sha256(next(iter(_attribute_tensors(load_graph(path)))), path) == hashlib.sha256(
+        np.arange(64, dtype=np.float32).tobytes()).hexdigest()
+
+
+def _attribute_tensors(model: onnx.ModelProto):
+    from genie_build.onnx_graph import model_tensors
+    return [stored for stored in model_tensors(model) if not stored.initializer]
+
+
+def test_sparse_initializers_duplicates_and_short_inline_tensors_are_refused(tmp_path: Path) -> None:
+    weight_proto = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [], [y], [weight_proto, weight_proto])
+    path = tmp_path / "dup.onnx"
+    onnx.save(helper.make_model(graph), path)
+    with pytest.raises(GenieBuildError, match=r"dup.onnx: initializer 'w' is defined 2 times"):
+        check_external_data(load_graph(path), path)
+
+    short = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    short.raw_data = short.raw_data[:-4]
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [], [y],
+                                                  [short])), path)
+    with pytest.raises(GenieBuildError, match=r"initializer 'w': holds 60 bytes but shape \[4, 4\] of FLOAT needs 64"):
+        check_external_data(load_graph(path), path)
+
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(2, np.float32), "s"),
+                                       numpy_helper.from_array(np.array([0, 5], np.int64), "s_indices"), [4, 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["y"])], "g", [], [y], sparse_initializer=[sparse])
+    onnx.save(helper.make_model(graph), path)
+    with pytest.raises(GenieBuildError, match=r"sparse initializer 's' \(values\): sparse initializers are not "
+                                              r"supported"):
+        check_external_data(load_graph(path), path)
+
+
+def test_a_non_finite_attribute_tensor_is_named_with_its_value_and_index(tmp_path: Path) -> None:
+    from genie_build.onnx_graph import scan_tensor
+    path = constant_model(tmp_path / "c.onnx")
+    with open(tmp_path / "c.onnx.data", "r+b") as data:
+        data.seek(4 * 9)
+        data.write(np.float32(np.inf).tobytes())
+    with pytest.raises(GenieBuildError) as excinfo:
+        scan_tensor(_attribute_tensors(load_graph(path))[0], path, finite=True)
+    assert one_line_error(excinfo) == (f"{path}: attribute 'value' of node 'const_w' (Constant) holds inf at "
+                                       "index [1, 1] (shape [8, 8]): every float weight must be finite")
+
+
+def test_check_model_names_the_users_file_tensor_and_value_of_a_non_finite_weight(
+        prompt_and_token: tuple[Path, Path], tmp_path: Path) -> None:
+    from genie_build.onnx_graph import check_model
+    prompt, token = prompt_and_token
+    bad = weight(EMBED, (32, 8))
+    bad[5, 1] = -np.inf
+    for path in (prompt, token):
+        replace_initializer(path, EMBED, bad)
+    with pytest.raises(GenieBuildError) as excinfo:
+        check_model(str(prompt), str(token), tmp_path / "out.json")
+    assert one_line_error(excinfo) == (f"{prompt}: initializer '{EMBED}' holds -inf at index [5, 1] (shape [32, 8]): "
+                                       "every float weight must be finite")
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_training_graphs_are_walked_too(tmp_path: Path) -> None:
+    """A training_info graph is never run, but its tensors can point anywhere: they are checked like the rest."""
+    from genie_build.onnx_graph import model_tensors
+    path = constant_model(tmp_path / "m.onnx")
+    model = load_graph(path)
+    initialization = helper.make_graph([], "init", [], [], [helper.make_tensor("step", TensorProto.FLOAT, [1], [0.0])])
+    model.training_info.add().initialization.CopyFrom(initialization)
+    external = model.training_info[0].initialization.initializer[0]
+    external.data_location = TensorProto.EXTERNAL
+    external.external_data.add(key="location", value="../../etc/hostname")
+    assert [stored.what for stored in model_tensors(model)][-1] == "initializer 'step' in training_info[0].initialization"
+    with pytest.raises(GenieBuildError, match="initializer 'step' in training_info.0..initialization: external data "
+                                              "location '../../etc/hostname' must be"):
+        check_external_data(model, path)

@@ -71,7 +71,8 @@ def encodings(rng: np.random.Generator, bitwidth: int) -> list[tuple[TensorEncod
     def offsets(count: int, symmetric: bool) -> tuple[int, ...]:
         if symmetric:
             return (-(2 ** (bitwidth - 1)),) * count
-        return tuple(int(o) for o in rng.integers(-(2**bitwidth - 1), 1, count))
+        # strictly inside: a grid ending at 0 clips the sign of the random weights, which quantize refuses
+        return tuple(int(o) for o in rng.integers(-(2**bitwidth - 1) + 1, 0, count))
 
     cases = []
     for symmetric in (True, False):
@@ -237,3 +238,27 @@ def test_row_blocks_cover_the_rows_and_carry_their_parameters(params, axis):
             rows = (block.stop - block.start, *shape[1:])
             np.testing.assert_array_equal(
                 broadcast_params(params_of_rows(params, shape, axis, block), rows, axis), whole[block])
+
+
+@pytest.mark.parametrize(("offset", "weight", "problem"), [
+    (0, [[0.3, -0.2]], "the weight's value -0.2 at index [0, 1] is negative, but the encoding's grid (offset 0) holds "
+                       "no negative value: it would be stored as 0, a grid that clips the weight's sign (a symmetric "
+                       "encoding needs offset -128)"),
+    (-255, [[-0.3], [0.25]], "the weight's value 0.25 at index [1, 0] is positive, but the encoding's grid (offset "
+                             "-255) holds no positive value"),
+])
+def test_a_grid_that_clips_the_weights_sign_is_refused(offset: int, weight: list, problem: str) -> None:
+    """is_sym with offset 0 would turn every negative weight into 0 and the build would pass (its host run compares
+    the bundle with an unsplit model quantized the same wrong way)."""
+    enc = TensorEncoding("w", "int", 8, "per_tensor", offset == 0, (0.01,), (offset,))
+    with pytest.raises(GenieBuildError) as caught:
+        quantize(np.array(weight, dtype=np.float32), enc, None)
+    assert caught.value.where == "w" and caught.value.problem.startswith(problem), caught.value.problem
+
+
+def test_an_unsigned_grid_takes_a_weight_with_no_negative_value_and_values_that_round_to_zero() -> None:
+    """Offset 0 (AIMET's unsigned symmetric) is right for a tensor with no negative value; a tiny negative value
+    that rounds to 0 loses nothing."""
+    enc = TensorEncoding("w", "int", 8, "per_tensor", True, (0.01,), (0,))
+    q, _, zero_point = quantize(np.array([0.0, 0.5, 1.2, -0.004], dtype=np.float32), enc, None)
+    assert q.tolist() == [0, 50, 120, 0] and int(zero_point) == 0

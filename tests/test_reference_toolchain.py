@@ -72,7 +72,7 @@ def tiny_encodings(weights: dict[str, np.ndarray]) -> Encodings:
     params["lm_head.weight"] = symmetric("lm_head.weight", weights["lm_head.weight"], 8, 1)
     params[BLOCKED_Q] = TensorEncoding(BLOCKED_Q, "int", 4, "per_block", False,
                                        tuple(rng.uniform(0.05, 0.1, HIDDEN // 4 * HIDDEN).tolist()),
-                                       tuple(rng.integers(-15, 1, HIDDEN // 4 * HIDDEN).tolist()), block_size=4)
+                                       tuple(rng.integers(-14, 0, HIDDEN // 4 * HIDDEN).tolist()), block_size=4)
     params[LPBQ_K] = TensorEncoding(LPBQ_K, "int", 8, "lpbq", True, tuple(rng.uniform(0.005, 0.01, HIDDEN).tolist()),
                                     (-128,) * HIDDEN, block_size=8, compressed_bitwidth=4,
                                     per_block_int_scale=tuple(rng.integers(1, 17, 2 * HIDDEN).tolist()))

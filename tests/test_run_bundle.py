@@ -183,3 +183,38 @@ def test_the_host_run_reads_llama3_scaling_back_from_genies_config_and_refuses_o
     encoding["rope-scaling"]["rope-type"] = "yarnrope"
     with pytest.raises(GenieBuildError, match="plain and llama3 RoPE only"):
         _host_rope(engine, Path("genie_config.json"))
+
+
+def test_a_container_whose_records_claim_more_than_it_holds_is_one_line_in_bounded_memory(build: ReferenceBuild,
+                                                                                         tmp_path: Path) -> None:
+    """run-bundle reads the ctx-bins' graphs: a header whose graph record claims 2**40 bytes is refused before a
+    byte is read for it (run in 4 GB of address space, as a user runs the command)."""
+    import resource
+    import shutil
+    import subprocess
+    import sys
+
+    from genie_build.toolchains.reference.container_format import FORMAT_VERSION, MAGIC, PREAMBLE, padding
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(build.bundle, bundle)
+    ctx_bin = bundle / "demo_part_2_of_3.bin"
+    header = json.loads(ctx_bin.read_bytes()[PREAMBLE.size:PREAMBLE.size + PREAMBLE.unpack(
+        ctx_bin.read_bytes()[:PREAMBLE.size])[3]])
+    header.update(graph_section_bytes=0, weight_section={"alignment": 64, "bytes": 0}, weights=[])
+    for graph in header["graphs"]:
+        graph.update(structure_offset=0, structure_length=2**40)
+    data = json.dumps(header).encode()
+    ctx_bin.write_bytes(PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(data)) + data
+                        + b"\0" * padding(PREAMBLE.size + len(data), 64))
+    (bundle / "manifest.json").unlink()  # the manifest would catch the change first; the record is what is tested
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 1024**3, 4 * 1024**3))
+
+    result = subprocess.run([sys.executable, "-m", "genie_build", "run-bundle", str(bundle), "--prompt", "hi"],
+                            capture_output=True, text=True, timeout=120, preexec_fn=limit_memory)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"genie-build: error: {ctx_bin}: a graph record at offset 0, length {2**40} lies outside its section of 0 "
+        "bytes (corrupt reference container)")

@@ -1,9 +1,11 @@
 """Assemble the Genie bundle: ctx-bins in part order, the two configs, the tokenizer, ``metadata.yaml`` and
 ``manifest.json``.
 
-The bundle is built in a staging directory and renamed into place (:func:`genie_build.fileio.atomic_directory`),
-so a half-built bundle never sits at the final path. Its bytes are deterministic: no timestamps, no absolute
-paths, sorted hashes — two runs on the same inputs give identical manifests.
+The bundle is built in a staging directory, checked against Genie's load-time rules there
+(:func:`genie_build.check_bundle.require_valid_bundle`) and only then renamed into place
+(:func:`genie_build.fileio.atomic_directory`), so neither a half-built bundle nor one that fails its check ever sits
+at the final path. Its bytes are deterministic: no timestamps, no absolute paths, sorted hashes — two runs on the
+same inputs give identical manifests.
 
 ``metadata.yaml`` (per ctx-bin: graphs, IO tensors with shapes, dtypes and quantization, read back with the
 toolchain's ``inspect``) has the format :mod:`genie_build.check_bundle` defines and reads.
@@ -66,8 +68,10 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
         ``out_dir`` as a Path.
 
     Raises:
-        GenieBuildError: a missing input, an unreadable binary, or a bad HF config/tokenizer/chipset;
-            nothing is left at ``out_dir`` then (an old bundle there stays as it was).
+        GenieBuildError: a missing input, an unreadable binary, or a bad HF config/tokenizer/chipset: nothing is
+            left at ``out_dir`` then (an old bundle there stays as it was); or the new bundle fails its check (one
+            line with every error): then an old bundle at ``out_dir`` is removed too, since these inputs no longer
+            make it (and the workflow removes its manifest, the job's output, anyway).
     """
     if not _MODEL_NAME.match(model_name):
         raise GenieBuildError("model.name", f"{model_name!r} is not a safe file-name prefix "
@@ -91,7 +95,45 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
         # keys sorted: the same config gives the same manifest whatever order its file lists keys in;
         # default=str: a YAML config may hold dates, which JSON has no type for
         write_text(staging / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        _require_valid(staging, Path(out_dir), hf_config_path, chipset)
     return Path(out_dir)
+
+
+def _require_valid(staging: Path, out_dir: Path, hf_config_path: str | os.PathLike[str], chipset: str) -> None:
+    """The staged bundle passes check-bundle's rules (its manifest was just made from the files, so it is not
+    hashed again); otherwise any old bundle at ``out_dir`` goes as well, and nothing there looks finished.
+
+    Raises:
+        GenieBuildError: naming the staging directory (reported as ``out_dir``) and every error.
+    """
+    # Imported here: check_bundle imports this module's MANIFEST_NAME.
+    from genie_build.check_bundle import require_valid_bundle
+
+    try:
+        require_valid_bundle(staging, hf_config_path, chipset, manifest=False)
+    except GenieBuildError:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def withdraw_bundle(bundle_dir: str | os.PathLike[str]) -> Path:
+    """Move a bundle that failed its check aside, to ``<bundle_dir>.rejected`` (replacing an older one), so that
+    nothing at ``bundle_dir`` looks finished and the workflow, missing the bundle's manifest, builds it again.
+
+    Returns:
+        Where the bundle is now.
+
+    Raises:
+        GenieBuildError: it cannot be moved.
+    """
+    bundle = Path(bundle_dir)
+    rejected = bundle.with_name(bundle.name + ".rejected")
+    try:
+        shutil.rmtree(rejected, ignore_errors=True)
+        os.replace(bundle, rejected)
+    except OSError as exc:
+        raise GenieBuildError(bundle, f"cannot move the bundle aside to {rejected}: {exc.strerror or exc}") from None
+    return rejected
 
 
 def compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:

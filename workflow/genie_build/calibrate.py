@@ -31,7 +31,7 @@ from genie_build.demo import (DemoShape, example_inputs, graph_inputs, graph_pas
 from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.onnx_graph import check_external_data, load_graph
+from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 from genie_build.ort_session import cpu_session_options
 
 logger = logging.getLogger(__name__)
@@ -94,23 +94,24 @@ def quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     return chosen
 
 
-def read_initializer(tensor: TensorProto, model_dir: Path) -> np.ndarray:
-    """One initializer's values; external data is memory-mapped, so only this tensor is read."""
+def read_initializer(tensor: TensorProto, model_path: Path) -> np.ndarray:
+    """One initializer's values; external data (:func:`genie_build.onnx_graph.open_external_data`) is
+    memory-mapped, so only this tensor is read."""
     if tensor.data_location != TensorProto.EXTERNAL:
         return numpy_helper.to_array(tensor)
-    info = {entry.key: entry.value for entry in tensor.external_data}
-    return np.memmap(model_dir / info["location"], dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type),
-                     mode="r", offset=int(info.get("offset", 0)), shape=tuple(tensor.dims))
+    with open_external_data(StoredTensor(f"initializer {tensor.name!r}", tensor), model_path) as (data, ref):
+        return np.memmap(data, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type), mode="r",
+                         offset=ref.offset, shape=tuple(tensor.dims))
 
 
-def param_encodings(model: onnx.ModelProto, model_dir: Path) -> dict[str, TensorEncoding]:
+def param_encodings(model: onnx.ModelProto, model_path: Path) -> dict[str, TensorEncoding]:
     """Per-channel symmetric encodings of the weights :func:`quantized_params` chooses."""
     chosen = quantized_params(model.graph)
     encodings = {}
     for tensor in model.graph.initializer:
         if tensor.name in chosen:
             bitwidth, axis = chosen[tensor.name]
-            encodings[tensor.name] = symmetric_per_channel(tensor.name, read_initializer(tensor, model_dir), axis,
+            encodings[tensor.name] = symmetric_per_channel(tensor.name, read_initializer(tensor, model_path), axis,
                                                            bitwidth)
     return encodings
 
@@ -261,7 +262,7 @@ def calibrate(prompt_path: str | Path, token_path: str | Path, out_prompt: str |
     ranges = tie_kv_cache(ranges)
     for kind, out_path in (("prompt", out_prompt), ("token", out_token)):
         activations = {name: activation_encoding(name, *ranges[name]) for name in float_activations(models[kind])}
-        params = param_encodings(models[kind], paths[kind].parent)
+        params = param_encodings(models[kind], paths[kind])
         write_encodings(out_path, Encodings(activations=activations, params=params,
                                             quantizer_args=dict(QUANTIZER_ARGS)))
         logger.info("%s: %d activation and %d param encodings from %d samples per graph", out_path,

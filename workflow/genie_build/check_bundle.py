@@ -5,6 +5,11 @@ Usable on bundles made elsewhere: graph names and IO come from ``metadata.yaml``
 else from the ctx-bins themselves when they are reference containers. Every finding carries a stable rule
 id (:data:`RULES`); :func:`check_bundle` never raises on a malformed bundle, it reports it.
 
+A bundle may come from anyone, so the checker reads only regular files inside the bundle's folder (symlinks
+resolved: a link out of it is a finding, never followed), each within a size bound, through
+:func:`genie_build.fileio.open_regular`; it hashes only the files the manifest lists under the bundle's folder, and
+never touches a path a config or manifest names outside it. Time and memory stay bounded by those sizes.
+
 ``metadata.yaml`` is read with :func:`genie_build.metadata.parse_metadata` (:mod:`genie_build.metadata`).
 """
 
@@ -24,18 +29,20 @@ from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, 
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, sha256_file
-from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, load_hf_config
+from genie_build.fileio import read_json, read_text, regular_file_size, resolve_inside, sha256_file
+from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, load_hf_config,
+                                      load_tokenizer)
 from genie_build.genie_contract import graph_violations
 from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
-from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import GraphInfo, TensorInfo
+from genie_build.toolchains.reference.container_format import inspect_container
 
 Severity = Literal["error", "warning"]
 # libyaml when present: metadata of a many-part bundle takes seconds with the pure-Python parser
 
 RULES = {
-    "files": "genie_config.json, the tokenizer and the backend extension config exist and parse",
+    "files": "genie_config.json, the tokenizer and the backend extension config are regular files inside the bundle "
+             "(within size bounds, no link out of it) and parse",
     "required-keys": "every key Genie's Dialog.cpp requires is present, with its type, and version 1",
     "unknown-key": "no key Genie does not know (Genie rejects the config: 'Unknown QnnHtp config key')",
     "rope-style": "pos-id-dim/rope-theta and model.positional-encoding are never both given",
@@ -51,11 +58,18 @@ RULES = {
     "context-size": "context.size is at most the compiled context length",
     "tensor-dims": "kv-dim and pos-id-dim/rope-dim match the KV cache and RoPE tensors",
     "chipset": "soc_model and dsp_arch agree with the chipset table",
-    "n-vocab": "n-vocab equals the model's vocabulary (HF config, logits)",
-    "manifest": "manifest.json hashes match the files",
+    "n-vocab": "n-vocab is at most the logits' width and the model's vocab_size (a smaller one is a warning), and "
+               "every tokenizer id lies within the logits",
+    "manifest": "manifest.json names files inside the bundle only, and their hashes match",
 }
 
 UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them
+# Bounds of what the checker reads. The JSON and YAML documents of a bundle are kilobytes to a few megabytes (a
+# many-part metadata.yaml); a ctx-bin an HTP session can map is under 4 GB (3.75 GB of a session's address space is
+# usable), so a file larger than this is no ctx-bin; and all the hashing a manifest can ask for stays bounded.
+MAX_DOCUMENT_BYTES = 16 * 1024**2
+MAX_CTX_BIN_BYTES = 8 * 1024**3
+MAX_HASHED_BYTES = 64 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -139,13 +153,14 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
 
 
 def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
-                 chipset: str | None = None) -> list[Finding]:
+                 chipset: str | None = None, *, manifest: bool = True) -> list[Finding]:
     """Every violation of Genie's load-time rules found in ``bundle_dir``.
 
     Args:
         bundle_dir: the bundle directory.
         hf_config: the model's HF ``config.json``, when known (enables the n-vocab check against it).
         chipset: the intended chipset; without it soc_model and dsp_arch are only checked for consistency.
+        manifest: check the manifest's hashes (the bundler, which has just hashed the files it wrote, skips it).
 
     Returns:
         Findings, errors first; an empty list for a bundle Genie would accept.
@@ -153,28 +168,33 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     bundle = Path(bundle_dir)
     if not bundle.is_dir():
         return [Finding("files", "error", f"{bundle}: not a directory")]
-    config, findings = _load_json(bundle / GENIE_CONFIG_NAME)
+    config, findings = _load_json(bundle, GENIE_CONFIG_NAME)
     if not isinstance(config, dict):
         return findings or [Finding("files", "error", f"{GENIE_CONFIG_NAME} is not a JSON object")]
     findings += _check_keys(config)
     findings += _check_rope_style(config)
-    findings += _check_referenced_files(bundle, config)
+    referenced, referenced_findings = _referenced_files(bundle, config)
+    findings += referenced_findings
     ctx_bins = [name for name in _get(config, "dialog.engine.model.binary.ctx-bins", list) or []
                 if isinstance(name, str)]
     findings += _check_ctx_bins(bundle, ctx_bins, _other_bundle_files(config))
-    findings += _check_chipset(bundle / str(_get(config, "dialog.engine.backend.extensions", str)
-                                            or HTP_EXT_CONFIG_NAME), chipset)
-    findings += _check_manifest(bundle)
+    extensions = referenced.get("backend extensions")
+    if extensions is None and _get(config, "dialog.engine.backend.extensions") is None \
+            and _bundle_file_problem(bundle, HTP_EXT_CONFIG_NAME, MAX_DOCUMENT_BYTES) is None:
+        extensions = HTP_EXT_CONFIG_NAME  # not named, but beside the config as AIHM lays bundles out
+    if extensions is not None:
+        findings += _check_chipset(bundle, extensions, chipset)
+    findings += _check_manifest(bundle) if manifest else []
     graphs, graph_findings = _load_graphs(bundle, ctx_bins)
     findings += graph_findings
     if graphs is not None:
         findings += _check_graphs(config, ctx_bins, graphs)
-    findings += _check_vocab(config, graphs, hf_config)
+    findings += _check_vocab(config, graphs, hf_config, bundle, referenced.get("tokenizer"))
     return sorted(findings, key=lambda f: f.severity != "error")
 
 
 def require_valid_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
-                         chipset: str | None = None) -> list[Finding]:
+                         chipset: str | None = None, *, manifest: bool = True) -> list[Finding]:
     """:func:`check_bundle`, raising on any error.
 
     Returns:
@@ -183,7 +203,7 @@ def require_valid_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os
     Raises:
         GenieBuildError: one line naming the bundle and every error with its rule id.
     """
-    findings = check_bundle(bundle_dir, hf_config, chipset)
+    findings = check_bundle(bundle_dir, hf_config, chipset, manifest=manifest)
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise GenieBuildError(bundle_dir, f"{len(errors)} error(s): "
@@ -247,14 +267,38 @@ def _check_rope_style(config: dict) -> list[Finding]:
     return []
 
 
-def _check_referenced_files(bundle: Path, config: dict) -> list[Finding]:
-    findings = []
+def _referenced_files(bundle: Path, config: dict) -> tuple[dict[str, str], list[Finding]]:
+    """The tokenizer and backend extension config the config names (label -> its relative path), each a regular
+    file inside the bundle; the findings for those that are not."""
+    found, findings = {}, []
     for label, key in (("tokenizer", "dialog.tokenizer.path"),
                        ("backend extensions", "dialog.engine.backend.extensions")):
         name = _get(config, key, str)
-        if name is not None and not (bundle / name).is_file():
-            findings.append(Finding("files", "error", f"{label} file {name!r} ({key}) is not in the bundle"))
-    return findings
+        if name is None:
+            continue
+        problem = _bundle_file_problem(bundle, name, MAX_DOCUMENT_BYTES if label == "backend extensions"
+                                       else MAX_TOKENIZER_BYTES)
+        if problem is None:
+            found[label] = name
+        else:
+            findings.append(Finding("files", "error", f"{label} file {name!r} ({key}) {problem}"))
+    return found, findings
+
+
+def _bundle_file_problem(bundle: Path, name: str, max_bytes: int) -> str | None:
+    """Why ``name`` (a path a config or manifest gives) is not a regular file of at most ``max_bytes`` inside the
+    bundle; None when it is. Nothing is opened for a name that is absolute or climbs out."""
+    relative = _bundle_path(name)
+    if relative is None:
+        return "must be a relative path inside the bundle"
+    path = bundle / relative
+    if not os.path.lexists(path):
+        return "is not in the bundle"
+    try:
+        regular_file_size(path, inside=[bundle], max_bytes=max_bytes)
+    except GenieBuildError as exc:
+        return exc.problem
+    return None
 
 
 def _check_ctx_bins(bundle: Path, ctx_bins: list[str], other_files: set[str]) -> list[Finding]:
@@ -266,15 +310,27 @@ def _check_ctx_bins(bundle: Path, ctx_bins: list[str], other_files: set[str]) ->
     findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} must be a relative path inside the bundle "
                                                     "(Genie resolves it from the working directory, the bundle root)")
                  for name in dict.fromkeys(ctx_bins) if _bundle_path(name) is None]
-    findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed but not in the bundle")
+    findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed but not in the bundle"
+                                                    if problem == "is not in the bundle" else
+                                                    f"ctx-bin {name!r} {problem}")
                  for name in dict.fromkeys(ctx_bins) if _bundle_path(name) is not None
-                 and not (bundle / _bundle_path(name)).is_file()]
+                 and (problem := _bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES)) is not None]
     listed = {str(_bundle_path(name)) for name in ctx_bins if _bundle_path(name) is not None} | other_files
     directories = {PurePosixPath(".")} | {PurePosixPath(name).parent for name in listed}
     findings += [Finding("ctx-bins-listed", "error", f"{name} is in the bundle but not listed in ctx-bins")
-                 for directory in sorted(directories) for path in sorted((bundle / directory).glob("*.bin"))
+                 for directory in sorted(directories) if _inside(bundle, bundle / directory)
+                 for path in sorted((bundle / directory).glob("*.bin"))
                  if (name := str(directory / path.name)) not in listed]
     return findings
+
+
+def _inside(bundle: Path, path: Path) -> bool:
+    """Whether ``path`` lies inside the bundle once symlinks are resolved."""
+    try:
+        resolve_inside(path, [bundle])
+    except GenieBuildError:
+        return False
+    return True
 
 
 def _bundle_path(name: str) -> PurePosixPath | None:
@@ -292,18 +348,33 @@ def _other_bundle_files(config: dict) -> set[str]:
 
 
 def _check_manifest(bundle: Path) -> list[Finding]:
-    if not (bundle / MANIFEST_NAME).exists():
+    """The manifest's hashes against the files it lists: only names inside the bundle, regular files there, each
+    within :data:`MAX_CTX_BIN_BYTES` and all together within :data:`MAX_HASHED_BYTES` (so a manifest cannot make
+    the checker confirm a guess about a file elsewhere, nor read without end)."""
+    if not os.path.lexists(bundle / MANIFEST_NAME):
         return []
-    manifest, findings = _load_json(bundle / MANIFEST_NAME)
+    manifest, findings = _load_json(bundle, MANIFEST_NAME)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return findings or [Finding("manifest", "error", f"{MANIFEST_NAME} has no 'files' mapping")]
+    hashed = 0
     for name, entry in files.items():
-        path = bundle / str(name)
+        name = str(name)
         expected = entry.get("sha256") if isinstance(entry, dict) else None
-        if not path.is_file():
+        problem = _bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES)
+        if problem == "is not in the bundle":
             findings.append(Finding("manifest", "error", f"{name} is in {MANIFEST_NAME} but not in the bundle"))
-        elif sha256_file(path) != expected:
+            continue
+        if problem is not None:
+            findings.append(Finding("manifest", "error", f"{MANIFEST_NAME} lists {name!r}, which {problem}"))
+            continue
+        path = bundle / _bundle_path(name)
+        hashed += regular_file_size(path, inside=[bundle])
+        if hashed > MAX_HASHED_BYTES:
+            findings.append(Finding("manifest", "error", f"{MANIFEST_NAME} lists more than {MAX_HASHED_BYTES} bytes "
+                                                         "of files to hash; the rest are not checked"))
+            break
+        if sha256_file(path, inside=[bundle], max_bytes=MAX_CTX_BIN_BYTES) != expected:
             findings.append(Finding("manifest", "error", f"{name} does not match its sha256 in {MANIFEST_NAME}"))
     findings += [Finding("manifest", "warning", f"{path.name} is not in {MANIFEST_NAME}")
                  for path in sorted(bundle.iterdir())
@@ -313,14 +384,12 @@ def _check_manifest(bundle: Path) -> list[Finding]:
 
 # --- htp_backend_ext_config.json ----------------------------------------------------------------------------
 
-def _check_chipset(htp_config_path: Path, chipset: str | None) -> list[Finding]:
+def _check_chipset(bundle: Path, htp_config_name: str, chipset: str | None) -> list[Finding]:
     """soc_model/dsp_arch of every device against the table (or against ``chipset`` when given)."""
-    if not htp_config_path.is_file():
-        return []  # reported by _check_referenced_files
-    htp_config, findings = _load_json(htp_config_path)
+    htp_config, findings = _load_json(bundle, htp_config_name)
     devices = htp_config.get("devices") if isinstance(htp_config, dict) else None
     if not (isinstance(devices, list) and devices and all(isinstance(d, dict) for d in devices)):
-        return findings or [Finding("chipset", "error", f"{htp_config_path.name} has no devices[] objects")]
+        return findings or [Finding("chipset", "error", f"{htp_config_name} has no devices[] objects")]
     try:
         expected = lookup(chipset) if chipset else None
     except GenieBuildError as exc:
@@ -353,14 +422,15 @@ def _check_device(soc_model: object, dsp_arch: object, expected: Chipset | None)
 def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[GraphInfo, ...]] | None, list[Finding]]:
     """Graphs per listed ctx-bin, or None (with the reason) when they are not known for every ctx-bin."""
     present = [name for name in dict.fromkeys(ctx_bins)
-               if _bundle_path(name) is not None and (bundle / _bundle_path(name)).is_file()]
+               if _bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES) is None]
     if not ctx_bins or len(present) != len(set(ctx_bins)):
         return None, []  # the ctx-bin findings say why
-    if (bundle / METADATA_NAME).is_file():
+    if os.path.lexists(bundle / METADATA_NAME):
         try:
-            graphs = parse_metadata((bundle / METADATA_NAME).read_text(encoding="utf-8"), METADATA_NAME)
-        except (GenieBuildError, UnicodeDecodeError) as exc:
-            return None, [Finding("graph-info", "error", str(exc))]
+            graphs = parse_metadata(read_text(bundle / METADATA_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES),
+                                    METADATA_NAME)
+        except GenieBuildError as exc:
+            return None, [Finding("graph-info", "error", f"{METADATA_NAME}: {exc.problem}")]
         missing = [name for name in present if name not in graphs]
         if missing:
             return None, [Finding("graph-info", "error", f"{METADATA_NAME} has no entry for {', '.join(missing)}")]
@@ -368,11 +438,11 @@ def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[Gra
     result, findings = {}, []
     for name in present:
         try:
-            result[name] = get_toolchain("reference").inspect(bundle / name).graphs
-        except GenieBuildError:
-            findings.append(Finding("graph-info", "error", f"{name} is not a reference container and the bundle "
-                                                           f"has no {METADATA_NAME}: graph checks need "
-                                                           f"{METADATA_NAME} or the SDK's "
+            result[name] = inspect_container(bundle / _bundle_path(name), inside=[bundle]).graphs
+        except GenieBuildError as exc:
+            findings.append(Finding("graph-info", "error", f"{name} is not a reference container ({exc.problem}) "
+                                                           f"and the bundle has no {METADATA_NAME}: graph checks "
+                                                           f"need {METADATA_NAME} or the SDK's "
                                                            "qnn-context-binary-utility"))
     return (None if findings else result), findings
 
@@ -559,33 +629,60 @@ def _dim_of(tensor_name: str) -> tuple[str | None, int]:
 
 
 def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
-                 hf_config: str | os.PathLike[str] | None) -> list[Finding]:
+                 hf_config: str | os.PathLike[str] | None, bundle: Path, tokenizer: str | None) -> list[Finding]:
+    """n-vocab against the logits' width and the model's vocab_size: wider is an error (Genie reads logits that
+    are not there: the bundle fails when run), narrower a warning (Genie samples the first n-vocab only); and every
+    tokenizer id within the logits (one past them can be neither fed nor produced)."""
     n_vocab = _get(config, "dialog.context.n-vocab", int)
-    if n_vocab is None:
-        return []
     findings = []
+    widths = {}
     if hf_config is not None:
         try:
             vocab = load_hf_config(hf_config).get("vocab_size")
         except GenieBuildError as exc:
             return [Finding("files", "error", str(exc))]
-        if vocab != n_vocab:
-            findings.append(Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but the model's "
-                                                          f"vocab_size is {vocab} ({os.fspath(hf_config)})"))
-    logits = {tensor.shape[-1] for graph_list in (graphs or {}).values() for graph in graph_list
-              for tensor in graph.outputs if tensor.name == LOGITS and tensor.shape}
-    findings += [Finding("n-vocab", "warning", f"context.n-vocab is {n_vocab} but logits have {width} entries")
-                 for width in sorted(logits) if width != n_vocab]
+        if isinstance(vocab, int) and not isinstance(vocab, bool):
+            widths[f"the model's vocab_size ({os.fspath(hf_config)})"] = vocab
+    widths.update((f"the logits of graph {graph.name!r}", tensor.shape[-1])
+                  for graph_list in (graphs or {}).values() for graph in graph_list for tensor in graph.outputs
+                  if tensor.name == LOGITS and tensor.shape and tensor.shape[-1] > 0)
+    if n_vocab is not None:
+        for what, width in widths.items():
+            if n_vocab != width:
+                severity = "error" if n_vocab > width else "warning"
+                effect = ("Genie would read past them" if n_vocab > width
+                          else "Genie samples only the first n-vocab")
+                findings.append(Finding("n-vocab", severity, f"context.n-vocab is {n_vocab} but {what} is "
+                                                             f"{width} wide: {effect}"))
+                break  # one wrong n-vocab, said once
+    logits = [width for what, width in widths.items() if what.startswith("the logits")]
+    if tokenizer is not None and logits:
+        findings += _check_tokenizer_ids(bundle, tokenizer, min(logits))
     return findings
+
+
+def _check_tokenizer_ids(bundle: Path, tokenizer: str, width: int) -> list[Finding]:
+    """The bundle's tokenizer parses (a bounded regular file inside the bundle) and its largest id, added tokens
+    included, lies within the logits' ``width``."""
+    try:
+        vocabulary = load_tokenizer(bundle / _bundle_path(tokenizer), inside=[bundle]).get_vocab(with_added_tokens=True)
+    except GenieBuildError as exc:
+        return [Finding("files", "error", f"tokenizer file {tokenizer!r}: {exc.problem}")]
+    token, token_id = max(vocabulary.items(), key=lambda item: item[1], default=("", -1))
+    if token_id >= width:
+        return [Finding("n-vocab", "error", f"tokenizer token {token!r} has id {token_id}, beyond the logits' "
+                                            f"{width} entries")]
+    return []
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
 
-def _load_json(path: Path) -> tuple[Any, list[Finding]]:
+def _load_json(bundle: Path, name: str) -> tuple[Any, list[Finding]]:
+    """A JSON document of the bundle: a regular file inside it of at most :data:`MAX_DOCUMENT_BYTES`."""
     try:
-        return read_json(path), []
+        return read_json(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES), []
     except GenieBuildError as exc:
-        return None, [Finding("files", "error", f"{path.name}: {exc.problem}")]
+        return None, [Finding("files", "error", f"{name}: {exc.problem}")]
 
 
 def _get(config: Any, dotted: str, kind: type | None = None) -> Any:

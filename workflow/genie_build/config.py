@@ -25,6 +25,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from genie_build.chipsets import lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_text
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -32,6 +33,10 @@ DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yam
 # loader (a no-op run takes about 2 s).
 _SCHEMA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# A config or recipe file is a few kB; a larger one is not one (read as a regular file, never a FIFO or a device).
+MAX_CONFIG_BYTES = 16 * 1024**2
+# A config holds hundreds of values (a long split.boundaries list, a few thousand).
+MAX_CONFIG_VALUES = 100_000
 
 
 def load_config(path: str | os.PathLike[str], schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
@@ -40,14 +45,7 @@ def load_config(path: str | os.PathLike[str], schema_path: str | os.PathLike[str
     Raises:
         GenieBuildError: the file is missing, not YAML, or not a valid config.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GenieBuildError(path, "file not found") from None
-    except UnicodeDecodeError as exc:
-        raise GenieBuildError(path, f"not UTF-8 text: {exc}") from None
-    except OSError as exc:
-        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    text = read_text(path, max_bytes=MAX_CONFIG_BYTES)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -164,9 +162,16 @@ def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
 
 # ---------------------------------------------------------------------------------------------- beyond the schema
 
-def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] = frozenset()) -> None:
+def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] = frozenset(),
+                      budget: list[int] | None = None) -> None:
     """Refuse what YAML can build but the schema cannot judge: non-string keys (``1:``, ``null:``, ``on:``),
-    NaN or infinite numbers (``.nan``, ``.inf`` pass every bound), and aliases that contain themselves."""
+    NaN or infinite numbers (``.nan``, ``.inf`` pass every bound), aliases that contain themselves, and more than
+    :data:`MAX_CONFIG_VALUES` values once aliases are expanded (a few lines of nested aliases stand for billions,
+    which every later check would walk)."""
+    budget = [MAX_CONFIG_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise GenieBuildError(where, f"holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are expanded")
     if isinstance(value, float) and not math.isfinite(value):
         raise GenieBuildError(_key(where, path), f"{value} is not a finite number")
     if not isinstance(value, (Mapping, list, tuple)):
@@ -178,10 +183,10 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
         for key, item in value.items():
             if not isinstance(key, str):
                 raise GenieBuildError(_key(where, (*path, str(key))), f"key {key!r} is not a string; quote it")
-            _check_plain_data(item, where, (*path, key), seen)
+            _check_plain_data(item, where, (*path, key), seen, budget)
     else:
         for index, item in enumerate(value):
-            _check_plain_data(item, where, (*path, index), seen)
+            _check_plain_data(item, where, (*path, index), seen, budget)
 
 
 # The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.

@@ -29,7 +29,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
@@ -194,10 +194,10 @@ def _parse_entries_v061(where: _Where, name: str, entries: Any) -> TensorEncodin
         if len(channels) > 1:
             raise where.error(f"float encoding has {len(channels)} entries, expected 1")
         return TensorEncoding(name=name, dtype="float", bitwidth=bitwidth)
-    return TensorEncoding(name=name, dtype="int", bitwidth=bitwidth,
-                          kind="per_channel" if len(channels) > 1 else "per_tensor", is_symmetric=is_symmetric,
-                          scale=tuple(channel[3] for channel in channels),
-                          offset=tuple(channel[4] for channel in channels))
+    return _checked(where, TensorEncoding(name=name, dtype="int", bitwidth=bitwidth,
+                                          kind="per_channel" if len(channels) > 1 else "per_tensor",
+                                          is_symmetric=is_symmetric, scale=tuple(channel[3] for channel in channels),
+                                          offset=tuple(channel[4] for channel in channels)))
 
 
 def _parse_channel_v061(where: _Where, entry: Any) -> tuple[str, int, bool, float | None, int | None]:
@@ -291,9 +291,10 @@ def _parse_entry_v100(where: _Where, name: str, entry: dict) -> TensorEncoding:
         if len(per_block_int_scale) % len(scale):
             raise where.error(f"{len(per_block_int_scale)} per_block_int_scale values are not a whole number of "
                               f"blocks for {len(scale)} channels")
-    return TensorEncoding(name=name, dtype="int", bitwidth=bitwidth, kind=kind, is_symmetric=is_symmetric,
-                          scale=scale, offset=offset, block_size=block_size,
-                          compressed_bitwidth=compressed_bitwidth, per_block_int_scale=per_block_int_scale)
+    return _checked(where, TensorEncoding(name=name, dtype="int", bitwidth=bitwidth, kind=kind,
+                                          is_symmetric=is_symmetric, scale=scale, offset=offset, block_size=block_size,
+                                          compressed_bitwidth=compressed_bitwidth,
+                                          per_block_int_scale=per_block_int_scale))
 
 
 def _parse_section_v200(path: str, data: dict, entries: dict) -> tuple[dict[str, TensorEncoding],
@@ -304,7 +305,7 @@ def _parse_section_v200(path: str, data: dict, entries: dict) -> tuple[dict[str,
     activations: dict[str, TensorEncoding] = {}
     params: dict[str, TensorEncoding] = {}
     for where, name, entry in _named_entries(path, data, _V2_SECTION, "encoding", entries):
-        encoding = _parse_entry_v200(where, name, entry)
+        encoding = _checked(where, _parse_entry_v200(where, name, entry))
         entries[_V2_SECTION, name] = (entry, encoding)
         (params if encoding.kind != "per_tensor" else activations)[name] = encoding
     return activations, params
@@ -518,6 +519,97 @@ def _json_kind(value: Any) -> str:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------- values as stored
+
+_FLOAT32 = np.finfo(np.float32)
+
+
+def _checked(where: _Where, encoding: TensorEncoding) -> TensorEncoding:
+    """``encoding``, once its values hold as they will be stored and computed with: every scale a normal number
+    in the precision the quantizer computes with (float32; an LPBQ channel scale is kept in float64 and its block
+    scale, ``scale x per_block_int_scale``, computed in float32), every grid's ends within float32 (a dequantized
+    weight is float32), and an ``is_sym`` encoding with a symmetric offset.
+
+    A float64 value that is fine can still be 0 (1e-300), subnormal or inf (1e300) in float32: the weight would
+    come out all zeros or NaN, and a build would pass with it.
+
+    Raises:
+        GenieBuildError: naming the file, the tensor, the value and what it becomes.
+    """
+    if encoding.dtype != "int":
+        return encoding
+    scale = np.asarray(encoding.scale, dtype=np.float64)
+    if encoding.kind == "lpbq":
+        _require_normal(where, scale, np.float64, lambda i: f"scale[{i}]")
+        blocks = len(encoding.per_block_int_scale) // len(scale)
+        int_scale = np.asarray(encoding.per_block_int_scale, dtype=np.float64).reshape(len(scale), blocks)
+        _require_block_int_scales_fit(where, int_scale.ravel(), encoding.bitwidth - encoding.compressed_bitwidth)
+        block_scale = (int_scale * scale[:, None]).ravel()
+        _require_normal(where, block_scale, np.float32, lambda i: f"scale[{i // blocks}] x per_block_int_scale[{i}]")
+        bits = encoding.compressed_bitwidth
+        offset = np.full(block_scale.shape, -(2 ** (bits - 1)), dtype=np.float64)
+        _require_grid_within_float32(where, block_scale.astype(np.float32), offset, bits,
+                                     lambda i: f"scale[{i // blocks}] x per_block_int_scale[{i}]")
+        return encoding
+    _require_normal(where, scale, np.float32, lambda i: f"scale[{i}]")
+    offset = np.asarray(encoding.offset, dtype=np.float64)
+    _require_grid_within_float32(where, scale.astype(np.float32), offset, encoding.bitwidth, lambda i: f"scale[{i}]")
+    if encoding.is_symmetric:
+        _require_symmetric_offsets(where, offset, encoding.bitwidth)
+    return encoding
+
+
+def _require_block_int_scales_fit(where: _Where, int_scale: np.ndarray, bits: int) -> None:
+    """LPBQ's integer block scales are stored in ``bw - compressed_bw`` bits, as 1 .. 2**bits (AIMET's range); a
+    larger one would wrap when stored."""
+    bad = np.flatnonzero(int_scale > 2**bits)
+    if bad.size:
+        index = int(bad[0])
+        raise where.error(f"per_block_int_scale[{index}] {int(int_scale[index])} is more than the {2**bits} a "
+                          f"{bits}-bit block scale holds (bw - compressed_bw)")
+
+
+def _require_normal(where: _Where, values: np.ndarray, precision: type, what: Callable[[int], str]) -> None:
+    """Every value, rounded to ``precision``, is finite and normal (not 0, not subnormal)."""
+    info = np.finfo(precision)
+    with np.errstate(over="ignore", under="ignore"):
+        stored = values.astype(precision)
+    bad = np.flatnonzero(~(np.isfinite(stored) & (stored >= info.tiny)))
+    if not bad.size:
+        return
+    index = int(bad[0])
+    value, rounded = float(values[index]), stored[index]
+    state = "inf" if np.isinf(rounded) else "0" if rounded == 0 else f"subnormal ({float(rounded)!r})"
+    name = np.dtype(precision).name
+    raise where.error(f"{what(index)} {value!r} is {state} in {name}, the precision it is computed in: a scale must "
+                      f"be a normal {name}, between {str(info.tiny)} and {str(info.max)}")
+
+
+def _require_grid_within_float32(where: _Where, scale: np.ndarray, offset: np.ndarray, bits: int,
+                                 what: Callable[[int], str]) -> None:
+    """The grid's ends, ``offset * scale`` and ``(2**bits - 1 + offset) * scale``, are finite in float32."""
+    ends = np.maximum(np.abs(offset), np.abs(2**bits - 1 + offset)) * scale.astype(np.float64)
+    bad = np.flatnonzero(ends > float(_FLOAT32.max))
+    if bad.size:
+        index = int(bad[0])
+        raise where.error(f"{what(index)} {float(scale[index])!r} with offset {int(offset[index % offset.size])} "
+                          f"reaches {float(ends[index]):.6g}, beyond float32 ({float(_FLOAT32.max):.6g}): the "
+                          "dequantized values would be inf")
+
+
+def _require_symmetric_offsets(where: _Where, offset: np.ndarray, bitwidth: int) -> None:
+    """``is_sym`` with an offset AIMET's symmetric quantizers can write: ``-2**(bw-1)`` (signed), one more
+    (strict symmetric) or 0 (unsigned symmetric, for a tensor with no negative value; a weight that has some is
+    refused when converted)."""
+    allowed = (-(2 ** (bitwidth - 1)), -(2 ** (bitwidth - 1)) + 1, 0)
+    bad = np.flatnonzero(~np.isin(offset, allowed))
+    if bad.size:
+        index = int(bad[0])
+        raise where.error(f"is_sym is true but offset[{index}] is {int(offset[index])}, an asymmetric offset: a "
+                          f"symmetric {bitwidth}-bit encoding has offset {allowed[0]} ({allowed[1]} strict, 0 "
+                          "unsigned); set is_sym false or fix the offset")
 
 
 # ---------------------------------------------------------------------------------------------- writing

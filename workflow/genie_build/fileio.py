@@ -1,5 +1,13 @@
-"""Atomic outputs: every file is written under a temporary name beside its target and renamed into place,
-so an interrupted or failed job never leaves something a later run would take as done."""
+"""Atomic outputs, and bounded inputs.
+
+Every file is written under a temporary name beside its target and renamed into place, so an interrupted or
+failed job never leaves something a later run would take as done.
+
+Every file a user or a bundle hands us is opened through :func:`open_regular`: only a regular file (a FIFO would
+block the reader, ``/dev/zero`` never ends), of at most a given size, and -- for files found through a folder, such
+as a model's external data or a bundle's files -- only one whose real path (symlinks resolved) lies inside that
+folder. A reader therefore never reads outside the folder it was pointed at, nor more than it allows.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +17,18 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from genie_build.errors import GenieBuildError
 
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
+# The largest JSON document read whole (encodings of a 7B model with per-block scales are a few hundred MB; parsing
+# takes about ten times the file's size in memory, so a larger one could not be held anyway).
+MAX_JSON_BYTES = 2 * 1024**3
 
 
 def _current_umask() -> int:
@@ -138,23 +150,135 @@ class HashingWriter:
         return self.sink.tell()
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_file(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+                max_bytes: int | None = None) -> str:
+    """sha256 of a regular file (:func:`open_regular`, with its ``inside`` and ``max_bytes``), streamed.
+
+    Raises:
+        GenieBuildError: as :func:`open_regular`.
+    """
     # file_digest reads into one reused buffer: chunks of read() are new objects, each a fresh mapping of memory
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+    with open_regular(path, inside=inside, max_bytes=max_bytes) as handle:
+        try:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+        except OSError as exc:
+            raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file, turning every failure into a one-line GenieBuildError naming the file."""
+def resolve_inside(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> Path:
+    """The real path of ``path`` (every symlink resolved), required to lie inside one of ``roots`` (each resolved
+    too).
+
+    Raises:
+        GenieBuildError: naming ``path``, when its real path is outside every root.
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        real = Path(os.path.realpath(path))
+        folders = [Path(os.path.realpath(root)) for root in roots]
+    except ValueError as exc:  # a NUL in the path
+        raise GenieBuildError(path, f"cannot read: {exc}") from None
+    if not any(real == folder or folder in real.parents for folder in folders):
+        shown = " or ".join(str(folder) for folder in dict.fromkeys(folders))
+        raise GenieBuildError(path, f"resolves to {real}, outside {shown}: nothing outside the folder is read")
+    return real
+
+
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+                 max_bytes: int | None = None) -> Iterator[BinaryIO]:
+    """Open a file for binary reading only if it is a regular file of at most ``max_bytes`` bytes and, with
+    ``inside``, only if its real path lies inside one of those folders (:func:`resolve_inside`).
+
+    The file is opened without blocking (a FIFO would wait for a writer forever) and judged by ``fstat`` of what
+    was opened, so a file swapped after the check is judged as it is; with ``inside`` the resolved path is opened
+    without following a link in its last component.
+
+    Raises:
+        GenieBuildError: naming ``path``: missing, unreadable, not a regular file (a directory, FIFO, device or
+            socket), larger than ``max_bytes``, or outside ``inside``.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    target: str | os.PathLike[str] = path
+    if inside is not None:
+        target = resolve_inside(path, inside)
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags)
     except FileNotFoundError:
         raise GenieBuildError(path, "file not found") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError
-        raise GenieBuildError(path, f"not valid JSON: {exc}") from None
     except OSError as exc:
         raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL in the path
+        raise GenieBuildError(path, f"cannot read: {exc}") from None
+    try:
+        _require_regular(path, os.fstat(fd), max_bytes)
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
+def _require_regular(path: str | os.PathLike[str], status: os.stat_result, max_bytes: int | None) -> None:
+    if not stat.S_ISREG(status.st_mode):
+        kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+        kind = next((name for test, name in kinds if test(status.st_mode)), "not a file")
+        raise GenieBuildError(path, f"is {kind}, not a regular file")
+    if max_bytes is not None and status.st_size > max_bytes:
+        raise GenieBuildError(path, f"is {status.st_size} bytes, more than the {max_bytes} such a file may have")
+
+
+def regular_file_size(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+                      max_bytes: int | None = None) -> int:
+    """The size of a file :func:`open_regular` accepts, read from what it opened (nothing of the file is read).
+
+    Raises:
+        GenieBuildError: as :func:`open_regular`.
+    """
+    with open_regular(path, inside=inside, max_bytes=max_bytes) as handle:
+        return os.fstat(handle.fileno()).st_size
+
+
+def read_regular(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+                 max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` bytes (:func:`open_regular`); never more than the
+    size it had when opened, even if it grows.
+
+    Raises:
+        GenieBuildError: as :func:`open_regular`.
+    """
+    with open_regular(path, inside=inside, max_bytes=max_bytes) as handle:
+        try:
+            return handle.read(os.fstat(handle.fileno()).st_size)
+        except OSError as exc:
+            raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def read_text(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+              max_bytes: int) -> str:
+    """:func:`read_regular` decoded as UTF-8.
+
+    Raises:
+        GenieBuildError: as :func:`open_regular`, or not UTF-8 text.
+    """
+    try:
+        return read_regular(path, inside=inside, max_bytes=max_bytes).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GenieBuildError(path, f"not UTF-8 text: {exc}") from None
+
+
+def read_json(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None,
+              max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read a JSON file (:func:`read_regular`), turning every failure into a one-line GenieBuildError naming the
+    file."""
+    data = read_regular(path, inside=inside, max_bytes=max_bytes)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError and UnicodeDecodeError
+        raise GenieBuildError(path, f"not valid JSON: {exc}") from None
 
 
 def _unlink_quietly(path: str) -> None:

@@ -10,21 +10,25 @@ of AIHA's Qwen config, because Genie rejects both at once.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
+from genie_build.fileio import read_json, read_text
 
 GENIE_CONFIG_NAME = "genie_config.json"
 HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
 TOKENIZER_NAME = "tokenizer.json"
 
+# Real tokenizer.json files are 2-35 MB (Qwen, Llama 3, Gemma): anything far larger is not one.
+MAX_TOKENIZER_BYTES = 256 * 1024**2
+MAX_HF_CONFIG_BYTES = 16 * 1024**2  # a config.json is a few kB
 DEFAULT_N_THREADS = 3
 DEFAULT_SAMPLER = {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95}
 
@@ -60,7 +64,7 @@ def load_hf_config(path: str | os.PathLike[str]) -> dict:
     Raises:
         GenieBuildError: missing, not JSON, or not a JSON object.
     """
-    config = read_json(path)
+    config = read_json(path, max_bytes=MAX_HF_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise GenieBuildError(path, f"an HF config must be a JSON object, got {type(config).__name__}")
     return config
@@ -163,14 +167,28 @@ def added_token_ids(tokenizer_path: str | os.PathLike[str]) -> set[int]:
     return set(load_tokenizer(tokenizer_path).get_added_tokens_decoder())
 
 
-def load_tokenizer(tokenizer_path: str | os.PathLike[str]) -> Tokenizer:
-    """Load ``tokenizer.json``, turning every failure into a one-line GenieBuildError."""
-    if not Path(tokenizer_path).is_file():
+def load_tokenizer(tokenizer_path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None
+                   ) -> Tokenizer:
+    """Load ``tokenizer.json``, turning every failure into a one-line GenieBuildError.
+
+    The file is read as a regular file of at most :data:`MAX_TOKENIZER_BYTES` (and, with ``inside``, only inside
+    those folders: :func:`genie_build.fileio.read_text`). The same unchanged file is parsed once per process.
+
+    Raises:
+        GenieBuildError: missing, not a regular file, too large, outside ``inside``, or not a tokenizer.
+    """
+    if not os.path.lexists(tokenizer_path):
         raise GenieBuildError(tokenizer_path, "tokenizer not found")
+    text = read_text(tokenizer_path, inside=inside, max_bytes=MAX_TOKENIZER_BYTES)
     try:
-        return Tokenizer.from_file(os.fspath(tokenizer_path))
+        return _parsed_tokenizer(text)
     except Exception as exc:  # the library raises a bare Exception for every parse error
-        raise GenieBuildError(tokenizer_path, f"not a tokenizers JSON file: {exc}") from None
+        raise GenieBuildError(tokenizer_path, f"not a tokenizers JSON file: {' '.join(str(exc).split())}") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed_tokenizer(text: str) -> Tokenizer:
+    return Tokenizer.from_str(text)
 
 
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],

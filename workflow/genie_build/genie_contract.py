@@ -112,22 +112,27 @@ def model_violations(graphs: dict[str, tuple[Sequence[Tensor], Sequence[Tensor]]
 
 def check_contract(prompt: str | Sequence[str], token: str | Sequence[str], out: str | os.PathLike[str], *,
                    expect_ar: int | None = None, expect_context: int | None = None, context_size: int | None = None,
-                   report_only: bool = False) -> None:
+                   report_only: bool = False, tokenizer: str | None = None, hf_config: str | None = None) -> None:
     """The ``check-contract`` stage: the prompt and token graphs' IO against the contract (structure only, never
-    the weights), AR and CL as Genie reads them agreeing between the graphs and with the config's; the summary
-    goes to ``out``.
+    the weights), AR and CL as Genie reads them agreeing between the graphs and with the config's, and -- given
+    the tokenizer and ``config.json`` -- the three checked against each other
+    (:func:`genie_build.consistency.check_consistency`); the summary goes to ``out``.
 
     Args:
         prompt, token: each graph's file, or its parts' files in part order (a model exported part by part): the
             parts' inputs and outputs less the tensors that pass between them are the model's.
         expect_ar, expect_context: the config's prompt AR and CL (None: not checked against a config).
         context_size: Genie's context size, at most the CL.
-        report_only: no bundle will be built, so violations are recorded (and logged) instead of raised.
+        report_only: no bundle will be built, so violations and disagreements are recorded (and logged) instead
+            of raised.
+        tokenizer, hf_config: the model's ``tokenizer.json`` and ``config.json`` (both or neither).
 
     Raises:
-        GenieBuildError: a violation (naming the graph file of the first), unless ``report_only``.
+        GenieBuildError: a violation (naming the graph file of the first) or a disagreement (naming its file),
+            unless ``report_only``.
     """
-    # Imported here: check-bundle checks binaries with this module and need not import onnx.
+    # Imported here: check-bundle checks binaries with this module and need not import onnx or tokenizers.
+    from genie_build.consistency import check_consistency
     from genie_build.fileio import write_json
     from genie_build.onnx_graph import graph_io, load_graph
 
@@ -136,17 +141,30 @@ def check_contract(prompt: str | Sequence[str], token: str | Sequence[str], out:
     paths = {kind: os.fspath(found[0]) for kind, found in files.items()}
     graphs = {kind: _model_io([graph_io(load_graph(path)) for path in found]) for kind, found in files.items()}
     expected = {} if expect_context is None else {"prompt": (expect_ar, expect_context), "token": (1, expect_context)}
-    dims, violations = model_violations({kind: (io.inputs, io.outputs) for kind, io in graphs.items()},
-                                        expected=expected, context_size=context_size)
+    io = {kind: (graph.inputs, graph.outputs) for kind, graph in graphs.items()}
+    dims, violations = model_violations(io, expected=expected, context_size=context_size)
     if violations and not report_only:
         culprit = next((paths[v.graph] for v in violations if v.graph in paths), paths["prompt"])
         raise GenieBuildError(culprit, contract_error_text(violations))
     for violation in violations:
         log.warning("no bundle will be built, so this is not an error: %s", violation)
+    warnings, disagreement = [], None
+    if tokenizer is not None and hf_config is not None:
+        try:
+            warnings = check_consistency(io, tokenizer, hf_config)
+        except GenieBuildError as exc:
+            if not report_only:
+                raise
+            disagreement = str(exc)
+            log.warning("no bundle will be built, so this is not an error: %s", disagreement)
+    for warning in warnings:
+        log.warning("%s", warning)
     named = {kind: [os.fspath(path) for path in found] for kind, found in files.items()}
     write_json(out, {**{kind: found[0] if len(found) == 1 else found for kind, found in named.items()},
                      "graphs": {kind: {"ar": ar, "cl": cl} for kind, (ar, cl) in dims.items()},
-                     "bundle_enabled": not report_only, "violations": [str(v) for v in violations]})
+                     "bundle_enabled": not report_only, "violations": [str(v) for v in violations],
+                     **({"tokenizer": tokenizer, "hf_config": hf_config, "disagreement": disagreement,
+                         "warnings": warnings} if tokenizer is not None else {})})
 
 
 def _model_io(parts: Sequence[Any]) -> Any:

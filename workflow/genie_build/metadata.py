@@ -33,7 +33,16 @@ METADATA_NAME = "metadata.yaml"
 UNNAMED_GRAPH = ""  # the graph of a metadata.yaml entry that gives IO per ctx-bin, not per graph (AIHM)
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _YamlDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Writes every value out, never as an alias of an earlier one: the reader refuses aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+_YAML_DUMPER = _YamlDumper
 
 
 def dump_metadata(infos: Mapping[str, BinaryInfo]) -> str:
@@ -55,9 +64,14 @@ def parse_metadata(text: str, where: str | os.PathLike[str]) -> dict[str, tuple[
     graph named :data:`UNNAMED_GRAPH`: its tensors can be checked, its graph names cannot.
 
     Raises:
-        GenieBuildError: not YAML, or not the layout of the module docstring (naming the offending entry).
+        GenieBuildError: not YAML, a YAML alias, or not the layout of the module docstring (naming the offending
+            entry).
     """
     try:
+        # An alias repeats a node without its text: a few kB of nested aliases make billions of tensors to walk.
+        # A metadata file has no use for them, so none is read at all.
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=_YAML_LOADER)):
+            raise GenieBuildError(where, "uses a YAML alias (*name): metadata.yaml must spell every entry out")
         document = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise GenieBuildError(where, f"not valid YAML: {' '.join(str(exc).split())}") from None

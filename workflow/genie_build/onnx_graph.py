@@ -6,20 +6,26 @@ only to hash them, streamed in chunks, so memory stays bounded by the graph, not
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
+import re
+import stat
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
+import numpy as np
 import onnx
 from google.protobuf.message import Error as ProtobufError
 from onnx import numpy_helper
 
 from genie_build.conventions import graph_ar_cl
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import HashingWriter, copy_range, write_json
+from genie_build.fileio import HashingWriter, copy_range, open_regular, read_regular, resolve_inside, write_json
 
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
@@ -56,20 +62,24 @@ class GraphIO:
 
 # ------------------------------------------------------------------------------------------- loading
 
+# The protobuf limit: an ONNX file larger than this cannot be a model (its weights must be external data).
+MAX_GRAPH_BYTES = 2 * 1024**3
+
+
 def load_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Load an ONNX model's graph, leaving external weights on disk.
 
+    The file is read through :func:`genie_build.fileio.read_regular`: a FIFO, a device or a file larger than the
+    protobuf limit is refused before anything is read.
+
     Raises:
-        GenieBuildError: the file is missing, unreadable, not a protobuf (truncated or corrupt), or holds
-            no graph.
+        GenieBuildError: the file is missing, unreadable, not a regular file, not a protobuf (truncated or
+            corrupt), or holds no graph.
     """
     where = os.fspath(path)
+    data = read_regular(where, max_bytes=MAX_GRAPH_BYTES)
     try:
-        model = onnx.load(where, load_external_data=False)
-    except FileNotFoundError:
-        raise GenieBuildError(where, "file not found") from None
-    except OSError as exc:
-        raise GenieBuildError(where, f"cannot read: {exc.strerror or exc}") from None
+        model = onnx.load_model_from_string(data)
     except (ProtobufError, ValueError, RuntimeError) as exc:
         raise GenieBuildError(where, f"not a valid ONNX model (truncated or corrupt file?): {exc}") from None
     if not model.graph.node:
@@ -79,63 +89,241 @@ def load_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return model
 
 
-def check_external_data(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
-    """Check that every external initializer's bytes are where the graph says, with the right length.
+# ------------------------------------------------------------------------------------------- stored tensors
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A tensor the model stores, with where it sits in the model (for messages): ``what`` reads like
+    ``initializer 'w'`` or ``attribute 'value' of node 'c' (Constant)``, with the subgraph or function it is in."""
+
+    what: str
+    tensor: onnx.TensorProto
+    sparse: bool = False        # the values or indices of a sparse tensor
+    initializer: bool = False   # an initializer of the main graph (what a converter reads as a weight)
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[StoredTensor]:
+    """Every tensor a model stores, in a fixed order: the initializers and sparse initializers of the main graph,
+    then the tensors of each node's attributes (``Constant``'s ``value``, ``sparse_value``, ...) and of its
+    subgraphs (If/Loop/Scan bodies, at any depth), then those of the nodes of model-local functions, then those of
+    the training graphs (``training_info``, which inference never runs but a file can still point anywhere from).
+
+    Everything that can hold bytes -- inline or in an external file -- is here: a check or a copy that walks this
+    misses none of them.
+    """
+    yield from _graph_stored_tensors(model.graph, "", main=True)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_stored_tensors(node, f" in function {function.name!r}")
+    for index, training in enumerate(model.training_info):
+        for field_name in ("initialization", "algorithm"):
+            if training.HasField(field_name):
+                yield from _graph_stored_tensors(getattr(training, field_name),
+                                                 f" in training_info[{index}].{field_name}")
+
+
+def _graph_stored_tensors(graph: onnx.GraphProto, scope: str, main: bool = False) -> Iterator[StoredTensor]:
+    """A graph's initializers, sparse initializers and node tensors (recursing into subgraphs); ``scope`` says
+    where the graph sits, ``main`` that it is the model's own graph."""
+    for tensor in graph.initializer:
+        yield StoredTensor(f"initializer {tensor.name!r}{scope}", tensor, initializer=main)
+    for sparse in graph.sparse_initializer:
+        yield from _sparse_parts(f"sparse initializer {sparse.values.name!r}{scope}", sparse)
+    for node in graph.node:
+        yield from _node_stored_tensors(node, scope)
+
+
+def _node_stored_tensors(node: onnx.NodeProto, scope: str) -> Iterator[StoredTensor]:
+    """The tensors of a node's attributes, and of the subgraphs among them."""
+    label = f"node {(node.name or (node.output[0] if node.output else ''))!r} ({node.op_type})"
+    for attribute in node.attribute:
+        where = f"attribute {attribute.name!r} of {label}{scope}"
+        # by field, not by the declared type: a tensor filed under a wrong type is still stored
+        if attribute.HasField("t"):
+            yield StoredTensor(where, attribute.t)
+        yield from (StoredTensor(f"{where}[{index}]", tensor) for index, tensor in enumerate(attribute.tensors))
+        if attribute.HasField("sparse_tensor"):
+            yield from _sparse_parts(where, attribute.sparse_tensor)
+        for index, sparse in enumerate(attribute.sparse_tensors):
+            yield from _sparse_parts(f"{where}[{index}]", sparse)
+        if attribute.HasField("g"):
+            yield from _graph_stored_tensors(attribute.g, f" in the body {attribute.name!r} of {label}{scope}")
+        for index, graph in enumerate(attribute.graphs):
+            yield from _graph_stored_tensors(graph, f" in the body {attribute.name!r}[{index}] of {label}{scope}")
+
+
+def _sparse_parts(what: str, sparse: onnx.SparseTensorProto) -> Iterator[StoredTensor]:
+    yield StoredTensor(f"{what} (values)", sparse.values, sparse=True)
+    yield StoredTensor(f"{what} (indices)", sparse.indices, sparse=True)
+
+
+# ------------------------------------------------------------------------------------------- external data
+
+@dataclass(frozen=True)
+class ExternalData:
+    """Where an external tensor's bytes are: ``path`` as the model names it (its folder / ``location``),
+    ``real_path`` with every symlink resolved (checked to be a regular file inside the model's folder), and the
+    byte range."""
+
+    location: str
+    path: Path
+    real_path: Path
+    offset: int
+    length: int
+
+
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+def model_folders(model_path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The folders a model's external data may lie in: the folder the model is named in, and the folder its
+    file really is in (when it is a symlink, as in a Hugging Face hub cache or Snakemake's output cache) --
+    the rule onnxruntime applies too."""
+    named = Path(model_path).parent
+    return named, Path(os.path.realpath(model_path)).parent
+
+
+def external_data(stored: StoredTensor, model_path: str | os.PathLike[str]) -> ExternalData:
+    """Resolve an external tensor's bytes: the one place a ``location``/``offset``/``length`` is read.
+
+    ``location`` must be a relative path inside the model's folder (:func:`model_folders`) once symlinks are
+    resolved, naming a regular file; ``offset`` and ``length`` non-negative decimal integers (as onnx's
+    ``ExternalDataInfo`` requires) whose range lies within the file and holds exactly the bytes the tensor's
+    shape and type need.
+
+    Raises:
+        GenieBuildError: naming the model file, the tensor and the problem.
+    """
+    where = os.fspath(model_path)
+    info = {entry.key: entry.value for entry in stored.tensor.external_data}
+    location = info.get("location", "")
+    parts = PurePosixPath(location).parts
+    if not location or "\0" in location or PurePosixPath(location).is_absolute() or ".." in parts:
+        raise GenieBuildError(where, f"{stored.what}: external data location {location!r} must be a file name "
+                                     "relative to the model's folder")
+    numbers = {}
+    for key in ("offset", "length"):
+        if key in info and not _DECIMAL.fullmatch(info[key]):
+            raise GenieBuildError(where, f"{stored.what}: external data {key} {info[key]!r} is not a non-negative "
+                                         "integer")
+        numbers[key] = int(info[key]) if key in info else None
+    path = Path(where).parent / location
+    real = _resolve_data_file(stored, where, path, location)
+    size = real.stat().st_size
+    offset = numbers["offset"] or 0
+    length = size - offset if numbers["length"] is None else numbers["length"]
+    if offset + max(length, 0) > size or length < 0:
+        raise GenieBuildError(where, f"{stored.what}: offset {offset} + length {length} runs past the end of "
+                                     f"{path} ({size} bytes; truncated data file?)")
+    expected = _stored_nbytes(stored.tensor, where, stored.what)
+    if length != expected:
+        type_name = onnx.TensorProto.DataType.Name(stored.tensor.data_type)
+        raise GenieBuildError(where, f"{stored.what}: external length {length} in {path} but shape "
+                                     f"{list(stored.tensor.dims)} of {type_name} needs {expected} bytes")
+    return ExternalData(location=location, path=path, real_path=real, offset=offset, length=length)
+
+
+def _resolve_data_file(stored: StoredTensor, where: str, path: Path, location: str) -> Path:
+    """The real path of a data file, checked to be inside the model's folder and a regular file."""
+    try:
+        real = resolve_inside(path, model_folders(where))
+    except GenieBuildError as exc:
+        raise GenieBuildError(where, f"{stored.what}: external data file {location!r} {exc.problem}") from None
+    try:
+        status = real.stat()
+    except FileNotFoundError:
+        raise GenieBuildError(where, f"{stored.what}: external data file {path} not found (copy it next to the "
+                                     ".onnx file)") from None
+    except OSError as exc:
+        raise GenieBuildError(where, f"{stored.what}: external data file {path}: cannot read: "
+                                     f"{exc.strerror or exc}") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise GenieBuildError(where, f"{stored.what}: external data file {path} is not a regular file")
+    return real
+
+
+@contextlib.contextmanager
+def open_external_data(stored: StoredTensor, model_path: str | os.PathLike[str]
+                       ) -> Iterator[tuple[BinaryIO, ExternalData]]:
+    """Open an external tensor's data file (:func:`external_data`, then
+    :func:`genie_build.fileio.open_regular` inside the model's folder), positioned at the tensor's first byte.
+
+    Raises:
+        GenieBuildError: as :func:`external_data`, or the file cannot be opened.
+    """
+    ref = external_data(stored, model_path)
+    with open_regular(ref.path, inside=model_folders(model_path)) as handle:
+        handle.seek(ref.offset)
+        yield handle, ref
+
+
+def check_external_data(model: onnx.ModelProto, path: str | os.PathLike[str]) -> list[Path]:
+    """Check every tensor the model stores (:func:`model_tensors`: initializers, node attributes, subgraphs,
+    functions) before anything reads it: external data as :func:`external_data` resolves it, inline data holding
+    what its shape needs, no initializer name defined twice in one graph, and no sparse initializer (a split
+    part could not carry it).
 
     Args:
         model: the graph, loaded with :func:`load_graph`.
         path: the ``.onnx`` file it came from; data file locations are relative to its folder.
 
+    Returns:
+        The external data files, sorted, each once, as the model names them (the inputs of a job reading the
+        model's weights: a changed weight must rerun it even if the ``.onnx`` did not change).
+
     Raises:
-        GenieBuildError: a data file is missing or escapes the model's folder, or a tensor's
-            offset + length runs past the end of its file, or its length does not match its shape.
+        GenieBuildError: naming ``path`` and the tensor: a data file that is missing, not a regular file or
+            outside the model's folder, an offset or length that is not a non-negative integer or runs past the
+            file's end, a length or inline size that does not match the shape, a duplicate initializer, or a
+            sparse initializer.
     """
-    base = Path(path).parent
-    sizes: dict[Path, int] = {}
-    for tensor in model.graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = external_info(tensor, path)
-        data_file = base / info["location"]
-        if data_file not in sizes:
-            if not data_file.is_file():
-                raise GenieBuildError(path, f"initializer {tensor.name!r}: external data file {data_file} "
-                                            "not found (copy it next to the .onnx file)")
-            sizes[data_file] = data_file.stat().st_size
-        file_size = sizes[data_file]
-        offset = int(info.get("offset", 0))
-        length = int(info.get("length", file_size - offset))
-        if offset + length > file_size:
-            raise GenieBuildError(path, f"initializer {tensor.name!r}: offset {offset} + length {length} runs "
-                                        f"past the end of {data_file} ({file_size} bytes; truncated data file?)")
-        expected = _stored_nbytes(tensor)
-        if length != expected:
-            raise GenieBuildError(path, f"initializer {tensor.name!r}: external length {length} in {data_file} "
-                                        f"but shape {list(tensor.dims)} of "
-                                        f"{onnx.TensorProto.DataType.Name(tensor.data_type)} needs {expected} bytes")
+    where = os.fspath(path)
+    _check_unique_initializers(model, where)
+    files = set()
+    for stored in model_tensors(model):
+        if stored.sparse and stored.what.startswith("sparse initializer"):
+            raise GenieBuildError(where, f"{stored.what}: sparse initializers are not supported (a split part "
+                                         "could not carry it); store the tensor dense")
+        if stored.tensor.data_location == onnx.TensorProto.EXTERNAL:
+            files.add(external_data(stored, where).path)
+        else:
+            _check_inline_size(stored, where)
+    return sorted(files)
 
 
 def external_data_files(model: onnx.ModelProto, path: str | os.PathLike[str]) -> list[Path]:
-    """The external data files a graph's initializers live in (sorted, each once), for declaring them as
-    inputs of the jobs that read the graph: a changed weight must rerun them even if the ``.onnx`` did not change.
-
-    Raises:
-        GenieBuildError: a location is absolute or escapes the model's folder.
-    """
-    base = Path(path).parent
-    return sorted({base / external_info(tensor, path)["location"] for tensor in model.graph.initializer
-                   if tensor.data_location == onnx.TensorProto.EXTERNAL})
+    """The external data files a model's tensors live in (:func:`check_external_data`, which checks them)."""
+    return check_external_data(model, path)
 
 
-def external_info(tensor: onnx.TensorProto, path: str | os.PathLike[str]) -> dict[str, str]:
-    """An external initializer's ``location``/``offset``/``length`` entries, its location checked to be a file
-    name relative to the model's folder (raises GenieBuildError otherwise)."""
-    info = {entry.key: entry.value for entry in tensor.external_data}
-    location = info.get("location", "")
-    if not location or os.path.isabs(location) or ".." in Path(location).parts:
-        raise GenieBuildError(path, f"initializer {tensor.name!r}: external data location {location!r} must be "
-                                    "a file name relative to the model's folder")
-    return info
+def _check_unique_initializers(model: onnx.ModelProto, where: str) -> None:
+    for graph in graph_and_subgraphs(model.graph):
+        counts = Counter(tensor.name for tensor in graph.initializer)
+        counts.update(sparse.values.name for sparse in graph.sparse_initializer)
+        repeated = sorted(name for name, count in counts.items() if count > 1)
+        if repeated:
+            scope = "" if graph is model.graph else f" in subgraph {graph.name!r}"
+            raise GenieBuildError(where, f"initializer {repeated[0]!r}{scope} is defined {counts[repeated[0]]} "
+                                         f"times{f' (and {len(repeated) - 1} more names)' if len(repeated) > 1 else ''}"
+                                         "; every initializer needs its own name")
+
+
+def _check_inline_size(stored: StoredTensor, where: str) -> None:
+    """An inline tensor holds as many values as its shape says (raw bytes, or elements of its typed field)."""
+    tensor = stored.tensor
+    if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return
+    if tensor.HasField("raw_data"):
+        found, expected, unit = len(tensor.raw_data), _stored_nbytes(tensor, where, stored.what), "bytes"
+    else:
+        field_name = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+        count = math.prod(tensor.dims)
+        per_value = 2 if tensor.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128) else 1
+        expected = (count + 1) // 2 if tensor.data_type in _FOUR_BIT_TYPES else count * per_value
+        found, unit = len(getattr(tensor, field_name)), f"{field_name} values"
+    if found != expected:
+        raise GenieBuildError(where, f"{stored.what}: holds {found} {unit} but shape {list(tensor.dims)} of "
+                                     f"{onnx.TensorProto.DataType.Name(tensor.data_type)} needs {expected}")
 
 
 # ------------------------------------------------------------------------------------------- walking
@@ -204,19 +392,6 @@ def graph_and_subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     for node in graph.node:
         for subgraph in subgraphs(node):
             yield from graph_and_subgraphs(subgraph)
-
-
-def stored_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Initializers and attribute tensors of a graph and of every subgraph in it, in a fixed order."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
-                yield attribute.t
-            elif attribute.type == onnx.AttributeProto.TENSORS:
-                yield from attribute.tensors
-        for subgraph in subgraphs(node):
-            yield from stored_tensors(subgraph)
 
 
 def _graph_tensor_names(graph: onnx.GraphProto) -> Iterator[str]:
@@ -297,7 +472,9 @@ def _consumer_axes(node: onnx.NodeProto, sources: Mapping[str, tuple[str, bool]]
 def initializer_specs(model: onnx.ModelProto) -> dict[str, InitializerSpec]:
     """Name, shape, dtype and stored size of every initializer, read from the graph only."""
     return {tensor.name: InitializerSpec(name=tensor.name, shape=tuple(tensor.dims),
-                                         dtype=_dtype_name(tensor.data_type), nbytes=_stored_nbytes(tensor))
+                                         dtype=_dtype_name(tensor.data_type),
+                                         nbytes=0 if tensor.data_type == onnx.TensorProto.STRING
+                                         else _stored_nbytes(tensor))
             for tensor in model.graph.initializer}
 
 
@@ -342,26 +519,40 @@ def _dtype_name(data_type: int) -> str:
     return onnx.helper.tensor_dtype_to_np_dtype(data_type).name
 
 
-def _stored_nbytes(tensor: onnx.TensorProto) -> int:
+def _stored_nbytes(tensor: onnx.TensorProto, where: str | os.PathLike[str] = "", what: str = "") -> int:
+    """Bytes of a tensor's data as stored (4-bit types packed two per byte).
+
+    Raises:
+        GenieBuildError: (naming ``where`` and ``what``) a type without a fixed element size (string, undefined).
+    """
     count = math.prod(tensor.dims)
     if tensor.data_type in _FOUR_BIT_TYPES:
         return (count + 1) // 2
+    if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        raise GenieBuildError(where, f"{what or repr(tensor.name)}: a tensor of type "
+                                     f"{onnx.TensorProto.DataType.Name(tensor.data_type)} has no fixed size to store")
     return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 # ------------------------------------------------------------------------------------------- sharing
 
 def check_model(prompt_path: str, token_path: str, out: str | os.PathLike[str]) -> dict:
-    """The check-model stage: both graphs' weights are all there (:func:`check_external_data`) and the shared
-    ones agree (:func:`check_shared_initializers`); writes and returns a summary of what they share.
+    """The check-model stage: both graphs' weights are all there (:func:`check_external_data`), every float weight
+    is finite, and the shared ones agree (:func:`check_shared_initializers`, one pass over the weights for
+    both); writes and returns a summary of what they share.
 
     Raises:
-        GenieBuildError: a weight file is missing or short, or a shared weight differs.
+        GenieBuildError: a weight file is missing or short, a float weight holds NaN or infinity (naming the
+            graph file, the tensor and the value), or a shared weight differs.
     """
     graphs = {"prompt": load_graph(prompt_path), "token": load_graph(token_path)}
     check_external_data(graphs["prompt"], prompt_path)
     check_external_data(graphs["token"], token_path)
-    check_shared_initializers(prompt_path, token_path)
+    check_shared_initializers(prompt_path, token_path, check_values=True)
+    for kind, path in (("prompt", prompt_path), ("token", token_path)):
+        for stored in model_tensors(graphs[kind]):
+            if not stored.initializer and not stored.sparse:
+                scan_tensor(stored, path, finite=True)
     specs = {kind: initializer_specs(model) for kind, model in graphs.items()}
     shared = sorted(set(specs["prompt"]) & set(specs["token"]))
     summary = {"prompt": prompt_path, "token": token_path, "shared_initializers": len(shared),
@@ -370,25 +561,35 @@ def check_model(prompt_path: str, token_path: str, out: str | os.PathLike[str]) 
     return summary
 
 
-
-def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str]) -> None:
+def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str], *,
+                              check_values: bool = False) -> None:
     """Check that initializers with the same name in both graphs are the same tensor: shape, dtype and value.
 
     Weight sharing between the prompt and token graphs keys on names, and some exporters reuse a name for
     different constants in the two graphs; values are compared by a streamed sha256 of each tensor's
     bytes, so memory stays bounded by one copy chunk. Run :func:`check_external_data` on both first.
 
+    Args:
+        check_values: also require every float initializer of both graphs to be finite, in the same pass.
+
     Raises:
-        GenieBuildError: naming both files, the tensor(s) and what differs.
+        GenieBuildError: naming both files, the tensor(s) and what differs; or (``check_values``) naming the
+            graph file, the first non-finite weight and its value.
     """
     prompt, token = load_graph(prompt_path), load_graph(token_path)
+    shared = {t.name for t in prompt.graph.initializer} & {t.name for t in token.graph.initializer}
+    digests = {kind: {tensor.name: digest for tensor in model.graph.initializer
+                      if (digest := scan_tensor(tensor, path, digest=tensor.name in shared,
+                                                finite=check_values)) is not None}
+               for kind, model, path in (("prompt", prompt, prompt_path), ("token", token, token_path))}
     prompt_tensors = {tensor.name: tensor for tensor in prompt.graph.initializer}
     differences = []
     for tensor in token.graph.initializer:
         other = prompt_tensors.get(tensor.name)
         if other is None:
             continue
-        difference = _tensor_difference(other, prompt_path, tensor, token_path)
+        difference = _tensor_difference(other, tensor, digests["prompt"].get(tensor.name),
+                                        digests["token"].get(tensor.name))
         if difference:
             differences.append(f"{tensor.name!r} {difference}")
     if differences:
@@ -400,35 +601,109 @@ def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: s
                                           "(export both with the same exporter settings)")
 
 
-def _tensor_difference(prompt: onnx.TensorProto, prompt_path: str | os.PathLike[str],
-                       token: onnx.TensorProto, token_path: str | os.PathLike[str]) -> str | None:
+def _tensor_difference(prompt: onnx.TensorProto, token: onnx.TensorProto, prompt_digest: str | None,
+                       token_digest: str | None) -> str | None:
     """How two same-named tensors differ (prompt value first), or None when they are identical."""
     if list(prompt.dims) != list(token.dims):
         return f"has shape {list(prompt.dims)} in the prompt graph but {list(token.dims)} in the token graph"
     if prompt.data_type != token.data_type:
         return (f"has dtype {_dtype_name(prompt.data_type)} in the prompt graph "
                 f"but {_dtype_name(token.data_type)} in the token graph")
-    if tensor_sha256(prompt, prompt_path) != tensor_sha256(token, token_path):
+    if prompt_digest != token_digest:
         return f"has the same shape {list(prompt.dims)} and dtype but different values"
     return None
 
 
-def tensor_sha256(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> str:
-    """sha256 of a tensor's little-endian element bytes, wherever they are stored.
+# Float element types a weight may hold NaN or infinity in.
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                         onnx.TensorProto.BFLOAT16})
 
-    External data is streamed from its file in chunks; inline data is hashed from the protobuf.
+
+def tensor_sha256(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> str:
+    """sha256 of a tensor's little-endian element bytes, wherever they are stored (:func:`scan_tensor`)."""
+    return scan_tensor(tensor, model_path, digest=True)
+
+
+def scan_tensor(tensor: onnx.TensorProto | StoredTensor, model_path: str | os.PathLike[str], *,
+                digest: bool = False, finite: bool = False) -> str | None:
+    """Stream a tensor's element bytes once: hash them, and/or require a float tensor to be finite.
+
+    External data is streamed from its file in chunks (:func:`open_external_data`); inline data is read from
+    the protobuf. Memory stays bounded by one copy chunk.
+
+    Returns:
+        The sha256 of the bytes when ``digest``, else None.
+
+    Raises:
+        GenieBuildError: (``finite``) naming ``model_path``, the tensor, the first non-finite value and its index;
+            or the external data cannot be read.
     """
-    sink = HashingWriter(hashlib.sha256())
+    stored = tensor if isinstance(tensor, StoredTensor) else StoredTensor(f"initializer {tensor.name!r}", tensor)
+    tensor = stored.tensor
+    checker = _FiniteChecker(tensor) if finite and tensor.data_type in FLOAT_TYPES else None
+    if not digest and checker is None:
+        return None
+    sink = HashingWriter(hashlib.sha256(), checker)
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        info = external_info(tensor, model_path)
-        with open(Path(model_path).parent / info["location"], "rb") as source:
-            copy_range(source, sink, int(info.get("offset", 0)), int(info.get("length", _stored_nbytes(tensor))))
+        with open_external_data(stored, model_path) as (source, ref):
+            copy_range(source, sink, ref.offset, ref.length)
     elif tensor.HasField("raw_data"):
         sink.write(tensor.raw_data)
     else:
         # Typed fields (float_data, int64_data, ...) decode to the same bytes raw_data would hold.
         sink.write(numpy_helper.to_array(tensor).tobytes())
-    return sink.digest.hexdigest()
+    if checker is not None:
+        checker.require_finite(model_path, stored.what)
+    return sink.digest.hexdigest() if digest else None
+
+
+class _FiniteChecker:
+    """A write-only sink that reads the float values streaming through it and remembers the first that is NaN or
+    infinite (chunks may end inside a value: the rest is carried to the next write)."""
+
+    def __init__(self, tensor: onnx.TensorProto) -> None:
+        self.tensor = tensor
+        self.dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+        self.carry = b""
+        self.seen = 0
+        self.first: tuple[int, float] | None = None
+
+    def write(self, data: bytes) -> int:
+        """Look at the whole values in ``data`` (with what the last write left over); always takes all of it."""
+        if self.first is None:
+            buffer = memoryview(self.carry + bytes(data) if self.carry else data).cast("B")
+            usable = len(buffer) - len(buffer) % self.dtype.itemsize
+            values = np.frombuffer(buffer[:usable], dtype=self.dtype)
+            bad = np.flatnonzero(~np.isfinite(values))
+            if bad.size:
+                self.first = (self.seen + int(bad[0]), float(values[bad[0]]))
+            self.seen += values.size
+            self.carry = bytes(buffer[usable:])
+        return len(data)
+
+    def require_finite(self, model_path: str | os.PathLike[str], what: str) -> None:
+        if self.first is not None:
+            raise GenieBuildError(model_path, _nonfinite_problem(what, *self.first, tuple(self.tensor.dims)))
+
+
+def require_finite(values: np.ndarray, what: str, where: str | os.PathLike[str]) -> None:
+    """Require a float array to hold no NaN or infinity (other arrays pass).
+
+    Raises:
+        GenieBuildError: naming ``where``, ``what`` (the tensor), the first bad value and its index.
+    """
+    if not (np.issubdtype(values.dtype, np.floating) or values.dtype.kind == "V"):
+        return
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise GenieBuildError(where, _nonfinite_problem(what, int(bad[0]), float(values.reshape(-1)[bad[0]]),
+                                                        values.shape))
+
+
+def _nonfinite_problem(what: str, index: int, value: float, shape: tuple[int, ...]) -> str:
+    position = [int(i) for i in np.unravel_index(index, shape)] if shape else []
+    return (f"{what} holds {value} at index {position} (shape {[int(d) for d in shape]}): every float weight "
+            "must be finite")
 
 
 def ar_and_context_length(model: onnx.ModelProto) -> tuple[int, int] | None:

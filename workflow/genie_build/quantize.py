@@ -42,12 +42,13 @@ from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS
                                      rope_tables)
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, read_json
-from genie_build.genie_config import head_dim, read_rope
-from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph
+from genie_build.fileio import atomic_open, read_json, read_text
+from genie_build.genie_config import head_dim, load_tokenizer, read_rope
+from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
+from genie_build.toolchains.reference.onnx_io import load_external_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ ACTIVATION_TYPE = "int16"
 HTP_CONFIG = "htp_v79"
 WEIGHT_OP_TYPES = ("Gemm", "MatMul", "Conv")
 AIMET_OUTPUT_SUFFIX = "_updated"
+MAX_CORPUS_BYTES = 1024**3   # calibration needs a few windows of text; a larger file is a mistake
 _PASS_THROUGH = ("Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
 
 ForwardPass = Callable[[Any], None]   # runs calibration feeds through an onnxruntime session
@@ -307,23 +309,15 @@ def _feed_shape(model: onnx.ModelProto, dims: Mapping[str, tuple[int, ...]], hf_
 
 
 def corpus_token_ids(corpus_path: str | Path, tokenizer_path: str | Path, vocab: int) -> np.ndarray:
-    """The corpus as token ids of the model's tokenizer (Hugging Face ``tokenizers``).
+    """The corpus as token ids of the model's tokenizer (Hugging Face ``tokenizers``); both files read as regular
+    files of bounded size.
 
     Raises:
-        GenieBuildError: a file is missing or unreadable, the corpus has no tokens, or an id is outside the
-            model's vocabulary.
+        GenieBuildError: a file is missing, unreadable or too large, the corpus has no tokens, or an id is outside
+            the model's vocabulary.
     """
-    from tokenizers import Tokenizer
-
-    try:
-        text = Path(corpus_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GenieBuildError(corpus_path, f"cannot read the calibration text: {exc}") from None
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    except Exception as exc:  # tokenizers raises its own Exception subclass for every problem
-        raise GenieBuildError(tokenizer_path, f"not a tokenizers tokenizer.json: {exc}") from None
-    ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+    text = read_text(corpus_path, max_bytes=MAX_CORPUS_BYTES)
+    ids = np.asarray(load_tokenizer(tokenizer_path).encode(text, add_special_tokens=False).ids, dtype=np.int64)
     if ids.size == 0:
         raise GenieBuildError(corpus_path, "the calibration text gives no tokens")
     if ids.max() >= vocab:
@@ -453,7 +447,9 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     require_aimet("calibrate-unit")  # after the inputs are read: importing aimet-onnx takes seconds, a bad input not
     logger.info("unit %s: %s of part %s, %d windows of %d tokens", label, "+".join(unit.pieces), unit.part,
                 num_samples, ar)
-    onnx.external_data_helper.load_external_data_for_model(model, str(part_path.parent))
+    for stored in model_tensors(model):   # read through the resolver: onnx's loader refuses a symlinked data file
+        if stored.tensor.data_location == onnx.TensorProto.EXTERNAL:
+            load_external_bytes(stored, part_path)
     _check_float32(model, part_path)
     collected: list[np.ndarray] = []
     forward_pass = text_forward_pass(shape, ids, num_samples, boundary_in=streamed, collect=unit.output_boundary,

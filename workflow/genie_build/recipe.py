@@ -9,15 +9,15 @@ import fnmatch
 import os
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Literal
 
 import jsonschema
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, read_schema
+from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_BYTES, read_schema
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_text
 from genie_build.weight_inventory import Weight
 
 _BLOCKED = ("per_block", "lpbq")
@@ -73,10 +73,9 @@ def read_recipe(path: str | os.PathLike[str]) -> Recipe:
     Raises:
         GenieBuildError: the file is unreadable, has no ``recipe``, or a field is invalid (named).
     """
+    text = read_text(path, max_bytes=MAX_CONFIG_BYTES)
     try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise GenieBuildError(path, f"cannot read: {exc.strerror or exc}") from None
+        document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise GenieBuildError(path, f"not valid YAML: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("recipe"), dict):

@@ -29,10 +29,9 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
 from tokenizers import Tokenizer
 
-from genie_build.check_bundle import require_valid_bundle
+from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
                                      graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
@@ -42,6 +41,7 @@ from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
+from genie_build.toolchains.reference.onnx_io import read_initializer
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
@@ -150,12 +150,13 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     """
     bundle = Path(bundle_dir)
     require_valid_bundle(bundle)
-    dialog = read_json(bundle / GENIE_CONFIG_NAME)["dialog"]
+    # checked above; read as the checker reads them all the same: regular files inside the bundle, bounded
+    dialog = read_json(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     engine = dialog["engine"]
     rope = _host_rope(engine, bundle / GENIE_CONFIG_NAME)
-    parts = (read_graphs(bundle / name) for name in engine["model"]["binary"]["ctx-bins"])
+    parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
     return LoadedBundle(runner=make_runner(parts, **rope),
-                        tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"]),
+                        tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
 
 
@@ -263,17 +264,17 @@ def converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[
     for path in graphs:
         model = load_graph(path)
         check_external_data(model, path)
-        onnx.external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         match = PART_SUFFIX.search(model.graph.name)
         if match is None:
             raise GenieBuildError(path, f"graph name {model.graph.name!r} does not say which part it is")
-        parts.setdefault(match.group(0), {})[model.graph.name] = _as_container_graph(model)
+        parts.setdefault(match.group(0), {})[model.graph.name] = _as_container_graph(model, path)
     return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
 
 
-def _as_container_graph(model: onnx.ModelProto) -> ContainerGraph:
-    """A loaded graph as :func:`read_graphs` gives one: its initializers' values apart from the model."""
-    weights = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+def _as_container_graph(model: onnx.ModelProto, path: str | os.PathLike[str]) -> ContainerGraph:
+    """A graph as :func:`read_graphs` gives one: its initializers' values (read inside its folder, as a
+    Snakemake cache's symlinked outputs are too) apart from the model."""
+    weights = {tensor.name: read_initializer(tensor, path) for tensor in model.graph.initializer}
     for tensor in model.graph.initializer:
         for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
                       "string_data", "external_data"):
@@ -286,7 +287,7 @@ def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mappin
                       prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
-    dialog = read_json(config_path)["dialog"]
+    dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     runner = make_runner(parts, **_host_rope(dialog["engine"], config_path))
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])

@@ -38,14 +38,16 @@ import onnx
 from genie_build import __version__
 from genie_build.conventions import GRAPH_KINDS, graph_name, part_file_name
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import HashingWriter, atomic_directory, copy_range
-from genie_build.onnx_graph import (ar_and_context_length, check_external_data, graph_io, load_graph, stored_tensors,
-                                    subgraphs)
+from genie_build.fileio import HashingWriter, atomic_directory, copy_range, open_regular
+from genie_build.onnx_graph import (ar_and_context_length, check_external_data, external_data, graph_io, load_graph,
+                                    model_folders, model_tensors, subgraphs)
 from genie_build.plan_file import PartPlan, Plan
 
 logger = logging.getLogger(__name__)
 
 DATA_ALIGNMENT = 4096
+# External tensors smaller than this go inline into the part (onnx.save's default size_threshold).
+INLINE_MAX_BYTES = 1024
 # ONNX external data: "checksum (optional) - SHA1 digest of file specified in under 'location' key" (onnx/IR.md)
 CHECKSUM_KEY = "checksum"
 
@@ -95,9 +97,9 @@ def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -
     for part, spec in zip(plan.parts, specs):
         part_model = build_part(model, spec, _part_graph_name(model, graph_kind, part, plan.num_parts))
         onnx_path = out_dir / _part_file(spec)
-        copy_external_data(part_model, model_path.parent, onnx_path.with_name(onnx_path.name + ".data"))
+        copy_external_data(part_model, model_path, onnx_path.with_name(onnx_path.name + ".data"))
         onnx_path.write_bytes(part_model.SerializeToString(deterministic=True))
-        check_part(onnx_path)
+        check_part(onnx_path, model_path)
         logger.info("%s: %d nodes, inputs %s, %d outputs", onnx_path.name, len(spec.node_indices),
                     list(spec.inputs), len(spec.outputs))
 
@@ -336,37 +338,48 @@ def _used_functions(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list
     return [f for f in model.functions if (f.domain, f.name) in used]
 
 
-def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path) -> None:
+def copy_external_data(part: onnx.ModelProto, source_path: Path, data_path: Path) -> None:
     """Copy the part's external tensors into ``data_path`` and point them at it.
 
-    Each tensor starts at a multiple of :data:`DATA_ALIGNMENT`; ``location`` is the data file's name
-    (relative, beside the part). Every external tensor also gets the data file's SHA-1 as ``checksum`` (the
-    ONNX external-data key for it), so the part's ``.onnx`` changes whenever its weights do: the workflow's
-    jobs depend on the ``.onnx`` alone and Snakemake never hashes the weights again. The file is written even
-    when no tensor is external, so every part has the same two files.
+    Every tensor the part stores is copied (:func:`genie_build.onnx_graph.model_tensors`: initializers, node
+    attributes such as ``Constant``'s value, subgraphs, functions), its source range resolved and checked by
+    :func:`genie_build.onnx_graph.external_data`. Each tensor starts at a multiple of :data:`DATA_ALIGNMENT`;
+    ``location`` is the data file's name (relative, beside the part). Every external tensor also gets the data
+    file's SHA-1 as ``checksum`` (the ONNX external-data key for it), so the part's ``.onnx`` changes whenever its
+    weights do: the workflow's jobs depend on the ``.onnx`` alone and Snakemake never hashes the weights again. The
+    file is written even when no tensor is external, so every part has the same two files.
+
+    Tensors under :data:`INLINE_MAX_BYTES` are moved into the part instead, as onnx's own writer keeps them: shape
+    inference (the part's check, a converter's) reads Reshape shapes and other small constants only from the graph.
 
     Raises:
-        GenieBuildError: a source data file is missing or shorter than a tensor says.
+        GenieBuildError: naming the source model and the tensor: a data file missing, outside the model's folder,
+            not a regular file, or shorter than a tensor says.
     """
     external = []
     with open(data_path, "wb") as out, contextlib.ExitStack() as stack:
         dst = HashingWriter(hashlib.sha1(), out)
-        sources: dict[str, BinaryIO] = {}
-        for tensor in stored_tensors(part.graph):
+        sources: dict[Path, BinaryIO] = {}
+        for stored in model_tensors(part):
+            tensor = stored.tensor
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 continue
-            info = {entry.key: entry.value for entry in tensor.external_data}
-            location = info.get("location", "")
-            if location not in sources:
-                sources[location] = stack.enter_context(_open_source(source_dir, location, tensor.name))
-            src = sources[location]
-            offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else os.fstat(src.fileno()).st_size - offset
+            ref = external_data(stored, source_path)
+            if ref.real_path not in sources:
+                sources[ref.real_path] = stack.enter_context(open_regular(ref.path,
+                                                                          inside=model_folders(source_path)))
+            src = sources[ref.real_path]
+            if ref.length < INLINE_MAX_BYTES:
+                src.seek(ref.offset)
+                tensor.raw_data = src.read(ref.length)
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+                continue
             dst.write(b"\0" * (-dst.tell() % DATA_ALIGNMENT))
             start = dst.tell()
-            copy_range(src, dst, offset, length)
+            copy_range(src, dst, ref.offset, ref.length)
             del tensor.external_data[:]
-            for key, value in (("location", data_path.name), ("offset", str(start)), ("length", str(length))):
+            for key, value in (("location", data_path.name), ("offset", str(start)), ("length", str(ref.length))):
                 tensor.external_data.add(key=key, value=value)
             external.append(tensor)
     checksum = dst.digest.hexdigest()
@@ -374,25 +387,20 @@ def copy_external_data(part: onnx.ModelProto, source_dir: Path, data_path: Path)
         tensor.external_data.add(key=CHECKSUM_KEY, value=checksum)
 
 
-def _open_source(source_dir: Path, location: str, tensor_name: str) -> BinaryIO:
-    path = source_dir / location
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise GenieBuildError(path, f"cannot read external data of tensor {tensor_name!r}: "
-                                    f"{exc.strerror or exc}") from None
-
-
-def check_part(onnx_path: Path) -> None:
+def check_part(onnx_path: Path, source_path: Path | None = None) -> None:
     """Run the ONNX checker with shape inference on a written part (reads the graph, not the weights).
 
     Raises:
-        GenieBuildError: the part is not a valid model.
+        GenieBuildError: the part is not a valid model; naming ``source_path`` (the user's model the part was cut
+            from, where the fault is) and the part, when given.
     """
     try:
         onnx.checker.check_model(onnx_path, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise GenieBuildError(onnx_path.name, f"invalid part: {exc}") from None
+        if source_path is None:
+            raise GenieBuildError(onnx_path.name, f"invalid part: {exc}") from None
+        raise GenieBuildError(source_path, f"part {onnx_path.stem.removeprefix('part_')} cut from it is not a valid "
+                                           f"ONNX model: {exc}") from None
 
 
 def _part_graph_name(model: onnx.ModelProto, kind: str, part: PartPlan, num_parts: int) -> str:

@@ -24,7 +24,7 @@ import onnxruntime as ort
 from genie_build.conventions import INPUT_IDS, find_parts
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
-from genie_build.onnx_graph import graph_io, load_graph
+from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 
 logger = logging.getLogger(__name__)
@@ -171,6 +171,8 @@ def verify_split(model_path: str | os.PathLike[str], parts_dir: str | os.PathLik
             differs.
     """
     parts = list(find_parts(Path(parts_dir)).values())
+    # onnxruntime reads the full graph's weights itself: check them our way first (inside its folder, ranges sane)
+    check_external_data(load_graph(model_path), model_path)
     report = verify_chain(model_path, parts, build_feed(model_path, vocab=vocab, seed=seed))
     write_json(out, report.to_dict())
     logger.info("%s: %d outputs bit-exact over %d parts", model_path, len(report.outputs), len(parts))

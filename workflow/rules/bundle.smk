@@ -40,6 +40,9 @@ rule assemble_bundle:
         " --chipset {params.chipset:q} --context-size {params.context_size} --config-json {params.config_used:q} > {log:q} 2>&1"
 
 
+# The bundle job checks the bundle before it publishes it; this job records the check (warnings too) and verifies the
+# manifest's hashes. A bundle that fails here is moved aside (--withdraw), so it does not look finished and a rerun
+# builds it again.
 rule check_bundle:
     input:
         manifest=BUNDLE,
@@ -56,7 +59,7 @@ rule check_bundle:
         f"{OUT}/benchmarks/check_bundle.tsv"
     shell:
         "{params.python} -m genie_build check-bundle {params.bundle_dir:q} --hf-config {input.hf_config:q} --chipset {params.chipset:q}"
-        " --out {output:q} > {log:q} 2>&1"
+        " --withdraw --out {output:q} > {log:q} 2>&1"
 
 
 # Host run (reference toolchain only): the bundle generates text on the CPU, and its greedy tokens must equal those of

@@ -103,7 +103,8 @@ def _user_encodings(graph):
 
 
 def _read_user_graph(graph):
-    """A user's graph at parse time (structure only, no weights): its external data files and (AR, CL)."""
+    """A user's graph at parse time (structure only, no weights): its external data files, every stored tensor checked
+    before any job (onnx_graph.check_external_data: inside the model's folder, regular files, ranges), and (AR, CL)."""
     path = SOURCE[f"{graph}_onnx"]
     try:
         model = onnx_graph.load_graph(path)

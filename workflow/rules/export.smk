@@ -54,12 +54,14 @@ rule export_part:
         " > {log:q} 2>&1"
 
 
-# Genie's IO contract on the model the parts make together (their IO less what passes between them); the bundle
-# waits for it. Structure only.
+# Genie's IO contract on the model the parts make together (their IO less what passes between them), and the model,
+# tokenizer and config.json against each other; the bundle waits for it. Structure only.
 rule check_contract:
     input:
         prompt=part_files(f"{EXPORTED}/prompt.onnx"),
         token=part_files(f"{EXPORTED}/token.onnx"),
+        tokenizer=SOURCE["tokenizer"],
+        hf_config=SOURCE["hf_config"],
     output:
         f"{OUT}/contract_check.json",
     params:
@@ -71,7 +73,8 @@ rule check_contract:
         f"{OUT}/benchmarks/check_contract.tsv"
     shell:
         "{params.python} -m genie_build check-contract --prompt {input.prompt:q} --token {input.token:q}"
-        " --checks-json {params.checks:q} --out {output:q} > {log:q} 2>&1"
+        " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --checks-json {params.checks:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 # Each part's graph against the checkpoint's transformers modules, the parts chained on one feed: memory holds one

@@ -1,13 +1,16 @@
 # Plan the cut points, split both graphs with bounded memory, and check that the chained parts equal the full graph.
 
-# Genie's IO contract, before any split or convert job (the plan waits for it). It reads the graphs' structure
-# only: the .onnx files are its inputs, not the weights, so a weights-only change does not rerun it and Snakemake
-# hashes no weights for it; its report has the same bytes for the same result, so a rerun that finds the same
-# does not rerun the plan. With bundle.enabled false it records the violations instead of failing.
+# Genie's IO contract, and the graphs, tokenizer and config.json against each other, before any split or convert
+# job (the plan waits for it). It reads the graphs' structure only: the .onnx files are its inputs, not the weights,
+# so a weights-only change does not rerun it and Snakemake hashes no weights for it; its report has the same bytes
+# for the same result, so a rerun that finds the same does not rerun the plan. With bundle.enabled false it records
+# the violations instead of failing.
 rule check_contract:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
+        tokenizer=SOURCE["tokenizer"],
+        hf_config=SOURCE["hf_config"],
     output:
         f"{OUT}/contract_check.json",
     params:
@@ -20,7 +23,7 @@ rule check_contract:
         f"{OUT}/benchmarks/check_contract.tsv"
     shell:
         "{params.python} -m genie_build check-contract --prompt {input.prompt:q} --token {input.token:q}"
-        " --checks-json {params.checks:q}"
+        " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --checks-json {params.checks:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
+from genie_build.bundle import withdraw_bundle
 from genie_build.check_bundle import RULES, check_bundle
 from genie_build.fileio import write_json
 
@@ -17,6 +18,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                                           "and dsp_arch against it)")
     parser.add_argument("--out", metavar="FILE", help="also write the findings as JSON (written only when the "
                                                       "bundle passes, so a failed check leaves no report behind)")
+    parser.add_argument("--withdraw", action="store_true",
+                        help="on any error, move the bundle aside to DIR.rejected so that it does not look finished "
+                             "(the workflow's check: a rerun builds the bundle again)")
     return parser
 
 
@@ -28,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     errors = sum(f.severity == "error" for f in findings)
     print(f"{args.bundle}: {errors} errors, {len(findings) - errors} warnings")
     if errors:
+        if args.withdraw:
+            print(f"{args.bundle}: moved aside to {withdraw_bundle(args.bundle)}")
         return 1
     if args.out:
         write_json(args.out, {"bundle": str(args.bundle), "rules_checked": sorted(RULES), "errors": 0,

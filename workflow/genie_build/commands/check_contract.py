@@ -1,7 +1,7 @@
 """``check-contract``: the prompt and token graphs follow Genie's IO contract (names, ranks, shapes and dtypes
 of input_ids, attention_mask, position_ids_cos/_sin, the KV cache and logits; AR and CL read as Genie reads
-them, agreeing between the graphs and with the config). Reads the graphs' structure only, never their weights,
-and reports every violation at once."""
+them, agreeing between the graphs and with the config), and agree with the model's tokenizer and config.json.
+Reads the graphs' structure only, never their weights, and reports every violation at once."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--checks-json", metavar="JSON",
                         help='the four options above as one JSON object (the workflow passes it), e.g. '
                              '\'{"expect_ar": 32, "expect_context": 256, "context_size": null, "report_only": false}\'')
+    parser.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer.json (with --hf-config: checked "
+                                                           "against the graphs and config.json)")
+    parser.add_argument("--hf-config", metavar="FILE", help="the model's config.json (with --tokenizer)")
     parser.add_argument("--out", required=True, help="JSON summary, written when the check passes")
     return parser
 
@@ -34,8 +37,12 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     if args.checks_json is not None:
         vars(args).update(_checks(args.checks_json))
+    if (args.tokenizer is None) != (args.hf_config is None):
+        raise GenieBuildError("--tokenizer" if args.tokenizer is None else "--hf-config",
+                              "give the tokenizer and config.json together")
     check_contract(args.prompt, args.token, args.out, expect_ar=args.expect_ar, expect_context=args.expect_context,
-                   context_size=args.context_size, report_only=args.report_only)
+                   context_size=args.context_size, report_only=args.report_only, tokenizer=args.tokenizer,
+                   hf_config=args.hf_config)
     return 0
 
 

@@ -26,7 +26,7 @@ import onnx
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.onnx_graph import load_graph, stored_tensors
+from genie_build.onnx_graph import external_data, load_graph, model_tensors
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
 from genie_build.toolchains.context_binary_json import CONTEXT_BINARY_UTILITY, binary_info_from_utility_json
 
@@ -232,23 +232,25 @@ def stage_onnx_as_graph(onnx_path: Path, graph_name: str, staging: Path) -> Path
     source = require_file(onnx_path)
     staged = staging / f"{check_graph_name(graph_name)}.onnx"
     shutil.copyfile(source, staged)
-    for location in sorted(external_data_locations(source)):
+    for location, data_file in sorted(external_data_locations(source).items()):
         target = staging / location
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(require_file(source.parent / location), target)
+        shutil.copyfile(data_file, target)
     return staged
 
 
-def external_data_locations(onnx_path: Path) -> set[str]:
-    """Relative paths of the external data files an ONNX model refers to (read without loading the data).
+def external_data_locations(onnx_path: Path) -> dict[str, Path]:
+    """The external data files an ONNX model refers to, by ``location`` (read without loading the data): each
+    resolved and checked by :func:`genie_build.onnx_graph.external_data` (inside the model's folder, a regular
+    file, every tensor's range within it).
 
     Raises:
-        GenieBuildError: the file is not a readable ONNX model.
+        GenieBuildError: the file is not a readable ONNX model, or a tensor's external data is not as it says.
     """
     model = load_graph(onnx_path)
-    return {entry.value for tensor in stored_tensors(model.graph)
-            if tensor.data_location == onnx.TensorProto.EXTERNAL
-            for entry in tensor.external_data if entry.key == "location"}
+    return {ref.location: ref.real_path for stored in model_tensors(model)
+            if stored.tensor.data_location == onnx.TensorProto.EXTERNAL
+            for ref in [external_data(stored, onnx_path)]}
 
 
 def graph_inputs(onnx_path: Path) -> list[tuple[str, str]]:

@@ -22,17 +22,18 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import onnx
+from google.protobuf.message import Error as ProtobufError
 
 from genie_build import __version__
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, copy_range
+from genie_build.fileio import atomic_open, copy_range, open_regular
 from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, load_graph
 from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
@@ -290,33 +291,48 @@ class ContainerGraph:
     weights: dict[str, np.ndarray]
 
 
-def read_graphs(path: str | os.PathLike[str]) -> dict[str, ContainerGraph]:
+def read_graphs(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLike[str]] | None = None
+                ) -> dict[str, ContainerGraph]:
     """Every graph of a container, by name, with its weights decoded once per weight-table entry: memory holds
     the weights once, unpacked to their dtype, and no serialized copy of them.
+
+    Args:
+        inside: read the file only if it lies inside one of these folders (a bundle's), symlinks resolved.
 
     Raises:
         GenieBuildError: the file is not a reference container, or is truncated or inconsistent.
     """
-    layout = read_layout(path)
+    layout = read_layout(path, inside=inside)
     decoded: dict[int, np.ndarray] = {}  # by index in the weight table
     graphs = {}
-    with open(path, "rb") as handle:
+    with open_regular(path, inside=inside) as handle:
         for graph in layout.header["graphs"]:
-            handle.seek(layout.graph_section_start + graph["structure_offset"])
-            model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
-            indices = {entry.name: index for index, entry in enumerate(layout.weights) if graph["name"] in entry.graphs}
-            entries = {name: layout.weights[index] for name, index in indices.items()}
-            weights = {}
-            for tensor in model.graph.initializer:
-                if tensor.name not in entries:
-                    raise GenieBuildError(path, f"graph {graph['name']!r}: initializer {tensor.name!r} is missing "
-                                                "from the weight table")
-                index = indices[tensor.name]
-                if index not in decoded:
-                    decoded[index] = _decode(handle, layout, entries, tensor.name)
-                weights[tensor.name] = decoded[index]
-            graphs[graph["name"]] = ContainerGraph(model=model, weights=weights)
+            try:
+                graphs[graph["name"]] = _read_graph(handle, layout, graph, decoded, path)
+            except (ProtobufError, KeyError, TypeError, ValueError) as exc:  # a header that lies about a record
+                raise GenieBuildError(path, f"graph {graph.get('name')!r} does not decode as its header says: "
+                                            f"{exc!r}") from None
     return graphs
+
+
+def _read_graph(handle: BinaryIO, layout: Layout, graph: dict, decoded: dict[int, np.ndarray],
+                path: str | os.PathLike[str]) -> ContainerGraph:
+    """One graph of :func:`read_graphs`: its structure, and its weights decoded (into ``decoded``) unless another
+    graph's were the same entry."""
+    handle.seek(layout.graph_section_start + graph["structure_offset"])
+    model = onnx.ModelProto.FromString(handle.read(graph["structure_length"]))
+    indices = {entry.name: index for index, entry in enumerate(layout.weights) if graph["name"] in entry.graphs}
+    entries = {name: layout.weights[index] for name, index in indices.items()}
+    weights = {}
+    for tensor in model.graph.initializer:
+        if tensor.name not in entries:
+            raise GenieBuildError(path, f"graph {graph['name']!r}: initializer {tensor.name!r} is missing "
+                                        "from the weight table")
+        index = indices[tensor.name]
+        if index not in decoded:
+            decoded[index] = _decode(handle, layout, entries, tensor.name)
+        weights[tensor.name] = decoded[index]
+    return ContainerGraph(model=model, weights=weights)
 
 
 def load_container(path: str | os.PathLike[str]) -> dict[str, onnx.ModelProto]:

@@ -38,16 +38,16 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from genie_build.encodings import (Encodings, TensorEncoding, blocked_shape, layout_of, read_encodings,
                                    validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import (GraphTensors, WeightLayout, check_external_data, graph_io, load_graph,
-                                    read_graph_tensors)
-from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, metadata_json,
-                                                     read_initializer, set_metadata_json)
+from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, WeightLayout, check_external_data, external_data,
+                                    graph_io, load_graph, model_tensors, read_graph_tensors, require_finite)
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, load_external_bytes,
+                                                     metadata_json, read_initializer, set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
 from genie_build.toolchains.reference.records import Quantization
@@ -58,6 +58,8 @@ FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
 FLOAT_BITWIDTHS = (16, 32)
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
+# The most bytes of attribute and subgraph tensors a converted graph holds inline (a protobuf is at most 2 GiB).
+MAX_INLINE_BYTES = 1024**3
 _BLOCKED = ("per_block", "lpbq")
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,8 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
     model = load_graph(onnx_path)
     check_external_data(model, onnx_path)
+    model.ClearField("training_info")  # inference only: a device binary holds no training graphs
+    _inline_stored_tensors(model, onnx_path)
     encodings = read_encodings(encodings_path)
     names = read_graph_tensors(onnx_path)
     validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
@@ -106,7 +110,9 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
-            converted = _convert_initializer(read_initializer(tensor, onnx_path), tensor.name,
+            array = read_initializer(tensor, onnx_path)
+            require_finite(array, f"initializer {tensor.name!r}", onnx_path)
+            converted = _convert_initializer(array, tensor.name,
                                              encodings.of_initializer(tensor.name), tensor.name in encodings.params,
                                              names.param_layouts.get(tensor.name), float_bitwidth, opset,
                                              os.fspath(encodings_path))
@@ -123,6 +129,32 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     set_metadata_json(model, FLOAT_BITWIDTH_KEY, float_bitwidth)
     with atomic_open(out_path) as handle:
         handle.write(model.SerializeToString())
+
+
+def _inline_stored_tensors(model: onnx.ModelProto, onnx_path: Path) -> None:
+    """Move every tensor the model stores outside its main graph's initializers (``Constant`` values and other node
+    attributes, subgraphs, functions) into the graph, after checking that a float one is finite.
+
+    The converted model's data file holds the main initializers only, so such a tensor would otherwise point at a
+    file the compiled binary and the bundle do not have. Their total is bounded by :data:`MAX_INLINE_BYTES`.
+
+    Raises:
+        GenieBuildError: naming the model and the tensor: external data that cannot be read, a non-finite float,
+            or more bytes than :data:`MAX_INLINE_BYTES`.
+    """
+    total = 0
+    for stored in model_tensors(model):
+        if stored.initializer or stored.sparse:
+            continue
+        if stored.tensor.data_location == onnx.TensorProto.EXTERNAL:
+            total += external_data(stored, onnx_path).length
+            if total > MAX_INLINE_BYTES:
+                raise GenieBuildError(onnx_path, f"{stored.what}: tensors stored in node attributes and subgraphs "
+                                                 f"hold more than {MAX_INLINE_BYTES} bytes, which the converted "
+                                                 "graph holds inline; store such weights as initializers")
+            load_external_bytes(stored, onnx_path)
+        if stored.tensor.data_type in FLOAT_TYPES:
+            require_finite(numpy_helper.to_array(stored.tensor), stored.what, onnx_path)
 
 
 def _drop_exporter_annotations(graph: onnx.GraphProto) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -12,7 +11,7 @@ import onnx
 from onnx import numpy_helper
 
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import external_info
+from genie_build.onnx_graph import StoredTensor, open_external_data
 
 # Element types stored as little-endian numpy values of the same width, one per element.
 _PLAIN_NUMPY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
@@ -24,54 +23,58 @@ _UNSUPPORTED_TYPES = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, o
                                 onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED})
 
 
-def read_initializer(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> np.ndarray:
-    """The values of one initializer of the model at ``model_path``, inline or external.
+def read_initializer(tensor: onnx.TensorProto, model_path: str | os.PathLike[str], what: str = "") -> np.ndarray:
+    """The values of one tensor of the model at ``model_path`` (an initializer, or ``what`` says where it is),
+    inline or external.
 
     The graph's proto is left as it was, so loading every weight in turn keeps one of them in memory at a time.
-    External bytes of a plain numpy type are read straight into the array: through a proto they would be in
-    memory three times at once (the bytes read, the proto's copy, the array).
+    External bytes are read through :func:`genie_build.onnx_graph.open_external_data` (inside the model's folder,
+    a regular file, the range checked); those of a plain numpy type straight into the array: through a proto they
+    would be in memory three times at once (the bytes read, the proto's copy, the array).
 
     Raises:
         GenieBuildError: an element type without a one-element-per-item numpy form (4-bit, string), or
             external data that cannot be read.
     """
+    stored = StoredTensor(what or f"initializer {tensor.name!r}", tensor)
     if tensor.data_type in _UNSUPPORTED_TYPES:
-        raise GenieBuildError(model_path, f"initializer {tensor.name!r} has element type "
+        raise GenieBuildError(model_path, f"{stored.what} has element type "
                                           f"{onnx.TensorProto.DataType.Name(tensor.data_type)}, which the "
                                           "reference toolchain does not handle")
     try:
         if tensor.data_location == onnx.TensorProto.EXTERNAL and tensor.data_type in _PLAIN_NUMPY_TYPES:
-            return _read_external_array(tensor, model_path)
+            return _read_external_array(stored, model_path)
         copy = onnx.TensorProto()
         copy.CopyFrom(tensor)
         if copy.data_location == onnx.TensorProto.EXTERNAL:
-            _read_external_bytes(copy, model_path)
+            load_external_bytes(StoredTensor(stored.what, copy), model_path)
         return numpy_helper.to_array(copy)
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-        raise GenieBuildError(model_path, f"cannot read initializer {tensor.name!r}: {exc}") from None
+        raise GenieBuildError(model_path, f"cannot read {stored.what}: {exc}") from None
 
 
-def _read_external_array(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> np.ndarray:
+def _read_external_array(stored: StoredTensor, model_path: str | os.PathLike[str]) -> np.ndarray:
+    tensor = stored.tensor
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
     count = int(np.prod(tensor.dims, dtype=np.int64))
-    info = external_info(tensor, model_path)
-    if "length" in info and int(info["length"]) != count * dtype.itemsize:
-        raise ValueError(f"external data length {info['length']} is not {count} x {dtype.itemsize} bytes")
-    with open(Path(model_path).parent / info["location"], "rb") as data:
-        data.seek(int(info.get("offset", 0)))
+    with open_external_data(stored, model_path) as (data, _):
         values = np.fromfile(data, dtype=dtype, count=count)
     if values.size != count:
         raise ValueError(f"external data file ends after {values.size} of {count} values")
     return values.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
 
 
-def _read_external_bytes(tensor: onnx.TensorProto, model_path: str | os.PathLike[str]) -> None:
-    """Move an external tensor's bytes into ``tensor.raw_data``. Read here rather than by onnx, which refuses a
-    data file reached through a symlink, as Snakemake's between-workflow cache leaves its outputs."""
-    info = external_info(tensor, model_path)
-    with open(Path(model_path).parent / info["location"], "rb") as data:
-        data.seek(int(info.get("offset", 0)))
-        tensor.raw_data = data.read(int(info["length"])) if "length" in info else data.read()
+def load_external_bytes(stored: StoredTensor, model_path: str | os.PathLike[str]) -> None:
+    """Move an external tensor's bytes into ``raw_data`` (the tensor becomes inline). Read here rather than by
+    onnx, which refuses a data file reached through a symlink, as Snakemake's between-workflow cache leaves its
+    outputs.
+
+    Raises:
+        GenieBuildError: as :func:`genie_build.onnx_graph.external_data`.
+    """
+    tensor = stored.tensor
+    with open_external_data(stored, model_path) as (data, ref):
+        tensor.raw_data = data.read(ref.length)
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
 

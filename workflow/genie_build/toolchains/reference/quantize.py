@@ -93,10 +93,38 @@ def quantize(w: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None, *,
         # dtype: the quotient in float32 (AIMET's precision) whichever the buffer's type
         np.divide(x, broadcast_params(block_scale, x.shape, axis), out=codes, dtype=np.float32)
         np.rint(codes, out=codes)
+        _require_sign_kept(enc, x, codes, broadcast_params(block_offset, x.shape, axis), bits, block.start)
         np.subtract(codes, broadcast_params(block_offset, x.shape, axis).astype(work_dtype), out=codes)
         np.clip(codes, 0, 2**bits - 1, out=codes)
         q[block] = codes
     return q.reshape(w.shape), scale, (-offset).astype(dtype)
+
+
+def _require_sign_kept(enc: TensorEncoding, x: np.ndarray, levels: np.ndarray, offset: np.ndarray, bits: int,
+                       first_row: int) -> None:
+    """Refuse a grid that clips the weight's sign: where the offset is 0 the grid holds no negative value, where it
+    is ``-(2**bits - 1)`` no positive one, so a weight rounding to a level of the other sign (``levels``, the
+    rounded ``x / scale``) would be stored as 0 -- an ``is_sym`` encoding with offset 0 turns every negative weight
+    into 0 this way, and the build would pass.
+
+    Raises:
+        GenieBuildError: (``where`` = the tensor) the first such value, its index and the offset.
+    """
+    top = -(2**bits - 1)
+    if not (np.any(offset == 0) or np.any(offset == top)):
+        return
+    clipped = ((levels < 0) & (offset == 0)) | ((levels > 0) & (offset == top))
+    if not clipped.any():
+        return
+    index = np.unravel_index(int(np.flatnonzero(clipped)[0]), x.shape)
+    value, zero_at = x[index], int(offset[index])   # value: a float32 scalar, shown as float32 prints it
+    sign, kept = ("negative", "no negative value") if value < 0 else ("positive", "no positive value")
+    position = [first_row + int(index[0]), *map(int, index[1:])] if index else []
+    fix = (f"a symmetric encoding needs offset {-(2 ** (enc.bitwidth - 1))}" if enc.is_symmetric
+           else "the offset must leave room for both signs")
+    raise GenieBuildError(enc.name, f"the weight's value {str(value)} at index {position} is {sign}, but the "
+                                    f"encoding's grid (offset {zero_at}) holds {kept}: it would be stored as 0, "
+                                    f"a grid that clips the weight's sign ({fix})")
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None) -> np.ndarray:
