@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         (workflow / "bench.yaml").write_text(json.dumps({
             "model": {"name": "qwen7b", "hf_checkpoint": str(work / "checkpoint")},
             "split": {"num_parts": args.num_parts}, "quantize": {"num_samples": args.num_samples},
-            "bundle": {"host_run": False}}))
+            "convert": {"keep": False}, "bundle": {"host_run": False}}))
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         command = [python, "-m", "snakemake", "--cores", str(args.cores), "--configfile", "config/config.yaml",
                    "bench.yaml", "--resources", f"mem_mb={int(total_mb * 0.9)}"]

@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collect-only", action="store_true",
                         help="only tabulate the jobs of an earlier run kept in --scratch")
     args = parser.parse_args(argv)
+    args.scratch = args.scratch.resolve()  # the jobs run in the copied workflow, and write the peak log by this path
     workflow, hooks, rss_log = args.scratch / "workflow", args.scratch / "hooks", args.scratch / "rss.jsonl"
     if args.collect_only:
         print(markdown(collect(workflow / "results" / "demo", rss_log)))

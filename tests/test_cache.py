@@ -23,9 +23,8 @@ def build_with_cache(workdir, cache):
     """Build TARGET in ``workdir`` with the cache at ``cache``; Snakemake's log."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SNAKEMAKE_OUTPUT_CACHE", str(cache))
-        # The target first: --configfile and --cache take every word up to the next option. --notemp keeps the
-        # converted parts (temp() outputs) in the checkout, to compare them with the cache's.
-        result = run_snakemake(workdir, TARGET, "--notemp", "--configfile", str(user_model_config(workdir)),
+        # The target first: --configfile and --cache take every word up to the next option.
+        result = run_snakemake(workdir, TARGET, "--configfile", str(user_model_config(workdir)),
                                "--cache", *CACHED_RULES)
     return result.stdout + result.stderr
 

@@ -197,7 +197,7 @@ def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(demo / name, exports / name)
     workdir, config = user_workdir(tmp_path, exports, {})
-    run_snakemake(workdir, "--notemp", config_file=config)   # keep the converted parts to read their weights
+    run_snakemake(workdir, config_file=config)
     out = workdir / "results" / USER
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")

@@ -41,7 +41,8 @@ NUM_PARTS = 3          # 3 layers: [embedding] [layer 0, layer 1] [layer 2, head
 def _config(workdir, name="test-config.yaml", **quantize):
     return write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
                                   "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
-                                  "quantize": {"recipe": "w4a16", "num_samples": 4, **quantize}}, name=name)
+                                  "quantize": {"recipe": "w4a16", "num_samples": 4, **quantize},
+                                  "convert": {"keep": False}}, name=name)
 
 
 def _log(result) -> str:
@@ -97,7 +98,7 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
     rope = genie["dialog"]["engine"]["model"]["positional-encoding"]
     assert ("rope-scaling" in rope) == (family == "llama")
     assert not (workdir / OUT / "source").exists()   # no whole graph is ever made
-    assert not list((workdir / OUT).glob("converted/*/*/*"))   # temp: gone once compiled and run
+    assert not list((workdir / OUT).glob("converted/*/*/*"))   # convert.keep false: gone once compiled and run
 
 
 def test_long_jobs_say_how_far_they_are(built):

@@ -363,11 +363,19 @@ def export_part(checkpoint_dir: str | os.PathLike[str], part: PartPlan, out_dir:
     pieces = GraphPieces.of_part(part)
     log.info("part %s: %s (%d layer(s)); reading its tensors", part.label, "+".join(part.pieces), len(pieces.layers))
     module = part_modules(checkpoint, pieces)
+    log.info("part %s: %s loaded; exporting its prompt and token graphs", part.label, _pieces_text(pieces))
     names = {kind: graph_name(kind, graph_ar(kind, ar), context, part.index, num_parts) for kind in GRAPH_KINDS}
     graphs, data = part_files(out_dir)
     _export_graphs(module, shape, pieces, names, graphs, {kind: data for kind in GRAPH_KINDS})
     return ExportSummary(checkpoint.model_type, shape, bool(checkpoint.config.get("tie_word_embeddings")),
                          (data, *graphs.values()))
+
+
+def _pieces_text(pieces: GraphPieces) -> str:
+    layers = (f"layers {pieces.layers[0]}-{pieces.layers[-1]} ({len(pieces.layers)})" if len(pieces.layers) > 1
+              else f"layer {pieces.layers[0]}" if pieces.layers else "")
+    return ", ".join(text for text in ("the embedding" if pieces.embedding else "", layers,
+                                       "the head" if pieces.head else "") if text)
 
 
 def part_files(out_dir: str | os.PathLike[str]) -> tuple[dict[str, Path], Path]:

@@ -686,6 +686,9 @@ class _FiniteChecker:
             raise GenieBuildError(model_path, _nonfinite_problem(what, *self.first, tuple(self.tensor.dims)))
 
 
+FINITE_CHECK_CHUNK = 1 << 22
+
+
 def require_finite(values: np.ndarray, what: str, where: str | os.PathLike[str]) -> None:
     """Require a float array to hold no NaN or infinity (other arrays pass).
 
@@ -694,10 +697,12 @@ def require_finite(values: np.ndarray, what: str, where: str | os.PathLike[str])
     """
     if not (np.issubdtype(values.dtype, np.floating) or values.dtype.kind == "V"):
         return
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        raise GenieBuildError(where, _nonfinite_problem(what, int(bad[0]), float(values.reshape(-1)[bad[0]]),
-                                                        values.shape))
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, FINITE_CHECK_CHUNK):  # a chunk at a time: a whole-table mask is GBs for a 7B model
+        finite = np.isfinite(flat[start:start + FINITE_CHECK_CHUNK])
+        if not finite.all():
+            index = start + int(np.argmin(finite))
+            raise GenieBuildError(where, _nonfinite_problem(what, index, float(flat[index]), values.shape))
 
 
 def _nonfinite_problem(what: str, index: int, value: float, shape: tuple[int, ...]) -> str:

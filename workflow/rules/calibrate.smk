@@ -25,9 +25,9 @@ rule calibrate_unit:
         python=PYTHON,
     wildcard_constraints:
         unit=r"\d+_of_\d+",
-    # the chain is the build's longest path: its units go first and take every core (aimet-onnx's session)
+    # the chain is the build's longest path: its units go first, on most of the cores (aimet-onnx's session)
     priority: CHAIN_FIRST
-    threads: workflow.cores
+    threads: CHAIN_THREADS
     resources:
         mem_mb=lambda wc: predicted_peak_mb(unit_named(wc.unit).float_bytes),
     log:

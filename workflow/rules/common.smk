@@ -83,6 +83,9 @@ CRITICAL_PATH = 10
 # Snakemake weighs the priorities of the jobs it could start together, so a unit must outweigh any set of other
 # jobs that would fill the cores instead (two checks beside each other outweighed CRITICAL_PATH).
 CHAIN_FIRST = 100
+# ... and takes every core on a box of two (aimet-onnx's session; the converts wait, as the next unit goes first),
+# every core but one on a larger box, where finished parts' converts and compiles then run beside the chain.
+CHAIN_THREADS = max(min(workflow.cores, 2), workflow.cores - 1)
 # Then the whole-model checks (check_model, verify_split: 5-12 s each, against 1-3 s for a per-part job): left to
 # Snakemake's own order they ran last, one alone on a core while the other idled and the bundle waited for it.
 LONG_CHECKS = 5
@@ -271,7 +274,7 @@ def converter_parts(wildcards):
 
 def converted_files(converter, graph, label):
     """A converted graph's files: the reference converter's ONNX and its data (which the compile reads, so its
-    input: converted graphs are temp()), or an SDK converter's DLC."""
+    input, also for temp() to keep it until then), or an SDK converter's DLC."""
     path = f"{OUT}/converted/{converter}/{graph}/part_{label}"
     return [f"{path}.onnx", f"{path}.onnx.data"] if converter.startswith("reference-") else [f"{path}.dlc"]
 

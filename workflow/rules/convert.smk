@@ -1,8 +1,9 @@
 # Convert each part of each graph with its encodings. Variants that convert alike share one job
 # (converter = '{toolchain}-fp{float_bitwidth}'); the reference toolchain writes ONNX, the SDK ones a DLC.
-# Converted graphs are temp(): only the compiles (and a host run of a model exported part by part) read them, and
-# they weigh about a byte per weight per graph (16 GB for a 7B model); Snakemake deletes them once read and does
+# Converted graphs weigh about a byte per weight per graph (16 GB for a 7B model); with convert.keep false they are
+# temp(): Snakemake deletes them once the compiles (and a host run without whole encodings) have read them, and does
 # not make them again while the binaries are up to date.
+CONVERTED_FILE = (lambda path: path) if config["convert"]["keep"] else temp
 
 CONVERTED = f"{OUT}/converted/{{converter}}/{{graph}}/part_{{part}}"
 # Rules eligible for between-workflow caching may not have benchmark:, so the job writes its own TSV.
@@ -14,8 +15,8 @@ rule convert_part_reference:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=PART_ENCODINGS,
     output:
-        onnx=temp(f"{CONVERTED}.onnx"),
-        data=temp(f"{CONVERTED}.onnx.data"),
+        onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
+        data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
     wildcard_constraints:
         converter=r"reference-fp\d+",
     params:
@@ -43,7 +44,7 @@ rule convert_part_sdk:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=PART_ENCODINGS,
     output:
-        dlc=temp(f"{CONVERTED}.dlc"),
+        dlc=CONVERTED_FILE(f"{CONVERTED}.dlc"),
     wildcard_constraints:
         converter=r"(qairt|qnn-cli)-fp\d+",
     params:
