@@ -12,6 +12,11 @@ Parameters, read one tensor at a time from the external data: every MatMul weigh
 per-channel encoding along its last (output) axis, the LM head 8-bit along its last axis and the embedding
 table 8-bit along axis 0 (``offset = -2**(bw-1)``, ``scale = max|w| / (2**(bw-1) - 1)`` per channel).
 Norm weights and biases get none: they fall back to float later.
+
+These widths are :data:`BUILTIN_PRECISION`, the default precision (:class:`genie_build.precision.Precision`), so
+the estimate's default predicts the demo this calibrator quantizes. It is the named recipe ``w4a16``'s
+(:mod:`genie_build.recipes`) backbone, LM head and activations, but not its embedding table: aimet-onnx gives the
+table 16 bits per tensor, this calibrator 8 bits per vocab row, as AI Hub Models' w4a16 exports keep it.
 """
 
 from __future__ import annotations
@@ -33,17 +38,16 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 from genie_build.ort_session import cpu_session_options
+from genie_build.precision import Precision
 
 logger = logging.getLogger(__name__)
 
-ACTIVATION_BITWIDTH = 16
-MATMUL_WEIGHT_BITWIDTH = 4
-TABLE_BITWIDTH = 8          # embedding table and LM head, as AIHM's w4a16 recipe keeps them
+BUILTIN_PRECISION = Precision()  # the default precision: see the module doc
 DEFAULT_NUM_SAMPLES = 4
 CALIBRATION_SEED = 20240601
 # Floor for a scale, so an all-zero tensor or channel still gets a valid (positive) encoding.
 MIN_SCALE = 1e-10
-QUANTIZER_ARGS = {"activation_bitwidth": ACTIVATION_BITWIDTH, "param_bitwidth": MATMUL_WEIGHT_BITWIDTH,
+QUANTIZER_ARGS = {"activation_bitwidth": BUILTIN_PRECISION.activations, "param_bitwidth": BUILTIN_PRECISION.layers,
                   "dtype": "int", "is_symmetric": True, "per_channel_quantization": True,
                   "quant_scheme": "post_training_tf"}
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
@@ -54,7 +58,7 @@ Range = tuple[float, float]
 # --- encodings from numbers --------------------------------------------------------------------------
 
 def activation_encoding(name: str, low: float, high: float,
-                        bitwidth: int = ACTIVATION_BITWIDTH) -> TensorEncoding:
+                        bitwidth: int = BUILTIN_PRECISION.activations) -> TensorEncoding:
     """AIMET asymmetric per-tensor encoding of the range ``[low, high]`` widened to include 0."""
     low, high = min(float(low), 0.0), max(float(high), 0.0)
     scale = max((high - low) / (2 ** bitwidth - 1), MIN_SCALE)
@@ -86,11 +90,12 @@ def quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
         if node.op_type == "MatMul":
             weight = cast_sources.get(node.input[1], node.input[1])
             if weight in initializers:
-                chosen[weight] = (TABLE_BITWIDTH if weight == LM_HEAD_WEIGHT else MATMUL_WEIGHT_BITWIDTH, -1)
+                chosen[weight] = (BUILTIN_PRECISION.lm_head if weight == LM_HEAD_WEIGHT else BUILTIN_PRECISION.layers,
+                                  -1)
         elif node.op_type == "Gather":
             table = cast_sources.get(node.input[0], node.input[0])
             if table in initializers:
-                chosen[table] = (TABLE_BITWIDTH, 0)
+                chosen[table] = (BUILTIN_PRECISION.embedding, 0)
     return chosen
 
 

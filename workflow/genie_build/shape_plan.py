@@ -29,7 +29,7 @@ from genie_build.genie_config import load_hf_config
 from genie_build.hf_checkpoint import CONFIG_NAME, INDEX_NAME, read_model_shape, tensor_files
 from genie_build.plan import MIB, plan_by_max_part_bytes, plan_by_num_parts, plan_graphs, weighed_pieces
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
-from genie_build.recipe import weight_encoding
+from genie_build.precision import weight_encoding
 from genie_build.recipes import precision_of, recipe_named
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 

@@ -1,4 +1,5 @@
-"""AIMET quantization in numpy against a scalar, one-element-at-a-time reading of the AIMET formula."""
+"""The reference toolchain's quantizer (genie_build.toolchains.reference.quantize): AIMET quantization in numpy
+against a scalar, one-element-at-a-time reading of the AIMET formula."""
 
 from __future__ import annotations
 
