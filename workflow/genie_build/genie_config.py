@@ -6,13 +6,16 @@ The keys and their mandatory sets follow Genie's ``Dialog.cpp`` validation and t
 qairt-dev's own LLM builder writes for every RoPE model (``gen_ai_builder_htp.py``; its Genie config model is
 ``modules/genie_execution/genie_config.py``) -- never also ``QnnHtp.pos-id-dim``/``rope-theta``, the older style
 of AIHA's Qwen config, because Genie rejects both at once.
+
+The keys Genie knows, requires and types are defined once, here beside the writer (:data:`GENIE_CONFIG_SECTIONS`):
+:mod:`genie_build.check_bundle` checks every bundle's ``genie_config.json`` by them.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +192,97 @@ def load_tokenizer(tokenizer_path: str | os.PathLike[str], *, inside: Iterable[s
 @functools.lru_cache(maxsize=2)
 def _parsed_tokenizer(text: str) -> Tokenizer:
     return Tokenizer.from_str(text)
+
+
+# --- the keys Genie reads: what check-bundle checks a genie_config.json against (tests/test_genie_config.py checks
+# make_genie_config's output against them) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JsonType:
+    """A JSON value type as a config key must have it: ``name`` as messages say it, ``accepts`` the check."""
+
+    name: str
+    accepts: Callable[[Any], bool]
+
+
+INT = JsonType("int", lambda value: _is_int(value))
+NUMBER = JsonType("number", lambda value: _is_number(value))
+BOOL = JsonType("bool", lambda value: isinstance(value, bool))
+STR = JsonType("str", lambda value: isinstance(value, str))
+OBJECT = JsonType("object", lambda value: isinstance(value, dict))
+STRS = JsonType("str[]", lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value))
+INT_OR_INTS = JsonType("int|int[]", lambda value: _is_int(value) or (isinstance(value, list) and bool(value)
+                                                                    and all(_is_int(item) for item in value)))
+
+
+@dataclass(frozen=True)
+class GenieSection:
+    """A JSON object Genie validates: the keys it requires, the others it knows (None: not checked), key types."""
+
+    mandatory: frozenset[str]
+    optional: frozenset[str] | None
+    types: Mapping[str, JsonType]
+
+    @property
+    def known(self) -> frozenset[str] | None:
+        return None if self.optional is None else self.mandatory | self.optional
+
+
+def _keys(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+# Dotted path -> section. From Dialog.cpp / Context.cpp (QAIRT 2.4x), plus what qairt-dev 0.13.0's Genie config
+# models (modules/genie_execution/genie_config.py) write for newer Genie: model.linear-attention,
+# positional-encoding.rope-freqs-type, binary.fcb (instead of ctx-bins), rope types qwen2vl/qwen3vl. QnnHtp and
+# binary are mandatory here because genie-build checks QnnHtp bundles of ctx-bins (backend.type / model.type are
+# checked to say so).
+GENIE_CONFIG_SECTIONS: dict[str, GenieSection] = {
+    "dialog": GenieSection(_keys("version", "type", "context", "tokenizer", "engine"), None,
+                           {"version": INT, "type": STR}),
+    "dialog.context": GenieSection(
+        _keys("version", "bos-token", "eos-token", "size", "n-vocab"),
+        _keys("eot-token", "img-token", "draft-n-vocab", "pad-token", "n-embd"),
+        {"version": INT, "bos-token": INT, "eos-token": INT_OR_INTS, "size": INT, "n-vocab": INT, "eot-token": INT}),
+    "dialog.tokenizer": GenieSection(_keys("version", "path"), _keys(), {"version": INT, "path": STR}),
+    "dialog.engine": GenieSection(
+        _keys("version", "backend", "model", "n-threads"),
+        _keys("type", "role", "longcontext", "cache-groups", "training-config", "optimizer-config"),
+        {"version": INT, "n-threads": INT, "backend": OBJECT, "model": OBJECT}),
+    "dialog.engine.backend": GenieSection(
+        _keys("version", "type", "QnnHtp"), _keys("extensions", "device", "QnnGenAiTransformer"),
+        {"version": INT, "type": STR, "extensions": STR, "QnnHtp": OBJECT}),
+    "dialog.engine.backend.QnnHtp": GenieSection(
+        _keys("version", "spill-fill-bufsize", "mmap-budget", "use-mmap", "cpu-mask", "poll"),
+        _keys("data-alignment-size", "pos-id-dim", "kv-dim", "batch-size", "kv-update-method", "allow-async-init",
+              "rope-theta", "enable-graph-switching", "shared-engine", "graph-switching-lora-policy",
+              "weight-shared-lora", "skip-lora-validation"),
+        {"version": INT, "spill-fill-bufsize": NUMBER, "mmap-budget": NUMBER, "use-mmap": BOOL, "cpu-mask": STR,
+         "poll": BOOL, "pos-id-dim": INT, "kv-dim": INT, "allow-async-init": BOOL, "rope-theta": NUMBER}),
+    "dialog.engine.model": GenieSection(
+        _keys("version", "type", "binary"),
+        _keys("mask-type", "cross-attention", "library", "checkpoint", "positional-encoding", "draft-token-map",
+              "linear-attention"),
+        {"version": INT, "type": STR, "binary": OBJECT, "positional-encoding": OBJECT, "linear-attention": BOOL}),
+    "dialog.engine.model.binary": GenieSection(_keys("version"), _keys("ctx-bins", "fcb", "lora"),
+                                               {"version": INT, "ctx-bins": STRS, "fcb": STRS}),
+    "dialog.engine.model.positional-encoding": GenieSection(
+        _keys("type"), _keys("rope-dim", "rope-theta", "rope-scaling", "rope-freqs-type"),
+        {"type": STR, "rope-dim": INT, "rope-theta": NUMBER, "rope-scaling": OBJECT, "rope-freqs-type": STR}),
+    "dialog.engine.model.positional-encoding.rope-scaling": GenieSection(
+        _keys(),
+        _keys("rope-type", "factor", "low-freq-factor", "high-freq-factor", "original-max-position-embeddings",
+              "time-step", "spatial-merge-size", "dim", "extrapolation-factor", "attn-factor", "beta-fast",
+              "beta-slow", "short-factor", "long-factor", "mrope-section"),
+        {"rope-type": STR}),
+}
+# section -> key -> the one value genie-build's checks understand (Genie accepts others, checked differently)
+EXPECTED_VALUES = {"dialog": {"type": "basic"}, "dialog.engine.backend": {"type": "QnnHtp"},
+                   "dialog.engine.model": {"type": "binary"}}
+# Genie's rope-scaling.rope-type values (Dialog.cpp validateRopeScalingConfig, and qairt-dev 0.13.0's)
+ROPE_SCALING_TYPES = ("llama3", "default", "longrope", "qwen2vl", "qwen2vl-mrope", "qwen3vl", "qwen3vl-mrope",
+                      "yarnrope", "linear", "hunyuan")
+BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check_binary_source)
 
 
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],
