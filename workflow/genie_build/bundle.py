@@ -29,8 +29,9 @@ from genie_build.check_bundle import require_valid_bundle
 from genie_build.conventions import graph_ar_cl, part_label
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, write_json, write_text
-from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, load_hf_config,
-                                      make_genie_config, make_htp_backend_ext_config)
+from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, make_genie_config,
+                                      make_htp_backend_ext_config)
+from genie_build.hf_config import load_hf_config
 from genie_build.manifest import MANIFEST_NAME, manifest_document
 from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains import get_toolchain

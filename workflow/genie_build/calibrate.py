@@ -35,7 +35,7 @@ from genie_build.demo import (DemoShape, example_inputs, graph_inputs, graph_pas
                               shape_from_hf_config)
 from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
+from genie_build.hf_config import load_hf_config
 from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 from genie_build.ort_session import cpu_session_options
 from genie_build.precision import Precision
@@ -229,7 +229,7 @@ def graph_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path
     if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
         raise GenieBuildError(prompt_path, "no input 'input_ids' of shape [1, AR]")
     ar = ids.type.tensor_type.shape.dim[1].dim_value
-    return shape_from_hf_config(read_json(hf_config_path), ar, where=str(hf_config_path))
+    return shape_from_hf_config(load_hf_config(hf_config_path), ar, where=str(hf_config_path))
 
 
 def _check_inputs(model: onnx.ModelProto, shape: DemoShape, kind: str, path: Path) -> None:

@@ -31,8 +31,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, read_text, regular_file_size, resolve_inside, sha256_file
 from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
                                       HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
-                                      load_hf_config, load_tokenizer)
+                                      load_tokenizer)
 from genie_build.genie_contract import graph_violations
+from genie_build.hf_config import load_hf_config
 from genie_build.manifest import MANIFEST_NAME
 from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
 from genie_build.toolchains.base import GraphInfo, TensorInfo

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from genie_build.conventions import KV_TENSOR, LOGITS, POS_COS, POS_SIN, Tensor
 from genie_build.errors import GenieBuildError
-from genie_build.genie_config import head_dim, load_hf_config, load_tokenizer, make_genie_config
+from genie_build.genie_config import load_tokenizer, make_genie_config
+from genie_build.hf_config import head_dim, load_hf_config
 
 Graphs = Mapping[str, tuple[Sequence[Tensor], Sequence[Tensor]]]
 

@@ -33,6 +33,7 @@ from genie_build.conventions import (EMBED_WEIGHT, GRAPH_KINDS, INPUT_IDS, LM_HE
 from genie_build.conventions import graph_ar as _kind_ar
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
+from genie_build.hf_config import read_model_shape, read_rope, rope_kind
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
 
 OPSET = 17
@@ -408,19 +409,24 @@ def shape_config(section: dict) -> dict:
 
 
 def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> DemoShape:
-    """Inverse of :func:`hf_config` (``ar`` is not an HF field; take it from the prompt graph).
+    """Inverse of :func:`hf_config` (``ar`` is not an HF field; take it from the prompt graph), for a config.json in
+    either transformers layout (:mod:`genie_build.hf_config`).
 
     Raises:
-        GenieBuildError: a key is missing or a value does not make a valid shape.
+        GenieBuildError: a key is missing, the RoPE is scaled (the demo's feeds compute plain RoPE), or a value
+            does not make a valid shape.
     """
-    keys = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-            "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "vocab": "vocab_size",
-            "context": "max_position_embeddings", "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps"}
-    missing = sorted(key for key in keys.values() if key not in config)
+    missing = sorted(key for key in ("max_position_embeddings", "rms_norm_eps") if key not in config)
     if missing:
         raise GenieBuildError(where, f"missing keys {missing}")
+    shape, rope = read_model_shape(config, where), read_rope(config, where)
+    if rope.scaling is not None:
+        raise GenieBuildError(where, f"RoPE scaling {rope_kind(rope.scaling)!r}: the demo's graphs and feeds "
+                                     "compute plain RoPE")
     dtype = config.get("torch_dtype", "float32")
-    return DemoShape(**{field_: config[key] for field_, key in keys.items()}, ar=ar,
+    return DemoShape(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
+                     intermediate=shape.intermediate, vocab=shape.vocab, context=config["max_position_embeddings"],
+                     rope_theta=rope.theta, rms_norm_eps=config["rms_norm_eps"], ar=ar,
                      weight_dtype=dtype if dtype in WEIGHT_DTYPES else "float32")
 
 

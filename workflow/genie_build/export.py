@@ -59,8 +59,8 @@ from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, GRAPH_KIN
                                      unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, HashingWriter, atomic_open, write_bytes
-from genie_build.genie_config import head_dim
 from genie_build.hf_checkpoint import CONFIG_NAME, SUPPORTED_ARCHITECTURES, Checkpoint, read_checkpoint, tensor_files
+from genie_build.hf_config import read_model_shape
 from genie_build.onnx_graph import check_shared_initializers
 from genie_build.plan_file import PartPlan
 from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
@@ -92,23 +92,20 @@ class ExportShape:
 
 
 def export_shape(config: dict[str, Any], ar: int, context: int, where: str | os.PathLike[str]) -> ExportShape:
-    """The graphs' dims from the HF config and the export settings.
+    """The graphs' dims from the HF config (:func:`genie_build.hf_config.read_model_shape`) and the export settings.
 
     Raises:
-        GenieBuildError: AR not below CL, CL beyond the model's max_position_embeddings, or a config without
-            the layer / head counts.
+        GenieBuildError: AR not below CL, CL beyond the model's max_position_embeddings, or a config whose shape
+            cannot be read.
     """
     if not 1 <= ar < context:
         raise GenieBuildError("export.ar", f"{ar} must be at least 1 and below export.context = {context}")
-    missing = [key for key in ("num_hidden_layers", "num_attention_heads", "hidden_size") if key not in config]
-    if missing:
-        raise GenieBuildError(where, f"missing keys {missing}")
+    shape = read_model_shape(config, where)
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and context > limit:
         raise GenieBuildError("export.context", f"{context} exceeds the model's max_position_embeddings {limit}")
-    return ExportShape(ar=ar, context=context, layers=config["num_hidden_layers"],
-                       kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-                       head_dim=head_dim(config, where), hidden=config["hidden_size"])
+    return ExportShape(ar=ar, context=context, layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                       hidden=shape.hidden)
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,16 @@ def read_json(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLik
         raise GenieBuildError(path, f"not valid JSON: {exc}") from None
 
 
+def is_json_int(value: object) -> bool:
+    """A JSON integer: an int that is not a bool (``True`` is an int to Python, not to a JSON reader)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_json_number(value: object) -> bool:
+    """A JSON number: an int or a float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

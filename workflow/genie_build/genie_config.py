@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 
 from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, read_text
+from genie_build.fileio import is_json_int, is_json_number, read_text
+from genie_build.hf_config import head_dim, read_rope, rope_kind
 
 GENIE_CONFIG_NAME = "genie_config.json"
 HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
@@ -31,7 +32,6 @@ TOKENIZER_NAME = "tokenizer.json"
 
 # Real tokenizer.json files are 2-35 MB (Qwen, Llama 3, Gemma): anything far larger is not one.
 MAX_TOKENIZER_BYTES = 256 * 1024**2
-MAX_HF_CONFIG_BYTES = 16 * 1024**2  # a config.json is a few kB
 DEFAULT_N_THREADS = 3
 DEFAULT_SAMPLER = {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95}
 
@@ -53,75 +53,13 @@ GENIE_ROPE_SCALING_KEYS = {
 _ROPE_DESCRIPTOR_KEYS = ("rope_type", "type", "rope_theta")
 
 
-@dataclass(frozen=True)
-class Rope:
-    """RoPE as the HF config describes it: ``scaling`` is None for plain RoPE, else its HF parameters."""
-
-    theta: float
-    scaling: dict[str, Any] | None
-
-
-def load_hf_config(path: str | os.PathLike[str]) -> dict:
-    """Read an HF ``config.json``.
-
-    Raises:
-        GenieBuildError: missing, not JSON, or not a JSON object.
-    """
-    config = read_json(path, max_bytes=MAX_HF_CONFIG_BYTES)
-    if not isinstance(config, dict):
-        raise GenieBuildError(path, f"an HF config must be a JSON object, got {type(config).__name__}")
-    return config
-
-
-def head_dim(hf_config: dict, where: str | os.PathLike[str]) -> int:
-    """``head_dim`` if the config gives it, else ``hidden_size // num_attention_heads``."""
-    explicit = hf_config.get("head_dim")
-    if _is_int(explicit) and explicit > 0:
-        return explicit
-    hidden, heads = hf_config.get("hidden_size"), hf_config.get("num_attention_heads")
-    if not (_is_int(hidden) and _is_int(heads) and hidden > 0 and heads > 0 and hidden % heads == 0):
-        raise GenieBuildError(where, f"cannot derive head_dim: head_dim={explicit!r}, "
-                                     f"hidden_size={hidden!r}, num_attention_heads={heads!r}")
-    return hidden // heads
-
-
-def read_rope(hf_config: dict, where: str | os.PathLike[str]) -> Rope:
-    """RoPE theta and scaling from either HF layout: ``rope_theta`` + ``rope_scaling`` (transformers 4)
-    or ``rope_parameters`` (transformers 5).
-
-    Raises:
-        GenieBuildError: no theta; the two layouts disagree (plain RoPE in one, scaled in the other, or two
-            thetas) — the config then states both rope styles and Genie could only be given one.
-    """
-    legacy_scaling = hf_config.get("rope_scaling")
-    parameters = hf_config.get("rope_parameters")
-    for key, value in (("rope_scaling", legacy_scaling), ("rope_parameters", parameters)):
-        if value is not None and not isinstance(value, dict):
-            raise GenieBuildError(where, f"{key} must be an object or null, got {value!r}")
-    described = {key: value for key, value in (("rope_scaling", legacy_scaling),
-                                                ("rope_parameters", parameters)) if value}
-    kinds = {key: _rope_kind(value) for key, value in described.items()}
-    if len(set(kinds.values())) > 1:
-        raise GenieBuildError(where, "states both rope styles: " + ", ".join(
-            f"{key} says {kind!r}" for key, kind in kinds.items()) + "; keep one")
-    thetas = {key: value for key, value in (("rope_theta", hf_config.get("rope_theta")),
-                                             ("rope_parameters.rope_theta", (parameters or {}).get("rope_theta")))
-              if value is not None}
-    if not thetas:
-        raise GenieBuildError(where, "no rope_theta (neither rope_theta nor rope_parameters.rope_theta)")
-    if len(set(thetas.values())) > 1 or not all(_is_number(v) and v > 0 for v in thetas.values()):
-        raise GenieBuildError(where, f"rope theta must be one positive number, got {thetas}")
-    scaled = next((value for value in described.values() if _rope_kind(value) != "default"), None)
-    return Rope(theta=next(iter(thetas.values())), scaling=scaled)
-
-
 def genie_rope_scaling(scaling: dict[str, Any], where: str | os.PathLike[str]) -> dict[str, Any]:
     """HF rope-scaling parameters -> Genie's ``rope-scaling`` object (values copied, never invented).
 
     Raises:
         GenieBuildError: a rope type or parameter Genie has no equivalent for.
     """
-    hf_type = _rope_kind(scaling)
+    hf_type = rope_kind(scaling)
     if hf_type not in GENIE_ROPE_TYPES:
         raise GenieBuildError(where, f"rope type {hf_type!r} is not supported by Genie "
                                      f"(supported: {', '.join(GENIE_ROPE_TYPES)})")
@@ -148,10 +86,10 @@ def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
             tokens (naming the tokenizer).
     """
     bos, eos = hf_config.get("bos_token_id"), hf_config.get("eos_token_id")
-    if not _is_int(bos):
+    if not is_json_int(bos):
         raise GenieBuildError(where, f"bos_token_id must be an integer token id, got {bos!r}")
     eos_ids = eos if isinstance(eos, list) else [eos]
-    if not eos_ids or not all(_is_int(token) for token in eos_ids):
+    if not eos_ids or not all(is_json_int(token) for token in eos_ids):
         raise GenieBuildError(where, f"eos_token_id must be an integer or a list of integers, got {eos!r}")
     added = added_token_ids(tokenizer_path)
     for label, token in [("bos_token_id", bos)] + [("eos_token_id", token) for token in eos_ids]:
@@ -205,14 +143,14 @@ class JsonType:
     accepts: Callable[[Any], bool]
 
 
-INT = JsonType("int", lambda value: _is_int(value))
-NUMBER = JsonType("number", lambda value: _is_number(value))
+INT = JsonType("int", lambda value: is_json_int(value))
+NUMBER = JsonType("number", lambda value: is_json_number(value))
 BOOL = JsonType("bool", lambda value: isinstance(value, bool))
 STR = JsonType("str", lambda value: isinstance(value, str))
 OBJECT = JsonType("object", lambda value: isinstance(value, dict))
 STRS = JsonType("str[]", lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value))
-INT_OR_INTS = JsonType("int|int[]", lambda value: _is_int(value) or (isinstance(value, list) and bool(value)
-                                                                    and all(_is_int(item) for item in value)))
+INT_OR_INTS = JsonType("int|int[]", lambda value: is_json_int(value) or (isinstance(value, list) and bool(value)
+                                                                    and all(is_json_int(item) for item in value)))
 
 
 @dataclass(frozen=True)
@@ -303,9 +241,9 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
             :func:`special_token_ids`, :func:`head_dim`).
     """
     vocab = hf_config.get("vocab_size")
-    if not (_is_int(vocab) and vocab > 0):
+    if not (is_json_int(vocab) and vocab > 0):
         raise GenieBuildError(hf_config_path, f"vocab_size must be a positive integer, got {vocab!r}")
-    if not (_is_int(context_size) and context_size > 0):
+    if not (is_json_int(context_size) and context_size > 0):
         raise GenieBuildError("context_size", f"must be a positive integer, got {context_size!r}")
     if not ctx_bins:
         raise GenieBuildError("ctx_bins", "a bundle needs at least one ctx-bin")
@@ -346,19 +284,6 @@ def make_htp_backend_ext_config(chipset: str) -> dict:
     }
 
 
-def _rope_kind(rope: dict[str, Any]) -> str:
-    """The HF rope type of a ``rope_scaling``/``rope_parameters`` dict ("default" when unnamed)."""
-    return str(rope.get("rope_type") or rope.get("type") or "default")
-
-
 def _genie_theta(theta: float) -> int | float:
     """Genie configs carry integral thetas as integers (AIHM writes ``int(rope_theta)``); keep fractions."""
     return int(theta) if float(theta).is_integer() else theta
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -42,8 +42,9 @@ from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS
                                      rope_tables)
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, read_json, read_text
-from genie_build.genie_config import head_dim, load_tokenizer, read_rope
+from genie_build.fileio import atomic_open, read_text
+from genie_build.genie_config import load_tokenizer
+from genie_build.hf_config import head_dim, load_hf_config, read_rope
 from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
@@ -291,7 +292,7 @@ def _input_dims(model: onnx.ModelProto, where: Path, required: Sequence[str]) ->
 
 def _feed_shape(model: onnx.ModelProto, dims: Mapping[str, tuple[int, ...]], hf_config_path: Path, *, ar: int,
                 context: int, boundary: str | None) -> FeedShape:
-    config = read_json(hf_config_path)
+    config = load_hf_config(hf_config_path)
     rope = read_rope(config, hf_config_path)   # either HF layout, as genie_config writes it for Genie
     theta, scaling = float(rope.theta), rope.scaling
     try:

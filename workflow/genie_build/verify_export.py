@@ -26,8 +26,8 @@ from genie_build.conventions import INPUT_IDS, MASK, POS_COS, POS_SIN, causal_ma
 from genie_build.errors import GenieBuildError
 from genie_build.export import GraphPieces, ExportShape, export_shape, piece_outputs
 from genie_build.fileio import write_json
-from genie_build.genie_config import read_rope
 from genie_build.hf_checkpoint import CONFIG_NAME, read_checkpoint
+from genie_build.hf_config import read_rope
 from genie_build.plan_file import Plan
 from genie_build.verify import run_graph
 
