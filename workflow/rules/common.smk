@@ -10,7 +10,7 @@ import threading
 from snakemake.exceptions import WorkflowError
 
 from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_contract, onnx_graph
-from genie_build.config import validate_config
+from genie_build.config import calibration_chain, source_kind, validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.calibration_units import part_units, predicted_peak_mb, read_units
@@ -37,12 +37,10 @@ OUT = f"results/{MODEL}"
 SRC = f"{OUT}/source"
 GRAPHS = conventions.GRAPH_KINDS
 # Where the graphs come from: the generated demo, a Hugging Face checkpoint the workflow exports (rules/export.smk),
-# or the user's own files (model.prompt_onnx and the other paths).
-SOURCE_KIND = "files" if "prompt_onnx" in config["model"] else "hf" if "hf_checkpoint" in config["model"] else "demo"
-# Encodings that no source brings are made by the calibration chain, one unit of one part at a time (rules/
-# calibrate.smk): a checkpoint's, float graphs' without model.encodings, the demo's with demo.calibrator: aimet.
-CALIBRATION_CHAIN = (SOURCE_KIND == "hf" or (SOURCE_KIND == "files" and "encodings" not in config["model"])
-                     or (SOURCE_KIND == "demo" and config["demo"]["calibrator"] == "aimet"))
+# the user's own files (model.prompt_onnx and the other paths), or none: an estimate-only config.
+SOURCE_KIND = source_kind(config)
+# Encodings that no source brings are made by the calibration chain (rules/calibrate.smk).
+CALIBRATION_CHAIN = calibration_chain(config)
 # Every job runs `{params.python} -m genie_build <command>`, with the interpreter running Snakemake (the project venv)
 # or for the qairt toolchain's jobs the interpreter of toolchains.qairt.python (a QAIRT build box's).
 PYTHON = shlex.quote(sys.executable)
@@ -132,6 +130,8 @@ if SOURCE_KIND == "files":
 elif SOURCE_KIND == "hf":  # no whole graphs: the checkpoint is exported, calibrated and converted part by part
     CHECKPOINT = config["model"]["hf_checkpoint"]
     SOURCE = {"tokenizer": f"{CHECKPOINT}/tokenizer.json", "hf_config": f"{CHECKPOINT}/config.json"}
+elif SOURCE_KIND == "estimate":  # a config.json and no graphs: the estimate's rules alone (Snakefile)
+    SOURCE = {"hf_config": config["model"]["hf_config"]}
 else:  # the demo's generated files
     SOURCE = {
         "prompt_onnx": f"{SRC}/prompt.onnx",
@@ -149,7 +149,7 @@ if SOURCE_KIND in GENERATED_AR_CL:
     _ar, _cl = (GENERATED_AR_CL[SOURCE_KIND][key] for key in ("ar", "context"))
     SOURCE_DATA = {graph: [f"{SRC}/{graph}.onnx.data"] for graph in GRAPHS}
     GRAPH_DIMS = {"prompt": (_ar, _cl), "token": (1, _cl)}
-else:
+elif SOURCE_KIND == "files":
     _user_graphs = {graph: _read_user_graph(graph) for graph in GRAPHS}
     SOURCE_DATA = {graph: data_files for graph, (data_files, _) in _user_graphs.items()}
     GRAPH_DIMS = {graph: dims for graph, (_, dims) in _user_graphs.items()}
@@ -321,7 +321,7 @@ def host_run_reference(wildcards):
 
 
 def final_outputs(wildcards):
-    if "hf_config" in config["model"] and "prompt_onnx" not in config["model"]:
+    if SOURCE_KIND == "estimate":
         raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
                             "'estimate' target: snakemake estimate --cores 1 --configfile <file>")
     return [
@@ -357,7 +357,6 @@ def part_float_mb(label):
 # --- the calibration chain (rules/calibrate.smk) ------------------------------------------------------------------
 
 CALIBRATION = f"{OUT}/calibration"
-CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
 
 
 def chain_units():

@@ -6,8 +6,7 @@
 PREDICTED = f"{OUT}/predicted"
 # The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
 # else the HF config.json, named and shaped as docs/conventions.md says.
-ESTIMATE_CONFIG = (SOURCE["hf_config"] if SOURCE_KIND == "hf" else config["model"].get("hf_config")
-                   if "prompt_onnx" not in config["model"] else None)
+ESTIMATE_CONFIG = SOURCE["hf_config"] if SOURCE_KIND in ("hf", "estimate") else None
 
 
 rule estimate_sizes:
