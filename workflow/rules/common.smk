@@ -1,4 +1,5 @@
-# Plumbing only: config validation, paths, wildcard vocabulary, and the targets. Logic lives in genie_build.
+# Plumbing: config validation, paths, wildcard vocabulary, scheduling settings and the targets. What a config means
+# (its source kind, the calibration chain, the converters, a toolchain's build) is decided in genie_build.
 import dataclasses
 import json
 import os
@@ -9,7 +10,7 @@ import threading
 
 from snakemake.exceptions import WorkflowError
 
-from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_contract, onnx_graph
+from genie_build import conventions, genie_contract, onnx_graph
 from genie_build.config import calibration_chain, source_kind, validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
@@ -17,7 +18,7 @@ from genie_build.calibration_units import part_units, predicted_peak_mb, read_un
 from genie_build.hf_checkpoint import weight_files as _hf_weight_files
 from genie_build.shape_plan import part_weight_files, piece_float_bytes, plan_checkpoint
 from genie_build.plan_file import read_plan
-from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
+from genie_build.toolchains import SDK_TOOLCHAINS, Converter, converter_pattern, toolchain_version
 
 
 # One validator for Snakemake and the tests (genie_build.config): the schema with its defaults filled, then the
@@ -55,16 +56,6 @@ def python_for(toolchain):
     if toolchain == "qairt":
         return shlex.quote(config["toolchains"]["qairt"].get("python") or sys.executable)
     return PYTHON
-
-
-def toolchain_version(toolchain):
-    """The build of a toolchain, as a param of the rules that run it (convert, compile): a new one reruns them
-    and keys their between-workflow cache entries apart. The reference toolchain is genie_build's own code; an
-    SDK toolchain is its resolved $QAIRT_SDK_ROOT, a directory QAIRT names after its version."""
-    if toolchain == "reference":
-        return f"genie-build {GENIE_BUILD_VERSION}"
-    sdk_root = os.environ.get(SDK_ROOT_VARIABLE)
-    return f"QAIRT SDK at {os.path.realpath(sdk_root) if sdk_root else '(not set)'}"
 
 
 # Between-workflow cache of the per-part convert and compile jobs (docs/cluster.md). "omit-software": this workflow
@@ -174,9 +165,8 @@ PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
 
 
 def converter_of(variant):
-    """Variants that convert the same way share one convert job: '{toolchain}-fp{float_bitwidth}'."""
-    options = config["variants"][variant]
-    return f"{options['toolchain']}-fp{options['float_bitwidth']}"
+    """The name of the variant's converter: variants that convert alike share one convert job."""
+    return Converter.of_variant(config["variants"][variant]).name
 
 
 def variant_json(variant):
@@ -264,16 +254,11 @@ def graph_name_of(wildcards):
     return graph_name_for(wildcards.graph, wildcards.part)
 
 
-def converter_parts(wildcards):
-    toolchain, float_bits = wildcards.converter.rsplit("-fp", 1)
-    return toolchain, int(float_bits)
-
-
 def converted_files(converter, graph, label):
     """A converted graph's files: the reference converter's ONNX and its data (which the compile reads, so its
     input: converted graphs are temp()), or an SDK converter's DLC."""
     path = f"{OUT}/converted/{converter}/{graph}/part_{label}"
-    return [f"{path}.onnx", f"{path}.onnx.data"] if converter.startswith("reference-") else [f"{path}.dlc"]
+    return [f"{path}{suffix}" for suffix in Converter.named(converter).suffixes]
 
 
 def converted_graphs(wildcards):

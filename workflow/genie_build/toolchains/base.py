@@ -9,6 +9,9 @@ from typing import Any, Protocol
 from genie_build.chipsets import Chipset
 from genie_build.errors import GenieBuildError
 
+# Where the QAIRT SDK is unpacked: the SDK toolchains' environment variable (genie_build.toolchains.qnn_sdk).
+SDK_ROOT_VARIABLE = "QAIRT_SDK_ROOT"
+
 
 @dataclass(frozen=True)
 class QuantInfo:

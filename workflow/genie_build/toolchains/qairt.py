@@ -29,13 +29,12 @@ from typing import Any
 import yaml
 
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.base import BinaryInfo, CompileOptions
+from genie_build.toolchains.base import SDK_ROOT_VARIABLE, BinaryInfo, CompileOptions
 from genie_build.toolchains.qnn_sdk import (
     CALIBRATION,
     CONTEXT_BINARY_UTILITY,
     INPUT_LAYOUT,
     IO_TENSOR_MEM_TYPE,
-    SDK_ROOT_VARIABLE,
     Sdk,
     backend_extension_config,
     check_graph_name,

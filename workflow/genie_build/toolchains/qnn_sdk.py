@@ -27,12 +27,11 @@ import onnx
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.onnx_graph import external_data, load_graph, model_tensors
-from genie_build.toolchains.base import BinaryInfo, CompileOptions
+from genie_build.toolchains.base import SDK_ROOT_VARIABLE, BinaryInfo, CompileOptions
 from genie_build.toolchains.context_binary_json import CONTEXT_BINARY_UTILITY, binary_info_from_utility_json
 
 logger = logging.getLogger(__name__)
 
-SDK_ROOT_VARIABLE = "QAIRT_SDK_ROOT"
 HOST_PLATFORM = "x86_64-linux-clang"
 STDERR_TAIL_LINES = 5
 
