@@ -192,6 +192,7 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
 # The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.
 USER_EXPORT_KEYS = ("prompt_onnx", "token_onnx", "encodings", "tokenizer", "hf_config")
 SourceKind = Literal["demo", "files", "hf", "estimate"]
+DemoCalibrator = Literal["builtin", "aimet"]  # demo.calibrator: genie_build.calibrate, or the calibration chain
 
 
 def source_kind(config: Mapping[str, Any]) -> SourceKind:
@@ -222,8 +223,9 @@ def calibration_chain(config: Mapping[str, Any]) -> bool:
         config: a validated config (:func:`validate_config`): ``demo.calibrator`` filled in.
     """
     kind = source_kind(config)
+    calibrator: DemoCalibrator = config["demo"]["calibrator"]
     return (kind == "hf" or (kind == "files" and "encodings" not in config["model"])
-            or (kind == "demo" and config["demo"]["calibrator"] == "aimet"))
+            or (kind == "demo" and calibrator == "aimet"))
 
 
 def _check_cross_fields(config: dict, where: str) -> None:

@@ -20,7 +20,8 @@ import jsonschema
 import yaml
 
 from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_BYTES, read_schema
-from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
+from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind, TensorEncoding,
+                                   block_grid)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_text
 from genie_build.weight_inventory import Weight
@@ -28,7 +29,7 @@ from genie_build.weight_inventory import Weight
 __all__ = ["Granularity", "Precision", "WeightRule", "precision_from_dict", "read_precision", "weight_encoding"]
 
 _BLOCKED = ("per_block", "lpbq")
-Granularity = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
+Granularity = EncodingKind  # a precision rule's granularity is the kind of encoding it gives
 
 
 @dataclass(frozen=True)
