@@ -37,6 +37,8 @@ from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import BinaryInfo
 
+__all__ = ["assemble_bundle", "ctx_bin_name", "runtime_tool_versions", "withdraw_bundle"]
+
 # Python packages whose versions shape the bundle's bytes (recorded in the manifest).
 VERSIONED_PACKAGES = ("numpy", "onnx", "onnxruntime", "tokenizers", "pyyaml")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -83,7 +85,7 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
     names = [ctx_bin_name(model_name, index, len(binaries)) for index in range(1, len(binaries) + 1)]
     infos = {name: _inspect(toolchain, Path(path)) for name, path in zip(names, binaries)}
     genie_config = make_genie_config(load_hf_config(hf_config_path), tokenizer_path, names,
-                                     context_size or compiled_context_length(infos), hf_config_path=hf_config_path)
+                                     context_size or _compiled_context_length(infos), hf_config_path=hf_config_path)
     htp_config = make_htp_backend_ext_config(chipset)
     with atomic_directory(out_dir) as staging:
         for name, path in zip(names, binaries):
@@ -135,7 +137,7 @@ def withdraw_bundle(bundle_dir: str | os.PathLike[str]) -> Path:
     return rejected
 
 
-def compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:
+def _compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:
     """The largest context length (CL) of the ctx-bins' graphs, as Genie derives it ("loaded max-CL").
 
     Raises:

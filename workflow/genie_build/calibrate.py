@@ -40,6 +40,10 @@ from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.precision import Precision
 
+__all__ = ["BUILTIN_PRECISION", "DEFAULT_NUM_SAMPLES", "Range", "activation_encoding", "calibrate", "calibration_feeds",
+           "float_activations", "graph_shape", "merge_ranges", "read_initializer", "symmetric_per_channel",
+           "tie_kv_cache"]
+
 logger = logging.getLogger(__name__)
 
 BUILTIN_PRECISION = Precision()  # the default precision: see the module doc
@@ -77,7 +81,7 @@ def symmetric_per_channel(name: str, values: np.ndarray, axis: int, bitwidth: in
 
 # --- parameters --------------------------------------------------------------------------------------
 
-def quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
+def _quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     """Initializers that get an integer encoding: name -> ``(bitwidth, channel axis)``.
 
     A weight is found through the op that uses it, also behind a Cast (fp16-stored weights).
@@ -109,9 +113,9 @@ def read_initializer(tensor: TensorProto, model_path: Path) -> np.ndarray:
                          offset=ref.offset, shape=tuple(tensor.dims))
 
 
-def param_encodings(model: onnx.ModelProto, model_path: Path) -> dict[str, TensorEncoding]:
-    """Per-channel symmetric encodings of the weights :func:`quantized_params` chooses."""
-    chosen = quantized_params(model.graph)
+def _param_encodings(model: onnx.ModelProto, model_path: Path) -> dict[str, TensorEncoding]:
+    """Per-channel symmetric encodings of the weights :func:`_quantized_params` chooses."""
+    chosen = _quantized_params(model.graph)
     encodings = {}
     for tensor in model.graph.initializer:
         if tensor.name in chosen:
@@ -171,8 +175,8 @@ def _session(model: onnx.ModelProto, model_dir: Path) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def observe_ranges(model: onnx.ModelProto, model_dir: Path, feeds: Iterable[Mapping[str, np.ndarray]]
-                   ) -> dict[str, Range]:
+def _observe_ranges(model: onnx.ModelProto, model_dir: Path, feeds: Iterable[Mapping[str, np.ndarray]]
+                    ) -> dict[str, Range]:
     """Min/max of every float activation over all ``feeds``."""
     names = float_activations(model)
     if not names:
@@ -262,12 +266,12 @@ def calibrate(prompt_path: str | Path, token_path: str | Path, out_prompt: str |
     for kind, model in models.items():
         check_external_data(model, paths[kind])
         _check_inputs(model, shape, kind, paths[kind])
-        ranges = merge_ranges(ranges, observe_ranges(model, paths[kind].parent,
-                                                     calibration_feeds(shape, kind, num_samples)))
+        ranges = merge_ranges(ranges, _observe_ranges(model, paths[kind].parent,
+                                                      calibration_feeds(shape, kind, num_samples)))
     ranges = tie_kv_cache(ranges)
     for kind, out_path in (("prompt", out_prompt), ("token", out_token)):
         activations = {name: activation_encoding(name, *ranges[name]) for name in float_activations(models[kind])}
-        params = param_encodings(models[kind], paths[kind])
+        params = _param_encodings(models[kind], paths[kind])
         write_encodings(out_path, Encodings(activations=activations, params=params,
                                             quantizer_args=dict(QUANTIZER_ARGS)))
         logger.info("%s: %d activation and %d param encodings from %d samples per graph", out_path,

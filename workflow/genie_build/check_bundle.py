@@ -39,6 +39,8 @@ from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import inspect_container
 
+__all__ = ["Finding", "MAX_DOCUMENT_BYTES", "RULES", "Severity", "check_bundle", "require_valid_bundle"]
+
 Severity = Literal["error", "warning"]
 
 RULES = {

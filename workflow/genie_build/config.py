@@ -27,6 +27,9 @@ from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_text
 
+__all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
+           "calibration_chain", "load_config", "read_schema", "source_kind", "validate_config"]
+
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
 # libyaml when PyYAML has it: every Snakemake run reads the schema, in 19 ms instead of 84 ms with the pure-Python

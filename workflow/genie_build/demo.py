@@ -36,6 +36,9 @@ from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
 from genie_build.hf_config import read_model_shape, read_rope, rope_kind
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
 
+__all__ = ["DemoShape", "EXTERNAL_DATA_ALIGNMENT", "TensorSpec", "WEIGHT_DTYPES", "example_inputs", "generate_demo",
+           "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config", "shape_from_hf_config"]
+
 OPSET = 17
 IR_VERSION = 8
 # Tensors smaller than this stay inside the graph proto, as onnx's own external-data writer does.
@@ -49,7 +52,7 @@ WEIGHT_STD = 0.02       # keeps q/k/v and logits O(1) for hidden sizes up to a f
 NORM_WEIGHT_STD = 0.05  # norm weights are 1 + a perturbation, so a wrong norm formula shows in the logits
 KV_CACHE_STD = 0.5      # random past K/V of about the magnitude the demo's own projections produce
 
-WeightInit = Literal["linear", "norm", "bias"]
+_WeightInit = Literal["linear", "norm", "bias"]
 WEIGHT_DTYPES = ("float32", "float16")
 
 
@@ -108,19 +111,19 @@ class TensorSpec:
     dtype: str = "float32"
 
 
-def graph_ar(shape: DemoShape, kind: str) -> int:
+def _graph_ar(shape: DemoShape, kind: str) -> int:
     """The number of new tokens per call of a graph: ``shape.ar`` for the prompt graph, 1 for the token graph."""
     return _kind_ar(kind, shape.ar)
 
 
 def graph_past(shape: DemoShape, kind: str) -> int:
     """Cache slots of a graph: ``context - AR``."""
-    return shape.context - graph_ar(shape, kind)
+    return shape.context - _graph_ar(shape, kind)
 
 
 def graph_inputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
     """The inputs of a full graph, in graph order (docs/conventions.md)."""
-    ar, past, d, kv = graph_ar(shape, kind), graph_past(shape, kind), shape.head_dim, shape.kv_heads
+    ar, past, d, kv = _graph_ar(shape, kind), graph_past(shape, kind), shape.head_dim, shape.kv_heads
     specs = [TensorSpec(INPUT_IDS, (1, ar), "int32"),
              TensorSpec(MASK, (1, ar, shape.context)),
              TensorSpec(POS_COS, (1, 1, ar, d // 2)),
@@ -133,7 +136,7 @@ def graph_inputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
 
 def graph_outputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
     """The outputs of a full graph, in graph order: logits, then the new K/V entries per layer."""
-    ar, d, kv = graph_ar(shape, kind), shape.head_dim, shape.kv_heads
+    ar, d, kv = _graph_ar(shape, kind), shape.head_dim, shape.kv_heads
     specs = [TensorSpec(LOGITS, (1, ar, shape.vocab))]
     for i in range(shape.layers):
         specs += [TensorSpec(kv_name("key", i, "out"), (1, kv, d, ar)),
@@ -146,7 +149,7 @@ def graph_outputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
 def example_inputs(shape: DemoShape, kind: str, past_len: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A full input feed for a graph: random token ids, random past K/V, the causal mask and RoPE tables
     for positions ``past_len..past_len+AR-1``. Deterministic for a seeded ``rng``."""
-    ar = graph_ar(shape, kind)
+    ar = _graph_ar(shape, kind)
     cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + ar))
     feed = {INPUT_IDS: rng.integers(0, shape.vocab, size=(1, ar), dtype=np.int32),
             MASK: causal_mask(ar, shape.context, past_len),
@@ -164,7 +167,7 @@ class _WeightSpec:
 
     name: str
     dims: tuple[int, ...]
-    init: WeightInit
+    init: _WeightInit
 
 
 @dataclass
@@ -203,7 +206,7 @@ class _GraphBuilder:
         """A Reshape target; 0 copies the input's dim and -1 takes the rest, so it holds for any AR."""
         return self.constant(name, np.array(dims, dtype=np.int64))
 
-    def weight(self, scope: str, name: str, dims: tuple[int, ...], init: WeightInit) -> str:
+    def weight(self, scope: str, name: str, dims: tuple[int, ...], init: _WeightInit) -> str:
         """Register a weight; with fp16 weights, return the float32 output of a Cast in ``scope``."""
         self.weights.append(_WeightSpec(name, dims, init))
         if self.weight_dtype == "float32":
@@ -303,7 +306,7 @@ def _decoder_layer(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) 
 
 def _build_graph(shape: DemoShape, kind: str) -> _GraphBuilder:
     """All nodes of one graph; weights are only registered, not made."""
-    ar, b = graph_ar(shape, kind), _GraphBuilder(shape.weight_dtype)
+    ar, b = _graph_ar(shape, kind), _GraphBuilder(shape.weight_dtype)
     dims = (1, ar, shape.hidden)
     table = b.weight("/model/embed_tokens", EMBED_WEIGHT, (shape.vocab, shape.hidden), "linear")
     x = b.op("/model/embed_tokens", "Gather", [table, INPUT_IDS], dims, axis=0)
@@ -385,7 +388,7 @@ def _model_proto(b: _GraphBuilder, shape: DemoShape, kind: str, weights: list[Te
     outputs = graph_outputs(shape, kind)
     output_names = {spec.name for spec in outputs}
     value_info = [info(TensorSpec(name, dims)) for name, dims in b.value_dims.items() if name not in output_names]
-    graph = helper.make_graph(b.nodes, unsplit_graph_name(kind, graph_ar(shape, kind), shape.context),
+    graph = helper.make_graph(b.nodes, unsplit_graph_name(kind, _graph_ar(shape, kind), shape.context),
                               [info(spec) for spec in graph_inputs(shape, kind)], [info(spec) for spec in outputs],
                               initializer=[*b.constants, *weights], value_info=value_info)
     return helper.make_model(graph, producer_name="genie-build demo", ir_version=IR_VERSION,

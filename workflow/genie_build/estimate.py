@@ -45,6 +45,9 @@ from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
+__all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
+           "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "stored_size"]
+
 log = logging.getLogger(__name__)
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
@@ -186,7 +189,7 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | None
 
 # ------------------------------------------------------------------------------------------- outputs
 
-def size_records(result: Estimate) -> list[AccountRecord]:
+def _size_records(result: Estimate) -> list[AccountRecord]:
     """The predictions as accounting records, for ``sizes.build_size_table``. ``applied`` is empty: there is
     no binary to read back, so an option is judged by size alone."""
     options = {variant.name: {"weights_packing": variant.weights_packing,
@@ -197,8 +200,8 @@ def size_records(result: Estimate) -> list[AccountRecord]:
                           applied=AppliedOptions()) for part in result.parts]
 
 
-def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, precision: Precision,
-                   memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> None:
+def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, precision: Precision,
+                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> None:
     """Write ``plan.json``, ``estimate.json``, ``size_table.{csv,md,png}`` (baseline: the first variant)
     and ``memory_plan.{json,md}`` (``memory_variant`` against ``limits``) into ``out_dir``, each atomically.
 
@@ -207,7 +210,7 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
             written.
     """
     out = Path(out_dir)
-    records = size_records(result)
+    records = _size_records(result)
     memory_sizes = [PartSize(part.part, part.weight_bytes, part.file_bytes)
                     for part in result.parts if part.variant == memory_variant]
     if not memory_sizes:
@@ -237,11 +240,11 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
                     memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> Estimate:
     """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
     workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``) and
-    every part's predicted sizes, written by :func:`write_estimate` and logged per part.
+    every part's predicted sizes, written by :func:`_write_estimate` and logged per part.
 
     Raises:
         GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
-            source, an infeasible split, or what :func:`write_estimate` raises.
+            source, an infeasible split, or what :func:`_write_estimate` raises.
     """
     if (hf_config is None) == (onnx is None):
         raise ValueError("give exactly one of hf_config and onnx")
@@ -251,8 +254,8 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
     max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
     result = estimate(model, precision, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
                       embedding_alone=split["embedding_alone"])
-    write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx), precision=precision,
-                   memory_variant=memory_variant, limits=limits)
+    _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),
+                    precision=precision, memory_variant=memory_variant, limits=limits)
     for part in result.plan.parts:
         sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
                           for predicted in result.parts if predicted.part == part.index)

@@ -160,7 +160,7 @@ class ExportSummary:
 
 # --- the model's modules --------------------------------------------------------------------------------------
 
-class NewEntriesCache:
+class _NewEntriesCache:
     """The cache HF's attention layers write to (duck-typed ``Cache.update``): past entries come from the graph
     inputs in Genie's layout, keyed by layer index, and the new ones are kept for the graph outputs."""
 
@@ -202,7 +202,7 @@ class GenieIO(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden, rest = inputs[0], inputs[1:]
-        cache = NewEntriesCache(rest[3:], self.pieces.layers)
+        cache = _NewEntriesCache(rest[3:], self.pieces.layers)
         if self.pieces.layers:
             attention_mask, position_ids_cos, position_ids_sin = rest[:3]
             mask = attention_mask.unsqueeze(1)  # [1, 1, AR, CL], broadcast over heads
@@ -219,7 +219,7 @@ class GenieIO(torch.nn.Module):
         return (hidden, *cache.outputs())
 
 
-def example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[torch.Tensor, ...]:
+def _example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[torch.Tensor, ...]:
     """Zero inputs of a graph's shapes and dtypes (docs/conventions.md): the export traces with these."""
     ar, past, d, kv = graph_ar(kind, shape.ar), shape.past(kind), shape.head_dim, shape.kv_heads
     first = (torch.zeros((1, ar), dtype=torch.int32) if pieces.embedding
@@ -230,7 +230,7 @@ def example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[to
     return (first, *feeds, *cache)
 
 
-def load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
+def _load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
     """The checkpoint as its transformers class (``from_pretrained``), float32, eager attention, in eval mode, with
     a tied LM head untied. Returns ``(model, whether the head was tied)``.
 
@@ -390,7 +390,7 @@ def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathL
     """
     checkpoint = read_checkpoint(directory)
     shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
-    model, tied = load_model(checkpoint)
+    model, tied = _load_model(checkpoint)
     pieces = GraphPieces.whole(shape.layers)
     wrapper = GenieIO(pieces, model.model.embed_tokens, dict(enumerate(model.model.layers)), model.model.norm,
                       model.lm_head).eval()
@@ -436,7 +436,7 @@ def _exported_graph(module: GenieIO, shape: ExportShape, kind: str, pieces: Grap
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             tempfile.TemporaryDirectory(prefix="genie-build-export-") as scratch:
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, example_args(shape, kind, pieces), dynamo=True, optimize=False,
+        program = torch.onnx.export(module, _example_args(shape, kind, pieces), dynamo=True, optimize=False,
                                     input_names=input_names, output_names=output_names)
         program.save(os.path.join(scratch, "graph.onnx"), include_initializers=False)
         model = onnx.load(os.path.join(scratch, "graph.onnx"))

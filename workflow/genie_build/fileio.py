@@ -25,6 +25,10 @@ from typing import Any, BinaryIO
 
 from genie_build.errors import GenieBuildError
 
+__all__ = ["COPY_CHUNK_BYTES", "HashingWriter", "atomic_directory", "atomic_open", "copy_range", "is_json_int",
+           "is_json_number", "open_regular", "read_json", "read_regular", "read_text", "regular_file_size",
+           "resolve_inside", "sha256_file", "write_bytes", "write_json", "write_text"]
+
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 # The largest JSON document read whole (encodings of a 7B model with per-block scales are a few hundred MB; parsing
 # takes about ten times the file's size in memory, so a larger one could not be held anyway).

@@ -26,6 +26,11 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, is_json_number, read_text
 from genie_build.hf_config import head_dim, read_rope, rope_kind
 
+__all__ = ["BINARY_SOURCES", "EXPECTED_VALUES", "GENIE_CONFIG_NAME", "GENIE_CONFIG_SECTIONS", "GENIE_ROPE_SCALING_KEYS",
+           "GENIE_ROPE_TYPES", "GenieSection", "HTP_EXT_CONFIG_NAME", "JsonType", "MAX_TOKENIZER_BYTES",
+           "ROPE_SCALING_TYPES", "TOKENIZER_NAME", "genie_rope_scaling", "load_tokenizer", "make_genie_config",
+           "make_htp_backend_ext_config"]
+
 GENIE_CONFIG_NAME = "genie_config.json"
 HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
 TOKENIZER_NAME = "tokenizer.json"
@@ -74,8 +79,8 @@ def genie_rope_scaling(scaling: dict[str, Any], where: str | os.PathLike[str]) -
     return result
 
 
-def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
-                      where: str | os.PathLike[str]) -> tuple[int, int | list[int]]:
+def _special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
+                       where: str | os.PathLike[str]) -> tuple[int, int | list[int]]:
     """``(bos, eos)`` from the HF config, each checked to be an added token of ``tokenizer.json``.
 
     Returns:
@@ -91,7 +96,7 @@ def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
     eos_ids = eos if isinstance(eos, list) else [eos]
     if not eos_ids or not all(is_json_int(token) for token in eos_ids):
         raise GenieBuildError(where, f"eos_token_id must be an integer or a list of integers, got {eos!r}")
-    added = added_token_ids(tokenizer_path)
+    added = _added_token_ids(tokenizer_path)
     for label, token in [("bos_token_id", bos)] + [("eos_token_id", token) for token in eos_ids]:
         if token not in added:
             raise GenieBuildError(tokenizer_path, f"{label} {token} (from {os.fspath(where)}) is not an added "
@@ -99,7 +104,7 @@ def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
     return bos, eos
 
 
-def added_token_ids(tokenizer_path: str | os.PathLike[str]) -> set[int]:
+def _added_token_ids(tokenizer_path: str | os.PathLike[str]) -> set[int]:
     """Ids of the tokenizer's added (special) tokens.
 
     Raises:
@@ -238,7 +243,7 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
 
     Raises:
         GenieBuildError: naming the HF config or the tokenizer (see :func:`read_rope`,
-            :func:`special_token_ids`, :func:`head_dim`).
+            :func:`_special_token_ids`, :func:`head_dim`).
     """
     vocab = hf_config.get("vocab_size")
     if not (is_json_int(vocab) and vocab > 0):
@@ -247,7 +252,7 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
         raise GenieBuildError("context_size", f"must be a positive integer, got {context_size!r}")
     if not ctx_bins:
         raise GenieBuildError("ctx_bins", "a bundle needs at least one ctx-bin")
-    bos, eos = special_token_ids(hf_config, tokenizer_path, hf_config_path)
+    bos, eos = _special_token_ids(hf_config, tokenizer_path, hf_config_path)
     kv_dim = head_dim(hf_config, hf_config_path)
     rope = read_rope(hf_config, hf_config_path)
     qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,

@@ -22,6 +22,9 @@ from genie_build.fileio import read_json
 from genie_build.genie_config import TOKENIZER_NAME
 from genie_build.hf_config import load_hf_config, read_rope, rope_kind
 
+__all__ = ["CONFIG_NAME", "Checkpoint", "INDEX_NAME", "SUPPORTED_ARCHITECTURES", "read_checkpoint", "tensor_files",
+           "weight_files"]
+
 CONFIG_NAME = "config.json"
 SINGLE_WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -61,7 +64,7 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
                                     "directory: config.json, *.safetensors, tokenizer.json)")
     config_path = root / CONFIG_NAME
     config = load_hf_config(config_path)
-    check_architecture(config, config_path)
+    _check_architecture(config, config_path)
     tokenizer = root / TOKENIZER_NAME
     if not tokenizer.is_file():
         raise GenieBuildError(tokenizer, "missing (the export needs the checkpoint's tokenizer.json)")
@@ -90,7 +93,7 @@ def weight_files(directory: str | os.PathLike[str]) -> tuple[Path, ...]:
     return (single,)
 
 
-def check_architecture(config: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
+def _check_architecture(config: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
     """The export supports ``config``'s model: a known model_type with its class in architectures, plain or llama3
     RoPE, full attention in every layer, an even head dim.
 
@@ -130,10 +133,10 @@ def tensor_files(directory: str | os.PathLike[str]) -> dict[str, Path]:
         weight_files(root)  # the index is valid and every shard it names is there
         return {name: root / shard for name, shard in weight_map.items()}
     single = weight_files(root)[0]
-    return {name: single for name in safetensors_names(single)}
+    return {name: single for name in _safetensors_names(single)}
 
 
-def safetensors_names(path: Path) -> list[str]:
+def _safetensors_names(path: Path) -> list[str]:
     """The tensor names of a safetensors file, from its JSON header (8-byte length, then the header).
 
     Raises:

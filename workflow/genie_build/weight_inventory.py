@@ -23,6 +23,8 @@ from genie_build.hf_config import load_hf_config, read_model_shape
 from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
 from genie_build.plan import initializer_pieces
 
+__all__ = ["ModelWeights", "Role", "Weight", "weights_from_hf_config", "weights_from_onnx"]
+
 Role = Literal["embedding", "layers", "lm_head", "float"]
 
 

@@ -16,6 +16,8 @@ from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSI
 from genie_build.plan import MIB
 from genie_build.precision import Precision, precision_from_dict, read_precision
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("estimate", help="plan and predict context binary sizes from shapes alone",
