@@ -142,7 +142,7 @@ def test_a_constant_weight_builds_a_bundle_that_holds_all_it_needs_and_runs_as_t
     out = workdir / "results" / "const"
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["unsplit_ids"]
+    assert host_run["new_ids"] == host_run["reference_ids"]
     bundle_files = {path.name for path in (out / "genie_bundle").iterdir()}
     assert not any(name.endswith(".data") for name in bundle_files)
     for ctx_bin in sorted((out / "genie_bundle").glob("*.bin")):
