@@ -15,12 +15,12 @@ include: "workflow/rules/common.smk"
 
 
 # A checkpoint is exported and calibrated part by part; whole graphs (the demo's or the user's) are split, and their
-# encodings sliced.
+# encodings sliced. An estimate-only config has no graphs: the estimate's rules alone.
 if SOURCE_KIND == "hf":
 
     include: "workflow/rules/export.smk"
 
-else:
+elif SOURCE_KIND in ("demo", "files"):
     if SOURCE_KIND == "demo":
 
         include: "workflow/rules/source.smk"
@@ -28,20 +28,21 @@ else:
     include: "workflow/rules/split.smk"
 
 
-if CALIBRATION_CHAIN:
+if SOURCE_KIND != "estimate":
+    if CALIBRATION_CHAIN:
 
-    include: "workflow/rules/calibrate.smk"
+        include: "workflow/rules/calibrate.smk"
 
-else:
+    else:
 
-    include: "workflow/rules/encodings.smk"
+        include: "workflow/rules/encodings.smk"
+
+    include: "workflow/rules/convert.smk"
+    include: "workflow/rules/compile.smk"
+    include: "workflow/rules/sizes.smk"
+    include: "workflow/rules/bundle.smk"
 
 
-
-include: "workflow/rules/convert.smk"
-include: "workflow/rules/compile.smk"
-include: "workflow/rules/sizes.smk"
-include: "workflow/rules/bundle.smk"
 include: "workflow/rules/estimate.smk"
 
 

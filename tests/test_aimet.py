@@ -36,10 +36,12 @@ from aimet_onnx.quantsim import (QuantizationSimModel, set_blockwise_quantizatio
                                  set_lpbq_for_params)
 
 VOCAB, HIDDEN, WIDE, BLOCK = 32, 64, 96, 32
-# (recipe, param type, the formats aimet-onnx writes for it: 0.6.1 has no blocked encodings)
-RECIPES = {"per_tensor": ("int8", ("0.6.1", "1.0.0", "2.0.0")), "per_channel_4": ("int4", ("0.6.1", "1.0.0", "2.0.0")),
-           "per_channel_8": ("int8", ("0.6.1", "1.0.0", "2.0.0")), "per_block": ("int4", ("1.0.0", "2.0.0")),
-           "lpbq": ("int4", ("1.0.0", "2.0.0"))}
+# How a QuantizationSimModel is set up (not a named recipe of genie_build.recipes): setup -> (param type, the formats
+# aimet-onnx writes for it: 0.6.1 has no blocked encodings)
+QUANTSIM_SETUPS = {"per_tensor": ("int8", ("0.6.1", "1.0.0", "2.0.0")),
+                   "per_channel_4": ("int4", ("0.6.1", "1.0.0", "2.0.0")),
+                   "per_channel_8": ("int8", ("0.6.1", "1.0.0", "2.0.0")), "per_block": ("int4", ("1.0.0", "2.0.0")),
+                   "lpbq": ("int4", ("1.0.0", "2.0.0"))}
 
 
 def _model(nodes: list, inputs: list, outputs: list, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -82,16 +84,16 @@ MODELS = {"linear": (linear_model, lambda rng: {"ids": rng.integers(0, VOCAB, (1
           "conv": (conv_model, lambda rng: {"x": rng.normal(size=(1, HIDDEN, 4, 4)).astype(np.float32)})}
 
 
-def aimet_export(model: onnx.ModelProto, recipe: str, feeds: list[dict], out: Path
+def aimet_export(model: onnx.ModelProto, setup: str, feeds: list[dict], out: Path
                  ) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
-    """AIMET's fake-quantized weights and its export in every format of the recipe (``version -> dir``)."""
-    param_type, versions = RECIPES[recipe]
-    config = None if recipe == "per_tensor" else "htp_v79"
+    """AIMET's fake-quantized weights and its export in every format of the setup (``version -> dir``)."""
+    param_type, versions = QUANTSIM_SETUPS[setup]
+    config = None if setup == "per_tensor" else "htp_v79"
     sim = QuantizationSimModel(model, param_type=param_type, activation_type="int16", config_file=config)
     op_types = ("MatMul", "Gemm", "Conv")
-    if recipe == "per_block":
+    if setup == "per_block":
         set_blockwise_quantization_for_weights(sim, op_types, 4, True, BLOCK)
-    elif recipe == "lpbq":
+    elif setup == "lpbq":
         set_lpbq_for_params(sim, 4, BLOCK, op_types=set(op_types))
     sim.compute_encodings(feeds)
     exports = {}
@@ -141,7 +143,7 @@ def count_one_step_ties(ours: np.ndarray, theirs: np.ndarray, step: float) -> in
     return int(differ.sum())
 
 
-def compare_with_aimet(model, truth, exports, feed, recipe, tmp_path) -> tuple[int, int]:
+def compare_with_aimet(model, truth, exports, feed, setup, tmp_path) -> tuple[int, int]:
     """Compare the reference toolchain's weights converted from each exported format with AIMET's ``truth``
     (its folded weights; a weight AIMET leaves in float is its original value). Values whose encoding has a
     quantization step may differ by one step (a rounding tie, counted); the others must be equal.
@@ -166,15 +168,15 @@ def compare_with_aimet(model, truth, exports, feed, recipe, tmp_path) -> tuple[i
             compared += value.size
             step = largest_step(export / "model.encodings", name)
             if step is None:
-                np.testing.assert_array_equal(ours[name], expected, err_msg=f"{recipe} {version} {name}")
+                np.testing.assert_array_equal(ours[name], expected, err_msg=f"{setup} {version} {name}")
             else:
                 ties += count_one_step_ties(ours[name], expected, step)
     return compared, ties
 
 
 @pytest.mark.parametrize("model_name", list(MODELS))
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe, tmp_path, record_property):
+@pytest.mark.parametrize("setup", list(QUANTSIM_SETUPS))
+def test_reference_weights_equal_aimets_own_for_every_format(model_name, setup, tmp_path, record_property):
     """Every quantized value is AIMET's, but for rounding ties: AIMET's kernel rounds a float32 quotient
     computed from the encoding's minimum, so a value within a float32 rounding of a half step may land on
     the other side (here 2 to 3 in 1,000 values of a 16-bit table, 1 in 10,000 of an 8-bit weight). A wrong
@@ -183,11 +185,11 @@ def test_reference_weights_equal_aimets_own_for_every_format(model_name, recipe,
     make_model, make_feed = MODELS[model_name]
     model = make_model(rng)
     feeds = [make_feed(rng) for _ in range(2)]
-    truth, exports = aimet_export(model, recipe, feeds, tmp_path / "aimet")
-    compared, ties = compare_with_aimet(model, truth, exports, feeds[0], recipe, tmp_path)
+    truth, exports = aimet_export(model, setup, feeds, tmp_path / "aimet")
+    compared, ties = compare_with_aimet(model, truth, exports, feeds[0], setup, tmp_path)
     record_property("values_compared", compared)
     record_property("one_step_ties", ties)
-    print(f"{model_name} {recipe}: {compared} values compared, {ties} one-step ties")
+    print(f"{model_name} {setup}: {compared} values compared, {ties} one-step ties")
     assert ties <= compared // 200
 
 
@@ -306,11 +308,11 @@ def qwen2_feed(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np
     return feed
 
 
-@pytest.mark.parametrize("recipe", ["per_channel_4", "per_channel_8", "per_block", "lpbq"])
-def test_a_torch_dynamo_qwen2_quantized_by_aimet_converts_to_aimets_own_weights(qwen2_dynamo, recipe, tmp_path):
+@pytest.mark.parametrize("setup", ["per_channel_4", "per_channel_8", "per_block", "lpbq"])
+def test_a_torch_dynamo_qwen2_quantized_by_aimet_converts_to_aimets_own_weights(qwen2_dynamo, setup, tmp_path):
     rng = np.random.default_rng(5)
     feeds = [qwen2_feed(qwen2_dynamo, rng) for _ in range(2)]
-    truth, exports = aimet_export(qwen2_dynamo, recipe, feeds, tmp_path / "aimet")
-    compared, ties = compare_with_aimet(qwen2_dynamo, truth, exports, feeds[0], recipe, tmp_path)
-    print(f"qwen2 {recipe}: {compared} values compared, {ties} one-step ties")
+    truth, exports = aimet_export(qwen2_dynamo, setup, feeds, tmp_path / "aimet")
+    compared, ties = compare_with_aimet(qwen2_dynamo, truth, exports, feeds[0], setup, tmp_path)
+    print(f"qwen2 {setup}: {compared} values compared, {ties} one-step ties")
     assert ties <= compared // 200

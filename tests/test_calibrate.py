@@ -13,11 +13,13 @@ import pytest
 from onnx import numpy_helper
 
 from genie_build import cli
-from genie_build.calibrate import (activation_encoding, calibrate, calibration_feeds, merge_ranges,
-                                   symmetric_per_channel, tie_kv_cache)
+from genie_build.calibrate import (BUILTIN_PRECISION, activation_encoding, calibrate, calibration_feeds,
+                                   merge_ranges, symmetric_per_channel, tie_kv_cache)
+from genie_build.conventions import EMBED_WEIGHT
 from genie_build.demo import generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
+from genie_build.recipes import RECIPES, precision_of
 
 import demo_shapes
 
@@ -201,3 +203,14 @@ def test_low_memory_session_options_give_the_same_encodings(tmp_path: Path, monk
               num_samples=2)
     assert (tmp_path / "p.json").read_bytes() == (tmp_path / "p0.json").read_bytes()
     assert (tmp_path / "t.json").read_bytes() == (tmp_path / "t0.json").read_bytes()
+
+
+def test_the_builtin_calibrator_is_w4a16_but_for_the_embedding_table() -> None:
+    """The builtin calibrator's precision shares the named recipe w4a16's decoder weights, LM head and
+    activations; aimet-onnx's w4a16 gives the table 16 bits per tensor, the builtin calibrator 8 per vocab row."""
+    w4a16 = precision_of(RECIPES["w4a16"])
+    same = ("layers", "lm_head", "activations", "granularity", "block_size")
+    assert [getattr(BUILTIN_PRECISION, key) for key in same] == [getattr(w4a16, key) for key in same]
+    table = next(rule for rule in w4a16.overrides if rule.pattern == EMBED_WEIGHT)
+    assert (table.bitwidth, table.granularity) == (16, "per_tensor")
+    assert (BUILTIN_PRECISION.embedding, BUILTIN_PRECISION.granularity) == (8, "per_channel")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_VALUES, load_config, read_schema, validate_config
+from genie_build.config import (DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain, load_config, read_schema,
+                                source_kind, validate_config)
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,3 +243,33 @@ def test_a_config_of_nested_yaml_aliases_is_refused_before_anything_walks_it() -
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)) + "split: {boundaries: *a8}\n"
     config = {**changed(), **{key: value for key, value in yaml.safe_load(text).items() if key == "split"}}
     assert error_of(config) == f"config: holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are expanded"
+
+
+@pytest.mark.parametrize("model, demo, kind, chain", [
+    ({"name": "m"}, {}, "demo", False),
+    ({"name": "m"}, {"calibrator": "aimet"}, "demo", True),
+    ({"name": "m", "hf_checkpoint": "ck"}, {}, "hf", True),
+    ({"name": "m", "hf_config": "c.json"}, {}, "estimate", False),
+    ({"name": "m", **USER_PATHS}, {}, "files", False),
+    ({"name": "m", **{key: value for key, value in USER_PATHS.items() if key != "encodings"}}, {}, "files", True),
+])
+def test_the_source_kind_and_the_calibration_chain_are_named_once(model, demo, kind, chain) -> None:
+    config = validate_config(changed(model=model, demo=demo))
+    assert (source_kind(config), calibration_chain(config)) == (kind, chain)
+
+
+def test_an_estimate_only_config_is_not_held_to_the_demos_shape() -> None:
+    """Nothing builds the demo for an estimate-only config; the demo is held to its shape when it is built."""
+    odd_demo = {"hidden": 250}
+    assert error_of(changed(demo=odd_demo)).startswith("config demo.hidden")
+    validate_config(changed(model={"name": "m", "hf_config": "c.json"}, demo=odd_demo))
+
+
+def test_no_rule_file_decides_the_source_kind_from_the_model_keys() -> None:
+    """The workflow asks genie_build.config.source_kind, as the validator does."""
+    files = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+    guessed = [f"{path.name}:{number}" for path in files
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               if re.search(r'"(prompt_onnx|hf_checkpoint|hf_config|encodings)" (not )?in config\["model"\]', line)]
+    assert guessed == []
+    assert "SOURCE_KIND = source_kind(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()

@@ -185,6 +185,19 @@ def test_config_json_describes_the_model(tiny_dir: Path) -> None:
     assert shape_from_hf_config(config, TINY.ar) == TINY
 
 
+def test_the_shape_is_read_from_either_transformers_layout_and_scaled_rope_is_refused() -> None:
+    """transformers 5 writes the RoPE base under rope_parameters; the demo's feeds compute plain RoPE only."""
+    legacy = demo.hf_config(TINY)
+    v5 = {key: value for key, value in legacy.items() if key != "rope_theta"}
+    v5["rope_parameters"] = {"rope_type": "default", "rope_theta": legacy["rope_theta"]}
+    assert shape_from_hf_config(v5, TINY.ar) == TINY
+    scaled = {**v5, "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16}}
+    with pytest.raises(GenieBuildError, match="cfg.json: RoPE scaling 'llama3'"):
+        shape_from_hf_config(scaled, TINY.ar, where="cfg.json")
+
+
 def test_fp16_weights_are_cast_and_close_to_fp32(tiny_dir: Path, tmp_path: Path) -> None:
     generate_demo(dataclasses.replace(TINY, weight_dtype="float16"), tmp_path)
     onnx.checker.check_model(str(tmp_path / "token.onnx"), full_check=True)

@@ -1,4 +1,4 @@
-"""genie_build.estimate and the ``estimate`` command: weights from a config or a graph, the recipe, stored
+"""genie_build.estimate and the ``estimate`` command: weights from a config or a graph, the precision, stored
 sizes by hand, config == graph, and the prediction against compiled reference containers."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import yaml
 from onnx import helper, numpy_helper
 
 from genie_build.boundaries import find_boundaries
-from genie_build.calibrate import ACTIVATION_BITWIDTH, MATMUL_WEIGHT_BITWIDTH, TABLE_BITWIDTH, calibrate
+from genie_build.calibrate import calibrate
 from genie_build.cli import main
-from genie_build.config import load_config, validate_config
+from genie_build.config import validate_config
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.encodings import SUPPORTED_INT_BITWIDTHS, read_encodings, slice_encodings, write_encodings
+from genie_build.encodings import read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
@@ -27,7 +27,7 @@ from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABL
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
 from genie_build.plan import model_pieces, plan_by_num_parts
 from genie_build.plan_file import read_plan
-from genie_build.recipe import Recipe, WeightRule, read_recipe, recipe_from_dict, recipe_schema, weight_encoding
+from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.split import split_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
@@ -63,7 +63,7 @@ def sizes(result, variant: str, key: str = "weight_bytes") -> list[int]:
 # ------------------------------------------------------------------------------------------- by hand
 
 def test_piece_and_part_bytes_of_a_small_qwen2_config_match_hand_computation(tmp_path):
-    result = estimate(weights_from_hf_config(write_config(tmp_path)), Recipe(), num_parts=3)
+    result = estimate(weights_from_hf_config(write_config(tmp_path)), Precision(), num_parts=3)
     # planner rule (plan.quantized_bytes): bits/8 per value + 4 bytes per scale; fp16 norms and biases
     #   embedding [32, 8] 8-bit, 32 channels: 256 + 128; head: norm 16 + lm_head [8, 32] 8-bit 256 + 128
     #   layer: q,o [8,8] 32+32 each; k,v [8,4] 16+16 each; gate,up [8,16] 64+64 each; down [16,8] 64+32;
@@ -92,7 +92,7 @@ def test_a_tied_head_is_its_own_lm_head_as_the_export_writes_it(tmp_path):
     by_name = {weight.spec.name: weight for weight in model.weights}
     assert by_name[EMBED_WEIGHT].pieces == {0}
     assert by_name[LM_HEAD_WEIGHT].pieces == {3} and by_name[LM_HEAD_WEIGHT].spec.shape == (8, 32)
-    result = estimate(model, Recipe(), num_parts=3)
+    result = estimate(model, Precision(), num_parts=3)
     assert result.plan.pieces[-1].bytes == 16 + 384      # final norm + the 8-bit head, a copy of the table
 
 
@@ -132,63 +132,63 @@ def test_unsupported_configs_are_refused_naming_the_file(tmp_path, changes, mess
     assert str(path) in str(error.value)
 
 
-# ------------------------------------------------------------------------------------------- recipe
+# ------------------------------------------------------------------------------------------- precision
 
 def test_overrides_come_first_and_granularity_sets_the_scale_count(tmp_path):
     model = weights_from_hf_config(write_config(tmp_path))
     by_name = {weight.spec.name: weight for weight in model.weights}
-    recipe = Recipe(granularity="per_tensor", overrides=(
+    precision = Precision(granularity="per_tensor", overrides=(
         WeightRule("*.down_proj.weight", 8, granularity="per_block", block_size=4),
         WeightRule("model.layers.1.*", 16, dtype="float"),
         WeightRule("*.down_proj.weight", 16)))
     for layer in (0, 1):    # first match wins: layer 1's down_proj takes the per-block rule, not the later ones
-        down = weight_encoding(by_name[f"model.layers.{layer}.mlp.down_proj.weight"], recipe)
+        down = weight_encoding(by_name[f"model.layers.{layer}.mlp.down_proj.weight"], precision)
         assert (down.bitwidth, down.kind, len(down.scale)) == (8, "per_block", 4 * 8)   # [16, 8]: 4 blocks x 8
-    assert weight_encoding(by_name["model.layers.1.mlp.up_proj.weight"], recipe).dtype == "float"
-    q0 = weight_encoding(by_name["model.layers.0.self_attn.q_proj.weight"], recipe)
+    assert weight_encoding(by_name["model.layers.1.mlp.up_proj.weight"], precision).dtype == "float"
+    q0 = weight_encoding(by_name["model.layers.0.self_attn.q_proj.weight"], precision)
     assert (q0.bitwidth, q0.kind, len(q0.scale)) == (4, "per_tensor", 1)
-    assert weight_encoding(by_name["model.layers.0.input_layernorm.weight"], recipe) is None
-    table = weight_encoding(by_name[EMBED_WEIGHT], Recipe())
+    assert weight_encoding(by_name["model.layers.0.input_layernorm.weight"], precision) is None
+    table = weight_encoding(by_name[EMBED_WEIGHT], Precision())
     assert (table.bitwidth, len(table.scale)) == (8, 32)      # per vocab row, as calibration does
 
 
 def test_a_16_bit_lm_head_costs_two_bytes_per_value_packed_or_not(tmp_path):
     model = weights_from_hf_config(write_config(tmp_path))
-    base = estimate(model, Recipe(), num_parts=3)
-    wide = estimate(model, Recipe(lm_head=16), num_parts=3)
+    base = estimate(model, Precision(), num_parts=3)
+    wide = estimate(model, Precision(lm_head=16), num_parts=3)
     for variant in ("unpacked", "packed"):
         # 256 values 1 -> 2 bytes, 32 zero points 1 -> 2 bytes
         assert sizes(wide, variant)[-1] - sizes(base, variant)[-1] == 256 + 32
 
 
-def test_shipped_estimate_configs_hold_the_default_recipe():
+def test_shipped_estimate_configs_hold_the_default_precision():
     for parts in (6, 11):
-        assert read_recipe(REPO / "config" / f"qwen2_5_7b_{parts}parts.yaml") == Recipe()
+        assert read_precision(REPO / "config" / f"qwen2_5_7b_{parts}parts.yaml") == Precision()
 
 
-@pytest.mark.parametrize("recipe, message", [
+@pytest.mark.parametrize("precision, message", [
     ({"layer": 4}, "Additional properties"),
     ({"layers": 3}, "recipe layers"),
     ({"granularity": "per_block"}, "per_block needs a block_size"),
     ({"overrides": [{"pattern": "x", "bitwidth": 8, "dtype": "float"}]}, "float bitwidth 8"),
     ({"overrides": [{"pattern": "x", "bitwidth": 5}]}, "int bitwidth 5"),
 ])
-def test_bad_recipes_are_refused_naming_the_field(recipe, message):
+def test_bad_precisions_are_refused_naming_the_field(precision, message):
     with pytest.raises(GenieBuildError, match=message):
-        recipe_from_dict(recipe, "r.yaml")
+        precision_from_dict(precision, "r.yaml")
 
 
-def test_recipe_file_without_a_recipe_mapping_is_refused(tmp_path):
+def test_precision_file_without_a_recipe_mapping_is_refused(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("model: {name: x}\n")
     with pytest.raises(GenieBuildError, match="top-level 'recipe'"):
-        read_recipe(path)
+        read_precision(path)
 
 
 def test_a_per_block_rule_that_does_not_divide_the_weight_is_refused(tmp_path):
     model = weights_from_hf_config(write_config(tmp_path))
     with pytest.raises(GenieBuildError, match="whole number of blocks"):
-        estimate(model, Recipe(granularity="per_block", block_size=3), num_parts=2)
+        estimate(model, Precision(granularity="per_block", block_size=3), num_parts=2)
 
 
 # ------------------------------------------------------------------------------------------- config == graph
@@ -203,10 +203,10 @@ def demo(request, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("num_parts, embedding_alone", [(2, True), (3, True), (3, False), (4, True)])
 def test_config_and_graph_of_the_same_shape_estimate_exactly_alike(demo, num_parts, embedding_alone):
-    recipe = Recipe(overrides=(WeightRule("model.layers.1.mlp.*", 8), WeightRule("*.bias", 16, dtype="float")))
-    from_config = estimate(weights_from_hf_config(demo / "config.json"), recipe, num_parts=num_parts,
+    precision = Precision(overrides=(WeightRule("model.layers.1.mlp.*", 8), WeightRule("*.bias", 16, dtype="float")))
+    from_config = estimate(weights_from_hf_config(demo / "config.json"), precision, num_parts=num_parts,
                            embedding_alone=embedding_alone)
-    from_graph = estimate(weights_from_onnx(demo / "prompt.onnx"), recipe, num_parts=num_parts,
+    from_graph = estimate(weights_from_onnx(demo / "prompt.onnx"), precision, num_parts=num_parts,
                           embedding_alone=embedding_alone)
     assert from_graph == from_config
     assert len(from_config.parts) == num_parts * len(PREDICTED_VARIANTS)
@@ -264,7 +264,7 @@ def compiled(tmp_path_factory) -> dict:
 def test_estimate_is_within_1_percent_of_compiled_containers_per_part_and_in_total(compiled, source):
     model = (weights_from_hf_config(compiled["source"] / "config.json") if source == "config"
              else weights_from_onnx(compiled["source"] / "prompt.onnx"))
-    result = estimate(model, Recipe(), num_parts=3)
+    result = estimate(model, Precision(), num_parts=3)
     assert [part.pieces for part in result.plan.parts] == [part.pieces for part in compiled["plan"].parts]
     for variant in PREDICTED_VARIANTS:
         predicted = [part for part in result.parts if part.variant == variant.name]
@@ -277,7 +277,7 @@ def test_estimate_is_within_1_percent_of_compiled_containers_per_part_and_in_tot
 
 def test_the_overhead_model_is_needed_for_1_percent(compiled):
     """Without the header and graph structures the small demo's files would be missed by far more than 1%."""
-    result = estimate(weights_from_hf_config(compiled["source"] / "config.json"), Recipe(), num_parts=3)
+    result = estimate(weights_from_hf_config(compiled["source"] / "config.json"), Precision(), num_parts=3)
     layer_part = next(part for part in result.parts if part.part == 2 and part.variant == "packed")
     file_bytes = compiled["measured"][(2, "packed")][1]
     assert layer_part.weight_bytes < 0.95 * file_bytes
@@ -368,15 +368,20 @@ def test_stored_nbytes_is_the_length_the_container_writes_for_every_storage_kind
         stored_nbytes((2,), "bfloat16")
 
 
-# ------------------------------------------------------------------------------------------- recipe in config
+# ------------------------------------------------------------------------------------------- precision in config
 
-def test_the_default_recipe_is_the_demo_calibration_and_the_config_default():
-    """The estimate's defaults, the config schema's defaults and what calibrate gives the demo agree."""
-    recipe = Recipe()
-    assert (recipe.layers, recipe.embedding, recipe.lm_head, recipe.activations) == (
-        MATMUL_WEIGHT_BITWIDTH, TABLE_BITWIDTH, TABLE_BITWIDTH, ACTIVATION_BITWIDTH)
-    assert recipe_from_dict(load_config(REPO / "config" / "config.yaml")["recipe"], "config") == recipe
-    assert recipe_schema()["properties"]["layers"]["enum"] == list(SUPPORTED_INT_BITWIDTHS)
+def test_the_builtin_calibrator_quantizes_every_weight_as_the_default_precision_predicts(compiled):
+    """The default precision (the estimate's, and the schema's 'recipe' defaults) is what the builtin calibrator
+    gives the demo: every weight's encoding, scale by scale, or none where the precision keeps it float."""
+    calibrated = read_encodings(compiled["source"] / "prompt.encodings.json")
+    for weight in weights_from_onnx(compiled["source"] / "prompt.onnx").weights:
+        predicted, actual = weight_encoding(weight, Precision()), calibrated.of_initializer(weight.spec.name)
+        if predicted is None:
+            assert actual is None, weight.spec.name
+            continue
+        assert (actual.dtype, actual.bitwidth, actual.kind, actual.is_symmetric, len(actual.scale), actual.offset) == (
+            predicted.dtype, predicted.bitwidth, predicted.kind, predicted.is_symmetric, len(predicted.scale),
+            predicted.offset), weight.spec.name
 
 
 @pytest.mark.parametrize("parts", [6, 11])
@@ -387,7 +392,7 @@ def test_estimate_only_configs_validate_without_onnx_paths(parts):
         merged[key] = {**merged.get(key, {}), **value}
     config = validate_config(merged)
     assert config["model"] == {"name": f"qwen2_5_7b_{parts}parts", "hf_config": "config/hf/qwen2_5_7b_instruct.json"}
-    assert recipe_from_dict(config["recipe"]) == Recipe()
+    assert precision_from_dict(config["recipe"]) == Precision()
 
 
 # ------------------------------------------------------------------------------------------- Qwen2.5-7B
@@ -395,8 +400,8 @@ def test_estimate_only_configs_validate_without_onnx_paths(parts):
 def test_qwen_7b_estimate_runs_in_seconds_and_matches_the_field_report_part_2():
     start = time.perf_counter()
     model = weights_from_hf_config(QWEN_7B)
-    eleven = estimate(model, Recipe(), num_parts=11)
-    six = estimate(model, Recipe(), num_parts=6)
+    eleven = estimate(model, Precision(), num_parts=11)
+    six = estimate(model, Precision(), num_parts=6)
     assert time.perf_counter() - start < 10
     part_2 = eleven.plan.parts[1]
     assert (part_2.first_layer, part_2.last_layer) == (0, 2)
@@ -413,7 +418,7 @@ def test_qwen_7b_estimate_runs_in_seconds_and_matches_the_field_report_part_2():
 def test_command_writes_plan_size_table_and_memory_plan(tmp_path, demo):
     out = tmp_path / "predicted"
     assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
-                 "--recipe", str(REPO / "config" / "qwen2_5_7b_6parts.yaml"), "--out-dir", str(out)]) == 0
+                 "--precision", str(REPO / "config" / "qwen2_5_7b_6parts.yaml"), "--out-dir", str(out)]) == 0
     plan = read_plan(out / "plan.json")
     assert plan.num_parts == 3 and plan.parts[0].pieces == ("embedding",)
     table = (out / "size_table.csv").read_text().splitlines()
@@ -438,17 +443,18 @@ def test_command_from_a_graph_with_a_part_budget(tmp_path, demo):
     assert plan.mode == "max_part_mb" and max(part.estimated_bytes for part in plan.parts) <= 0.02 * MIB
 
 
-def test_command_takes_the_recipe_as_json_and_the_memory_limits(tmp_path, demo, capsys):
+@pytest.mark.parametrize("option", ["--precision-json", "--recipe-json"])  # the older spelling still works
+def test_command_takes_the_precision_as_json_and_the_memory_limits(tmp_path, demo, capsys, option):
     out = tmp_path / "predicted"
     assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
-                 "--recipe-json", '{"lm_head": 16}', "--max-context-mb", "0.01", "--out-dir", str(out)]) == 0
+                 option, '{"lm_head": 16}', "--max-context-mb", "0.01", "--out-dir", str(out)]) == 0
     assert json.loads((out / "estimate.json").read_text())["recipe"]["lm_head"] == 16
     memory = json.loads((out / "memory_plan.json").read_text())
     assert memory["limits"]["max_context_bytes"]["value"] == round(0.01 * MIB)
     assert {warning["part"] for warning in memory["warnings"] if warning["check"] == "context_size"} == {1, 2, 3}
     for bad, problem in (('{"lm_head": 3}', "recipe lm_head"), ("[4]", "expected a JSON object")):
         assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
-                     "--recipe-json", bad, "--out-dir", str(out)]) == 2
+                     option, bad, "--out-dir", str(out)]) == 2
         assert problem in capsys.readouterr().err
 
 
@@ -471,7 +477,7 @@ def predicted_bytes(out: Path) -> dict[tuple[int, str], int]:
 
 @pytest.mark.workflow
 def test_estimate_target_predicts_a_7b_model_from_its_config_alone(tmp_path):
-    """``snakemake estimate`` with the shipped estimate-only config: no weights, no demo built, and the recipe
+    """``snakemake estimate`` with the shipped estimate-only config: no weights, no demo built, and the precision
     is the config's (here overridden by a second config file, as Snakemake merges them)."""
     workdir = copy_workflow(tmp_path)
     (workdir / "wide_head.yaml").write_text("recipe: {lm_head: 16}\n")
@@ -480,14 +486,14 @@ def test_estimate_target_predicts_a_7b_model_from_its_config_alone(tmp_path):
     out = workdir / "results" / "qwen2_5_7b_6parts"
     assert sorted(path.name for path in (out / "predicted").iterdir()) == PREDICTED_FILES
     assert not (out / "source").exists()
-    direct = estimate(weights_from_hf_config(QWEN_7B), Recipe(lm_head=16), num_parts=6)
+    direct = estimate(weights_from_hf_config(QWEN_7B), Precision(lm_head=16), num_parts=6)
     assert predicted_bytes(out / "predicted") == {(part.part, part.variant): part.file_bytes for part in direct.parts}
     assert read_plan(out / "predicted" / "plan.json") == direct.plan
 
 
 @pytest.mark.workflow
 def test_estimate_of_the_demo_predicts_the_plan_the_workflow_makes(tmp_path):
-    """From the demo's prompt graph (no weights read) and the default recipe: the parts of the real plan,
+    """From the demo's prompt graph (no weights read) and the default precision: the parts of the real plan,
     which the workflow makes from the calibrated encodings."""
     workdir = copy_workflow(tmp_path)
     run_snakemake(workdir, "estimate", "results/demo/plan.json", "--configfile",
@@ -556,10 +562,10 @@ def test_lpbq_and_a_16_bit_table_are_stored_as_their_encodings_say_and_estimated
         assert (sum(lengths), len(lengths)) == (predicted.bytes, predicted.tensors), name
 
 
-def test_an_lpbq_recipe_counts_channel_and_block_scales(tmp_path):
+def test_an_lpbq_precision_counts_channel_and_block_scales(tmp_path):
     model = weights_from_hf_config(write_config(tmp_path))
     by_name = {weight.spec.name: weight for weight in model.weights}
-    down = weight_encoding(by_name["model.layers.0.mlp.down_proj.weight"], Recipe(granularity="lpbq", block_size=4))
+    down = weight_encoding(by_name["model.layers.0.mlp.down_proj.weight"], Precision(granularity="lpbq", block_size=4))
     assert (down.kind, down.bitwidth, down.compressed_bitwidth) == ("lpbq", 8, 4)
     assert (len(down.scale), len(down.per_block_int_scale)) == (8, 4 * 8)          # [16, 8]: 8 channels x 4 blocks
     size = stored_size(by_name[down.name].spec, down, 16, packing=True)

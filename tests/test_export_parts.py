@@ -24,7 +24,7 @@ from onnx import numpy_helper
 from genie_build.canonical import canonicalize
 from genie_build.conventions import INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, kv_name, rope_tables
 from genie_build.errors import GenieBuildError
-from genie_build.genie_config import head_dim, read_rope
+from genie_build.hf_config import head_dim, read_rope
 from genie_build.shape_plan import part_tensor_names, plan_from_hf_config
 from genie_build.split import DATA_ALIGNMENT, split_graph
 from genie_build.verify import build_feed, run_graph

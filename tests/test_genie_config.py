@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import BOS, EOS, demo_hf_config, write_tokenizer
+from genie_build.check_bundle import check_bundle
 from genie_build.errors import GenieBuildError
-from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
+from genie_build.genie_config import (GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS, GENIE_ROPE_TYPES, ROPE_SCALING_TYPES,
+                                      make_genie_config, make_htp_backend_ext_config)
 
 VENDOR = Path(__file__).resolve().parent / "data" / "vendor"  # copies, with their source and licence: README.md
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -122,3 +124,30 @@ def test_htp_backend_ext_config_is_the_vendor_template_filled_from_the_chipset_t
     assert make_htp_backend_ext_config("sm8650")["devices"][0]["soc_model"] == 57
     with pytest.raises(GenieBuildError, match="unknown chipset 'SM0000'"):
         make_htp_backend_ext_config("SM0000")
+
+
+KEY_RULES = ("required-keys", "unknown-key", "rope-style")
+
+
+@pytest.mark.parametrize("hf_config", [demo_hf_config(), llama3_hf_config(),
+                                       {**llama3_hf_config(), "rope_scaling": {**LLAMA3_SCALING, "rope_type": "yarn",
+                                                                               "beta_fast": 32.0, "beta_slow": 1.0}}],
+                         ids=["plain", "llama3", "yarn"])
+def test_what_the_writer_writes_passes_the_key_rules_check_bundle_reads(tokenizer: Path, tmp_path: Path,
+                                                                         hf_config: dict) -> None:
+    """GENIE_CONFIG_SECTIONS, beside the writer, is what check-bundle checks by: every key the writer writes is
+    one Genie knows, of its type, with every mandatory key present."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / GENIE_CONFIG_NAME).write_text(json.dumps(make_genie_config(hf_config, tokenizer, ["a.bin"], 256)))
+    assert [finding for finding in check_bundle(bundle) if finding.rule in KEY_RULES] == []
+
+
+def test_the_rope_types_the_writer_gives_are_ones_genie_takes() -> None:
+    assert set(GENIE_ROPE_TYPES.values()) <= set(ROPE_SCALING_TYPES)
+
+
+def test_every_typed_key_is_a_key_genie_knows() -> None:
+    for where, section in GENIE_CONFIG_SECTIONS.items():
+        known = section.mandatory | (section.optional or set(section.types))
+        assert set(section.types) <= known, where

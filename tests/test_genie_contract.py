@@ -14,7 +14,8 @@ from onnx import helper
 
 from genie_build.cli import main
 from genie_build.demo import DemoShape, generate_demo, graph_inputs, graph_outputs
-from genie_build.genie_contract import GenieDims, genie_dims, model_violations, read_ar, read_cl
+from genie_build.conventions import GenieDims, genie_dims, read_ar, read_cl
+from genie_build.genie_contract import model_violations
 from genie_build.onnx_graph import TensorSpec, graph_io, load_graph
 
 AR, CL = 4, 16

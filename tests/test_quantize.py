@@ -1,264 +1,345 @@
-"""AIMET quantization in numpy against a scalar, one-element-at-a-time reading of the AIMET formula."""
+"""The AIMET driver (genie_build.quantize) against aimet-onnx itself, on Genie-shaped graph pairs calibrated whole
+(tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
+
+A graph pair is a fixture parameter (:data:`PAIRS`: a name -> a function writing ``prompt.onnx``, ``token.onnx``,
+``config.json`` and ``tokenizer.json`` into a folder): the demo's graphs today; exported Hugging Face graphs join by
+adding an entry. For each recipe: the encodings say what the recipe says; the reference toolchain's quantized weights
+are AIMET's own (``load_encodings_to_sim`` + ``fold_param_quantizers``); the logits of the converted graph equal
+AIMET's simulation with its weight quantizers alone, and stay close to its full simulation (16-bit activations, 8-bit
+KV cache); a changed recipe or corpus changes the encodings.
+
+Skips when aimet-onnx is not installed, unless ``GENIE_BUILD_REQUIRE_AIMET=1`` (set by ``.ci/run``).
+"""
 
 from __future__ import annotations
 
-import itertools
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
-from genie_build.encodings import TensorEncoding
-from genie_build.onnx_graph import WeightLayout
+from workflow_helpers import REPO, load_json, run_snakemake
+
+from genie_build.conventions import KV_TENSOR, LOGITS, kv_name
+from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.reference.quantize import (broadcast_params, dequantize, params_of_rows, quantize,
-                                                       row_blocks)
+from genie_build.onnx_graph import load_graph, read_graph_tensors
+from genie_build.quantize import (FeedShape, corpus_token_ids, feed_shape, kv_cache_io, lm_head_weight, recipe_sim,
+                                  session_outputs, text_forward_pass)
+from genie_build.recipes import LPBQ_BLOCK_SIZE, RECIPES
 
-BITWIDTHS = (4, 8, 16)
-IN, OUT, BLOCK = 8, 6, 4
+pytestmark = pytest.mark.hf
+if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
+    import aimet_onnx  # noqa: F401  -- CI installs it (envs/requirements-hf.txt): a missing one fails
+else:
+    pytest.importorskip("aimet_onnx", reason="aimet-onnx is not installed (envs/requirements-hf.txt)")
 
+from aimet_onnx.quantsim import load_encodings_to_sim  # noqa: E402
+from aimet_onnx.utils import disable_quantizers  # noqa: E402
+from test_aimet import converted_weights, count_one_step_ties, largest_step  # noqa: E402
+from test_real_exports import demo_sources, user_workdir  # noqa: E402
+from whole_model import feeds_forward_pass, quantize  # noqa: E402
 
-def _quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None, **kwargs: int):
-    """quantize with the layout of an ``[in, out]`` MatMul weight: blocks along axis 0, channels along the
-    last axis, or along ``axis`` for a per-channel encoding."""
-    w = np.asarray(w)
-    layout = None
-    if enc.kind == "per_channel":
-        layout = WeightLayout(axis % w.ndim, None if w.ndim < 2 else (axis + 1) % 2)
-    elif enc.kind in ("per_block", "lpbq"):
-        layout = WeightLayout(1, 0)
-    return quantize(w, enc, layout, **kwargs)
-
-
-def scalar_quantize(x: float, scale: np.float32, offset: int, bitwidth: int) -> int:
-    """AIMET: q = clamp(round(x / scale) - offset, 0, 2**bw - 1), float32 division, half to even."""
-    return min(max(round(np.float32(x) / scale) - offset, 0), 2**bitwidth - 1)
-
-
-def scalar_dequantize(q: int, scale: np.float32, offset: int) -> np.float32:
-    """AIMET: x_hat = (q + offset) * scale."""
-    return np.float32(q + offset) * scale
+CORPUS = REPO / "resources" / "calibration_corpus.txt"
+NUM_SAMPLES = 12   # past = 56, AR 8: 8 windows per sequence, so the cache fills and a second sequence starts
+# Logits tolerances (the demo's |logits| reach 0.65). Weights alone: the converted graph's weights are AIMET's but
+# for its one-step rounding ties (about 3 per 10,000 values, most in the 16-bit table), and one step of a 4- or
+# 8-bit weight moves a logit by up to ~5e-4 (measured worst 8e-4). AIMET's full simulation also rounds every
+# activation to 16 bits and the KV cache and attention MatMul inputs to 8 (measured worst 1.2e-2 over the recipes).
+WEIGHTS_ONLY_LOGITS_ATOL = 2e-3
+FULL_SIM_LOGITS_ATOL = 3e-2
 
 
-def element_params(enc: TensorEncoding, index: tuple[int, int], axis: int | None) -> tuple[np.float32, int, int]:
-    """(scale, offset, stored bitwidth) of one element, read straight from the encoding's lists."""
-    row, column = index
-    if enc.kind == "per_tensor":
-        return np.float32(enc.scale[0]), enc.offset[0], enc.bitwidth
-    if enc.kind == "per_channel":
-        channel = index[axis]
-        return np.float32(enc.scale[channel]), enc.offset[channel], enc.bitwidth
-    block = column * (IN // enc.block_size) + row // enc.block_size  # channel-major: [out, in // block_size]
-    if enc.kind == "per_block":
-        return np.float32(enc.scale[block]), enc.offset[block], enc.bitwidth
-    scale = np.float32(enc.per_block_int_scale[block] * enc.scale[column])  # float64 product, as aimet-onnx
-    return scale, -(2 ** (enc.compressed_bitwidth - 1)), enc.compressed_bitwidth
+# the small demo's float graphs, config.json and a tokenizer trained on the repository's text
+def hf_pair(family: str) -> Callable[[Path], Path]:
+    def make(out: Path) -> Path:
+        import hf_checkpoints
+        from genie_build.export import export_checkpoint
+        hf_checkpoints.make_checkpoint(out / "ckpt", family, hidden=128, heads=4, kv_heads=2, intermediate=256)
+        export_checkpoint(out / "ckpt", out, ar=8, context=64)
+        for name in ("config.json", "tokenizer.json"):
+            shutil.copy(out / "ckpt" / name, out / name)
+        return out
+    return make
 
 
-def weight_with_extremes(rng: np.random.Generator, shape: tuple[int, int], reach: float) -> np.ndarray:
-    """Random values well past the representable range (so clamping happens) plus exact zeros."""
-    w = rng.uniform(-reach, reach, shape).astype(np.float32)
-    w.flat[::5] = 0.0
-    w.flat[1] = np.float32(reach * 4)
-    w.flat[2] = np.float32(-reach * 4)
-    return w
+PAIRS: dict[str, Callable[[Path], Path]] = {"demo": demo_sources, **{f: hf_pair(f) for f in ("qwen2", "llama", "qwen3")}}
 
 
-def encodings(rng: np.random.Generator, bitwidth: int) -> list[tuple[TensorEncoding, int | None]]:
-    """One encoding of every kind (symmetric and asymmetric where AIMET has both) with its channel axis."""
-    def scales(count: int) -> tuple[float, ...]:
-        return tuple(float(s) for s in rng.uniform(0.01, 0.05, count))
-
-    def offsets(count: int, symmetric: bool) -> tuple[int, ...]:
-        if symmetric:
-            return (-(2 ** (bitwidth - 1)),) * count
-        # strictly inside: a grid ending at 0 clips the sign of the random weights, which quantize refuses
-        return tuple(int(o) for o in rng.integers(-(2**bitwidth - 1) + 1, 0, count))
-
-    cases = []
-    for symmetric in (True, False):
-        cases.append((TensorEncoding("w", "int", bitwidth, "per_tensor", symmetric, scales(1),
-                                     offsets(1, symmetric)), None))
-        for axis in (0, 1):
-            count = (IN, OUT)[axis]
-            cases.append((TensorEncoding("w", "int", bitwidth, "per_channel", symmetric, scales(count),
-                                         offsets(count, symmetric)), axis))
-        blocks = IN // BLOCK * OUT
-        cases.append((TensorEncoding("w", "int", bitwidth, "per_block", symmetric, scales(blocks),
-                                     offsets(blocks, symmetric), block_size=BLOCK), None))
-    cases.append((TensorEncoding("w", "int", bitwidth, "lpbq", True, scales(OUT),
-                                 (-(2 ** (bitwidth - 1)),) * OUT, block_size=BLOCK, compressed_bitwidth=4,
-                                 per_block_int_scale=tuple(int(v) for v in rng.integers(1, 17, IN // BLOCK * OUT))),
-                  None))
-    return cases
+@pytest.fixture(scope="module", params=list(PAIRS))
+def pair(request, tmp_path_factory) -> Path:
+    return PAIRS[request.param](tmp_path_factory.mktemp(request.param))
 
 
-@pytest.mark.parametrize("bitwidth", BITWIDTHS)
-def test_quantize_and_dequantize_match_the_scalar_formula_for_every_kind(bitwidth):
-    rng = np.random.default_rng(bitwidth)
-    for enc, axis in encodings(rng, bitwidth):
-        largest_scale = max(enc.scale) * max(enc.per_block_int_scale or (1,))
-        w = weight_with_extremes(rng, (IN, OUT), reach=largest_scale * 2**bitwidth)
-        q, scale, zero_point = _quantize(w, enc, axis)
-        x_hat = dequantize(q, scale, zero_point, axis)
-        for index in itertools.product(range(IN), range(OUT)):
-            element_scale, offset, stored_bits = element_params(enc, index, axis)
-            expected = scalar_quantize(w[index], element_scale, offset, stored_bits)
-            assert q[index] == expected, (enc.kind, enc.is_symmetric, axis, index)
-            assert x_hat[index] == scalar_dequantize(expected, element_scale, offset), (enc.kind, index)
-        stored_bits = element_params(enc, (0, 0), axis)[2]
-        assert q.min() == 0 and q.max() == 2**stored_bits - 1, f"{enc.kind}: the extremes must clamp"
+def run_quantize(pair: Path, recipe: str, out: Path, corpus: Path = CORPUS) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / "prompt.encodings.json", out / "token.encodings.json"
+    quantize(pair / "prompt.onnx", pair / "token.onnx", *paths, hf_config_path=pair / "config.json",
+             tokenizer_path=pair / "tokenizer.json", corpus_path=corpus, recipe=recipe, num_samples=NUM_SAMPLES)
+    return paths
 
 
-@pytest.mark.parametrize("bitwidth, dtype", [(4, np.uint8), (8, np.uint8), (16, np.uint16)])
-def test_values_are_unsigned_and_parameters_have_the_documented_layout(bitwidth, dtype):
-    rng = np.random.default_rng(0)
-    for enc, axis in encodings(rng, bitwidth):
-        q, scale, zero_point = _quantize(np.zeros((IN, OUT), np.float32), enc, axis)
-        expected_shape = {"per_tensor": (), "per_channel": ((IN, OUT)[axis or 0],),
-                          "per_block": (IN // BLOCK, OUT), "lpbq": (IN // BLOCK, OUT)}[enc.kind]
-        assert scale.shape == zero_point.shape == expected_shape
-        assert scale.dtype == np.float32
-        assert q.dtype == zero_point.dtype == (np.uint8 if enc.kind == "lpbq" else dtype)
-        if enc.kind != "lpbq":  # blocked offsets are listed channel-major: [out, in // block_size]
-            listed = zero_point.T if enc.kind == "per_block" else zero_point
-            np.testing.assert_array_equal(listed.ravel(), -np.asarray(enc.offset))
+@pytest.fixture(scope="module")
+def quantized(pair, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    out = tmp_path_factory.mktemp("quantized")
+    return {recipe: run_quantize(pair, recipe, out / recipe) for recipe in RECIPES}
 
 
-def test_rounding_is_half_to_even():
-    enc = TensorEncoding("w", "int", 8, "per_tensor", True, (1.0,), (-128,))
-    q, _, _ = _quantize(np.array([0.5, 1.5, 2.5, -0.5, -1.5]), enc, None)
-    assert (q.astype(int) - 128).tolist() == [0, 2, 2, 0, -2]
+def backbone_weights(graph: onnx.GraphProto) -> set[str]:
+    """Initializers that a MatMul or Gemm takes as its weight (also through a Transpose), the LM head aside."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    transposed = {node.output[0]: node.input[0] for node in graph.node
+                  if node.op_type == "Transpose" and node.input[0] in initializers}
+    weights = {transposed.get(node.input[1], node.input[1]) for node in graph.node
+               if node.op_type in ("MatMul", "Gemm")}
+    return (weights & initializers) - {lm_head_weight(graph, "graph")[1]}
 
 
-def test_symmetric_4bit_uses_the_signed_range():
-    enc = TensorEncoding("w", "int", 4, "per_tensor", True, (0.1,), (-8,))
-    q, _, zero_point = _quantize(np.array([-10.0, -0.8, 0.0, 0.7, 10.0]), enc, None)
-    assert (q.astype(int) - int(zero_point)).tolist() == [-8, -8, 0, 7, 7]
+# --- (a) the encodings are what the recipe says --------------------------------------------------------------
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_the_encodings_are_what_the_recipe_says(pair, quantized, recipe):
+    prompt_path, token_path = quantized[recipe]
+    prompt, token = read_encodings(prompt_path), read_encodings(token_path)
+    graph = load_graph(pair / "prompt.onnx").graph
+    assert prompt.header["producer"]["package"] == "aimet-onnx"
+
+    weights = backbone_weights(graph)
+    assert weights
+    for name in weights:
+        enc = prompt.params[name]
+        if recipe == "w4a16-lpbq":
+            assert (enc.kind, enc.bitwidth, enc.compressed_bitwidth, enc.block_size) == ("lpbq", 8, 4, LPBQ_BLOCK_SIZE)
+        else:
+            assert (enc.kind, enc.bitwidth, enc.is_symmetric) == ("per_channel", {"w4a16": 4, "w8a16": 8}[recipe], True)
+    lm_head = prompt.params[lm_head_weight(graph, "graph")[1]]
+    assert (lm_head.kind, lm_head.bitwidth) == ("per_channel", 8)
+
+    kv_io = kv_cache_io(graph)
+    assert len(kv_io) == 2 * json.loads((pair / "config.json").read_text())["num_hidden_layers"]
+    for cache_in, cache_out in kv_io.items():
+        enc_in, enc_out = prompt.activations[cache_in], prompt.activations[cache_out]
+        assert (enc_in.bitwidth, enc_in.is_symmetric) == (8, True)
+        assert replace(enc_out, name=cache_in) == enc_in
+    others = {name: enc for name, enc in prompt.activations.items() if not KV_TENSOR.match(name)}
+    assert {enc.bitwidth for enc in others.values()} == {8, 16}   # 8: AIMET's K/V MatMul inputs, the rest 16
+    assert others[LOGITS].bitwidth == 16
+
+    token_names = read_graph_tensors(pair / "token.onnx").tensor_names
+    assert token.activations == {name: enc for name, enc in prompt.activations.items() if name in token_names}
+    assert token.params == {name: enc for name, enc in prompt.params.items() if name in token_names}
+    assert len(token.activations) > 0.9 * len(prompt.activations)
+    check_graphs_consistent(prompt, token)                     # what slice_encodings and check-bundle require
+    check_kv_cache_tied(prompt, read_graph_tensors(pair / "prompt.onnx").tensor_names)
+    check_kv_cache_tied(token, token_names)
 
 
-def test_32_bit_values_fit_uint32():
-    enc = TensorEncoding("b", "int", 32, "per_tensor", True, (1e-6,), (-(2**31),))
-    q, _, zero_point = _quantize(np.array([-1.0, 0.0, 1.0, 1e9]), enc, None)
-    assert q.dtype == np.uint32 and int(zero_point) == 2**31
-    assert (q.astype(np.int64) - 2**31).tolist() == [-1_000_000, 0, 1_000_000, 2**31 - 1]
+# --- (b) the quantized graph is AIMET's simulation ------------------------------------------------------------
+
+def aimet_sim_with(pair: Path, recipe: str, encodings: Path, scratch: Path):
+    """A fresh QuantizationSimModel of the prompt graph, set up by the recipe, with ``encodings`` loaded."""
+    model = onnx.load(pair / "prompt.onnx")
+    graph = load_graph(pair / "prompt.onnx").graph
+    sim = recipe_sim(model, RECIPES[recipe], lm_head_weight(graph, "prompt"), kv_cache_io(graph), pair, scratch)
+    # AIMET holds a layer's tied cache quantizer under past_*_in alone; past_*_out is the stage's copy of it
+    data = json.loads(encodings.read_text())
+    data["activation_encodings"] = [entry for entry in data["activation_encodings"]
+                                    if not re.fullmatch(r"past_(key|value)_\d+_out", entry["name"])]
+    as_aimet_exported = scratch.parent / "as_aimet_exported.json"
+    as_aimet_exported.write_text(json.dumps(data))
+    load_encodings_to_sim(sim, str(as_aimet_exported), strict=True)
+    return model, sim
 
 
-@pytest.mark.parametrize("enc, axis, problem", [
-    (TensorEncoding("w", "int", 4, "per_channel", True, (0.1,) * 5, (-8,) * 5), 1, "5 scale values"),
-    (TensorEncoding("w", "int", 4, "per_tensor", True, (0.1, 0.2), (-8, -8)), None, "2 scale values"),
-    (TensorEncoding("w", "int", 4, "per_block", True, (0.1,) * 3, (-8,) * 3, block_size=BLOCK), None,
-     "3 scale values"),
-    (TensorEncoding("w", "int", 4, "per_block", True, (0.1,) * OUT, (-8,) * OUT, block_size=3), None,
-     "whole number of blocks"),
-    (TensorEncoding("w", "int", 8, "lpbq", False, (0.1,) * OUT, (-128,) * OUT, block_size=BLOCK,
-                    compressed_bitwidth=4, per_block_int_scale=(1,) * 12), None, "symmetric"),
-    (TensorEncoding("w", "float", 16), None, "no integer quantization"),
-])
-def test_encodings_that_do_not_fit_raise_naming_the_tensor(enc, axis, problem):
-    with pytest.raises(GenieBuildError, match=problem) as caught:
-        _quantize(np.zeros((IN, OUT), np.float32), enc, axis)
-    assert caught.value.where == "w"
+class Recorder:
+    """Records the feeds a forward pass gives a session, passing them on to it."""
+
+    def __init__(self, session) -> None:
+        self.session, self.feeds = session, []
+
+    def get_outputs(self):
+        return self.session.get_outputs()
+
+    def run(self, names, feed):
+        self.feeds.append(dict(feed))
+        return self.session.run(names, feed)
 
 
-def test_non_finite_weights_raise():
-    enc = TensorEncoding("w", "int", 8, "per_tensor", True, (0.1,), (-128,))
-    with pytest.raises(GenieBuildError, match="NaN or infinite"):
-        _quantize(np.array([1.0, np.nan]), enc, None)
+def text_feeds(pair: Path) -> list[dict[str, np.ndarray]]:
+    """Feeds of the corpus as the stage makes them, the cache filled by the float graph: the first window (empty
+    cache) and the fourth (three windows cached)."""
+    import onnxruntime as ort
+
+    shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
+    ids = corpus_token_ids(CORPUS, pair / "tokenizer.json", shape.vocab)
+    recorder = Recorder(ort.InferenceSession(str(pair / "prompt.onnx"), providers=["CPUExecutionProvider"]))
+    text_forward_pass(shape, ids, 4)(recorder)
+    return [recorder.feeds[0], recorder.feeds[3]]
 
 
-def test_broadcast_params_accepts_every_stored_layout():
-    shape = (4, 6)
-    per_channel = np.arange(6)
-    np.testing.assert_array_equal(broadcast_params(per_channel, shape, 1), np.tile(per_channel, (4, 1)))
-    np.testing.assert_array_equal(broadcast_params(np.arange(4), shape, 0), np.repeat(np.arange(4)[:, None], 6, 1))
-    blocked = np.arange(12).reshape(2, 6)
-    np.testing.assert_array_equal(broadcast_params(blocked, shape, None), np.repeat(blocked, 2, axis=0))
-    np.testing.assert_array_equal(broadcast_params(np.array(3), shape, None), np.full(shape, 3))
-    np.testing.assert_array_equal(broadcast_params(per_channel.reshape(1, 6), shape, None),
-                                  np.tile(per_channel, (4, 1)))
-    with pytest.raises(ValueError):
-        broadcast_params(np.arange(5), shape, 1)
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_the_quantized_graph_is_aimets_simulation(pair, quantized, recipe, tmp_path, record_property):
+    """Weights: every value the reference toolchain converts equals AIMET's folded (or, for the embedding table,
+    quantize-dequantized) value but for one-step rounding ties. Logits: the converted graph (quantized weights,
+    float activations) equals AIMET's session with only its weight quantizers on, within the ties' effect
+    (:data:`WEIGHTS_ONLY_LOGITS_ATOL`); AIMET's full simulation stays within :data:`FULL_SIM_LOGITS_ATOL`."""
+    prompt_path, _ = quantized[recipe]
+    enc = read_encodings(prompt_path)
+    model, sim = aimet_sim_with(pair, recipe, prompt_path, tmp_path / "sim")
+    feeds = text_feeds(pair)
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    # the embedding table is an AIMET activation quantizer too, but a weight the converted graph holds quantized
+    activations = set(sim.activation_names) - initializers
+    with disable_quantizers(sim, activations):
+        weights_only = [session_outputs(sim.session, feed)[LOGITS] for feed in feeds]
+    full = [session_outputs(sim.session, feed)[LOGITS] for feed in feeds]
+
+    original = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer
+                if tensor.data_type == onnx.TensorProto.FLOAT and enc.of_initializer(tensor.name) is not None}
+    truth = {name: sim.qc_quantize_op_dict[name].quantize_dequantize(value) for name, value in original.items()
+             if name not in sim.param_names}
+    sim.fold_param_quantizers()
+    truth |= {tensor.name: numpy_helper.to_array(tensor) for tensor in sim.model.model.graph.initializer
+              if tensor.name in original and tensor.name in sim.param_names}
+    assert truth.keys() == original.keys()
+
+    compared = ties = 0
+    worst_weights_only = worst_full = 0.0
+    for index, feed in enumerate(feeds):
+        ours = converted_weights(pair / "prompt.onnx", prompt_path, list(original), feed,
+                                 tmp_path / f"converted_{index}.onnx")
+        if index == 0:
+            for name, value in original.items():
+                compared += value.size
+                ties += count_one_step_ties(ours[name], truth[name], largest_step(prompt_path, name))
+        worst_weights_only = max(worst_weights_only, float(np.abs(ours[LOGITS] - weights_only[index]).max()))
+        worst_full = max(worst_full, float(np.abs(ours[LOGITS] - full[index]).max()))
+    record_property("values_compared", compared)
+    print(f"{recipe}: {compared} weight values compared, {ties} one-step ties; logits vs AIMET weights-only "
+          f"{worst_weights_only:.2e}, vs AIMET full simulation {worst_full:.2e}")
+    assert ties <= compared // 200
+    assert worst_weights_only <= WEIGHTS_ONLY_LOGITS_ATOL
+    assert worst_full <= FULL_SIM_LOGITS_ATOL
 
 
-def whole_tensor_quantize(w: np.ndarray, enc: TensorEncoding, axis: int | None) -> np.ndarray:
-    """The codes as quantize computed them before it worked in row blocks: the whole tensor at once."""
-    x = np.asarray(w, dtype=np.float32)
-    _, scale, zero_point = _quantize(np.zeros_like(x), enc, axis)
-    offset = -zero_point.astype(np.int64)
-    bits = 4 if enc.kind == "lpbq" else enc.bitwidth
-    codes = np.rint(x / broadcast_params(scale, x.shape, axis)) - broadcast_params(offset, x.shape, axis)
-    return np.clip(codes, 0, 2**bits - 1).astype(zero_point.dtype)
+# --- (c) a changed recipe or corpus changes the encodings -----------------------------------------------------
+
+def test_a_changed_recipe_or_corpus_changes_the_encodings(pair, quantized, tmp_path):
+    base = read_encodings(quantized["w4a16"][0])
+    for recipe in ("w4a16-lpbq", "w8a16"):
+        other = read_encodings(quantized[recipe][0])
+        assert all(other.params[name] != base.params[name] for name in backbone_weights(
+            load_graph(pair / "prompt.onnx").graph))
+    other_text = tmp_path / "other.txt"
+    other_text.write_text((REPO / "resources" / "tokenizer_corpus.txt").read_text(encoding="utf-8")[:40000],
+                          encoding="utf-8")
+    recalibrated = read_encodings(run_quantize(pair, "w4a16", tmp_path / "other", other_text)[0])
+    assert recalibrated.params == base.params   # min/max weight encodings do not depend on the data
+    changed = [name for name in base.activations if recalibrated.activations[name] != base.activations[name]]
+    assert len(changed) > len(base.activations) // 2
+    again = read_encodings(run_quantize(pair, "w4a16", tmp_path / "again")[0])
+    assert again == base   # the same inputs give the same encodings
 
 
-@pytest.mark.parametrize("block_values", [1, OUT, OUT + 1, 3 * OUT, BLOCK * OUT, IN * OUT, 10**6])
-def test_quantizing_in_row_blocks_gives_the_whole_tensor_codes(block_values):
-    """Blocks smaller than a row, than a block of a blocked encoding, uneven and whole: same codes."""
-    rng = np.random.default_rng(block_values)
-    for bitwidth in BITWIDTHS:
-        for enc, axis in encodings(rng, bitwidth):
-            largest_scale = max(enc.scale) * max(enc.per_block_int_scale or (1,))
-            w = weight_with_extremes(rng, (IN, OUT), reach=largest_scale * 2**bitwidth)
-            w = w.astype(np.float16) if bitwidth <= 8 else w  # float16 as the large models hold it, where it fits
-            q, _, _ = _quantize(w, enc, axis, block_values=block_values)
-            assert q.dtype == whole_tensor_quantize(w, enc, axis).dtype
-            np.testing.assert_array_equal(q, whole_tensor_quantize(w, enc, axis), err_msg=f"{enc.kind} {axis}")
+# --- the calibration feeds -------------------------------------------------------------------------------------
+
+class RecordingSession:
+    """Stands in for AIMET's session: records each feed, outputs K/V entries numbered by call."""
+
+    def __init__(self, shape: FeedShape) -> None:
+        self.shape, self.feeds = shape, []
+        self.outputs = [LOGITS] + [kv_name(match.group(1), int(match.group(2)), "out")
+                                   for match in map(KV_TENSOR.match, shape.caches)]
+
+    def get_outputs(self):
+        return [type("Output", (), {"name": name}) for name in self.outputs]
+
+    def run(self, _names, feed):
+        self.feeds.append({name: np.copy(value) for name, value in feed.items()})
+        call = len(self.feeds)
+        new = []
+        for name, dims in self.shape.caches.items():
+            axis = len(dims) - 1 if "key" in name else len(dims) - 2
+            out_dims = list(dims)
+            out_dims[axis] = self.shape.ar
+            new.append(np.full(out_dims, call, np.float32))
+        return [np.zeros((1, self.shape.ar, self.shape.vocab), np.float32), *new]
 
 
-@pytest.mark.parametrize("shape, axis", [((), None), ((7,), 0), ((5, 3, 4), 1), ((0, 4), None)])
-def test_quantizing_in_row_blocks_handles_any_rank(shape, axis):
-    rng = np.random.default_rng(1)
-    count = 1 if axis is None else shape[axis]
-    enc = TensorEncoding("w", "int", 8, "per_tensor" if axis is None else "per_channel", False,
-                         tuple(float(s) for s in rng.uniform(0.01, 0.05, count)),
-                         tuple(int(o) for o in rng.integers(-255, 1, count)))
-    w = rng.uniform(-3, 3, shape).astype(np.float32)
-    q, _, _ = _quantize(w, enc, axis, block_values=2)
-    assert q.shape == w.shape
-    np.testing.assert_array_equal(q, whole_tensor_quantize(w, enc, axis))
+def test_each_window_sees_the_cache_the_windows_before_it_wrote(pair):
+    shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
+    ids = corpus_token_ids(CORPUS, pair / "tokenizer.json", shape.vocab)
+    session = RecordingSession(shape)
+    text_forward_pass(shape, ids, NUM_SAMPLES)(session)
+    per_sequence = (shape.context - shape.ar) // shape.ar + 1
+    assert len(session.feeds) == NUM_SAMPLES > per_sequence
+    key, value = "past_key_0_in", "past_value_0_in"
+    for index, feed in enumerate(session.feeds):
+        k = index % per_sequence
+        past_len = k * shape.ar
+        np.testing.assert_array_equal(feed["input_ids"][0], ids[index * shape.ar:(index + 1) * shape.ar])
+        mask = feed["attention_mask"][0, 0]
+        assert (mask[:past_len] == 0).all() and (mask[past_len:-shape.ar] < 0).all()
+        # columns written by window j of this sequence hold j's outputs (its call number); the rest are empty
+        written = np.repeat(np.arange(index - k + 1, index + 1), shape.ar)[:past_len]
+        np.testing.assert_array_equal(feed[key][0, 0, 0, :past_len], written)
+        np.testing.assert_array_equal(feed[value][0, 0, :past_len, 0], written)
+        assert not feed[key][..., past_len:].any() and not feed[value][:, :, past_len:].any()
 
 
-def test_non_finite_weights_raise_from_any_row_block():
-    enc = TensorEncoding("w", "int", 8, "per_tensor", True, (0.1,), (-128,))
-    w = np.zeros((IN, OUT), np.float32)
-    w[-1, -1] = np.inf
-    with pytest.raises(GenieBuildError, match="NaN or infinite"):
-        _quantize(w, enc, None, block_values=OUT)
+# --- bad inputs --------------------------------------------------------------------------------------------------
+
+def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
+    token = onnx.load(pair / "token.onnx", load_external_data=False)
+    node = next(node for node in token.graph.node if node.op_type == "Add")
+    renamed = node.output[0]
+    for other in token.graph.node:
+        other.input[:] = ["token_only_sum" if name == renamed else name for name in other.input]
+    node.output[0] = "token_only_sum"
+    for name in ("prompt.onnx", "prompt.onnx.data", "token.onnx.data", "config.json", "tokenizer.json"):
+        shutil.copy(pair / name, tmp_path / name)
+    onnx.save(token, tmp_path / "token.onnx")
+    with pytest.raises(GenieBuildError, match="token_only_sum.*not in the prompt graph"):
+        run_quantize(tmp_path, "w4a16", tmp_path / "out")
+    assert not (tmp_path / "out" / "prompt.encodings.json").exists()
 
 
-@pytest.mark.parametrize("params, axis", [(np.arange(8), 0), (np.arange(6), 1), (np.arange(12).reshape(4, 3), None),
-                                          (np.array(3), None), (np.arange(8).reshape(8, 1), None)])
-def test_row_blocks_cover_the_rows_and_carry_their_parameters(params, axis):
-    """Per channel on either axis, blocked (2 rows x 2 columns per entry), per tensor, broadcast."""
-    shape = (8, 6)
-    whole = broadcast_params(params, shape, axis)
-    for block_values in (1, 7, 12, 30, 48, 1000):
-        blocks = row_blocks(shape, params, axis, block_values)
-        assert [index for block in blocks for index in range(block.start, block.stop)] == list(range(shape[0]))
-        for block in blocks:
-            rows = (block.stop - block.start, *shape[1:])
-            np.testing.assert_array_equal(
-                broadcast_params(params_of_rows(params, shape, axis, block), rows, axis), whole[block])
+def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
+    from genie_build.demo import DemoShape, generate_demo
+    from genie_build.quantize import calibrate_prompt
+
+    generate_demo(DemoShape(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=96, vocab=300, context=8, ar=2),
+                  tmp_path)
+    with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):
+        calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16-lpbq"], feeds_forward_pass([]))
 
 
-@pytest.mark.parametrize(("offset", "weight", "problem"), [
-    (0, [[0.3, -0.2]], "the weight's value -0.2 at index [0, 1] is negative, but the encoding's grid (offset 0) holds "
-                       "no negative value: it would be stored as 0, a grid that clips the weight's sign (a symmetric "
-                       "encoding needs offset -128)"),
-    (-255, [[-0.3], [0.25]], "the weight's value 0.25 at index [1, 0] is positive, but the encoding's grid (offset "
-                             "-255) holds no positive value"),
-])
-def test_a_grid_that_clips_the_weights_sign_is_refused(offset: int, weight: list, problem: str) -> None:
-    """is_sym with offset 0 would turn every negative weight into 0 and the build would pass (its host run compares
-    the bundle with an unsplit model quantized the same wrong way)."""
-    enc = TensorEncoding("w", "int", 8, "per_tensor", offset == 0, (0.01,), (offset,))
-    with pytest.raises(GenieBuildError) as caught:
-        quantize(np.array(weight, dtype=np.float32), enc, None)
-    assert caught.value.where == "w" and caught.value.problem.startswith(problem), caught.value.problem
+# --- through the workflow --------------------------------------------------------------------------------------
 
-
-def test_an_unsigned_grid_takes_a_weight_with_no_negative_value_and_values_that_round_to_zero() -> None:
-    """Offset 0 (AIMET's unsigned symmetric) is right for a tensor with no negative value; a tiny negative value
-    that rounds to 0 loses nothing."""
-    enc = TensorEncoding("w", "int", 8, "per_tensor", True, (0.01,), (0,))
-    q, _, zero_point = quantize(np.array([0.0, 0.5, 1.2, -0.004], dtype=np.float32), enc, None)
-    assert q.tolist() == [0, 50, 120, 0] and int(zero_point) == 0
+@pytest.mark.workflow
+@pytest.mark.parametrize("pair", ["demo"], indirect=True)
+def test_the_quantized_pair_builds_a_bundle_that_passes_check_bundle(pair, quantized, tmp_path):
+    """The encodings as a user model's: slice_encodings, the bundle's shared-quantization checks and the host run
+    (the exported pairs build their bundles as model.hf_checkpoint, in tests/test_workflow_hf.py)."""
+    recipe = "w4a16-lpbq"
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    for name in ("prompt.onnx", "prompt.onnx.data", "token.onnx", "token.onnx.data", "config.json",
+                 "tokenizer.json"):
+        shutil.copy(pair / name, exports / name)
+    for kind, path in zip(("prompt", "token"), quantized[recipe]):
+        shutil.copy(path, exports / f"{kind}.encodings")
+    workdir, config = user_workdir(tmp_path, exports, {"encodings": {"share_from": "none"}})
+    run_snakemake(workdir, config_file=config)
+    out = workdir / "results" / "user"
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    host_run = load_json(out / "host_run.json")
+    assert host_run["new_ids"] == host_run["reference_ids"]

@@ -24,6 +24,8 @@ import onnx
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import InitializerSpec, Shape, initializer_specs, tensor_shapes
 
+__all__ = ["CONFIG_KEY", "discover_boundaries", "embedding_table", "find_boundaries", "node_layer"]
+
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 PRE_LAYER = -1
 # Ops between a weight and its consumer that keep its values and shape: float16 weights are Cast to
@@ -49,12 +51,12 @@ def find_boundaries(model: onnx.ModelProto, path: str | os.PathLike[str],
             find exactly one candidate per boundary (the message lists the candidates).
     """
     if explicit:
-        return check_boundaries(model, path, explicit)
+        return _check_boundaries(model, path, explicit)
     return discover_boundaries(model, path)
 
 
-def check_boundaries(model: onnx.ModelProto, path: str | os.PathLike[str],
-                     names: Sequence[str]) -> tuple[str, ...]:
+def _check_boundaries(model: onnx.ModelProto, path: str | os.PathLike[str],
+                      names: Sequence[str]) -> tuple[str, ...]:
     """Validate explicit boundary names: at least two, distinct, produced by nodes in this order, rank 3."""
     if len(names) < 2:
         raise GenieBuildError(path, f"{CONFIG_KEY} has {len(names)} tensor(s); it needs L + 1 >= 2: the "
@@ -88,7 +90,7 @@ def discover_boundaries(model: onnx.ModelProto, path: str | os.PathLike[str]) ->
     nodes = model.graph.node
     layers = [node_layer(node) for node in nodes]
     num_layers = _count_layers(layers, path)
-    scopes = node_scopes(nodes, layers, num_layers)
+    scopes = _node_scopes(nodes, layers, num_layers)
     hidden = embedding_table(model, path).shape[1]
     shapes = tensor_shapes(model)
 
@@ -115,7 +117,7 @@ def node_layer(node: onnx.NodeProto) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def node_scopes(nodes: Sequence[onnx.NodeProto], layers: Sequence[int | None], num_layers: int) -> list[int]:
+def _node_scopes(nodes: Sequence[onnx.NodeProto], layers: Sequence[int | None], num_layers: int) -> list[int]:
     """Each node's scope: its layer; ``PRE_LAYER`` (-1) for unscoped nodes that depend on no layer node;
     ``num_layers`` for unscoped nodes after the layers. Relies on ONNX's topological node order."""
     after_layers: set[str] = set()

@@ -8,7 +8,8 @@ at the final path. Its bytes are deterministic: no timestamps, no absolute paths
 same inputs give identical manifests.
 
 ``metadata.yaml`` (per ctx-bin: graphs, IO tensors with shapes, dtypes and quantization, read back with the
-toolchain's ``inspect``) has the format :mod:`genie_build.check_bundle` defines and reads.
+toolchain's ``inspect``) has the format :mod:`genie_build.metadata` defines; ``manifest.json`` that of
+:mod:`genie_build.manifest`.
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from genie_build import __version__
+from genie_build.check_bundle import require_valid_bundle
 from genie_build.conventions import graph_ar_cl, part_label
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_directory, sha256_file, write_json, write_text
-from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, load_hf_config,
-                                      make_genie_config, make_htp_backend_ext_config)
+from genie_build.fileio import atomic_directory, write_json, write_text
+from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, make_genie_config,
+                                      make_htp_backend_ext_config)
+from genie_build.hf_config import load_hf_config
+from genie_build.manifest import MANIFEST_NAME, manifest_document
 from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import BinaryInfo
 
-MANIFEST_FORMAT = "genie-build-manifest/1"
-MANIFEST_NAME = "manifest.json"
+__all__ = ["assemble_bundle", "ctx_bin_name", "runtime_tool_versions", "withdraw_bundle"]
+
 # Python packages whose versions shape the bundle's bytes (recorded in the manifest).
 VERSIONED_PACKAGES = ("numpy", "onnx", "onnxruntime", "tokenizers", "pyyaml")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -81,7 +85,7 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
     names = [ctx_bin_name(model_name, index, len(binaries)) for index in range(1, len(binaries) + 1)]
     infos = {name: _inspect(toolchain, Path(path)) for name, path in zip(names, binaries)}
     genie_config = make_genie_config(load_hf_config(hf_config_path), tokenizer_path, names,
-                                     context_size or compiled_context_length(infos), hf_config_path=hf_config_path)
+                                     context_size or _compiled_context_length(infos), hf_config_path=hf_config_path)
     htp_config = make_htp_backend_ext_config(chipset)
     with atomic_directory(out_dir) as staging:
         for name, path in zip(names, binaries):
@@ -106,9 +110,6 @@ def _require_valid(staging: Path, out_dir: Path, hf_config_path: str | os.PathLi
     Raises:
         GenieBuildError: naming the staging directory (reported as ``out_dir``) and every error.
     """
-    # Imported here: check_bundle imports this module's MANIFEST_NAME.
-    from genie_build.check_bundle import require_valid_bundle
-
     try:
         require_valid_bundle(staging, hf_config_path, chipset, manifest=False)
     except GenieBuildError:
@@ -136,7 +137,7 @@ def withdraw_bundle(bundle_dir: str | os.PathLike[str]) -> Path:
     return rejected
 
 
-def compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:
+def _compiled_context_length(infos: Mapping[str, BinaryInfo]) -> int:
     """The largest context length (CL) of the ctx-bins' graphs, as Genie derives it ("loaded max-CL").
 
     Raises:
@@ -159,16 +160,6 @@ def runtime_tool_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
-
-
-def manifest_document(bundle_dir: Path, tool_versions: Mapping[str, str],
-                      config_used: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest: sha256 of every file in ``bundle_dir`` (but the manifest), tool versions, the config."""
-    files = sorted(p for p in bundle_dir.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
-    return {"format": MANIFEST_FORMAT,
-            "files": {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files},
-            "tool_versions": dict(tool_versions),
-            "config_used": dict(config_used)}
 
 
 def _inspect(toolchain: str, path: Path) -> BinaryInfo:

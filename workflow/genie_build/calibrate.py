@@ -12,6 +12,11 @@ Parameters, read one tensor at a time from the external data: every MatMul weigh
 per-channel encoding along its last (output) axis, the LM head 8-bit along its last axis and the embedding
 table 8-bit along axis 0 (``offset = -2**(bw-1)``, ``scale = max|w| / (2**(bw-1) - 1)`` per channel).
 Norm weights and biases get none: they fall back to float later.
+
+These widths are :data:`BUILTIN_PRECISION`, the default precision (:class:`genie_build.precision.Precision`), so
+the estimate's default predicts the demo this calibrator quantizes. It is the named recipe ``w4a16``'s
+(:mod:`genie_build.recipes`) backbone, LM head and activations, but not its embedding table: aimet-onnx gives the
+table 16 bits per tensor, this calibrator 8 bits per vocab row, as AI Hub Models' w4a16 exports keep it.
 """
 
 from __future__ import annotations
@@ -30,20 +35,23 @@ from genie_build.demo import (DemoShape, example_inputs, graph_inputs, graph_pas
                               shape_from_hf_config)
 from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
+from genie_build.hf_config import load_hf_config
 from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 from genie_build.ort_session import cpu_session_options
+from genie_build.precision import Precision
+
+__all__ = ["BUILTIN_PRECISION", "DEFAULT_NUM_SAMPLES", "Range", "activation_encoding", "calibrate", "calibration_feeds",
+           "float_activations", "graph_shape", "merge_ranges", "read_initializer", "symmetric_per_channel",
+           "tie_kv_cache"]
 
 logger = logging.getLogger(__name__)
 
-ACTIVATION_BITWIDTH = 16
-MATMUL_WEIGHT_BITWIDTH = 4
-TABLE_BITWIDTH = 8          # embedding table and LM head, as AIHM's w4a16 recipe keeps them
+BUILTIN_PRECISION = Precision()  # the default precision: see the module doc
 DEFAULT_NUM_SAMPLES = 4
 CALIBRATION_SEED = 20240601
 # Floor for a scale, so an all-zero tensor or channel still gets a valid (positive) encoding.
 MIN_SCALE = 1e-10
-QUANTIZER_ARGS = {"activation_bitwidth": ACTIVATION_BITWIDTH, "param_bitwidth": MATMUL_WEIGHT_BITWIDTH,
+QUANTIZER_ARGS = {"activation_bitwidth": BUILTIN_PRECISION.activations, "param_bitwidth": BUILTIN_PRECISION.layers,
                   "dtype": "int", "is_symmetric": True, "per_channel_quantization": True,
                   "quant_scheme": "post_training_tf"}
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
@@ -54,7 +62,7 @@ Range = tuple[float, float]
 # --- encodings from numbers --------------------------------------------------------------------------
 
 def activation_encoding(name: str, low: float, high: float,
-                        bitwidth: int = ACTIVATION_BITWIDTH) -> TensorEncoding:
+                        bitwidth: int = BUILTIN_PRECISION.activations) -> TensorEncoding:
     """AIMET asymmetric per-tensor encoding of the range ``[low, high]`` widened to include 0."""
     low, high = min(float(low), 0.0), max(float(high), 0.0)
     scale = max((high - low) / (2 ** bitwidth - 1), MIN_SCALE)
@@ -73,7 +81,7 @@ def symmetric_per_channel(name: str, values: np.ndarray, axis: int, bitwidth: in
 
 # --- parameters --------------------------------------------------------------------------------------
 
-def quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
+def _quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     """Initializers that get an integer encoding: name -> ``(bitwidth, channel axis)``.
 
     A weight is found through the op that uses it, also behind a Cast (fp16-stored weights).
@@ -86,11 +94,12 @@ def quantized_params(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
         if node.op_type == "MatMul":
             weight = cast_sources.get(node.input[1], node.input[1])
             if weight in initializers:
-                chosen[weight] = (TABLE_BITWIDTH if weight == LM_HEAD_WEIGHT else MATMUL_WEIGHT_BITWIDTH, -1)
+                chosen[weight] = (BUILTIN_PRECISION.lm_head if weight == LM_HEAD_WEIGHT else BUILTIN_PRECISION.layers,
+                                  -1)
         elif node.op_type == "Gather":
             table = cast_sources.get(node.input[0], node.input[0])
             if table in initializers:
-                chosen[table] = (TABLE_BITWIDTH, 0)
+                chosen[table] = (BUILTIN_PRECISION.embedding, 0)
     return chosen
 
 
@@ -104,9 +113,9 @@ def read_initializer(tensor: TensorProto, model_path: Path) -> np.ndarray:
                          offset=ref.offset, shape=tuple(tensor.dims))
 
 
-def param_encodings(model: onnx.ModelProto, model_path: Path) -> dict[str, TensorEncoding]:
-    """Per-channel symmetric encodings of the weights :func:`quantized_params` chooses."""
-    chosen = quantized_params(model.graph)
+def _param_encodings(model: onnx.ModelProto, model_path: Path) -> dict[str, TensorEncoding]:
+    """Per-channel symmetric encodings of the weights :func:`_quantized_params` chooses."""
+    chosen = _quantized_params(model.graph)
     encodings = {}
     for tensor in model.graph.initializer:
         if tensor.name in chosen:
@@ -166,8 +175,8 @@ def _session(model: onnx.ModelProto, model_dir: Path) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def observe_ranges(model: onnx.ModelProto, model_dir: Path, feeds: Iterable[Mapping[str, np.ndarray]]
-                   ) -> dict[str, Range]:
+def _observe_ranges(model: onnx.ModelProto, model_dir: Path, feeds: Iterable[Mapping[str, np.ndarray]]
+                    ) -> dict[str, Range]:
     """Min/max of every float activation over all ``feeds``."""
     names = float_activations(model)
     if not names:
@@ -224,7 +233,7 @@ def graph_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path
     if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
         raise GenieBuildError(prompt_path, "no input 'input_ids' of shape [1, AR]")
     ar = ids.type.tensor_type.shape.dim[1].dim_value
-    return shape_from_hf_config(read_json(hf_config_path), ar, where=str(hf_config_path))
+    return shape_from_hf_config(load_hf_config(hf_config_path), ar, where=str(hf_config_path))
 
 
 def _check_inputs(model: onnx.ModelProto, shape: DemoShape, kind: str, path: Path) -> None:
@@ -257,12 +266,12 @@ def calibrate(prompt_path: str | Path, token_path: str | Path, out_prompt: str |
     for kind, model in models.items():
         check_external_data(model, paths[kind])
         _check_inputs(model, shape, kind, paths[kind])
-        ranges = merge_ranges(ranges, observe_ranges(model, paths[kind].parent,
-                                                     calibration_feeds(shape, kind, num_samples)))
+        ranges = merge_ranges(ranges, _observe_ranges(model, paths[kind].parent,
+                                                      calibration_feeds(shape, kind, num_samples)))
     ranges = tie_kv_cache(ranges)
     for kind, out_path in (("prompt", out_prompt), ("token", out_token)):
         activations = {name: activation_encoding(name, *ranges[name]) for name in float_activations(models[kind])}
-        params = param_encodings(models[kind], paths[kind])
+        params = _param_encodings(models[kind], paths[kind])
         write_encodings(out_path, Encodings(activations=activations, params=params,
                                             quantizer_args=dict(QUANTIZER_ARGS)))
         logger.info("%s: %d activation and %d param encodings from %d samples per graph", out_path,

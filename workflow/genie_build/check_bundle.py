@@ -18,27 +18,30 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from genie_build.bundle import MANIFEST_NAME
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
 from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, read_text, regular_file_size, resolve_inside, sha256_file
-from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, load_hf_config,
+from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
+                                      HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
                                       load_tokenizer)
 from genie_build.genie_contract import graph_violations
+from genie_build.hf_config import load_hf_config
+from genie_build.manifest import MANIFEST_NAME
 from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import inspect_container
 
+__all__ = ["Finding", "MAX_DOCUMENT_BYTES", "RULES", "Severity", "check_bundle", "require_valid_bundle"]
+
 Severity = Literal["error", "warning"]
-# libyaml when present: metadata of a many-part bundle takes seconds with the pure-Python parser
 
 RULES = {
     "files": "genie_config.json, the tokenizer and the backend extension config are regular files inside the bundle "
@@ -82,74 +85,6 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.severity} [{self.rule}] {self.message}"
-
-
-@dataclass(frozen=True)
-class _Section:
-    """A JSON object Genie validates: its mandatory keys, all keys it knows (None: not checked), key types."""
-
-    path: tuple[str, ...]
-    mandatory: frozenset[str]
-    known: frozenset[str] | None
-    types: dict[str, str]
-
-
-def _section(path: str, mandatory: str, known: str | None, types: str) -> _Section:
-    """A :class:`_Section` from space-separated key lists; ``types`` is ``"key:kind key:kind …"``."""
-    return _Section(tuple(path.split(".")), frozenset(mandatory.split()),
-                    None if known is None else frozenset((mandatory + " " + known).split()),
-                    dict(item.split(":") for item in types.split()))
-
-
-# From Dialog.cpp / Context.cpp (QAIRT 2.4x), plus what qairt-dev 0.13.0's Genie config models
-# (modules/genie_execution/genie_config.py) write for newer Genie: model.linear-attention,
-# positional-encoding.rope-freqs-type, binary.fcb (instead of ctx-bins), rope types qwen2vl/qwen3vl. QnnHtp and
-# binary are mandatory here because genie-build checks QnnHtp bundles of ctx-bins (backend.type / model.type are
-# checked to say so).
-_SECTIONS = (
-    _section("dialog", "version type context tokenizer engine", None, "version:int type:str"),
-    _section("dialog.context", "version bos-token eos-token size n-vocab",
-             "eot-token img-token draft-n-vocab pad-token n-embd",
-             "version:int bos-token:int eos-token:int|int[] size:int n-vocab:int eot-token:int"),
-    _section("dialog.tokenizer", "version path", "", "version:int path:str"),
-    _section("dialog.engine", "version backend model n-threads",
-             "type role longcontext cache-groups training-config optimizer-config",
-             "version:int n-threads:int backend:object model:object"),
-    _section("dialog.engine.backend", "version type QnnHtp", "extensions device QnnGenAiTransformer",
-             "version:int type:str extensions:str QnnHtp:object"),
-    _section("dialog.engine.backend.QnnHtp", "version spill-fill-bufsize mmap-budget use-mmap cpu-mask poll",
-             "data-alignment-size pos-id-dim kv-dim batch-size kv-update-method allow-async-init rope-theta "
-             "enable-graph-switching shared-engine graph-switching-lora-policy weight-shared-lora "
-             "skip-lora-validation",
-             "version:int spill-fill-bufsize:number mmap-budget:number use-mmap:bool cpu-mask:str poll:bool "
-             "pos-id-dim:int kv-dim:int allow-async-init:bool rope-theta:number"),
-    _section("dialog.engine.model", "version type binary",
-             "mask-type cross-attention library checkpoint positional-encoding draft-token-map linear-attention",
-             "version:int type:str binary:object positional-encoding:object linear-attention:bool"),
-    _section("dialog.engine.model.binary", "version", "ctx-bins fcb lora", "version:int ctx-bins:str[] fcb:str[]"),
-    _section("dialog.engine.model.positional-encoding", "type", "rope-dim rope-theta rope-scaling rope-freqs-type",
-             "type:str rope-dim:int rope-theta:number rope-scaling:object rope-freqs-type:str"),
-    _section("dialog.engine.model.positional-encoding.rope-scaling", "",
-             "rope-type factor low-freq-factor high-freq-factor original-max-position-embeddings time-step "
-             "spatial-merge-size dim extrapolation-factor attn-factor beta-fast beta-slow short-factor "
-             "long-factor mrope-section", "rope-type:str"),
-)
-# section -> key -> the one value genie-build's checks understand (Genie accepts others, checked differently)
-_EXPECTED_VALUES = {"dialog": {"type": "basic"}, "dialog.engine.backend": {"type": "QnnHtp"},
-                    "dialog.engine.model": {"type": "binary"}}
-_ROPE_TYPES = ("llama3", "default", "longrope", "qwen2vl", "qwen2vl-mrope", "qwen3vl", "qwen3vl-mrope", "yarnrope",
-               "linear", "hunyuan")
-BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check_binary_source)
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
-    "str": lambda v: isinstance(v, str),
-    "object": lambda v: isinstance(v, dict),
-    "str[]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "int|int[]": lambda v: _TYPE_CHECKS["int"](v) or (isinstance(v, list) and bool(v)
-                                                       and all(_TYPE_CHECKS["int"](x) for x in v)),
-}
 
 
 def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
@@ -218,8 +153,7 @@ def _check_keys(config: dict) -> list[Finding]:
     if not isinstance(config.get("dialog"), dict):
         return [Finding("required-keys", "error", "genie_config.json has no 'dialog' object")]
     findings = []
-    for section in _SECTIONS:
-        where = ".".join(section.path)
+    for where, section in GENIE_CONFIG_SECTIONS.items():
         body = _get(config, where, dict)
         if body is not None:  # an absent section is reported by its parent's mandatory keys
             findings += _check_section(section, where, body)
@@ -233,26 +167,26 @@ def _check_keys(config: dict) -> list[Finding]:
         findings.append(Finding("ctx-bins-exist", "warning", "binary.fcb (a multi-SoC DLC bundle): the ctx-bin "
                                                              "and graph checks apply to ctx-bins only"))
     rope_type = _get(config, "dialog.engine.model.positional-encoding.rope-scaling.rope-type")
-    if rope_type is not None and rope_type not in _ROPE_TYPES:
+    if rope_type is not None and rope_type not in ROPE_SCALING_TYPES:
         findings.append(Finding("required-keys", "error", f"rope-scaling.rope-type {rope_type!r} is not one of "
-                                                          f"{', '.join(_ROPE_TYPES)}"))
+                                                          f"{', '.join(ROPE_SCALING_TYPES)}"))
     return findings
 
 
-def _check_section(section: _Section, where: str, body: dict) -> list[Finding]:
+def _check_section(section: GenieSection, where: str, body: dict) -> list[Finding]:
     findings = [Finding("required-keys", "error", f"{where} lacks mandatory key {key!r}")
                 for key in sorted(section.mandatory - set(body))]
     if section.known is not None:
         findings += [Finding("unknown-key", "error", f"{where} has key {key!r} that Genie does not know "
                                                      f"(known: {', '.join(sorted(section.known))})")
                      for key in body if key not in section.known]
-    findings += [Finding("required-keys", "error", f"{where}.{key} must be {kind}, got {body[key]!r}")
-                 for key, kind in section.types.items() if key in body and not _TYPE_CHECKS[kind](body[key])]
+    findings += [Finding("required-keys", "error", f"{where}.{key} must be {kind.name}, got {body[key]!r}")
+                 for key, kind in section.types.items() if key in body and not kind.accepts(body[key])]
     if "version" in body and body["version"] != 1:
         findings.append(Finding("required-keys", "error", f"{where}.version must be 1, got {body['version']!r}"))
     findings += [Finding("required-keys", "error", f"{where}.{key} is {body[key]!r}; genie-build checks bundles "
                                                    f"with {key} {expected!r}")
-                 for key, expected in _EXPECTED_VALUES.get(where, {}).items()
+                 for key, expected in EXPECTED_VALUES.get(where, {}).items()
                  if key in body and body[key] != expected]
     return findings
 

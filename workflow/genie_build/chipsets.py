@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from genie_build.errors import GenieBuildError
 
+__all__ = ["CHIPSETS", "Chipset", "check_device", "lookup"]
+
 _DSP_ARCH = re.compile(r"^v\d{2}$")
 
 _EXECUTORCH = "ExecuTorch qc_schema.py"

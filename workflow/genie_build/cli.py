@@ -20,6 +20,8 @@ from genie_build import __version__, commands
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_text
 
+__all__ = ["EXIT_USER_ERROR", "build_parser", "main"]
+
 EXIT_USER_ERROR = 2
 
 
@@ -54,14 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         status = int(args.__command__.run(args) or 0)
         if args.benchmark and status == 0:
-            write_benchmark(args.benchmark, time.perf_counter() - started)
+            _write_benchmark(args.benchmark, time.perf_counter() - started)
         return status
     except GenieBuildError as exc:
         print(f"genie-build: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
 
 
-def write_benchmark(path: str, seconds: float) -> None:
+def _write_benchmark(path: str, seconds: float) -> None:
     """A TSV with the columns of Snakemake's ``benchmark:`` files that a process can measure of itself;
     ``max_rss`` (MB) is the exact peak (``getrusage``), not a sample."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -7,6 +7,8 @@ import json
 
 from genie_build.errors import GenieBuildError
 
+__all__ = ["add_split_options", "boolean", "json_object", "positive_float", "positive_int", "split_options"]
+
 
 def json_object(text: str, option: str) -> dict:
     """Parse a JSON object given on the command line (e.g. ``--variant-json``).

@@ -16,7 +16,7 @@ import reprlib
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from jsonschema import Draft202012Validator, validators
@@ -26,6 +26,9 @@ from genie_build.chipsets import lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_text
+
+__all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
+           "calibration_chain", "load_config", "read_schema", "source_kind", "validate_config"]
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -191,6 +194,41 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
 
 # The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.
 USER_EXPORT_KEYS = ("prompt_onnx", "token_onnx", "encodings", "tokenizer", "hf_config")
+SourceKind = Literal["demo", "files", "hf", "estimate"]
+DemoCalibrator = Literal["builtin", "aimet"]  # demo.calibrator: genie_build.calibrate, or the calibration chain
+
+
+def source_kind(config: Mapping[str, Any]) -> SourceKind:
+    """Where a config's model comes from, named once for the validator and the workflow (``workflow/rules/``).
+
+    ``files``: the user's own graphs (``model.prompt_onnx`` and the paths it requires); ``hf``: a Hugging Face
+    checkpoint the workflow exports part by part (``model.hf_checkpoint``); ``estimate``: an HF ``config.json``
+    alone (``model.hf_config`` without graphs), which builds the shape-only estimate and nothing else; ``demo``:
+    no model files, the generated demo.
+
+    Args:
+        config: a validated config (:func:`validate_config`), or any mapping with a ``model`` mapping.
+    """
+    model = config["model"]
+    if "prompt_onnx" in model:
+        return "files"
+    if "hf_checkpoint" in model:
+        return "hf"
+    return "estimate" if "hf_config" in model else "demo"
+
+
+def calibration_chain(config: Mapping[str, Any]) -> bool:
+    """Whether the graphs' encodings are made by the calibration chain (aimet-onnx, one unit of one part at a
+    time: ``workflow/rules/calibrate.smk``) because no source brings them: a checkpoint's, float graphs' without
+    ``model.encodings``, the demo's with ``demo.calibrator: aimet``.
+
+    Args:
+        config: a validated config (:func:`validate_config`): ``demo.calibrator`` filled in.
+    """
+    kind = source_kind(config)
+    calibrator: DemoCalibrator = config["demo"]["calibrator"]
+    return (kind == "hf" or (kind == "files" and "encodings" not in config["model"])
+            or (kind == "demo" and calibrator == "aimet"))
 
 
 def _check_cross_fields(config: dict, where: str) -> None:
@@ -218,7 +256,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
         raise GenieBuildError(_key(where, ("demo", "weight_dtype")),
                               f"{config['demo']['weight_dtype']!r} with calibrator aimet: aimet-onnx quantizes "
                               "float32 weights only (a weight reaching its op through a Cast stays unquantized)")
-    if not {"prompt_onnx", "hf_checkpoint"} & set(config["model"]):  # the demo is built: its sizes must make a model
+    if source_kind(config) == "demo":  # the demo is built: its sizes must make a model
         try:
             DemoShape(**shape_config(config["demo"]))
         except GenieBuildError as exc:  # where is "demo.<field>"

@@ -16,13 +16,16 @@ from dataclasses import dataclass
 
 from genie_build.conventions import KV_TENSOR, LOGITS, POS_COS, POS_SIN, Tensor
 from genie_build.errors import GenieBuildError
-from genie_build.genie_config import head_dim, load_hf_config, load_tokenizer, make_genie_config
+from genie_build.genie_config import load_tokenizer, make_genie_config
+from genie_build.hf_config import head_dim, load_hf_config
+
+__all__ = ["Graphs", "check_consistency"]
 
 Graphs = Mapping[str, tuple[Sequence[Tensor], Sequence[Tensor]]]
 
 
 @dataclass(frozen=True)
-class Disagreement:
+class _Disagreement:
     """One thing two of the inputs say differently: ``where`` is the file to fix."""
 
     where: str
@@ -35,7 +38,7 @@ class Disagreement:
 def check_consistency(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
                       hf_config_path: str | os.PathLike[str]) -> list[str]:
     """Check the graphs (``{"prompt": (inputs, outputs), "token": ...}``), the tokenizer and ``config.json`` against
-    each other (:func:`disagreements`), and everything the bundle's ``genie_config.json`` will be made of.
+    each other (:func:`_disagreements`), and everything the bundle's ``genie_config.json`` will be made of.
 
     Returns:
         Warnings: what Genie tolerates but a user may not mean.
@@ -43,7 +46,7 @@ def check_consistency(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
     Raises:
         GenieBuildError: one line naming the file of the first disagreement and listing every one.
     """
-    found, warnings = disagreements(graphs, tokenizer_path, hf_config_path)
+    found, warnings = _disagreements(graphs, tokenizer_path, hf_config_path)
     if found:
         where = found[0].where
         listed = "; ".join(item.problem if item.where == where else str(item) for item in found)
@@ -52,8 +55,8 @@ def check_consistency(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
     return warnings
 
 
-def disagreements(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
-                  hf_config_path: str | os.PathLike[str]) -> tuple[list[Disagreement], list[str]]:
+def _disagreements(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
+                   hf_config_path: str | os.PathLike[str]) -> tuple[list[_Disagreement], list[str]]:
     """Every disagreement, and the warnings:
 
     - the logits' width is ``config.json``'s ``vocab_size`` (Genie's ``n-vocab``) in every graph;
@@ -70,10 +73,10 @@ def disagreements(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
     """
     tokenizer_where, config_where = os.fspath(tokenizer_path), os.fspath(hf_config_path)
     hf_config = load_hf_config(hf_config_path)
-    found: list[Disagreement] = []
+    found: list[_Disagreement] = []
     vocab = hf_config.get("vocab_size")
     widths = {kind: width for kind, (_, outputs) in graphs.items() if (width := _logits_width(outputs)) is not None}
-    found += [Disagreement(config_where, f"vocab_size is {vocab!r} but the {kind} graph's logits have {width} "
+    found += [_Disagreement(config_where, f"vocab_size is {vocab!r} but the {kind} graph's logits have {width} "
                                          "entries (Genie's n-vocab must be the logits' width)")
               for kind, width in widths.items() if width != vocab]
     width = next(iter(widths.values()), vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None)
@@ -81,17 +84,17 @@ def disagreements(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
     if width is not None and vocabulary:
         token, token_id = max(vocabulary.items(), key=lambda item: item[1])
         if token_id >= width:
-            found.append(Disagreement(tokenizer_where, f"token {token!r} has id {token_id}, beyond the model's "
+            found.append(_Disagreement(tokenizer_where, f"token {token!r} has id {token_id}, beyond the model's "
                                                        f"{width} logits (ids 0..{width - 1})"))
     for key in ("bos_token_id", "eos_token_id"):
         ids = hf_config.get(key) if isinstance(hf_config.get(key), list) else [hf_config.get(key)]
-        found += [Disagreement(config_where, f"{key} {token_id} is beyond the model's {width} logits")
+        found += [_Disagreement(config_where, f"{key} {token_id} is beyond the model's {width} logits")
                   for token_id in ids if isinstance(token_id, int) and width is not None and token_id >= width]
     found += _rope_and_kv_dims(graphs, hf_config, config_where)
     try:  # everything else the bundle's genie_config.json is made of, now rather than after every convert
         make_genie_config(hf_config, tokenizer_path, ["model.bin"], 1, hf_config_path=hf_config_path)
     except GenieBuildError as exc:
-        found.append(Disagreement(exc.where, exc.problem))
+        found.append(_Disagreement(exc.where, exc.problem))
     return found, _warnings(graphs, hf_config, config_where)
 
 
@@ -101,7 +104,7 @@ def _logits_width(outputs: Sequence[Tensor]) -> int | None:
     return width if isinstance(width, int) else None
 
 
-def _rope_and_kv_dims(graphs: Graphs, hf_config: dict, where: str) -> list[Disagreement]:
+def _rope_and_kv_dims(graphs: Graphs, hf_config: dict, where: str) -> list[_Disagreement]:
     """The first tensor of each kind whose dim is not what genie_config.json will tell Genie (one wrong setting
     shows in every layer)."""
     try:
@@ -118,7 +121,7 @@ def _rope_and_kv_dims(graphs: Graphs, hf_config: dict, where: str) -> list[Disag
             setting, value = expected[role]
             if tensor.shape[axis] != value:
                 reported.add(role)
-                found.append(Disagreement(where, f"gives {setting} {value} (head_dim {kv_dim}) but {tensor.name} "
+                found.append(_Disagreement(where, f"gives {setting} {value} (head_dim {kv_dim}) but {tensor.name} "
                                                  f"in the {kind} graph has shape {list(tensor.shape)}"))
     return found
 

@@ -35,6 +35,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from genie_build.errors import GenieBuildError
 
+__all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
+           "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
+           "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_SUFFIX", "POS_COS", "POS_SIN", "Reading", "Tensor",
+           "causal_mask", "find_parts", "genie_dims", "graph_ar", "graph_ar_cl", "graph_name", "kv_name",
+           "layer_output", "parse_part_label", "part_file_name", "part_label", "read_ar", "read_cl", "rope_tables",
+           "shape_text", "tensors_by_name", "unsplit_graph_name"]
+
 if TYPE_CHECKING:
     import numpy as np
 

@@ -33,7 +33,11 @@ from genie_build.conventions import (EMBED_WEIGHT, GRAPH_KINDS, INPUT_IDS, LM_HE
 from genie_build.conventions import graph_ar as _kind_ar
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
+from genie_build.hf_config import read_model_shape, read_rope, rope_kind
 from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
+
+__all__ = ["DemoShape", "EXTERNAL_DATA_ALIGNMENT", "TensorSpec", "WEIGHT_DTYPES", "example_inputs", "generate_demo",
+           "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config", "shape_from_hf_config"]
 
 OPSET = 17
 IR_VERSION = 8
@@ -48,7 +52,7 @@ WEIGHT_STD = 0.02       # keeps q/k/v and logits O(1) for hidden sizes up to a f
 NORM_WEIGHT_STD = 0.05  # norm weights are 1 + a perturbation, so a wrong norm formula shows in the logits
 KV_CACHE_STD = 0.5      # random past K/V of about the magnitude the demo's own projections produce
 
-WeightInit = Literal["linear", "norm", "bias"]
+_WeightInit = Literal["linear", "norm", "bias"]
 WEIGHT_DTYPES = ("float32", "float16")
 
 
@@ -107,19 +111,19 @@ class TensorSpec:
     dtype: str = "float32"
 
 
-def graph_ar(shape: DemoShape, kind: str) -> int:
+def _graph_ar(shape: DemoShape, kind: str) -> int:
     """The number of new tokens per call of a graph: ``shape.ar`` for the prompt graph, 1 for the token graph."""
     return _kind_ar(kind, shape.ar)
 
 
 def graph_past(shape: DemoShape, kind: str) -> int:
     """Cache slots of a graph: ``context - AR``."""
-    return shape.context - graph_ar(shape, kind)
+    return shape.context - _graph_ar(shape, kind)
 
 
 def graph_inputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
     """The inputs of a full graph, in graph order (docs/conventions.md)."""
-    ar, past, d, kv = graph_ar(shape, kind), graph_past(shape, kind), shape.head_dim, shape.kv_heads
+    ar, past, d, kv = _graph_ar(shape, kind), graph_past(shape, kind), shape.head_dim, shape.kv_heads
     specs = [TensorSpec(INPUT_IDS, (1, ar), "int32"),
              TensorSpec(MASK, (1, ar, shape.context)),
              TensorSpec(POS_COS, (1, 1, ar, d // 2)),
@@ -132,7 +136,7 @@ def graph_inputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
 
 def graph_outputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
     """The outputs of a full graph, in graph order: logits, then the new K/V entries per layer."""
-    ar, d, kv = graph_ar(shape, kind), shape.head_dim, shape.kv_heads
+    ar, d, kv = _graph_ar(shape, kind), shape.head_dim, shape.kv_heads
     specs = [TensorSpec(LOGITS, (1, ar, shape.vocab))]
     for i in range(shape.layers):
         specs += [TensorSpec(kv_name("key", i, "out"), (1, kv, d, ar)),
@@ -145,7 +149,7 @@ def graph_outputs(shape: DemoShape, kind: str) -> tuple[TensorSpec, ...]:
 def example_inputs(shape: DemoShape, kind: str, past_len: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A full input feed for a graph: random token ids, random past K/V, the causal mask and RoPE tables
     for positions ``past_len..past_len+AR-1``. Deterministic for a seeded ``rng``."""
-    ar = graph_ar(shape, kind)
+    ar = _graph_ar(shape, kind)
     cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + ar))
     feed = {INPUT_IDS: rng.integers(0, shape.vocab, size=(1, ar), dtype=np.int32),
             MASK: causal_mask(ar, shape.context, past_len),
@@ -163,7 +167,7 @@ class _WeightSpec:
 
     name: str
     dims: tuple[int, ...]
-    init: WeightInit
+    init: _WeightInit
 
 
 @dataclass
@@ -202,7 +206,7 @@ class _GraphBuilder:
         """A Reshape target; 0 copies the input's dim and -1 takes the rest, so it holds for any AR."""
         return self.constant(name, np.array(dims, dtype=np.int64))
 
-    def weight(self, scope: str, name: str, dims: tuple[int, ...], init: WeightInit) -> str:
+    def weight(self, scope: str, name: str, dims: tuple[int, ...], init: _WeightInit) -> str:
         """Register a weight; with fp16 weights, return the float32 output of a Cast in ``scope``."""
         self.weights.append(_WeightSpec(name, dims, init))
         if self.weight_dtype == "float32":
@@ -302,7 +306,7 @@ def _decoder_layer(b: _GraphBuilder, shape: DemoShape, i: int, x: str, ar: int) 
 
 def _build_graph(shape: DemoShape, kind: str) -> _GraphBuilder:
     """All nodes of one graph; weights are only registered, not made."""
-    ar, b = graph_ar(shape, kind), _GraphBuilder(shape.weight_dtype)
+    ar, b = _graph_ar(shape, kind), _GraphBuilder(shape.weight_dtype)
     dims = (1, ar, shape.hidden)
     table = b.weight("/model/embed_tokens", EMBED_WEIGHT, (shape.vocab, shape.hidden), "linear")
     x = b.op("/model/embed_tokens", "Gather", [table, INPUT_IDS], dims, axis=0)
@@ -384,7 +388,7 @@ def _model_proto(b: _GraphBuilder, shape: DemoShape, kind: str, weights: list[Te
     outputs = graph_outputs(shape, kind)
     output_names = {spec.name for spec in outputs}
     value_info = [info(TensorSpec(name, dims)) for name, dims in b.value_dims.items() if name not in output_names]
-    graph = helper.make_graph(b.nodes, unsplit_graph_name(kind, graph_ar(shape, kind), shape.context),
+    graph = helper.make_graph(b.nodes, unsplit_graph_name(kind, _graph_ar(shape, kind), shape.context),
                               [info(spec) for spec in graph_inputs(shape, kind)], [info(spec) for spec in outputs],
                               initializer=[*b.constants, *weights], value_info=value_info)
     return helper.make_model(graph, producer_name="genie-build demo", ir_version=IR_VERSION,
@@ -408,19 +412,24 @@ def shape_config(section: dict) -> dict:
 
 
 def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> DemoShape:
-    """Inverse of :func:`hf_config` (``ar`` is not an HF field; take it from the prompt graph).
+    """Inverse of :func:`hf_config` (``ar`` is not an HF field; take it from the prompt graph), for a config.json in
+    either transformers layout (:mod:`genie_build.hf_config`).
 
     Raises:
-        GenieBuildError: a key is missing or a value does not make a valid shape.
+        GenieBuildError: a key is missing, the RoPE is scaled (the demo's feeds compute plain RoPE), or a value
+            does not make a valid shape.
     """
-    keys = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-            "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "vocab": "vocab_size",
-            "context": "max_position_embeddings", "rope_theta": "rope_theta", "rms_norm_eps": "rms_norm_eps"}
-    missing = sorted(key for key in keys.values() if key not in config)
+    missing = sorted(key for key in ("max_position_embeddings", "rms_norm_eps") if key not in config)
     if missing:
         raise GenieBuildError(where, f"missing keys {missing}")
+    shape, rope = read_model_shape(config, where), read_rope(config, where)
+    if rope.scaling is not None:
+        raise GenieBuildError(where, f"RoPE scaling {rope_kind(rope.scaling)!r}: the demo's graphs and feeds "
+                                     "compute plain RoPE")
     dtype = config.get("torch_dtype", "float32")
-    return DemoShape(**{field_: config[key] for field_, key in keys.items()}, ar=ar,
+    return DemoShape(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
+                     intermediate=shape.intermediate, vocab=shape.vocab, context=config["max_position_embeddings"],
+                     rope_theta=rope.theta, rms_norm_eps=config["rms_norm_eps"], ar=ar,
                      weight_dtype=dtype if dtype in WEIGHT_DTYPES else "float32")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+__all__ = ["GenieBuildError"]
+
 
 class GenieBuildError(Exception):
     """A user-facing error. ``str()`` is one line: ``<where>: <problem>``.

@@ -2,7 +2,7 @@
 compile).
 
 The input is a model's weight inventory (:mod:`genie_build.weight_inventory`: from an HF ``config.json`` or an
-ONNX graph loaded without its external data) and a precision recipe (:mod:`genie_build.recipe`). The output
+ONNX graph loaded without its external data) and a precision (:mod:`genie_build.precision`). The output
 is the plan the workflow would make (``plan.json``), and per part and predicted variant the size of the
 reference toolchain's context binary (``docs/reference-container.md``):
 
@@ -38,12 +38,15 @@ from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_m
 from genie_build.onnx_graph import InitializerSpec
 from genie_build.plan import MIB, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces
 from genie_build.plan_file import Piece, Plan, write_plan
-from genie_build.recipe import Recipe, weight_encoding
+from genie_build.precision import Precision, weight_encoding
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
+
+__all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
+           "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "stored_size"]
 
 log = logging.getLogger(__name__)
 
@@ -148,20 +151,20 @@ def container_overhead(pieces: Sequence[Piece], table_entries: int) -> int:
     return GRAPHS_PER_PART * per_graph + TABLE_ENTRY_BYTES * table_entries
 
 
-def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = None,
+def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | None = None,
              max_part_bytes: int | None = None, embedding_alone: bool = True) -> Estimate:
     """Plan the split and predict every part's container for every variant of :data:`PREDICTED_VARIANTS`.
 
     Exactly one of ``num_parts`` and ``max_part_bytes`` is given.
 
     Raises:
-        GenieBuildError: the split is infeasible (from the planner) or a recipe rule does not fit a weight.
+        GenieBuildError: the split is infeasible (from the planner) or a precision rule does not fit a weight.
     """
     if (num_parts is None) == (max_part_bytes is None):
         raise ValueError("give exactly one of num_parts and max_part_bytes")
-    encodings = {weight.spec.name: weight_encoding(weight, recipe) for weight in model.weights}
+    encodings = {weight.spec.name: weight_encoding(weight, precision) for weight in model.weights}
     # Sized by the planner's own rule, so the predicted plan is the one the workflow makes from encodings
-    # of this recipe.
+    # of this precision.
     pieces = weighed_pieces({weight.spec.name: weight.spec for weight in model.weights},
                             {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
                             model.boundaries)
@@ -175,7 +178,7 @@ def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = Non
         weights = [weight for weight in model.weights if weight.pieces & held]
         constants = LAYER_CONSTANT_BYTES * sum(piece.kind == "layer" for piece in held_pieces)
         for variant in PREDICTED_VARIANTS:
-            sizes = [stored_size(weight.spec, encodings[weight.spec.name], recipe.float_bitwidth,
+            sizes = [stored_size(weight.spec, encodings[weight.spec.name], precision.float_bitwidth,
                                  variant.weights_packing) for weight in weights]
             copies = 1 if variant.weight_sharing_enabled else GRAPHS_PER_PART
             weight_bytes = copies * (sum(size.bytes for size in sizes) + constants)
@@ -186,7 +189,7 @@ def estimate(model: ModelWeights, recipe: Recipe, *, num_parts: int | None = Non
 
 # ------------------------------------------------------------------------------------------- outputs
 
-def size_records(result: Estimate) -> list[AccountRecord]:
+def _size_records(result: Estimate) -> list[AccountRecord]:
     """The predictions as accounting records, for ``sizes.build_size_table``. ``applied`` is empty: there is
     no binary to read back, so an option is judged by size alone."""
     options = {variant.name: {"weights_packing": variant.weights_packing,
@@ -197,8 +200,8 @@ def size_records(result: Estimate) -> list[AccountRecord]:
                           applied=AppliedOptions()) for part in result.parts]
 
 
-def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, recipe: Recipe,
-                   memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> None:
+def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, precision: Precision,
+                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> None:
     """Write ``plan.json``, ``estimate.json``, ``size_table.{csv,md,png}`` (baseline: the first variant)
     and ``memory_plan.{json,md}`` (``memory_variant`` against ``limits``) into ``out_dir``, each atomically.
 
@@ -207,7 +210,7 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
             written.
     """
     out = Path(out_dir)
-    records = size_records(result)
+    records = _size_records(result)
     memory_sizes = [PartSize(part.part, part.weight_bytes, part.file_bytes)
                     for part in result.parts if part.variant == memory_variant]
     if not memory_sizes:
@@ -215,7 +218,8 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
                                                   f"{[variant.name for variant in PREDICTED_VARIANTS]}")
     write_plan(out / "plan.json", result.plan)
     write_json(out / "estimate.json", {
-        "source": source, "recipe": dataclasses.asdict(recipe), "graphs_per_part": GRAPHS_PER_PART,
+        # "recipe": the config section the precision is written as
+        "source": source, "recipe": dataclasses.asdict(precision), "graphs_per_part": GRAPHS_PER_PART,
         "variant_set": VARIANT_SET, "variants": [dataclasses.asdict(variant) for variant in PREDICTED_VARIANTS],
         "overhead_model": {"graph_bytes": GRAPH_BYTES, "layer_part_graph_bytes": LAYER_PART_GRAPH_BYTES,
                            "embedding_graph_bytes": EMBEDDING_GRAPH_BYTES, "layer_graph_bytes": LAYER_GRAPH_BYTES,
@@ -231,16 +235,16 @@ def write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source:
                       out / "memory_plan.json", out / "memory_plan.md")
 
 
-def estimate_to_dir(out_dir: str | os.PathLike[str], recipe: Recipe, split: dict, *,
+def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split: dict, *,
                     hf_config: str | os.PathLike[str] | None = None, onnx: str | os.PathLike[str] | None = None,
                     memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> Estimate:
     """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
     workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``) and
-    every part's predicted sizes, written by :func:`write_estimate` and logged per part.
+    every part's predicted sizes, written by :func:`_write_estimate` and logged per part.
 
     Raises:
         GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
-            source, an infeasible split, or what :func:`write_estimate` raises.
+            source, an infeasible split, or what :func:`_write_estimate` raises.
     """
     if (hf_config is None) == (onnx is None):
         raise ValueError("give exactly one of hf_config and onnx")
@@ -248,10 +252,10 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], recipe: Recipe, split: dict
         raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
     model = weights_from_hf_config(hf_config) if hf_config is not None else weights_from_onnx(onnx, split["boundaries"])
     max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
-    result = estimate(model, recipe, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
+    result = estimate(model, precision, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
                       embedding_alone=split["embedding_alone"])
-    write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx), recipe=recipe,
-                   memory_variant=memory_variant, limits=limits)
+    _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),
+                    precision=precision, memory_variant=memory_variant, limits=limits)
     for part in result.plan.parts:
         sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
                           for predicted in result.parts if predicted.part == part.index)

@@ -59,8 +59,8 @@ from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, GRAPH_KIN
                                      unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, HashingWriter, atomic_open, write_bytes
-from genie_build.genie_config import head_dim
 from genie_build.hf_checkpoint import CONFIG_NAME, SUPPORTED_ARCHITECTURES, Checkpoint, read_checkpoint, tensor_files
+from genie_build.hf_config import read_model_shape
 from genie_build.onnx_graph import check_shared_initializers
 from genie_build.plan_file import PartPlan
 from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
@@ -92,23 +92,20 @@ class ExportShape:
 
 
 def export_shape(config: dict[str, Any], ar: int, context: int, where: str | os.PathLike[str]) -> ExportShape:
-    """The graphs' dims from the HF config and the export settings.
+    """The graphs' dims from the HF config (:func:`genie_build.hf_config.read_model_shape`) and the export settings.
 
     Raises:
-        GenieBuildError: AR not below CL, CL beyond the model's max_position_embeddings, or a config without
-            the layer / head counts.
+        GenieBuildError: AR not below CL, CL beyond the model's max_position_embeddings, or a config whose shape
+            cannot be read.
     """
     if not 1 <= ar < context:
         raise GenieBuildError("export.ar", f"{ar} must be at least 1 and below export.context = {context}")
-    missing = [key for key in ("num_hidden_layers", "num_attention_heads", "hidden_size") if key not in config]
-    if missing:
-        raise GenieBuildError(where, f"missing keys {missing}")
+    shape = read_model_shape(config, where)
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and context > limit:
         raise GenieBuildError("export.context", f"{context} exceeds the model's max_position_embeddings {limit}")
-    return ExportShape(ar=ar, context=context, layers=config["num_hidden_layers"],
-                       kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-                       head_dim=head_dim(config, where), hidden=config["hidden_size"])
+    return ExportShape(ar=ar, context=context, layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                       hidden=shape.hidden)
 
 
 @dataclass(frozen=True)
@@ -163,7 +160,7 @@ class ExportSummary:
 
 # --- the model's modules --------------------------------------------------------------------------------------
 
-class NewEntriesCache:
+class _NewEntriesCache:
     """The cache HF's attention layers write to (duck-typed ``Cache.update``): past entries come from the graph
     inputs in Genie's layout, keyed by layer index, and the new ones are kept for the graph outputs."""
 
@@ -205,7 +202,7 @@ class GenieIO(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden, rest = inputs[0], inputs[1:]
-        cache = NewEntriesCache(rest[3:], self.pieces.layers)
+        cache = _NewEntriesCache(rest[3:], self.pieces.layers)
         if self.pieces.layers:
             attention_mask, position_ids_cos, position_ids_sin = rest[:3]
             mask = attention_mask.unsqueeze(1)  # [1, 1, AR, CL], broadcast over heads
@@ -222,7 +219,7 @@ class GenieIO(torch.nn.Module):
         return (hidden, *cache.outputs())
 
 
-def example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[torch.Tensor, ...]:
+def _example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[torch.Tensor, ...]:
     """Zero inputs of a graph's shapes and dtypes (docs/conventions.md): the export traces with these."""
     ar, past, d, kv = graph_ar(kind, shape.ar), shape.past(kind), shape.head_dim, shape.kv_heads
     first = (torch.zeros((1, ar), dtype=torch.int32) if pieces.embedding
@@ -233,7 +230,7 @@ def example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[to
     return (first, *feeds, *cache)
 
 
-def load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
+def _load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
     """The checkpoint as its transformers class (``from_pretrained``), float32, eager attention, in eval mode, with
     a tied LM head untied. Returns ``(model, whether the head was tied)``.
 
@@ -401,7 +398,7 @@ def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathL
     """
     checkpoint = read_checkpoint(directory)
     shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
-    model, tied = load_model(checkpoint)
+    model, tied = _load_model(checkpoint)
     pieces = GraphPieces.whole(shape.layers)
     wrapper = GenieIO(pieces, model.model.embed_tokens, dict(enumerate(model.model.layers)), model.model.norm,
                       model.lm_head).eval()
@@ -447,7 +444,7 @@ def _exported_graph(module: GenieIO, shape: ExportShape, kind: str, pieces: Grap
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             tempfile.TemporaryDirectory(prefix="genie-build-export-") as scratch:
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, example_args(shape, kind, pieces), dynamo=True, optimize=False,
+        program = torch.onnx.export(module, _example_args(shape, kind, pieces), dynamo=True, optimize=False,
                                     input_names=input_names, output_names=output_names)
         program.save(os.path.join(scratch, "graph.onnx"), include_initializers=False)
         model = onnx.load(os.path.join(scratch, "graph.onnx"))

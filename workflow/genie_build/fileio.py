@@ -25,6 +25,10 @@ from typing import Any, BinaryIO
 
 from genie_build.errors import GenieBuildError
 
+__all__ = ["COPY_CHUNK_BYTES", "HashingWriter", "atomic_directory", "atomic_open", "copy_range", "is_json_int",
+           "is_json_number", "open_regular", "read_json", "read_regular", "read_text", "regular_file_size",
+           "resolve_inside", "sha256_file", "write_bytes", "write_json", "write_text"]
+
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 # The largest JSON document read whole (encodings of a 7B model with per-block scales are a few hundred MB; parsing
 # takes about ten times the file's size in memory, so a larger one could not be held anyway).
@@ -279,6 +283,16 @@ def read_json(path: str | os.PathLike[str], *, inside: Iterable[str | os.PathLik
         return json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # ValueError covers JSONDecodeError and UnicodeDecodeError
         raise GenieBuildError(path, f"not valid JSON: {exc}") from None
+
+
+def is_json_int(value: object) -> bool:
+    """A JSON integer: an int that is not a bool (``True`` is an int to Python, not to a JSON reader)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_json_number(value: object) -> bool:
+    """A JSON number: an int or a float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _unlink_quietly(path: str) -> None:

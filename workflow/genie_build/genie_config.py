@@ -6,13 +6,16 @@ The keys and their mandatory sets follow Genie's ``Dialog.cpp`` validation and t
 qairt-dev's own LLM builder writes for every RoPE model (``gen_ai_builder_htp.py``; its Genie config model is
 ``modules/genie_execution/genie_config.py``) -- never also ``QnnHtp.pos-id-dim``/``rope-theta``, the older style
 of AIHA's Qwen config, because Genie rejects both at once.
+
+The keys Genie knows, requires and types are defined once, here beside the writer (:data:`GENIE_CONFIG_SECTIONS`):
+:mod:`genie_build.check_bundle` checks every bundle's ``genie_config.json`` by them.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +23,13 @@ from tokenizers import Tokenizer
 
 from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, read_text
+from genie_build.fileio import is_json_int, is_json_number, read_text
+from genie_build.hf_config import head_dim, read_rope, rope_kind
+
+__all__ = ["BINARY_SOURCES", "EXPECTED_VALUES", "GENIE_CONFIG_NAME", "GENIE_CONFIG_SECTIONS", "GENIE_ROPE_SCALING_KEYS",
+           "GENIE_ROPE_TYPES", "GenieSection", "HTP_EXT_CONFIG_NAME", "JsonType", "MAX_TOKENIZER_BYTES",
+           "ROPE_SCALING_TYPES", "TOKENIZER_NAME", "genie_rope_scaling", "load_tokenizer", "make_genie_config",
+           "make_htp_backend_ext_config"]
 
 GENIE_CONFIG_NAME = "genie_config.json"
 HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
@@ -28,7 +37,6 @@ TOKENIZER_NAME = "tokenizer.json"
 
 # Real tokenizer.json files are 2-35 MB (Qwen, Llama 3, Gemma): anything far larger is not one.
 MAX_TOKENIZER_BYTES = 256 * 1024**2
-MAX_HF_CONFIG_BYTES = 16 * 1024**2  # a config.json is a few kB
 DEFAULT_N_THREADS = 3
 DEFAULT_SAMPLER = {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95}
 
@@ -50,75 +58,13 @@ GENIE_ROPE_SCALING_KEYS = {
 _ROPE_DESCRIPTOR_KEYS = ("rope_type", "type", "rope_theta")
 
 
-@dataclass(frozen=True)
-class Rope:
-    """RoPE as the HF config describes it: ``scaling`` is None for plain RoPE, else its HF parameters."""
-
-    theta: float
-    scaling: dict[str, Any] | None
-
-
-def load_hf_config(path: str | os.PathLike[str]) -> dict:
-    """Read an HF ``config.json``.
-
-    Raises:
-        GenieBuildError: missing, not JSON, or not a JSON object.
-    """
-    config = read_json(path, max_bytes=MAX_HF_CONFIG_BYTES)
-    if not isinstance(config, dict):
-        raise GenieBuildError(path, f"an HF config must be a JSON object, got {type(config).__name__}")
-    return config
-
-
-def head_dim(hf_config: dict, where: str | os.PathLike[str]) -> int:
-    """``head_dim`` if the config gives it, else ``hidden_size // num_attention_heads``."""
-    explicit = hf_config.get("head_dim")
-    if _is_int(explicit) and explicit > 0:
-        return explicit
-    hidden, heads = hf_config.get("hidden_size"), hf_config.get("num_attention_heads")
-    if not (_is_int(hidden) and _is_int(heads) and hidden > 0 and heads > 0 and hidden % heads == 0):
-        raise GenieBuildError(where, f"cannot derive head_dim: head_dim={explicit!r}, "
-                                     f"hidden_size={hidden!r}, num_attention_heads={heads!r}")
-    return hidden // heads
-
-
-def read_rope(hf_config: dict, where: str | os.PathLike[str]) -> Rope:
-    """RoPE theta and scaling from either HF layout: ``rope_theta`` + ``rope_scaling`` (transformers 4)
-    or ``rope_parameters`` (transformers 5).
-
-    Raises:
-        GenieBuildError: no theta; the two layouts disagree (plain RoPE in one, scaled in the other, or two
-            thetas) — the config then states both rope styles and Genie could only be given one.
-    """
-    legacy_scaling = hf_config.get("rope_scaling")
-    parameters = hf_config.get("rope_parameters")
-    for key, value in (("rope_scaling", legacy_scaling), ("rope_parameters", parameters)):
-        if value is not None and not isinstance(value, dict):
-            raise GenieBuildError(where, f"{key} must be an object or null, got {value!r}")
-    described = {key: value for key, value in (("rope_scaling", legacy_scaling),
-                                                ("rope_parameters", parameters)) if value}
-    kinds = {key: _rope_kind(value) for key, value in described.items()}
-    if len(set(kinds.values())) > 1:
-        raise GenieBuildError(where, "states both rope styles: " + ", ".join(
-            f"{key} says {kind!r}" for key, kind in kinds.items()) + "; keep one")
-    thetas = {key: value for key, value in (("rope_theta", hf_config.get("rope_theta")),
-                                             ("rope_parameters.rope_theta", (parameters or {}).get("rope_theta")))
-              if value is not None}
-    if not thetas:
-        raise GenieBuildError(where, "no rope_theta (neither rope_theta nor rope_parameters.rope_theta)")
-    if len(set(thetas.values())) > 1 or not all(_is_number(v) and v > 0 for v in thetas.values()):
-        raise GenieBuildError(where, f"rope theta must be one positive number, got {thetas}")
-    scaled = next((value for value in described.values() if _rope_kind(value) != "default"), None)
-    return Rope(theta=next(iter(thetas.values())), scaling=scaled)
-
-
 def genie_rope_scaling(scaling: dict[str, Any], where: str | os.PathLike[str]) -> dict[str, Any]:
     """HF rope-scaling parameters -> Genie's ``rope-scaling`` object (values copied, never invented).
 
     Raises:
         GenieBuildError: a rope type or parameter Genie has no equivalent for.
     """
-    hf_type = _rope_kind(scaling)
+    hf_type = rope_kind(scaling)
     if hf_type not in GENIE_ROPE_TYPES:
         raise GenieBuildError(where, f"rope type {hf_type!r} is not supported by Genie "
                                      f"(supported: {', '.join(GENIE_ROPE_TYPES)})")
@@ -133,8 +79,8 @@ def genie_rope_scaling(scaling: dict[str, Any], where: str | os.PathLike[str]) -
     return result
 
 
-def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
-                      where: str | os.PathLike[str]) -> tuple[int, int | list[int]]:
+def _special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
+                       where: str | os.PathLike[str]) -> tuple[int, int | list[int]]:
     """``(bos, eos)`` from the HF config, each checked to be an added token of ``tokenizer.json``.
 
     Returns:
@@ -145,12 +91,12 @@ def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
             tokens (naming the tokenizer).
     """
     bos, eos = hf_config.get("bos_token_id"), hf_config.get("eos_token_id")
-    if not _is_int(bos):
+    if not is_json_int(bos):
         raise GenieBuildError(where, f"bos_token_id must be an integer token id, got {bos!r}")
     eos_ids = eos if isinstance(eos, list) else [eos]
-    if not eos_ids or not all(_is_int(token) for token in eos_ids):
+    if not eos_ids or not all(is_json_int(token) for token in eos_ids):
         raise GenieBuildError(where, f"eos_token_id must be an integer or a list of integers, got {eos!r}")
-    added = added_token_ids(tokenizer_path)
+    added = _added_token_ids(tokenizer_path)
     for label, token in [("bos_token_id", bos)] + [("eos_token_id", token) for token in eos_ids]:
         if token not in added:
             raise GenieBuildError(tokenizer_path, f"{label} {token} (from {os.fspath(where)}) is not an added "
@@ -158,7 +104,7 @@ def special_token_ids(hf_config: dict, tokenizer_path: str | os.PathLike[str],
     return bos, eos
 
 
-def added_token_ids(tokenizer_path: str | os.PathLike[str]) -> set[int]:
+def _added_token_ids(tokenizer_path: str | os.PathLike[str]) -> set[int]:
     """Ids of the tokenizer's added (special) tokens.
 
     Raises:
@@ -191,6 +137,97 @@ def _parsed_tokenizer(text: str) -> Tokenizer:
     return Tokenizer.from_str(text)
 
 
+# --- the keys Genie reads: what check-bundle checks a genie_config.json against (tests/test_genie_config.py checks
+# make_genie_config's output against them) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JsonType:
+    """A JSON value type as a config key must have it: ``name`` as messages say it, ``accepts`` the check."""
+
+    name: str
+    accepts: Callable[[Any], bool]
+
+
+INT = JsonType("int", lambda value: is_json_int(value))
+NUMBER = JsonType("number", lambda value: is_json_number(value))
+BOOL = JsonType("bool", lambda value: isinstance(value, bool))
+STR = JsonType("str", lambda value: isinstance(value, str))
+OBJECT = JsonType("object", lambda value: isinstance(value, dict))
+STRS = JsonType("str[]", lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value))
+INT_OR_INTS = JsonType("int|int[]", lambda value: is_json_int(value) or (isinstance(value, list) and bool(value)
+                                                                    and all(is_json_int(item) for item in value)))
+
+
+@dataclass(frozen=True)
+class GenieSection:
+    """A JSON object Genie validates: the keys it requires, the others it knows (None: not checked), key types."""
+
+    mandatory: frozenset[str]
+    optional: frozenset[str] | None
+    types: Mapping[str, JsonType]
+
+    @property
+    def known(self) -> frozenset[str] | None:
+        return None if self.optional is None else self.mandatory | self.optional
+
+
+def _keys(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+# Dotted path -> section. From Dialog.cpp / Context.cpp (QAIRT 2.4x), plus what qairt-dev 0.13.0's Genie config
+# models (modules/genie_execution/genie_config.py) write for newer Genie: model.linear-attention,
+# positional-encoding.rope-freqs-type, binary.fcb (instead of ctx-bins), rope types qwen2vl/qwen3vl. QnnHtp and
+# binary are mandatory here because genie-build checks QnnHtp bundles of ctx-bins (backend.type / model.type are
+# checked to say so).
+GENIE_CONFIG_SECTIONS: dict[str, GenieSection] = {
+    "dialog": GenieSection(_keys("version", "type", "context", "tokenizer", "engine"), None,
+                           {"version": INT, "type": STR}),
+    "dialog.context": GenieSection(
+        _keys("version", "bos-token", "eos-token", "size", "n-vocab"),
+        _keys("eot-token", "img-token", "draft-n-vocab", "pad-token", "n-embd"),
+        {"version": INT, "bos-token": INT, "eos-token": INT_OR_INTS, "size": INT, "n-vocab": INT, "eot-token": INT}),
+    "dialog.tokenizer": GenieSection(_keys("version", "path"), _keys(), {"version": INT, "path": STR}),
+    "dialog.engine": GenieSection(
+        _keys("version", "backend", "model", "n-threads"),
+        _keys("type", "role", "longcontext", "cache-groups", "training-config", "optimizer-config"),
+        {"version": INT, "n-threads": INT, "backend": OBJECT, "model": OBJECT}),
+    "dialog.engine.backend": GenieSection(
+        _keys("version", "type", "QnnHtp"), _keys("extensions", "device", "QnnGenAiTransformer"),
+        {"version": INT, "type": STR, "extensions": STR, "QnnHtp": OBJECT}),
+    "dialog.engine.backend.QnnHtp": GenieSection(
+        _keys("version", "spill-fill-bufsize", "mmap-budget", "use-mmap", "cpu-mask", "poll"),
+        _keys("data-alignment-size", "pos-id-dim", "kv-dim", "batch-size", "kv-update-method", "allow-async-init",
+              "rope-theta", "enable-graph-switching", "shared-engine", "graph-switching-lora-policy",
+              "weight-shared-lora", "skip-lora-validation"),
+        {"version": INT, "spill-fill-bufsize": NUMBER, "mmap-budget": NUMBER, "use-mmap": BOOL, "cpu-mask": STR,
+         "poll": BOOL, "pos-id-dim": INT, "kv-dim": INT, "allow-async-init": BOOL, "rope-theta": NUMBER}),
+    "dialog.engine.model": GenieSection(
+        _keys("version", "type", "binary"),
+        _keys("mask-type", "cross-attention", "library", "checkpoint", "positional-encoding", "draft-token-map",
+              "linear-attention"),
+        {"version": INT, "type": STR, "binary": OBJECT, "positional-encoding": OBJECT, "linear-attention": BOOL}),
+    "dialog.engine.model.binary": GenieSection(_keys("version"), _keys("ctx-bins", "fcb", "lora"),
+                                               {"version": INT, "ctx-bins": STRS, "fcb": STRS}),
+    "dialog.engine.model.positional-encoding": GenieSection(
+        _keys("type"), _keys("rope-dim", "rope-theta", "rope-scaling", "rope-freqs-type"),
+        {"type": STR, "rope-dim": INT, "rope-theta": NUMBER, "rope-scaling": OBJECT, "rope-freqs-type": STR}),
+    "dialog.engine.model.positional-encoding.rope-scaling": GenieSection(
+        _keys(),
+        _keys("rope-type", "factor", "low-freq-factor", "high-freq-factor", "original-max-position-embeddings",
+              "time-step", "spatial-merge-size", "dim", "extrapolation-factor", "attn-factor", "beta-fast",
+              "beta-slow", "short-factor", "long-factor", "mrope-section"),
+        {"rope-type": STR}),
+}
+# section -> key -> the one value genie-build's checks understand (Genie accepts others, checked differently)
+EXPECTED_VALUES = {"dialog": {"type": "basic"}, "dialog.engine.backend": {"type": "QnnHtp"},
+                   "dialog.engine.model": {"type": "binary"}}
+# Genie's rope-scaling.rope-type values (Dialog.cpp validateRopeScalingConfig, and qairt-dev 0.13.0's)
+ROPE_SCALING_TYPES = ("llama3", "default", "longrope", "qwen2vl", "qwen2vl-mrope", "qwen3vl", "qwen3vl-mrope",
+                      "yarnrope", "linear", "hunyuan")
+BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check_binary_source)
+
+
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],
                       context_size: int, *, hf_config_path: str | os.PathLike[str] = "config.json",
                       n_threads: int = DEFAULT_N_THREADS) -> dict:
@@ -206,16 +243,16 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
 
     Raises:
         GenieBuildError: naming the HF config or the tokenizer (see :func:`read_rope`,
-            :func:`special_token_ids`, :func:`head_dim`).
+            :func:`_special_token_ids`, :func:`head_dim`).
     """
     vocab = hf_config.get("vocab_size")
-    if not (_is_int(vocab) and vocab > 0):
+    if not (is_json_int(vocab) and vocab > 0):
         raise GenieBuildError(hf_config_path, f"vocab_size must be a positive integer, got {vocab!r}")
-    if not (_is_int(context_size) and context_size > 0):
+    if not (is_json_int(context_size) and context_size > 0):
         raise GenieBuildError("context_size", f"must be a positive integer, got {context_size!r}")
     if not ctx_bins:
         raise GenieBuildError("ctx_bins", "a bundle needs at least one ctx-bin")
-    bos, eos = special_token_ids(hf_config, tokenizer_path, hf_config_path)
+    bos, eos = _special_token_ids(hf_config, tokenizer_path, hf_config_path)
     kv_dim = head_dim(hf_config, hf_config_path)
     rope = read_rope(hf_config, hf_config_path)
     qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
@@ -252,19 +289,6 @@ def make_htp_backend_ext_config(chipset: str) -> dict:
     }
 
 
-def _rope_kind(rope: dict[str, Any]) -> str:
-    """The HF rope type of a ``rope_scaling``/``rope_parameters`` dict ("default" when unnamed)."""
-    return str(rope.get("rope_type") or rope.get("type") or "default")
-
-
 def _genie_theta(theta: float) -> int | float:
     """Genie configs carry integral thetas as integers (AIHM writes ``int(rope_theta)``); keep fractions."""
     return int(theta) if float(theta).is_integer() else theta
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

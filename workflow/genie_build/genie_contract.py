@@ -34,6 +34,8 @@ from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_
                                      shape_text, tensors_by_name)
 from genie_build.errors import GenieBuildError
 
+__all__ = ["Violation", "check_contract", "graph_violations", "model_violations"]
+
 log = logging.getLogger(__name__)
 
 # a tensor that looks like a cache entry under another naming (present_key_3, past_key_values.3.key, ...)
@@ -145,7 +147,7 @@ def check_contract(prompt: str | Sequence[str], token: str | Sequence[str], out:
     dims, violations = model_violations(io, expected=expected, context_size=context_size)
     if violations and not report_only:
         culprit = next((paths[v.graph] for v in violations if v.graph in paths), paths["prompt"])
-        raise GenieBuildError(culprit, contract_error_text(violations))
+        raise GenieBuildError(culprit, _contract_error_text(violations))
     for violation in violations:
         log.warning("no bundle will be built, so this is not an error: %s", violation)
     warnings, disagreement = [], None
@@ -177,7 +179,7 @@ def _model_io(parts: Sequence[Any]) -> Any:
     return type(parts[0])(tuple(inputs.values()), tuple(outputs.values()))
 
 
-def contract_error_text(violations: Sequence[Violation]) -> str:
+def _contract_error_text(violations: Sequence[Violation]) -> str:
     """The one-line problem of a model that breaks the contract: every violation, then the way out."""
     return (f"{len(violations)} violation(s) of Genie's IO contract, so Genie could not load a bundle of these "
             f"graphs: " + "; ".join(map(str, violations)) + f". Fix the export, or {BUNDLE_OFF_HINT}")

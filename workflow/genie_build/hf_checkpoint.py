@@ -1,14 +1,11 @@
 """A Hugging Face checkpoint directory as genie-build reads it, without torch: which files it has, which shard holds
-each tensor, whether its ``config.json`` describes a model the export supports, and the model's shape.
+each tensor, and whether its ``config.json`` describes a model the export supports (its shape:
+:func:`genie_build.hf_config.read_model_shape`).
 
 The layout is what ``save_pretrained`` writes: ``config.json``, the weights as one ``model.safetensors`` or as
 shards listed by ``model.safetensors.index.json`` (``weight_map``: tensor name -> shard file), ``tokenizer.json``.
 The workflow reads :func:`weight_files` and :func:`tensor_files` at parse time, so a changed shard re-exports only
 the parts whose tensors it holds.
-
-:func:`read_model_shape` is the one reader of an HF ``config.json``'s dimensions, for every family genie-build
-knows and for both layouts transformers writes (transformers 4: ``rope_theta``/``rope_scaling`` at the top level;
-transformers 5: ``rope_parameters``): the export, the per-part plan and the size estimate all read it.
 """
 
 from __future__ import annotations
@@ -22,7 +19,11 @@ from typing import Any
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.genie_config import TOKENIZER_NAME, head_dim, load_hf_config, read_rope
+from genie_build.genie_config import TOKENIZER_NAME
+from genie_build.hf_config import load_hf_config, read_rope, rope_kind
+
+__all__ = ["CONFIG_NAME", "Checkpoint", "INDEX_NAME", "SUPPORTED_ARCHITECTURES", "read_checkpoint", "tensor_files",
+           "weight_files"]
 
 CONFIG_NAME = "config.json"
 SINGLE_WEIGHTS_NAME = "model.safetensors"
@@ -34,9 +35,6 @@ SUPPORTED_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausal
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024   # safetensors' own limit on its JSON header
 _SUPPORTED_TEXT = ", ".join(f"{kind} ({cls})" for kind, cls in SUPPORTED_ARCHITECTURES.items())
-# Families whose decoder layers the shape reader names and sizes (the estimate also takes Mistral's, which is
-# Llama's layer).
-SHAPED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
                                     "directory: config.json, *.safetensors, tokenizer.json)")
     config_path = root / CONFIG_NAME
     config = load_hf_config(config_path)
-    check_architecture(config, config_path)
+    _check_architecture(config, config_path)
     tokenizer = root / TOKENIZER_NAME
     if not tokenizer.is_file():
         raise GenieBuildError(tokenizer, "missing (the export needs the checkpoint's tokenizer.json)")
@@ -95,7 +93,7 @@ def weight_files(directory: str | os.PathLike[str]) -> tuple[Path, ...]:
     return (single,)
 
 
-def check_architecture(config: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
+def _check_architecture(config: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
     """The export supports ``config``'s model: a known model_type with its class in architectures, plain or llama3
     RoPE, full attention in every layer, an even head dim.
 
@@ -112,7 +110,7 @@ def check_architecture(config: Mapping[str, Any], where: str | os.PathLike[str])
         raise GenieBuildError(where, f"architectures {architectures} with model_type {model_type!r}: the export "
                                      f"builds {expected} only; supported: {_SUPPORTED_TEXT}")
     scaling = read_rope(dict(config), where).scaling
-    rope_type = str(scaling.get("rope_type") or scaling.get("type")) if scaling else "default"
+    rope_type = rope_kind(scaling) if scaling else "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise GenieBuildError(where, f"rope type {rope_type!r} is not supported by the export "
                                      f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
@@ -135,10 +133,10 @@ def tensor_files(directory: str | os.PathLike[str]) -> dict[str, Path]:
         weight_files(root)  # the index is valid and every shard it names is there
         return {name: root / shard for name, shard in weight_map.items()}
     single = weight_files(root)[0]
-    return {name: single for name in safetensors_names(single)}
+    return {name: single for name in _safetensors_names(single)}
 
 
-def safetensors_names(path: Path) -> list[str]:
+def _safetensors_names(path: Path) -> list[str]:
     """The tensor names of a safetensors file, from its JSON header (8-byte length, then the header).
 
     Raises:
@@ -155,55 +153,6 @@ def safetensors_names(path: Path) -> list[str]:
     if not isinstance(header, dict):
         raise GenieBuildError(path, "not a safetensors file (its header is not a JSON object)")
     return [name for name in header if name != "__metadata__"]
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder's dimensions and the optional weights of its layers, as its ``config.json`` states them."""
-
-    model_type: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool          # the LM head is the embedding table (the export writes it as its own copy)
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool       # a norm on each head's queries and keys (Qwen3)
-
-
-def read_model_shape(config: Mapping[str, Any], where: str | os.PathLike[str]) -> ModelShape:
-    """The shape of a Qwen2, Llama, Mistral or Qwen3 ``config.json`` (either transformers layout).
-
-    Raises:
-        GenieBuildError: another model type, or a dimension that is missing or not a positive integer (named).
-    """
-    model_type = config.get("model_type")
-    if model_type not in SHAPED_MODEL_TYPES:
-        raise GenieBuildError(where, f"model_type {model_type!r} is not supported "
-                                     f"(supported: {', '.join(SHAPED_MODEL_TYPES)})")
-    keys = {"layers": "num_hidden_layers", "hidden": "hidden_size", "intermediate": "intermediate_size",
-            "heads": "num_attention_heads", "vocab": "vocab_size"}
-    dims = {field_: _positive_int(config, key, where) for field_, key in keys.items()}
-    kv_heads = (_positive_int(config, "num_key_value_heads", where) if config.get("num_key_value_heads") is not None
-                else dims["heads"])
-    attention_bias = bool(config.get("attention_bias", False))
-    return ModelShape(model_type=model_type, **dims, kv_heads=kv_heads, head_dim=head_dim(dict(config), where),
-                      tied=bool(config.get("tie_word_embeddings", False)),
-                      qkv_bias=model_type == "qwen2" or attention_bias,
-                      o_bias=model_type != "qwen2" and attention_bias, mlp_bias=bool(config.get("mlp_bias", False)),
-                      qk_norm=model_type == "qwen3")
-
-
-def _positive_int(config: Mapping[str, Any], key: str, where: str | os.PathLike[str]) -> int:
-    value = config.get(key)
-    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        raise GenieBuildError(where, f"{key} must be a positive integer, got {value!r}")
-    return value
 
 
 def _index_shards(index: Any, where: Path) -> list[str]:

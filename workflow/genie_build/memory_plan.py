@@ -17,6 +17,10 @@ from genie_build import fileio
 from genie_build.errors import GenieBuildError
 from genie_build.sizes import AccountRecord, read_record
 
+__all__ = ["DEFAULT_MAX_CONTEXT_BYTES", "DEFAULT_MAX_SESSION_BYTES", "MIB", "MemoryLimits", "MemoryPlan",
+           "MemoryWarning", "PartSize", "memory_plan_json", "memory_plan_markdown", "part_sizes_from_records",
+           "plan_measured_memory", "plan_memory", "write_memory_plan"]
+
 log = logging.getLogger(__name__)
 
 MIB = 1024 ** 2

@@ -29,6 +29,8 @@ import yaml
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
+__all__ = ["METADATA_NAME", "UNNAMED_GRAPH", "dump_metadata", "parse_metadata"]
+
 METADATA_NAME = "metadata.yaml"
 UNNAMED_GRAPH = ""  # the graph of a metadata.yaml entry that gives IO per ctx-bin, not per graph (AIHM)
 

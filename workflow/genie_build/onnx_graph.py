@@ -27,6 +27,13 @@ from genie_build.conventions import graph_ar_cl
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import HashingWriter, copy_range, open_regular, read_regular, resolve_inside, write_json
 
+__all__ = ["Dim", "ExternalData", "FLOAT_TYPES", "GraphIO", "GraphTensors", "InitializerSpec", "Shape", "StoredTensor",
+           "TensorSpec", "WeightLayout", "ar_and_context_length", "check_external_data", "check_model",
+           "check_shared_initializers", "consumer_layouts", "external_data", "external_data_files", "graph_io",
+           "graph_tensors", "initializer_specs", "load_graph", "model_folders", "model_tensors", "open_external_data",
+           "part_tensor_names", "read_graph_tensors", "require_finite", "scan_tensor", "subgraphs", "tensor_sha256",
+           "tensor_shapes"]
+
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
 
@@ -297,7 +304,7 @@ def external_data_files(model: onnx.ModelProto, path: str | os.PathLike[str]) ->
 
 
 def _check_unique_initializers(model: onnx.ModelProto, where: str) -> None:
-    for graph in graph_and_subgraphs(model.graph):
+    for graph in _graph_and_subgraphs(model.graph):
         counts = Counter(tensor.name for tensor in graph.initializer)
         counts.update(sparse.values.name for sparse in graph.sparse_initializer)
         repeated = sorted(name for name, count in counts.items() if count > 1)
@@ -362,7 +369,7 @@ def read_graph_tensors(onnx_path: str | os.PathLike[str]) -> GraphTensors:
 
 def graph_tensors(model: onnx.ModelProto) -> GraphTensors:
     """:func:`read_graph_tensors` of a model already loaded."""
-    graphs = list(graph_and_subgraphs(model.graph))
+    graphs = list(_graph_and_subgraphs(model.graph))
     param_shapes = {tensor.name: tuple(tensor.dims) for graph in graphs for tensor in graph.initializer}
     param_shapes.update({sparse.values.name: tuple(sparse.dims)
                          for graph in graphs for sparse in graph.sparse_initializer})
@@ -386,12 +393,12 @@ def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield from attribute.graphs
 
 
-def graph_and_subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def _graph_and_subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """``graph`` and every subgraph in it, at any depth, parents first."""
     yield graph
     for node in graph.node:
         for subgraph in subgraphs(node):
-            yield from graph_and_subgraphs(subgraph)
+            yield from _graph_and_subgraphs(subgraph)
 
 
 def _graph_tensor_names(graph: onnx.GraphProto) -> Iterator[str]:

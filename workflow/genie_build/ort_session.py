@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 import onnxruntime as ort
 
+__all__ = ["THREADS_VARIABLE", "cpu_session_options", "job_threads"]
+
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 
 

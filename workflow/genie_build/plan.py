@@ -15,7 +15,6 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import get_args
 
 import onnx
 
@@ -26,14 +25,16 @@ from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
                                     check_shared_initializers, initializer_specs, load_graph)
-from genie_build.plan_file import PartPlan, Piece, Plan, PlanMode, write_plan
+from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
+
+__all__ = ["MIB", "initializer_pieces", "model_pieces", "plan_by_max_part_bytes", "plan_by_num_parts", "plan_graphs",
+           "plan_split", "quantized_bytes", "weighed_pieces"]
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
 log = logging.getLogger(__name__)
 
 SCALE_OFFSET_PAIR_BYTES = 4      # estimate for one stored scale/offset pair
 PER_BLOCK_INT_SCALE_BYTES = 1    # estimate for one LPBQ per-block integer scale
-MODES = get_args(PlanMode)
 NUM_PARTS_KEY = "split.num_parts"
 MAX_PART_KEY = "split.max_part_mb"
 MIB = 1024 * 1024
@@ -96,10 +97,10 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
     pieces = weigh(prompt, found)
     plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
             else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
-    return dataclasses.replace(plan, **graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
+    return dataclasses.replace(plan, **_graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
 
 
-def graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:
+def _graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:
     """AR of each graph and their common context length, as Genie reads them, for the graph names.
 
     Raises:

@@ -18,6 +18,8 @@ import jsonschema
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
 
+__all__ = ["PartPlan", "Piece", "PieceKind", "Plan", "PlanMode", "part_from_dict", "read_plan", "write_plan"]
+
 PieceKind = Literal["embedding", "layer", "head"]
 PlanMode = Literal["num_parts", "max_part_mb"]
 

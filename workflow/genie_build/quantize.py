@@ -42,13 +42,19 @@ from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS
                                      rope_tables)
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, read_json, read_text
-from genie_build.genie_config import head_dim, load_tokenizer, read_rope
+from genie_build.fileio import atomic_open, read_text
+from genie_build.genie_config import load_tokenizer
+from genie_build.hf_config import head_dim, load_hf_config, read_rope
 from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
+
+__all__ = ["FeedShape", "ForwardPass", "calibrate_prompt", "calibrate_unit", "calibration_windows",
+           "copy_kv_input_encodings", "corpus_token_ids", "feed_shape", "genie_feed", "kv_cache_io", "lm_head_weight",
+           "recipe_sim", "require_aimet", "session_outputs", "shared_token_tensors", "text_forward_pass",
+           "token_encodings", "windows"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +77,13 @@ def lm_head_weight(graph: onnx.GraphProto, where: str | Path) -> tuple[str, str]
     Raises:
         GenieBuildError: no ``logits`` output, or no weighted MatMul/Gemm produces it.
     """
-    found = find_lm_head(graph)
+    found = _find_lm_head(graph)
     if found is None:
         raise GenieBuildError(where, f"no weighted MatMul or Gemm produces the output {LOGITS!r} (the LM head)")
     return found
 
 
-def find_lm_head(graph: onnx.GraphProto) -> tuple[str, str] | None:
+def _find_lm_head(graph: onnx.GraphProto) -> tuple[str, str] | None:
     """:func:`lm_head_weight`, or None for a graph without the LM head."""
     producers = {output: node for node in graph.node for output in node.output}
     initializers = {tensor.name for tensor in graph.initializer}
@@ -268,8 +274,8 @@ def feed_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path)
     return _feed_shape(prompt, dims, hf_config_path, ar=dims[INPUT_IDS][1], context=dims[MASK][2], boundary=None)
 
 
-def unit_feed_shape(unit: onnx.ModelProto, where: Path, hf_config_path: Path, *, ar: int, context: int,
-                    boundary: str | None) -> FeedShape:
+def _unit_feed_shape(unit: onnx.ModelProto, where: Path, hf_config_path: Path, *, ar: int, context: int,
+                     boundary: str | None) -> FeedShape:
     """The feeds of a unit of the chain (AR and context are the model's, from the plan: an embedding unit's
     inputs do not say its context, and the window schedule depends on it).
 
@@ -291,7 +297,7 @@ def _input_dims(model: onnx.ModelProto, where: Path, required: Sequence[str]) ->
 
 def _feed_shape(model: onnx.ModelProto, dims: Mapping[str, tuple[int, ...]], hf_config_path: Path, *, ar: int,
                 context: int, boundary: str | None) -> FeedShape:
-    config = read_json(hf_config_path)
+    config = load_hf_config(hf_config_path)
     rope = read_rope(config, hf_config_path)   # either HF layout, as genie_config writes it for Genie
     theta, scaling = float(rope.theta), rope.scaling
     try:
@@ -365,7 +371,7 @@ def text_forward_pass(shape: FeedShape, ids: np.ndarray, num_samples: int, *,
             boundary = None if boundary_in is None else boundary_in[index]
             outputs = session_outputs(session, genie_feed(shape, window, past_len, caches, boundary))
             for name in caches:
-                write_new_entries(caches[name], outputs[kv_name(*_kv_kind_layer(name), "out")], name, past_len)
+                _write_new_entries(caches[name], outputs[kv_name(*_kv_kind_layer(name), "out")], name, past_len)
             if collect is not None and collected is not None:
                 collected.append(outputs[collect])
             logger.info("calibrated window %d of %d (%d tokens before it)", index + 1, num_samples, past_len)
@@ -401,7 +407,7 @@ def _kv_kind_layer(name: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
-def write_new_entries(cache: np.ndarray, new: np.ndarray, name: str, past_len: int) -> None:
+def _write_new_entries(cache: np.ndarray, new: np.ndarray, name: str, past_len: int) -> None:
     """Put a graph's new K/V entries into its cache at ``past_len``: keys ``[1, kv, d, len]`` along the last
     axis, values ``[1, kv, len, d]`` along axis 2 (docs/conventions.md). Columns past the cache's end (the last
     window of a full cache) are dropped: no later window of the sequence reads them."""
@@ -429,7 +435,7 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
 
     Raises:
         GenieBuildError: a bad recipe or sample count, a unit the chain does not have, a boundary file of another
-            shape than the windows need, or the problems of :func:`unit_graph`, :func:`corpus_token_ids` and
+            shape than the windows need, or the problems of :func:`_unit_graph`, :func:`corpus_token_ids` and
             :func:`calibrate_prompt`.
     """
     chosen = recipe_named(recipe)
@@ -439,11 +445,11 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     unit = next((unit for unit in units if unit.label == label), None)
     if unit is None or {other.part for other in units} != {unit.part}:
         raise GenieBuildError("--part-units-json", f"not the units of one part holding unit {label!r}")
-    model = unit_graph(part_path, units, label)
-    shape = unit_feed_shape(model, part_path, Path(hf_config_path), ar=ar, context=context,
-                            boundary=unit.input_boundary)
+    model = _unit_graph(part_path, units, label)
+    shape = _unit_feed_shape(model, part_path, Path(hf_config_path), ar=ar, context=context,
+                             boundary=unit.input_boundary)
     ids = corpus_token_ids(corpus_path, tokenizer_path, shape.vocab)
-    streamed = None if shape.boundary is None else read_boundary(boundary_in, num_samples, ar)
+    streamed = None if shape.boundary is None else _read_boundary(boundary_in, num_samples, ar)
     require_aimet("calibrate-unit")  # after the inputs are read: importing aimet-onnx takes seconds, a bad input not
     logger.info("unit %s: %s of part %s, %d windows of %d tokens", label, "+".join(unit.pieces), unit.part,
                 num_samples, ar)
@@ -454,16 +460,16 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     collected: list[np.ndarray] = []
     forward_pass = text_forward_pass(shape, ids, num_samples, boundary_in=streamed, collect=unit.output_boundary,
                                      collected=collected)
-    encodings = _calibrated(model, chosen, find_lm_head(model.graph), kv_cache_io(model.graph), part_path,
+    encodings = _calibrated(model, chosen, _find_lm_head(model.graph), kv_cache_io(model.graph), part_path,
                             forward_pass)
     write_encodings(out_encodings, encodings)
-    write_boundary(out_boundary, np.stack(collected) if collected else np.zeros((0,), np.float32))
+    _write_boundary(out_boundary, np.stack(collected) if collected else np.zeros((0,), np.float32))
     logger.info("unit %s: %d activation and %d param encodings", label, len(encodings.activations),
                 len(encodings.params))
     return encodings
 
 
-def unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) -> onnx.ModelProto:
+def _unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) -> onnx.ModelProto:
     """Unit ``label`` carved from its part's graph (``units``: the part's units) by the split's own cut, its
     weights still external (in the part's data file).
 
@@ -479,7 +485,7 @@ def unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) -
     return build_part(model, spec, f"unit_{label}")
 
 
-def read_boundary(path: str | Path | None, windows_count: int, ar: int) -> np.ndarray:
+def _read_boundary(path: str | Path | None, windows_count: int, ar: int) -> np.ndarray:
     """The residual stream a unit stored for the next, checked against the windows it must cover.
 
     Raises:
@@ -497,6 +503,6 @@ def read_boundary(path: str | Path | None, windows_count: int, ar: int) -> np.nd
     return stream
 
 
-def write_boundary(path: str | Path, stream: np.ndarray) -> None:
+def _write_boundary(path: str | Path, stream: np.ndarray) -> None:
     with atomic_open(path) as handle:
         np.save(handle, stream, allow_pickle=False)

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.errors import GenieBuildError
-from genie_build.recipe import Recipe as Precision
-from genie_build.recipe import WeightRule
+from genie_build.precision import Precision, WeightRule
 
 __all__ = ["RECIPES", "LPBQ_BLOCK_SIZE", "Recipe", "precision_of", "recipe_named"]
 
@@ -60,8 +59,9 @@ def recipe_named(name: str) -> Recipe:
 
 
 def precision_of(recipe: Recipe) -> Precision:
-    """The bits AIMET's LLM recipe gives each weight role under ``recipe`` (see the module doc), as the size
-    model's precision recipe, so that a plan weighs each weight as the calibrated encodings will store it."""
+    """The bits AIMET's LLM recipe gives each weight role under ``recipe`` (see the module doc), as a
+    :class:`~genie_build.precision.Precision`, so that a plan weighs each weight as the calibrated encodings will
+    store it."""
     per_tensor = "per_tensor"
     return Precision(layers=recipe.weight_bitwidth, embedding=TABLE_BITWIDTH, lm_head=LM_HEAD_BITWIDTH,
                      activations=ACTIVATION_BITWIDTH, granularity="lpbq" if recipe.lpbq else "per_channel",

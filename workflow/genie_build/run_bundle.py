@@ -43,6 +43,9 @@ from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
+__all__ = ["Generation", "GraphSession", "HostRun", "LoadedBundle", "PARTS_REFERENCE", "Runner", "generate", "host_run",
+           "load_bundle", "make_runner", "run_bundle", "unsplit_tokens"]
+
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
 
@@ -222,7 +225,7 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
              compare_with_parts: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
     """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
     on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
-    converted graphs (``compare_with_parts``, :func:`converted_parts_tokens`).
+    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`).
 
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
@@ -232,7 +235,7 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
         expected, reference = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens), \
             UNSPLIT_REFERENCE
     elif compare_with_parts:
-        expected = converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens)
+        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens)
         reference = PARTS_REFERENCE
     else:
         return HostRun(prompt, generation)
@@ -252,8 +255,8 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
     return _reference_tokens(bundle_dir, [read_graphs(unsplit_binary)], prompt_ids, max_new_tokens)
 
 
-def converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
-                           prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
+                            prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy tokens of the parts' converted graphs (``graphs``: the reference converter's ONNX files, every graph of
     every part, grouped by the part their graph name gives), run as they are, without a context binary.
 

@@ -21,6 +21,10 @@ from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo
 
+__all__ = ["AccountRecord", "GraphCount", "TABLE_COLUMNS", "account_binary", "account_part", "build_size_table",
+           "check_part_graphs", "read_record", "size_chart_png", "size_table_from_records", "size_table_markdown",
+           "write_size_table"]
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -132,7 +136,7 @@ def account_part(toolchain: str, binary: str | os.PathLike[str], part_label: str
     info = get_toolchain(toolchain).inspect(Path(binary))
     check_part_graphs(info, part_label)
     record = account_binary(info, part, variant, requested)
-    write_record(out, record)
+    _write_record(out, record)
     return record
 
 
@@ -147,7 +151,7 @@ def check_part_graphs(info: BinaryInfo, label: str) -> None:
         raise GenieBuildError(info.path, f"graphs {strangers} do not belong to part {label}")
 
 
-def write_record(path: str | os.PathLike[str], record: AccountRecord) -> None:
+def _write_record(path: str | os.PathLike[str], record: AccountRecord) -> None:
     """Write one accounting record atomically."""
     fileio.write_json(path, record.to_dict())
 
@@ -164,8 +168,8 @@ def read_record(path: str | os.PathLike[str]) -> AccountRecord:
     return AccountRecord.from_dict(record, path)
 
 
-def no_effect_reasons(record: AccountRecord, baseline_record: AccountRecord,
-                      min_reduction: float = NO_EFFECT_MIN_REDUCTION) -> list[str]:
+def _no_effect_reasons(record: AccountRecord, baseline_record: AccountRecord,
+                       min_reduction: float = NO_EFFECT_MIN_REDUCTION) -> list[str]:
     """Why an option ``record`` requested shows no effect in its binary (empty list: none).
 
     ``weights_packing`` is judged by the size against the baseline's binary for the same part (only when
@@ -237,7 +241,7 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
             "part": part, "variant": variant, "baseline": baseline, "toolchain": record.toolchain,
             "tool_version": record.tool_version, "bytes": record.bytes, "weight_bytes": record.weight_bytes,
             "reduction_vs_baseline": _reduction(record.bytes, baseline_record.bytes),
-            "flag": "; ".join(no_effect_reasons(record, baseline_record, min_reduction)),
+            "flag": "; ".join(_no_effect_reasons(record, baseline_record, min_reduction)),
         })
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
         {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64"})
@@ -245,7 +249,7 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
     return table
 
 
-def size_table_csv(table: pd.DataFrame) -> str:
+def _size_table_csv(table: pd.DataFrame) -> str:
     """The tidy table as CSV text (``\\n`` line ends, reductions to six decimals)."""
     return table.to_csv(index=False, lineterminator="\n", float_format="%.6f")
 
@@ -333,7 +337,7 @@ def size_chart_png(table: pd.DataFrame) -> bytes:
 def write_size_table(table: pd.DataFrame, csv_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
                      png_path: str | os.PathLike[str]) -> None:
     """Write the CSV, Markdown and PNG renderings of :func:`build_size_table`'s table atomically."""
-    fileio.write_text(csv_path, size_table_csv(table))
+    fileio.write_text(csv_path, _size_table_csv(table))
     fileio.write_text(md_path, size_table_markdown(table))
     fileio.write_bytes(png_path, size_chart_png(table))
 

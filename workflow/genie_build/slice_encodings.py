@@ -24,6 +24,8 @@ from genie_build.encodings import (Encodings, check_boundary_consistency, check_
 from genie_build.fileio import atomic_directory
 from genie_build.onnx_graph import part_tensor_names, read_graph_tensors
 
+__all__ = ["GraphSliceFiles", "slice_graph_encodings", "slice_model_encodings"]
+
 log = logging.getLogger(__name__)
 
 
@@ -109,11 +111,11 @@ def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[
 def _write_slices(out_dir: str | os.PathLike[str], slices: dict[str, Encodings]) -> None:
     with atomic_directory(Path(out_dir)) as staging:
         for label, part_enc in slices.items():
-            write_encodings(staging / slice_file_name(label), part_enc)
+            write_encodings(staging / _slice_file_name(label), part_enc)
 
 
-def slice_file_name(label: str) -> str:
-    """``slice_file_name("01_of_06") == "part_01_of_06.encodings.json"``."""
+def _slice_file_name(label: str) -> str:
+    """``_slice_file_name("01_of_06") == "part_01_of_06.encodings.json"``."""
     return f"part_{label}.encodings.json"
 
 

@@ -43,6 +43,9 @@ from genie_build.onnx_graph import (ar_and_context_length, check_external_data, 
                                     model_folders, model_tensors, subgraphs)
 from genie_build.plan_file import PartPlan, Plan
 
+__all__ = ["CHECKSUM_KEY", "DATA_ALIGNMENT", "PartSpec", "build_part", "check_part", "cut_graph", "ensure_value_info",
+           "node_inputs", "split_graph"]
+
 logger = logging.getLogger(__name__)
 
 DATA_ALIGNMENT = 4096
@@ -90,14 +93,14 @@ def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -
         raise ValueError(f"graph kind {graph_kind!r} is not one of {GRAPH_KINDS}")
     model = load_graph(model_path)
     check_external_data(model, model_path)
-    specs = plan_parts(model, plan, model_path)
+    specs = _plan_parts(model, plan, model_path)
     # Shape inference only adds value_info, so the specs' node indices stay valid.
     model = ensure_value_info(model, [name for spec in specs for name in (*spec.inputs, *spec.outputs)],
                               model_path)
     for part, spec in zip(plan.parts, specs):
         part_model = build_part(model, spec, _part_graph_name(model, graph_kind, part, plan.num_parts))
         onnx_path = out_dir / _part_file(spec)
-        copy_external_data(part_model, model_path, onnx_path.with_name(onnx_path.name + ".data"))
+        _copy_external_data(part_model, model_path, onnx_path.with_name(onnx_path.name + ".data"))
         onnx_path.write_bytes(part_model.SerializeToString(deterministic=True))
         check_part(onnx_path, model_path)
         logger.info("%s: %d nodes, inputs %s, %d outputs", onnx_path.name, len(spec.node_indices),
@@ -128,7 +131,7 @@ def _missing_types(model: onnx.ModelProto, names: list[str]) -> list[str]:
     return [name for name in names if name not in known]
 
 
-def plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec]:
+def _plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec]:
     """Work out each part's inputs, outputs and nodes from the plan's boundary tensors.
 
     Args:
@@ -150,14 +153,14 @@ def plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpec
 
 def cut_graph(model: onnx.ModelProto, labels: Sequence[str], cuts: Sequence[str], where: Path) -> list[PartSpec]:
     """The pieces of a graph cut at ``cuts`` (tensor names, in data-flow order; ``len(labels) - 1`` of them), each
-    labelled, with their inputs, outputs and nodes as :func:`plan_parts` describes a part's.
+    labelled, with their inputs, outputs and nodes as :func:`_plan_parts` describes a part's.
 
     Raises:
-        GenieBuildError: as :func:`plan_parts`.
+        GenieBuildError: as :func:`_plan_parts`.
     """
     graph, cuts = model.graph, list(cuts)
     producers = _producers(graph)
-    depths = node_depths(graph, labels, cuts, producers, where)
+    depths = _node_depths(graph, labels, cuts, producers, where)
     owners = {}
     for output in graph.output:
         if output.name not in producers:
@@ -189,8 +192,8 @@ def _check_plan_chain(plan: Plan, where: Path) -> None:
                                          f"{before.label} gives {before.output_boundary!r}")
 
 
-def node_depths(graph: onnx.GraphProto, labels: Sequence[str], cuts: Sequence[str], producers: dict[str, int],
-                where: Path) -> list[int]:
+def _node_depths(graph: onnx.GraphProto, labels: Sequence[str], cuts: Sequence[str], producers: dict[str, int],
+                 where: Path) -> list[int]:
     """For each node, how many of the ``cuts`` it depends on: the 0-based piece it belongs to.
 
     Piece ``i`` owns the nodes that depend on its input cut but not on its output cut. Nodes that depend on no
@@ -302,7 +305,7 @@ def _descendants(name: str, consumers: dict[str, list[int]], graph: onnx.GraphPr
 def build_part(model: onnx.ModelProto, spec: PartSpec, name: str) -> onnx.ModelProto:
     """Assemble a part model from the source graph's nodes, initializers and type information.
 
-    External initializers still point at the source data file; :func:`copy_external_data` moves them.
+    External initializers still point at the source data file; :func:`_copy_external_data` moves them.
     Value infos are kept for the part's intermediate tensors so the part needs no shape inference.
     """
     graph = model.graph
@@ -338,7 +341,7 @@ def _used_functions(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list
     return [f for f in model.functions if (f.domain, f.name) in used]
 
 
-def copy_external_data(part: onnx.ModelProto, source_path: Path, data_path: Path) -> None:
+def _copy_external_data(part: onnx.ModelProto, source_path: Path, data_path: Path) -> None:
     """Copy the part's external tensors into ``data_path`` and point them at it.
 
     Every tensor the part stores is copied (:func:`genie_build.onnx_graph.model_tensors`: initializers, node

@@ -15,6 +15,9 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_text
 
+__all__ = ["BOS_TOKEN_ID", "EOS_TOKEN_ID", "MIN_VOCAB", "SPECIAL_TOKENS", "build_tokenizer", "reserved_token",
+           "train_tokenizer"]
+
 ENDOFTEXT = "<|endoftext|>"
 SPECIAL_TOKENS = (ENDOFTEXT, "<|im_start|>", "<|im_end|>")
 BOS_TOKEN_ID = SPECIAL_TOKENS.index(ENDOFTEXT)

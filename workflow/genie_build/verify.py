@@ -27,6 +27,9 @@ from genie_build.fileio import write_json
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 
+__all__ = ["OutputCheck", "VerifyReport", "build_feed", "compare_arrays", "compare_chain", "find_token_input",
+           "run_graph", "verify_chain", "verify_split"]
+
 logger = logging.getLogger(__name__)
 
 CPU = ["CPUExecutionProvider"]
@@ -91,7 +94,7 @@ def compare_chain(full_model_path: str | os.PathLike[str], part_paths: Sequence[
     """
     full_path = Path(full_model_path)
     expected = run_graph(full_path, feed)
-    chained, given_by = run_chain([Path(p) for p in part_paths], feed)
+    chained, given_by = _run_chain([Path(p) for p in part_paths], feed)
     checks = []
     for name in expected:
         if name not in chained:
@@ -100,8 +103,8 @@ def compare_chain(full_model_path: str | os.PathLike[str], part_paths: Sequence[
     return VerifyReport(str(full_path), tuple(str(p) for p in part_paths), tuple(checks))
 
 
-def run_chain(part_paths: Sequence[Path], feed: Mapping[str, np.ndarray]
-              ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def _run_chain(part_paths: Sequence[Path], feed: Mapping[str, np.ndarray]
+               ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Run the parts in order; each takes its inputs from ``feed`` or from an earlier part's outputs.
 
     Returns:

@@ -26,8 +26,8 @@ from genie_build.conventions import INPUT_IDS, MASK, POS_COS, POS_SIN, causal_ma
 from genie_build.errors import GenieBuildError
 from genie_build.export import GraphPieces, ExportShape, export_shape, piece_outputs
 from genie_build.fileio import write_json
-from genie_build.genie_config import read_rope
 from genie_build.hf_checkpoint import CONFIG_NAME, read_checkpoint
+from genie_build.hf_config import read_rope
 from genie_build.plan_file import Plan
 from genie_build.verify import run_graph
 
@@ -64,7 +64,7 @@ def verify_parts(checkpoint_dir: str | os.PathLike[str], plan: Plan, kind: str,
     checkpoint = read_checkpoint(checkpoint_dir)
     shape = export_shape(checkpoint.config, plan.graph_ar["prompt"], plan.context_length,
                          checkpoint.directory / CONFIG_NAME)
-    values = step_feed(checkpoint.config, checkpoint.directory / CONFIG_NAME, shape, kind, seed)
+    values = _step_feed(checkpoint.config, checkpoint.directory / CONFIG_NAME, shape, kind, seed)
     checks = []
     for part, graph in zip(plan.parts, graphs, strict=True):
         pieces = GraphPieces.of_part(part)
@@ -87,7 +87,7 @@ def verify_parts(checkpoint_dir: str | os.PathLike[str], plan: Plan, kind: str,
     return checks
 
 
-def step_feed(config: dict, where: Path, shape: ExportShape, kind: str, seed: int) -> dict[str, np.ndarray]:
+def _step_feed(config: dict, where: Path, shape: ExportShape, kind: str, seed: int) -> dict[str, np.ndarray]:
     """A step as Genie feeds it, half of the cache already filled: random token ids, the causal mask and RoPE
     tables of those positions, random past keys and values (zero beyond the filled entries)."""
     ar, past = graph_ar(kind, shape.ar), shape.past(kind)

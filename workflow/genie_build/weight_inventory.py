@@ -19,10 +19,11 @@ from typing import Literal
 from genie_build.boundaries import find_boundaries
 from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, LM_HEAD_WEIGHT,
                                      layer_output)
-from genie_build.genie_config import load_hf_config
-from genie_build.hf_checkpoint import read_model_shape
+from genie_build.hf_config import load_hf_config, read_model_shape
 from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
 from genie_build.plan import initializer_pieces
+
+__all__ = ["ModelWeights", "Role", "Weight", "weights_from_hf_config", "weights_from_onnx"]
 
 Role = Literal["embedding", "layers", "lm_head", "float"]
 

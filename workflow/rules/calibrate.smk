@@ -6,6 +6,8 @@
 # chain and what follows, never the export or the split. A checkpoint's units are known when the workflow is
 # parsed; split graphs' come with their plan (a checkpoint of Snakemake's).
 
+CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
+
 rule calibrate_unit:
     input:
         unpack(unit_inputs),

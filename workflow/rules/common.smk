@@ -1,4 +1,5 @@
-# Plumbing only: config validation, paths, wildcard vocabulary, and the targets. Logic lives in genie_build.
+# Plumbing: config validation, paths, wildcard vocabulary, scheduling settings and the targets. What a config means
+# (its source kind, the calibration chain, the converters, a toolchain's build) is decided in genie_build.
 import dataclasses
 import json
 import os
@@ -9,15 +10,15 @@ import threading
 
 from snakemake.exceptions import WorkflowError
 
-from genie_build import __version__ as GENIE_BUILD_VERSION, conventions, genie_contract, onnx_graph
-from genie_build.config import validate_config
+from genie_build import conventions, genie_contract, onnx_graph
+from genie_build.config import calibration_chain, source_kind, validate_config
 from genie_build.demo import shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.calibration_units import part_units, predicted_peak_mb, read_units
 from genie_build.hf_checkpoint import weight_files as _hf_weight_files
 from genie_build.shape_plan import part_weight_files, piece_float_bytes, plan_checkpoint
 from genie_build.plan_file import read_plan
-from genie_build.toolchains.qnn_sdk import SDK_ROOT_VARIABLE
+from genie_build.toolchains import SDK_TOOLCHAINS, Converter, converter_pattern, toolchain_version
 
 
 # One validator for Snakemake and the tests (genie_build.config): the schema with its defaults filled, then the
@@ -37,12 +38,10 @@ OUT = f"results/{MODEL}"
 SRC = f"{OUT}/source"
 GRAPHS = conventions.GRAPH_KINDS
 # Where the graphs come from: the generated demo, a Hugging Face checkpoint the workflow exports (rules/export.smk),
-# or the user's own files (model.prompt_onnx and the other paths).
-SOURCE_KIND = "files" if "prompt_onnx" in config["model"] else "hf" if "hf_checkpoint" in config["model"] else "demo"
-# Encodings that no source brings are made by the calibration chain, one unit of one part at a time (rules/
-# calibrate.smk): a checkpoint's, float graphs' without model.encodings, the demo's with demo.calibrator: aimet.
-CALIBRATION_CHAIN = (SOURCE_KIND == "hf" or (SOURCE_KIND == "files" and "encodings" not in config["model"])
-                     or (SOURCE_KIND == "demo" and config["demo"]["calibrator"] == "aimet"))
+# the user's own files (model.prompt_onnx and the other paths), or none: an estimate-only config.
+SOURCE_KIND = source_kind(config)
+# Encodings that no source brings are made by the calibration chain (rules/calibrate.smk).
+CALIBRATION_CHAIN = calibration_chain(config)
 # Every job runs `{params.python} -m genie_build <command>`, with the interpreter running Snakemake (the project venv)
 # or for the qairt toolchain's jobs the interpreter of toolchains.qairt.python (a QAIRT build box's).
 PYTHON = shlex.quote(sys.executable)
@@ -57,16 +56,6 @@ def python_for(toolchain):
     if toolchain == "qairt":
         return shlex.quote(config["toolchains"]["qairt"].get("python") or sys.executable)
     return PYTHON
-
-
-def toolchain_version(toolchain):
-    """The build of a toolchain, as a param of the rules that run it (convert, compile): a new one reruns them
-    and keys their between-workflow cache entries apart. The reference toolchain is genie_build's own code; an
-    SDK toolchain is its resolved $QAIRT_SDK_ROOT, a directory QAIRT names after its version."""
-    if toolchain == "reference":
-        return f"genie-build {GENIE_BUILD_VERSION}"
-    sdk_root = os.environ.get(SDK_ROOT_VARIABLE)
-    return f"QAIRT SDK at {os.path.realpath(sdk_root) if sdk_root else '(not set)'}"
 
 
 # Between-workflow cache of the per-part convert and compile jobs (docs/cluster.md). "omit-software": this workflow
@@ -135,6 +124,8 @@ if SOURCE_KIND == "files":
 elif SOURCE_KIND == "hf":  # no whole graphs: the checkpoint is exported, calibrated and converted part by part
     CHECKPOINT = config["model"]["hf_checkpoint"]
     SOURCE = {"tokenizer": f"{CHECKPOINT}/tokenizer.json", "hf_config": f"{CHECKPOINT}/config.json"}
+elif SOURCE_KIND == "estimate":  # a config.json and no graphs: the estimate's rules alone (Snakefile)
+    SOURCE = {"hf_config": config["model"]["hf_config"]}
 else:  # the demo's generated files
     SOURCE = {
         "prompt_onnx": f"{SRC}/prompt.onnx",
@@ -152,7 +143,7 @@ if SOURCE_KIND in GENERATED_AR_CL:
     _ar, _cl = (GENERATED_AR_CL[SOURCE_KIND][key] for key in ("ar", "context"))
     SOURCE_DATA = {graph: [f"{SRC}/{graph}.onnx.data"] for graph in GRAPHS}
     GRAPH_DIMS = {"prompt": (_ar, _cl), "token": (1, _cl)}
-else:
+elif SOURCE_KIND == "files":
     _user_graphs = {graph: _read_user_graph(graph) for graph in GRAPHS}
     SOURCE_DATA = {graph: data_files for graph, (data_files, _) in _user_graphs.items()}
     GRAPH_DIMS = {graph: dims for graph, (_, dims) in _user_graphs.items()}
@@ -177,9 +168,8 @@ PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
 
 
 def converter_of(variant):
-    """Variants that convert the same way share one convert job: '{toolchain}-fp{float_bitwidth}'."""
-    options = config["variants"][variant]
-    return f"{options['toolchain']}-fp{options['float_bitwidth']}"
+    """The name of the variant's converter: variants that convert alike share one convert job."""
+    return Converter.of_variant(config["variants"][variant]).name
 
 
 def variant_json(variant):
@@ -267,16 +257,11 @@ def graph_name_of(wildcards):
     return graph_name_for(wildcards.graph, wildcards.part)
 
 
-def converter_parts(wildcards):
-    toolchain, float_bits = wildcards.converter.rsplit("-fp", 1)
-    return toolchain, int(float_bits)
-
-
 def converted_files(converter, graph, label):
     """A converted graph's files: the reference converter's ONNX and its data (which the compile reads, so its
     input, also for temp() to keep it until then), or an SDK converter's DLC."""
     path = f"{OUT}/converted/{converter}/{graph}/part_{label}"
-    return [f"{path}.onnx", f"{path}.onnx.data"] if converter.startswith("reference-") else [f"{path}.dlc"]
+    return [f"{path}{suffix}" for suffix in Converter.named(converter).suffixes]
 
 
 def converted_graphs(wildcards):
@@ -324,7 +309,7 @@ def host_run_reference(wildcards):
 
 
 def final_outputs(wildcards):
-    if "hf_config" in config["model"] and "prompt_onnx" not in config["model"]:
+    if SOURCE_KIND == "estimate":
         raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
                             "'estimate' target: snakemake estimate --cores 1 --configfile <file>")
     return [
@@ -360,7 +345,6 @@ def part_float_mb(label):
 # --- the calibration chain (rules/calibrate.smk) ------------------------------------------------------------------
 
 CALIBRATION = f"{OUT}/calibration"
-CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
 
 
 def chain_units():

@@ -1,5 +1,5 @@
-# Convert each part of each graph with its encodings. Variants that convert alike share one job
-# (converter = '{toolchain}-fp{float_bitwidth}'); the reference toolchain writes ONNX, the SDK ones a DLC.
+# Convert each part of each graph with its encodings. Variants that convert alike share one job (the converter:
+# genie_build.toolchains.Converter); the reference toolchain writes ONNX, the SDK ones a DLC.
 # Converted graphs weigh about a byte per weight per graph (16 GB for a 7B model); with convert.keep false they are
 # temp(): Snakemake deletes them once the compiles (and a host run without whole encodings) have read them, and does
 # not make them again while the binaries are up to date.
@@ -18,10 +18,10 @@ rule convert_part_reference:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
         data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
     wildcard_constraints:
-        converter=r"reference-fp\d+",
+        converter=converter_pattern(["reference"]),
     params:
         graph_name=graph_name_of,
-        float_bitwidth=lambda wc: converter_parts(wc)[1],
+        float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
         tool_version=toolchain_version("reference"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -46,13 +46,13 @@ rule convert_part_sdk:
     output:
         dlc=CONVERTED_FILE(f"{CONVERTED}.dlc"),
     wildcard_constraints:
-        converter=r"(qairt|qnn-cli)-fp\d+",
+        converter=converter_pattern(SDK_TOOLCHAINS),
     params:
         graph_name=graph_name_of,
-        toolchain=lambda wc: converter_parts(wc)[0],
-        float_bitwidth=lambda wc: converter_parts(wc)[1],
-        python=lambda wc: python_for(converter_parts(wc)[0]),
-        tool_version=lambda wc: toolchain_version(converter_parts(wc)[0]),
+        toolchain=lambda wc: Converter.named(wc.converter).toolchain,
+        float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
+        python=lambda wc: python_for(Converter.named(wc.converter).toolchain),
+        tool_version=lambda wc: toolchain_version(Converter.named(wc.converter).toolchain),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
     cache: CACHE_PER_PART

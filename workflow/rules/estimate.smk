@@ -1,12 +1,12 @@
-# The shape-only estimate: the plan, A/B size table and memory plan predicted from the model's shapes and the config
-# 'recipe', without weights, encodings or a compile (docs/field-report-comparison.md). Target: 'estimate'.
+# The shape-only estimate: the plan, A/B size table and memory plan predicted from the model's shapes and the
+# precision in the config's 'recipe' section, without weights, encodings or a compile
+# (docs/field-report-comparison.md). Target: 'estimate'.
 # An estimate-only config (model.hf_config, no ONNX paths, e.g. config/qwen2_5_7b_6parts.yaml) runs this target alone.
 
 PREDICTED = f"{OUT}/predicted"
 # The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
 # else the HF config.json, named and shaped as docs/conventions.md says.
-ESTIMATE_CONFIG = (SOURCE["hf_config"] if SOURCE_KIND == "hf" else config["model"].get("hf_config")
-                   if "prompt_onnx" not in config["model"] else None)
+ESTIMATE_CONFIG = SOURCE["hf_config"] if SOURCE_KIND in ("hf", "estimate") else None
 
 
 rule estimate_sizes:
@@ -23,7 +23,7 @@ rule estimate_sizes:
     params:
         source="--hf-config" if ESTIMATE_CONFIG else "--onnx",
         split=json.dumps(config["split"], sort_keys=True),
-        recipe=json.dumps(config["recipe"], sort_keys=True),
+        precision=json.dumps(config["recipe"], sort_keys=True),
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
         out_dir=directory_of("plan"),
@@ -34,7 +34,7 @@ rule estimate_sizes:
         f"{OUT}/benchmarks/estimate_sizes.tsv"
     shell:
         "{params.python} -m genie_build estimate {params.source} {input.model:q} --split-json {params.split:q}"
-        " --recipe-json {params.recipe:q}"
+        " --precision-json {params.precision:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from genie_build.cli_args import json_object
 from genie_build.sizes import account_part
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("account", help="bytes, weight bytes, graphs and applied options of one "

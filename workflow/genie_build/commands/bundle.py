@@ -13,6 +13,8 @@ from genie_build.bundle import assemble_bundle, runtime_tool_versions
 from genie_build.cli_args import json_object
 from genie_build.toolchains import TOOLCHAINS
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("bundle", help=__doc__.splitlines()[0], description=__doc__)

@@ -10,6 +10,8 @@ from pathlib import Path
 from genie_build.calibrate import DEFAULT_NUM_SAMPLES, calibrate
 from genie_build.errors import GenieBuildError
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("calibrate", help=__doc__, description=__doc__)

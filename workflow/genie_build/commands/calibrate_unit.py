@@ -13,6 +13,8 @@ from genie_build.cli_args import positive_int
 from genie_build.errors import GenieBuildError
 from genie_build.recipes import RECIPES
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("calibrate-unit", help="AIMET encodings of one unit of the calibration chain",

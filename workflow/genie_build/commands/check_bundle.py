@@ -9,6 +9,8 @@ from genie_build.bundle import withdraw_bundle
 from genie_build.check_bundle import RULES, check_bundle
 from genie_build.fileio import write_json
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("check-bundle", help=__doc__.splitlines()[0], description=__doc__)

@@ -11,6 +11,8 @@ from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.genie_contract import check_contract
 
+__all__ = ["register_parser", "run"]
+
 _CHECKS = {"expect_ar": None, "expect_context": None, "context_size": None, "report_only": False}
 
 

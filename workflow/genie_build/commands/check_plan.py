@@ -10,6 +10,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.plan_check import check_plan, measured_pieces
 from genie_build.plan_file import read_plan
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("check-plan", help=__doc__.splitlines()[0], description=__doc__)

@@ -10,6 +10,8 @@ from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, compile_variant
 
+__all__ = ["register_parser", "run"]
+
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("compile", help="link a part's converted graphs into one context binary",
                                    description=__doc__)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("convert", help="convert one ONNX part with its encodings", description=__doc__)

@@ -1,5 +1,6 @@
 """``estimate``: plan the split and predict every part's context binary per variant from shapes alone: an HF
-config.json or an ONNX graph read without its weights, plus a precision recipe. Takes seconds, even for 7B.
+config.json or an ONNX graph read without its weights, plus a precision (bits per weight role). Takes seconds, even
+for 7B.
 
 Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``estimate.json``,
 ``size_table.{csv,md,png}`` and ``memory_plan.{json,md}``.
@@ -13,7 +14,9 @@ from genie_build.cli_args import add_split_options, json_object, positive_float,
 from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
-from genie_build.recipe import Recipe, read_recipe, recipe_from_dict
+from genie_build.precision import Precision, precision_from_dict, read_precision
+
+__all__ = ["register_parser", "run"]
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,11 +26,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     source.add_argument("--hf-config", help="the model's HF config.json (Qwen2, Llama or Mistral)")
     source.add_argument("--onnx", help="the prompt graph .onnx; its external data is not read")
     add_split_options(parser)  # as the plan command weighs them; --boundaries with --onnx only
-    recipe = parser.add_mutually_exclusive_group()
-    recipe.add_argument("--recipe", help="YAML file with a top-level 'recipe' mapping (e.g. an estimate config); "
-                                         "default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
-                                         "biases, per channel")
-    recipe.add_argument("--recipe-json", help="the recipe mapping as JSON (the workflow passes config 'recipe')")
+    # --recipe and --recipe-json are the older spellings: a named recipe (quantize.recipe) is another thing.
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument("--precision", "--recipe", dest="precision",
+                           help="YAML file whose top-level 'recipe' mapping is the precision (e.g. an estimate "
+                                "config); default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
+                                "biases, per channel")
+    precision.add_argument("--precision-json", "--recipe-json", dest="precision_json",
+                           help="the precision mapping as JSON (the workflow passes config 'recipe')")
     parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in PREDICTED_VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
     parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
@@ -39,12 +45,12 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.recipe_json is not None:
-        recipe = recipe_from_dict(json_object(args.recipe_json, "--recipe-json"), "--recipe-json")
+    if args.precision_json is not None:
+        precision = precision_from_dict(json_object(args.precision_json, "--precision-json"), "--precision-json")
     else:
-        recipe = read_recipe(args.recipe) if args.recipe else Recipe()
+        precision = read_precision(args.precision) if args.precision else Precision()
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB))
-    estimate_to_dir(args.out_dir, recipe, split_options(args), hf_config=args.hf_config, onnx=args.onnx,
+    estimate_to_dir(args.out_dir, precision, split_options(args), hf_config=args.hf_config, onnx=args.onnx,
                     memory_variant=args.memory_variant, limits=limits)
     return 0

@@ -9,6 +9,8 @@ from genie_build.cli_args import json_object, positive_int
 from genie_build.errors import GenieBuildError
 from genie_build.plan_file import part_from_dict
 
+__all__ = ["register_parser", "run"]
+
 HF_EXTRA_HINT = "pip install --no-deps -r envs/requirements-hf.txt"
 
 

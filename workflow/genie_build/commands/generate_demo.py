@@ -10,6 +10,8 @@ from genie_build.cli_args import json_object
 from genie_build.demo import WEIGHT_DTYPES, DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 
+__all__ = ["register_parser", "run"]
+
 logger = logging.getLogger(__name__)
 
 

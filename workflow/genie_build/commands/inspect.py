@@ -11,6 +11,8 @@ from pathlib import Path
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 from genie_build.toolchains.base import BinaryInfo, TensorInfo
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("inspect", help="show what a context binary holds", description=__doc__)

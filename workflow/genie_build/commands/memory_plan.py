@@ -9,6 +9,8 @@ from genie_build.cli_args import positive_float, positive_int
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
                                      plan_measured_memory)
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("memory-plan", help="check one variant's context binaries against the "

@@ -10,6 +10,8 @@ from genie_build import part_encodings as stage
 from genie_build.calibration_units import units_from_dicts
 from genie_build.errors import GenieBuildError
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("part-encodings", help=__doc__.splitlines()[0], description=__doc__)

@@ -12,6 +12,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.plan import MIB, plan_split
 from genie_build.recipes import RECIPES
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("plan", help="choose the split boundaries and write plan.json",

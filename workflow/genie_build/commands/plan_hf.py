@@ -9,6 +9,8 @@ from genie_build import shape_plan as stage
 from genie_build.cli_args import add_split_options, positive_int, split_options
 from genie_build.recipes import RECIPES
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("plan-hf", help="plan a checkpoint's parts and calibration units from config.json",

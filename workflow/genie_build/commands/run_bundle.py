@@ -7,6 +7,8 @@ import argparse
 from genie_build.fileio import write_json
 from genie_build.run_bundle import host_run
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("run-bundle", help=__doc__.splitlines()[0], description=__doc__)

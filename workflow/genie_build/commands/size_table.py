@@ -8,6 +8,8 @@ from pathlib import Path
 from genie_build.cli_args import boolean
 from genie_build.sizes import size_table_from_records
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("size-table", help="A/B table of context binary sizes per part and variant, "

@@ -9,6 +9,8 @@ from pathlib import Path
 from genie_build import slice_encodings as stage
 from genie_build.conventions import GRAPH_KINDS
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("slice-model-encodings", help="cut both graphs' encodings into one file per part",

@@ -9,6 +9,8 @@ from genie_build.conventions import GRAPH_KINDS
 from genie_build.plan_file import read_plan
 from genie_build.split import split_graph
 
+__all__ = ["register_parser", "run"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -7,6 +7,8 @@ import logging
 
 from genie_build.tokenizer_train import train_tokenizer
 
+__all__ = ["register_parser", "run"]
+
 logger = logging.getLogger(__name__)
 
 

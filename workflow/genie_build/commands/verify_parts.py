@@ -9,6 +9,8 @@ from genie_build.conventions import GRAPH_KINDS
 from genie_build.errors import GenieBuildError
 from genie_build.plan_file import read_plan
 
+__all__ = ["register_parser", "run"]
+
 HF_EXTRA_HINT = "pip install --no-deps -r envs/requirements-hf.txt"
 
 

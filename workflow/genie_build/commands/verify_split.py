@@ -7,6 +7,8 @@ import argparse
 
 from genie_build.verify import verify_split
 
+__all__ = ["register_parser", "run"]
+
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("verify-split", help=__doc__.splitlines()[0], description=__doc__)

@@ -9,6 +9,12 @@ from typing import Any, Protocol
 from genie_build.chipsets import Chipset
 from genie_build.errors import GenieBuildError
 
+__all__ = ["AppliedOptions", "BinaryInfo", "CompileOptions", "GraphInfo", "QuantInfo", "SDK_ROOT_VARIABLE",
+           "TensorInfo", "Toolchain", "variant_options"]
+
+# Where the QAIRT SDK is unpacked: the SDK toolchains' environment variable (genie_build.toolchains.qnn_sdk).
+SDK_ROOT_VARIABLE = "QAIRT_SDK_ROOT"
+
 
 @dataclass(frozen=True)
 class QuantInfo:

@@ -9,6 +9,8 @@ from pathlib import Path
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
+__all__ = ["CONTEXT_BINARY_UTILITY", "binary_info_from_utility_json"]
+
 CONTEXT_BINARY_UTILITY = "qnn-context-binary-utility"
 _QNN_DATATYPE = re.compile(r"^QNN_DATATYPE_([A-Z_]+?)_(\d+)$")
 _DTYPE_PREFIX = {"UFIXED_POINT": "uint", "SFIXED_POINT": "int", "FIXED_POINT": "int", "UINT": "uint",
@@ -33,7 +35,7 @@ def binary_info_from_utility_json(document: object, binary_path: Path, file_byte
     Raises:
         GenieBuildError: a required key is missing.
     """
-    info = _mapping(camel_case_keys(document), "info", binary_path)
+    info = _mapping(_camel_case_keys(document), "info", binary_path)
     graphs = info.get("graphs")
     if not isinstance(graphs, list):
         raise GenieBuildError(binary_path, f"{CONTEXT_BINARY_UTILITY} JSON has no info.graphs list")
@@ -49,13 +51,13 @@ def binary_info_from_utility_json(document: object, binary_path: Path, file_byte
                       applied_options=AppliedOptions(**applied))
 
 
-def camel_case_keys(document: object) -> object:
+def _camel_case_keys(document: object) -> object:
     """``{"graph blob info": {"vtcm size": 8}}`` -> ``{"graphBlobInfo": {"vtcmSize": 8}}``, through lists too
     (qairt-dev ``cache_module.get_cache_info_from_binary`` does the same for dicts; keys without spaces stay)."""
     if isinstance(document, dict):
-        return {_camel_case(str(key)): camel_case_keys(value) for key, value in document.items()}
+        return {_camel_case(str(key)): _camel_case_keys(value) for key, value in document.items()}
     if isinstance(document, list):
-        return [camel_case_keys(item) for item in document]
+        return [_camel_case_keys(item) for item in document]
     return document
 
 

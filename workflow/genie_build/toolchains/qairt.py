@@ -29,13 +29,12 @@ from typing import Any
 import yaml
 
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.base import BinaryInfo, CompileOptions
+from genie_build.toolchains.base import SDK_ROOT_VARIABLE, BinaryInfo, CompileOptions
+from genie_build.toolchains.context_binary_json import CONTEXT_BINARY_UTILITY
 from genie_build.toolchains.qnn_sdk import (
     CALIBRATION,
-    CONTEXT_BINARY_UTILITY,
     INPUT_LAYOUT,
     IO_TENSOR_MEM_TYPE,
-    SDK_ROOT_VARIABLE,
     Sdk,
     backend_extension_config,
     check_graph_name,
@@ -48,6 +47,8 @@ from genie_build.toolchains.qnn_sdk import (
     stage_onnx_as_graph,
     staging_directory,
 )
+
+__all__ = ["QairtApi", "QairtToolchain", "compile_config", "import_qairt"]
 
 TOOLCHAIN = "qairt"
 DISTRIBUTION = "qairt-dev"
@@ -74,7 +75,7 @@ class QairtApi:
     HtpMemoryConfig: type
 
 
-def check_sdk_version(root: Path) -> str:
+def _check_sdk_version(root: Path) -> str:
     """The SDK version ``root/sdk.yaml`` gives, checked against the minimum the installed qairt-dev accepts.
 
     Raises:
@@ -90,7 +91,7 @@ def check_sdk_version(root: Path) -> str:
 
 
 def import_qairt(root: Path) -> QairtApi:
-    """Import ``qairt`` (only once :func:`check_sdk_version` passed) and the classes this adapter uses.
+    """Import ``qairt`` (only once :func:`_check_sdk_version` passed) and the classes this adapter uses.
 
     Raises:
         GenieBuildError: ``qairt`` fails to import -- whatever it raises, ``sys.exit`` included (qairt-dev itself
@@ -120,8 +121,8 @@ def import_qairt(root: Path) -> QairtApi:
                               f"{CHECKED_QAIRT_DEV}") from exc
 
 
-def convert_arguments(api: QairtApi, network: Path, encodings: Path, graph_name: str,
-                      float_bitwidth: int) -> dict[str, Any]:
+def _convert_arguments(api: QairtApi, network: Path, encodings: Path, graph_name: str,
+                       float_bitwidth: int) -> dict[str, Any]:
     """The keyword arguments of ``qairt.convert`` besides the model path.
 
     ``float_bitwidth`` is passed under that name, as the field report did: it is the converter module's own name,
@@ -220,7 +221,7 @@ class QairtToolchain:
 
     def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
                 float_bitwidth: int) -> None:
-        """ONNX part + encodings -> DLC whose graph is called ``graph_name`` (see :func:`convert_arguments`).
+        """ONNX part + encodings -> DLC whose graph is called ``graph_name`` (see :func:`_convert_arguments`).
 
         Raises:
             GenieBuildError: a missing input or module, or qairt failed.
@@ -229,7 +230,7 @@ class QairtToolchain:
         encodings = require_file(encodings_path)
         with staging_directory(out_path) as staging:
             network = stage_onnx_as_graph(onnx_path, graph_name, staging)
-            arguments = convert_arguments(api, network, encodings, graph_name, float_bitwidth)
+            arguments = _convert_arguments(api, network, encodings, graph_name, float_bitwidth)
             try:
                 model = api.convert(str(network), **arguments)
                 saved = Path(model.save(str(staging / f"{graph_name}.dlc")))
@@ -265,5 +266,5 @@ class QairtToolchain:
 
     def _ready(self) -> tuple[QairtApi, Sdk]:
         sdk = locate_sdk(self.name, (CONTEXT_BINARY_UTILITY,))
-        check_sdk_version(sdk.root)
+        _check_sdk_version(sdk.root)
         return import_qairt(sdk.root), sdk

@@ -20,9 +20,9 @@ from typing import Any
 
 from genie_build.fileio import write_json
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
+from genie_build.toolchains.context_binary_json import CONTEXT_BINARY_UTILITY
 from genie_build.toolchains.qnn_sdk import (
     CALIBRATION,
-    CONTEXT_BINARY_UTILITY,
     INPUT_LAYOUT,
     IO_TENSOR_MEM_TYPE,
     backend_extension_config,
@@ -40,6 +40,8 @@ from genie_build.toolchains.qnn_sdk import (
     staging_directory,
 )
 
+__all__ = ["QnnCliToolchain"]
+
 logger = logging.getLogger(__name__)
 
 CONVERTER = "qairt-converter"
@@ -54,8 +56,8 @@ BACKEND_EXTENSION_FILE = "htp_backend_extensions.json"
 CONFIG_FILE = "qnn_context_binary_generator_config.json"
 
 
-def converter_command(converter: Path, network: Path, encodings: Path, float_bitwidth: int,
-                      output: Path) -> list[str]:
+def _converter_command(converter: Path, network: Path, encodings: Path, float_bitwidth: int,
+                       output: Path) -> list[str]:
     """The ``qairt-converter`` argument list: every graph input keeps its layout (``--input_layout NAME
     NONTRIVIAL``), as the vendor's LLM build asks of ``qairt.convert``."""
     layouts = [argument for name, _ in graph_inputs(network) for argument in ("--input_layout", name, INPUT_LAYOUT)]
@@ -63,7 +65,7 @@ def converter_command(converter: Path, network: Path, encodings: Path, float_bit
             *layouts, "--float_bitwidth", str(float_bitwidth), "--output_path", str(output)]
 
 
-def quantizer_command(quantizer: Path, converted: Path, output: Path) -> list[str]:
+def _quantizer_command(quantizer: Path, converted: Path, output: Path) -> list[str]:
     """The ``qairt-quantizer`` argument list: what ``qairt.convert`` runs after converting AIMET encodings
     (``_convert.py``: ``float_fallback``, so tensors without an encoding stay float, and the vendor's LLM
     calibration bitwidths, activations 16 and biases 32, for what the encodings leave to the quantizer)."""
@@ -71,8 +73,8 @@ def quantizer_command(quantizer: Path, converted: Path, output: Path) -> list[st
             "--act_bitwidth", str(CALIBRATION["act_precision"]), "--bias_bitwidth", str(CALIBRATION["bias_precision"])]
 
 
-def generator_command(generator: Path, backend: Path, model: Path, dlc_names: list[str], config_file: Path,
-                      binary_name: str, output_dir: Path) -> list[str]:
+def _generator_command(generator: Path, backend: Path, model: Path, dlc_names: list[str], config_file: Path,
+                       binary_name: str, output_dir: Path) -> list[str]:
     """The ``qnn-context-binary-generator`` argument list; it writes ``output_dir/binary_name.bin``. IO tensors are
     memory handles, as the vendor's weight-sharing compile sets them (``qnn_sdk.IO_TENSOR_MEM_TYPE``).
 
@@ -84,7 +86,7 @@ def generator_command(generator: Path, backend: Path, model: Path, dlc_names: li
             "--binary_file", binary_name, "--output_dir", str(output_dir)]
 
 
-def config_file_wrapper(extensions_library: Path, backend_extension_path: Path) -> dict[str, Any]:
+def _config_file_wrapper(extensions_library: Path, backend_extension_path: Path) -> dict[str, Any]:
     """The JSON passed to ``--config_file``: it only points at the extensions library and the HTP JSON."""
     return {"backend_extensions": {"shared_library_path": str(extensions_library),
                                    "config_file_path": str(backend_extension_path)}}
@@ -114,11 +116,11 @@ class QnnCliToolchain:
             network = stage_onnx_as_graph(onnx_path, graph_name, staging)
             (staging / "converted").mkdir()
             converted = staging / "converted" / f"{graph_name}.dlc"
-            run_tool(converter_command(sdk.executables[CONVERTER], network, encodings, float_bitwidth, converted),
+            run_tool(_converter_command(sdk.executables[CONVERTER], network, encodings, float_bitwidth, converted),
                      cwd=staging, env=sdk.environment())
             require_output(converted, CONVERTER)
             produced = staging / f"{graph_name}.dlc"
-            run_tool(quantizer_command(sdk.executables[QUANTIZER], converted, produced), cwd=staging,
+            run_tool(_quantizer_command(sdk.executables[QUANTIZER], converted, produced), cwd=staging,
                      env=sdk.environment())
             publish(produced, out_path, QUANTIZER)
 
@@ -139,11 +141,11 @@ class QnnCliToolchain:
             config_path = staging / CONFIG_FILE
             backend_extension = backend_extension_config(graph_names, options)
             write_json(backend_extension_path, backend_extension)
-            write_json(config_path, config_file_wrapper(sdk.libraries[HTP_EXTENSIONS_LIBRARY], backend_extension_path))
+            write_json(config_path, _config_file_wrapper(sdk.libraries[HTP_EXTENSIONS_LIBRARY], backend_extension_path))
             logger.info("%s: %s", BACKEND_EXTENSION_FILE, json.dumps(backend_extension))
-            run_tool(generator_command(sdk.executables[GENERATOR], sdk.libraries[HTP_BACKEND_LIBRARY],
-                                       sdk.libraries[DLC_MODEL_LIBRARY], dlc_names, config_path, out_path.stem,
-                                       staging),
+            run_tool(_generator_command(sdk.executables[GENERATOR], sdk.libraries[HTP_BACKEND_LIBRARY],
+                                        sdk.libraries[DLC_MODEL_LIBRARY], dlc_names, config_path, out_path.stem,
+                                        staging),
                      cwd=staging, env=sdk.environment())
             publish_binary(staging / f"{out_path.stem}.bin", out_path, GENERATOR, sdk, self.name, graph_names)
 

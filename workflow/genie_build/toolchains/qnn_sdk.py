@@ -27,12 +27,15 @@ import onnx
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
 from genie_build.onnx_graph import external_data, load_graph, model_tensors
-from genie_build.toolchains.base import BinaryInfo, CompileOptions
+from genie_build.toolchains.base import SDK_ROOT_VARIABLE, BinaryInfo, CompileOptions
 from genie_build.toolchains.context_binary_json import CONTEXT_BINARY_UTILITY, binary_info_from_utility_json
+
+__all__ = ["CALIBRATION", "INPUT_LAYOUT", "IO_TENSOR_MEM_TYPE", "Sdk", "backend_extension_config", "check_graph_name",
+           "graph_inputs", "inspect_with_sdk", "link_into", "locate_sdk", "publish", "publish_binary", "require_file",
+           "require_output", "run_tool", "stage_onnx_as_graph", "staging_directory"]
 
 logger = logging.getLogger(__name__)
 
-SDK_ROOT_VARIABLE = "QAIRT_SDK_ROOT"
 HOST_PLATFORM = "x86_64-linux-clang"
 STDERR_TAIL_LINES = 5
 
@@ -65,16 +68,16 @@ class Sdk:
     def environment(self) -> dict[str, str]:
         """The environment the SDK's ``envsetup.sh`` gives its tools: host libraries and Python modules first."""
         env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = _prepend(lib_dir(self.root), env.get("LD_LIBRARY_PATH"))
+        env["LD_LIBRARY_PATH"] = _prepend(_lib_dir(self.root), env.get("LD_LIBRARY_PATH"))
         env["PYTHONPATH"] = _prepend(self.root / "lib" / "python", env.get("PYTHONPATH"))
         return env
 
 
-def bin_dir(root: Path) -> Path:
+def _bin_dir(root: Path) -> Path:
     return root / "bin" / HOST_PLATFORM
 
 
-def lib_dir(root: Path) -> Path:
+def _lib_dir(root: Path) -> Path:
     return root / "lib" / HOST_PLATFORM
 
 
@@ -93,7 +96,7 @@ def backend_extension_config(graph_names: Sequence[str], options: CompileOptions
     }
 
 
-def sdk_root(toolchain: str) -> Path:
+def _sdk_root(toolchain: str) -> Path:
     """``$QAIRT_SDK_ROOT`` as an absolute directory (tools run in staging directories).
 
     Raises:
@@ -117,12 +120,12 @@ def locate_sdk(toolchain: str, executables: Sequence[str] = (), libraries: Seque
     Raises:
         GenieBuildError: the SDK root is missing, or any tool or library is; the message lists all of them.
     """
-    root = sdk_root(toolchain)
+    root = _sdk_root(toolchain)
     found = {name: _find_executable(root, name) for name in executables}
-    libs = {name: lib_dir(root) / name for name in libraries}
-    missing = [f"executable {name} (looked in {bin_dir(root)} and PATH)"
+    libs = {name: _lib_dir(root) / name for name in libraries}
+    missing = [f"executable {name} (looked in {_bin_dir(root)} and PATH)"
                for name, path in found.items() if path is None]
-    missing += [f"library {name} (looked in {lib_dir(root)})" for name, path in libs.items() if not path.is_file()]
+    missing += [f"library {name} (looked in {_lib_dir(root)})" for name, path in libs.items() if not path.is_file()]
     if missing:
         raise GenieBuildError(f"toolchain {toolchain}", f"missing from the QAIRT SDK at {root}: {'; '.join(missing)}")
     return Sdk(root, {name: path for name, path in found.items() if path is not None}, libs)
@@ -184,8 +187,8 @@ def publish_binary(produced: Path, out_path: Path, producer: str, sdk: Sdk, tool
         GenieBuildError: no binary was written, it cannot be read back, or its graph names differ.
     """
     require_output(produced, producer)
-    info = inspect_context_binary(produced, sdk.executables[CONTEXT_BINARY_UTILITY], sdk.environment(), toolchain)
-    check_graph_names(info, graph_names, out_path)
+    info = _inspect_context_binary(produced, sdk.executables[CONTEXT_BINARY_UTILITY], sdk.environment(), toolchain)
+    _check_graph_names(info, graph_names, out_path)
     os.replace(produced, out_path)
 
 
@@ -232,14 +235,14 @@ def stage_onnx_as_graph(onnx_path: Path, graph_name: str, staging: Path) -> Path
     source = require_file(onnx_path)
     staged = staging / f"{check_graph_name(graph_name)}.onnx"
     shutil.copyfile(source, staged)
-    for location, data_file in sorted(external_data_locations(source).items()):
+    for location, data_file in sorted(_external_data_locations(source).items()):
         target = staging / location
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(data_file, target)
     return staged
 
 
-def external_data_locations(onnx_path: Path) -> dict[str, Path]:
+def _external_data_locations(onnx_path: Path) -> dict[str, Path]:
     """The external data files an ONNX model refers to, by ``location`` (read without loading the data): each
     resolved and checked by :func:`genie_build.onnx_graph.external_data` (inside the model's folder, a regular
     file, every tensor's range within it).
@@ -268,11 +271,11 @@ def graph_inputs(onnx_path: Path) -> list[tuple[str, str]]:
 def inspect_with_sdk(toolchain: str, binary_path: Path) -> BinaryInfo:
     """Read a context binary back through the SDK's ``qnn-context-binary-utility``."""
     sdk = locate_sdk(toolchain, (CONTEXT_BINARY_UTILITY,))
-    return inspect_context_binary(require_file(binary_path), sdk.executables[CONTEXT_BINARY_UTILITY],
-                                  sdk.environment(), toolchain)
+    return _inspect_context_binary(require_file(binary_path), sdk.executables[CONTEXT_BINARY_UTILITY],
+                                   sdk.environment(), toolchain)
 
 
-def inspect_context_binary(binary_path: Path, utility: Path, env: dict[str, str], toolchain: str) -> BinaryInfo:
+def _inspect_context_binary(binary_path: Path, utility: Path, env: dict[str, str], toolchain: str) -> BinaryInfo:
     """Run ``qnn-context-binary-utility --context_binary X --json_file J`` and parse ``J``.
 
     Raises:
@@ -287,7 +290,7 @@ def inspect_context_binary(binary_path: Path, utility: Path, env: dict[str, str]
     return binary_info_from_utility_json(document, binary_path, binary_path.stat().st_size, toolchain)
 
 
-def check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) -> None:
+def _check_graph_names(info: BinaryInfo, expected: Iterable[str], where: Path) -> None:
     """Raises GenieBuildError unless the binary holds exactly the graphs that were compiled into it.
 
     A graph whose name differs from its per-graph config silently loses that config (O, weights_packing,
@@ -308,7 +311,7 @@ def require_output(produced: Path, producer: str) -> None:
 
 
 def _find_executable(root: Path, name: str) -> Path | None:
-    candidate = bin_dir(root) / name
+    candidate = _bin_dir(root) / name
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return candidate
     on_path = shutil.which(name)

@@ -45,6 +45,8 @@ from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_p
                                                        row_blocks, same_rank_params)
 from genie_build.toolchains.reference.records import Quantization, WeightEntry
 
+__all__ = ["ContainerGraph", "load_container", "read_graphs", "stored_nbytes", "write_container"]
+
 # Storage of values kept as they are, by numpy dtype name (the container's "u8"/"f16"/... codes).
 _RAW_STORAGE = {"uint8": "u8", "int8": "i8", "uint16": "u16", "int16": "i16", "uint32": "u32", "int32": "i32",
                 "uint64": "u64", "int64": "i64", "float16": "f16", "float32": "f32", "float64": "f64",

@@ -15,6 +15,9 @@ from genie_build.fileio import open_regular
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.records import WeightEntry
 
+__all__ = ["FORMAT_VERSION", "Layout", "MAGIC", "PREAMBLE", "TOOLCHAIN", "WEIGHT_SECTION_ALIGNMENT",
+           "inspect_container", "padding", "read_header", "read_layout"]
+
 MAGIC = b"GBREFCTX"
 FORMAT_VERSION = 1
 WEIGHT_SECTION_ALIGNMENT = 64

@@ -40,8 +40,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from genie_build.encodings import (Encodings, TensorEncoding, blocked_shape, layout_of, read_encodings,
-                                   validate_against_model)
+from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, Encodings, TensorEncoding, blocked_shape, layout_of,
+                                   read_encodings, validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, WeightLayout, check_external_data, external_data,
@@ -52,10 +52,13 @@ from genie_build.toolchains.reference.quantize import (blocked_params, broadcast
                                                        quantize, stored_bitwidth, unsigned_dtype)
 from genie_build.toolchains.reference.records import Quantization
 
+__all__ = ["FLOAT_BITWIDTHS", "FLOAT_BITWIDTH_KEY", "IO_ENCODINGS_KEY", "QUANTIZED_WEIGHTS_KEY", "convert_model",
+           "quantized_weights"]
+
 QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
 FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
-FLOAT_BITWIDTHS = (16, 32)
+FLOAT_BITWIDTHS = SUPPORTED_FLOAT_BITWIDTHS  # what a float weight or fallback is stored as
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 # The most bytes of attribute and subgraph tensors a converted graph holds inline (a protobuf is at most 2 GiB).

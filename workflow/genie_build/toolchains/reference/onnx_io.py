@@ -13,6 +13,9 @@ from onnx import numpy_helper
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import StoredTensor, open_external_data
 
+__all__ = ["ExternalDataWriter", "default_opset", "load_external_bytes", "metadata_json", "read_initializer",
+           "set_metadata_json"]
+
 # Element types stored as little-endian numpy values of the same width, one per element.
 _PLAIN_NUMPY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                                 onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["pack_int4", "packed_nbytes", "unpack_int4"]
+
 
 def packed_nbytes(count: int) -> int:
     """Bytes that ``count`` packed 4-bit values take."""

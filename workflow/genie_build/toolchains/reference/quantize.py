@@ -25,6 +25,9 @@ from genie_build.encodings import TensorEncoding, blocked_shape
 from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
 
+__all__ = ["BLOCK_VALUES", "blocked_params", "broadcast_params", "dequantize", "lpbq_channel_scale", "params_of_rows",
+           "quantize", "row_blocks", "same_rank_params", "stored_bitwidth", "unsigned_dtype"]
+
 # Values per block of rows that quantize works on at once: 16 MiB of float32 temporaries (float64 after the
 # int64 offset), instead of several copies of a whole embedding or LM-head table.
 BLOCK_VALUES = 4 * 2**20
@@ -222,7 +225,7 @@ def _scale_and_offset(enc: TensorEncoding, shape: tuple[int, ...], layout: Weigh
         raise GenieBuildError(enc.name, "LPBQ encodings must be symmetric (is_sym true)")
     _require_count(enc, "scale", scale.size, channels, shape)
     _require_count(enc, "per_block_int_scale", len(enc.per_block_int_scale), blocks * channels, shape)
-    block_scale = lpbq_block_scale(enc, grid, layout)
+    block_scale = _lpbq_block_scale(enc, grid, layout)
     return block_scale, np.full(grid, -(2 ** (enc.compressed_bitwidth - 1)), dtype=np.int64)
 
 
@@ -243,7 +246,7 @@ def lpbq_channel_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: Weigh
     return np.asarray(enc.scale, dtype=np.float64).reshape(shape)
 
 
-def lpbq_block_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
+def _lpbq_block_scale(enc: TensorEncoding, grid: tuple[int, ...], layout: WeightLayout) -> np.ndarray:
     """LPBQ's per-block scale ``per_block_int_scale * scale[channel]``, laid out as ``grid``: multiplied in
     float64 and rounded to float32, as aimet-onnx's ``LPBQEncoding.scale`` and its quantizer do (a float32
     product differs from it in the last bit for some blocks) and as the converted graph computes it

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+__all__ = ["Quantization", "WeightEntry"]
+
 
 @dataclass(frozen=True)
 class Quantization:

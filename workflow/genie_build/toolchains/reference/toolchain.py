@@ -7,6 +7,8 @@ from pathlib import Path
 from genie_build.toolchains.base import BinaryInfo, CompileOptions
 from genie_build.toolchains.reference.container_format import TOOLCHAIN, inspect_container
 
+__all__ = ["ReferenceToolchain"]
+
 
 class ReferenceToolchain:
     """Quantization, packing and weight sharing in numpy/onnx; runs wherever the package runs."""

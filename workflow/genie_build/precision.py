@@ -1,6 +1,11 @@
-"""The precision recipe: bits per weight role (embedding, decoder layers, LM head), overridable per tensor-name
-pattern, and the shape-only encoding it gives each weight of a :mod:`genie_build.weight_inventory`. Recipe
-files and workflow configs are judged by one definition, the ``recipe`` section of the config schema.
+"""A precision: the bits per weight role (embedding, decoder layers, LM head), overridable per tensor-name pattern,
+and the shape-only encoding it gives each weight of a :mod:`genie_build.weight_inventory`.
+
+A precision is what the size estimate and the plans weigh weights by. It is written as the config's top-level
+``recipe`` section (the estimate's; a precision file is a YAML file holding such a section), and it is not a named
+quantization recipe (``quantize.recipe``, :mod:`genie_build.recipes`), which says what aimet-onnx is asked for;
+:func:`genie_build.recipes.precision_of` gives a named recipe's precision. Precision files and workflow configs
+are judged by one definition, the ``recipe`` section of the config schema.
 """
 
 from __future__ import annotations
@@ -15,18 +20,21 @@ import jsonschema
 import yaml
 
 from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_BYTES, read_schema
-from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, TensorEncoding, block_grid
+from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind, TensorEncoding,
+                                   block_grid)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_text
 from genie_build.weight_inventory import Weight
 
+__all__ = ["Granularity", "Precision", "WeightRule", "precision_from_dict", "read_precision", "weight_encoding"]
+
 _BLOCKED = ("per_block", "lpbq")
-Granularity = Literal["per_tensor", "per_channel", "per_block", "lpbq"]
+Granularity = EncodingKind  # a precision rule's granularity is the kind of encoding it gives
 
 
 @dataclass(frozen=True)
 class WeightRule:
-    """A recipe override: weights whose name matches ``pattern`` (fnmatch) get this encoding."""
+    """A precision override: weights whose name matches ``pattern`` (fnmatch) get this encoding."""
 
     pattern: str
     bitwidth: int
@@ -36,12 +44,15 @@ class WeightRule:
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Precision:
     """Bits per weight role; overrides are tried first, in order. ``activations`` is recorded only:
     activation encodings do not change the weight bytes. Float weights without an integer encoding
     (norms, biases) are stored at ``float_bitwidth``. ``lpbq`` (AIMET's LPBQ) stores the role's bits as the
     compressed width, twice that as the decompressed one: values, a float scale per channel and an integer
-    scale per block."""
+    scale per block.
+
+    The defaults are what the builtin calibrator (:mod:`genie_build.calibrate`) gives the demo, and the config
+    schema's ``recipe`` defaults restate them (tests/test_schema_tables.py ties the three)."""
 
     layers: int = 4
     embedding: int = 8
@@ -54,8 +65,8 @@ class Recipe:
 
 
 @cache
-def recipe_schema() -> dict:
-    """The ``recipe`` section of the workflow's config schema (``genie_build/schema/config.schema.yaml``): recipe
+def _precision_schema() -> dict:
+    """The ``recipe`` section of the workflow's config schema (``genie_build/schema/config.schema.yaml``): precision
     files and workflow configs are judged by one definition.
 
     Raises:
@@ -67,8 +78,9 @@ def recipe_schema() -> dict:
         raise GenieBuildError(DEFAULT_SCHEMA, f"cannot read the recipe section of the config schema: {exc}") from None
 
 
-def read_recipe(path: str | os.PathLike[str]) -> Recipe:
-    """The ``recipe`` mapping of a YAML (or JSON) file, e.g. an estimate config (``config/qwen2_5_7b_*.yaml``).
+def read_precision(path: str | os.PathLike[str]) -> Precision:
+    """The precision in the ``recipe`` mapping of a YAML (or JSON) file, e.g. an estimate config
+    (``config/qwen2_5_7b_*.yaml``).
 
     Raises:
         GenieBuildError: the file is unreadable, has no ``recipe``, or a field is invalid (named).
@@ -80,25 +92,25 @@ def read_recipe(path: str | os.PathLike[str]) -> Recipe:
         raise GenieBuildError(path, f"not valid YAML: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("recipe"), dict):
         raise GenieBuildError(path, "expected a top-level 'recipe' mapping")
-    return recipe_from_dict(document["recipe"], os.fspath(path))
+    return precision_from_dict(document["recipe"], os.fspath(path))
 
 
-def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
-    """A :class:`Recipe` from its mapping (keys as the dataclass fields).
+def precision_from_dict(data: dict, where: str = "recipe") -> Precision:
+    """A :class:`Precision` from its mapping, the config's ``recipe`` section (keys as the dataclass fields).
 
     Raises:
         GenieBuildError: an unknown key, a bad value, a per-block rule without ``block_size``, or a float
             override whose bitwidth is not 16 or 32.
     """
     try:
-        jsonschema.validate(data, recipe_schema())
+        jsonschema.validate(data, _precision_schema())
     except jsonschema.ValidationError as exc:
         field = "/".join(str(key) for key in exc.absolute_path) or "top level"
         raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
     overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
-    recipe = Recipe(**{**data, "overrides": overrides})
-    if recipe.granularity in _BLOCKED and recipe.block_size is None:
-        raise GenieBuildError(where, f"recipe granularity: {recipe.granularity} needs a block_size")
+    precision = Precision(**{**data, "overrides": overrides})
+    if precision.granularity in _BLOCKED and precision.block_size is None:
+        raise GenieBuildError(where, f"recipe granularity: {precision.granularity} needs a block_size")
     for rule in overrides:
         allowed = SUPPORTED_FLOAT_BITWIDTHS if rule.dtype == "float" else SUPPORTED_INT_BITWIDTHS
         if rule.bitwidth not in allowed:
@@ -108,12 +120,12 @@ def recipe_from_dict(data: dict, where: str = "recipe") -> Recipe:
             raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.granularity} needs a block_size")
         if rule.dtype == "int" and rule.granularity == "lpbq" and 2 * rule.bitwidth not in SUPPORTED_INT_BITWIDTHS:
             raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: lpbq needs a bitwidth of 4, 8 or 16")
-    return recipe
+    return precision
 
 
-def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
-    """The shape-only encoding the recipe gives a weight (scales counted, not computed); None: float
-    weight stored at ``recipe.float_bitwidth``.
+def weight_encoding(weight: Weight, precision: Precision) -> TensorEncoding | None:
+    """The shape-only encoding ``precision`` gives a weight (scales counted, not computed); None: float
+    weight stored at ``precision.float_bitwidth``.
 
     Per-channel scales run along the weight's channel axis (:meth:`Weight.axes`: its consumer's, AIMET's
     rule), blocks along its block axis.
@@ -122,12 +134,12 @@ def weight_encoding(weight: Weight, recipe: Recipe) -> TensorEncoding | None:
         GenieBuildError: a per-block rule on a weight that is not a whole number of blocks.
     """
     spec = weight.spec
-    rule = next((rule for rule in recipe.overrides if fnmatch.fnmatchcase(spec.name, rule.pattern)), None)
+    rule = next((rule for rule in precision.overrides if fnmatch.fnmatchcase(spec.name, rule.pattern)), None)
     if rule is None and weight.role == "float":
         return None
-    if rule is None:  # the role's bits: recipe.layers, recipe.embedding or recipe.lm_head
-        rule = WeightRule("", getattr(recipe, weight.role), granularity=recipe.granularity,
-                          block_size=recipe.block_size)
+    if rule is None:  # the role's bits: precision.layers, precision.embedding or precision.lm_head
+        rule = WeightRule("", getattr(precision, weight.role), granularity=precision.granularity,
+                          block_size=precision.block_size)
     if rule.dtype == "float":
         return TensorEncoding(spec.name, "float", rule.bitwidth)
     layout = weight.axes()

@@ -1,0 +1,93 @@
+"""The config schema against the code's tables: every value list and default the schema restates from the code
+(genie_build/schema/config.schema.yaml) is the code's own, so the two cannot drift apart silently."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args, get_type_hints
+
+import pytest
+import yaml
+
+from genie_build.chipsets import CHIPSETS
+from genie_build.cli import build_parser
+from genie_build.config import DemoCalibrator, load_config, read_schema, validate_config
+from genie_build.demo import WEIGHT_DTYPES
+from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind
+from genie_build.errors import GenieBuildError
+from genie_build.precision import Precision, WeightRule, precision_from_dict
+from genie_build.recipes import RECIPES
+from genie_build.toolchains import TOOLCHAINS
+from genie_build.toolchains.reference.convert import FLOAT_BITWIDTHS
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def properties(*path: str) -> dict:
+    """The ``properties`` of the schema object at ``path`` (section names; ``*`` for a map's values)."""
+    schema = read_schema()
+    for name in path:
+        schema = schema["additionalProperties"] if name == "*" else schema["properties"][name]
+    return schema["properties"]
+
+
+def choices(command: str, option: str) -> list:
+    """The choices of ``option`` of a CLI command."""
+    subparsers = next(action for action in build_parser(command)._actions
+                      if isinstance(action, argparse._SubParsersAction))
+    parser = subparsers.choices[command]
+    return list(next(action for action in parser._actions if option in action.option_strings).choices)
+
+
+def test_the_named_recipes_are_the_quantizers_table():
+    recipe = properties("quantize")["recipe"]
+    assert recipe["enum"] == list(RECIPES) and recipe["default"] in RECIPES
+    for command in ("calibrate-unit", "plan-hf", "plan"):
+        assert choices(command, "--recipe") == sorted(RECIPES), command
+
+
+def test_the_toolchains_are_the_toolchains_table():
+    toolchain = properties("variants", "*")["toolchain"]
+    assert toolchain["enum"] == list(TOOLCHAINS) and toolchain["default"] in TOOLCHAINS
+    for command in ("convert", "compile"):
+        assert choices(command, "--toolchain") == sorted(TOOLCHAINS), command
+
+
+def test_the_float_fallback_widths_are_the_converters_and_the_encodings():
+    assert list(FLOAT_BITWIDTHS) == list(SUPPORTED_FLOAT_BITWIDTHS)
+    assert properties("variants", "*")["float_bitwidth"]["enum"] == list(SUPPORTED_FLOAT_BITWIDTHS)
+    assert choices("convert", "--float-bitwidth") == list(SUPPORTED_FLOAT_BITWIDTHS)
+
+
+def test_every_chipset_of_the_table_is_a_valid_target_and_no_other():
+    """The schema takes any string; the validator holds it to genie_build.chipsets (no second list)."""
+    assert properties("target")["chipset"]["default"] in CHIPSETS
+    for name in CHIPSETS:
+        assert validate_config({**DEFAULT_CONFIG, "target": {"chipset": name}})["target"]["chipset"] == name
+    with pytest.raises(GenieBuildError, match="config target.chipset: .*SM0000"):
+        validate_config({**DEFAULT_CONFIG, "target": {"chipset": "SM0000"}})
+
+
+def test_the_demo_choices_are_the_demos():
+    demo = properties("demo")
+    assert demo["weight_dtype"]["enum"] == list(WEIGHT_DTYPES)
+    assert demo["calibrator"]["enum"] == list(get_args(DemoCalibrator))
+
+
+def test_the_precision_section_defaults_to_the_default_precision():
+    """The schema's ``recipe`` defaults, filled into the default config, are ``Precision()``: the builtin
+    calibrator's (tests/test_estimate.py checks that against its encodings)."""
+    assert precision_from_dict(load_config(REPO / "config" / "config.yaml")["recipe"], "config") == Precision()
+
+
+def test_the_precision_widths_and_granularities_are_the_encodings():
+    section = properties("recipe")
+    for role in ("layers", "embedding", "lm_head", "activations"):
+        assert section[role]["enum"] == list(SUPPORTED_INT_BITWIDTHS), role
+    assert section["float_bitwidth"]["enum"] == list(SUPPORTED_FLOAT_BITWIDTHS)
+    assert section["granularity"]["enum"] == list(get_args(EncodingKind))
+    override = section["overrides"]["items"]["properties"]
+    assert override["granularity"]["enum"] == list(get_args(EncodingKind))
+    assert override["dtype"]["enum"] == list(get_args(get_type_hints(WeightRule)["dtype"]))
