@@ -74,7 +74,10 @@ CRITICAL_PATH = 10
 CHAIN_FIRST = 100
 # ... and takes every core on a box of two (aimet-onnx's session; the converts wait, as the next unit goes first),
 # every core but one on a larger box, where finished parts' converts and compiles then run beside the chain.
-CHAIN_THREADS = max(min(workflow.cores, 2), workflow.cores - 1)
+# A cluster executor needs no --cores (each job is its own allocation): there a unit asks for the two cores it was
+# measured on, which the profile's set-threads can raise.
+_CORES = workflow.resource_settings.cores
+CHAIN_THREADS = max(min(_CORES, 2), _CORES - 1) if _CORES else 2
 # Then the whole-model checks (check_model, verify_split: 5-12 s each, against 1-3 s for a per-part job): left to
 # Snakemake's own order they ran last, one alone on a core while the other idled and the bundle waited for it.
 LONG_CHECKS = 5
