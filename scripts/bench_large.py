@@ -61,7 +61,7 @@ COMMANDS = {"generate_demo_model": "generate-demo", "train_demo_tokenizer": "tra
             "compile_part": "compile", "account_part": "account", "size_table": "size-table",
             "memory_plan": "memory-plan", "assemble_bundle": "bundle", "check_bundle": "check-bundle",
             "convert_unsplit": "convert", "compile_unsplit": "compile", "host_run": "run-bundle",
-            "check_model": "check-model"}
+            "check_model": "check-model", "check_contract": "check-contract"}
 RSS_HOOK = '''\
 """Written by scripts/bench_large.py: record each genie_build process's peak RSS at exit."""
 import atexit, json, os, resource, sys, time
@@ -179,6 +179,9 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
         return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
     if rule == "plan_split":
         return "graphs, no weights", size("source/*.onnx")
+    if rule == "check_contract":
+        return "graphs without weights, tokenizer, config.json", size("source/*.onnx", "source/tokenizer.json",
+                                                                       "source/config.json")
     if rule == "verify_split":
         return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
     if rule == "slice_encodings":

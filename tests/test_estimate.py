@@ -28,6 +28,7 @@ from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_na
 from genie_build.plan import model_pieces, plan_by_num_parts
 from genie_build.plan_file import read_plan
 from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
+from genie_build.recipes import RECIPES, precision_of
 from genie_build.split import split_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
@@ -168,7 +169,7 @@ def test_shipped_estimate_configs_hold_the_default_precision():
 
 @pytest.mark.parametrize("precision, message", [
     ({"layer": 4}, "Additional properties"),
-    ({"layers": 3}, "recipe layers"),
+    ({"layers": 3}, "precision layers"),
     ({"granularity": "per_block"}, "per_block needs a block_size"),
     ({"overrides": [{"pattern": "x", "bitwidth": 8, "dtype": "float"}]}, "float bitwidth 8"),
     ({"overrides": [{"pattern": "x", "bitwidth": 5}]}, "int bitwidth 5"),
@@ -178,10 +179,10 @@ def test_bad_precisions_are_refused_naming_the_field(precision, message):
         precision_from_dict(precision, "r.yaml")
 
 
-def test_precision_file_without_a_recipe_mapping_is_refused(tmp_path):
+def test_precision_file_without_a_precision_mapping_is_refused(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("model: {name: x}\n")
-    with pytest.raises(GenieBuildError, match="top-level 'recipe'"):
+    path.write_text("model: {name: x}\nrecipe: {layers: 8}\n")
+    with pytest.raises(GenieBuildError, match="top-level 'precision'"):
         read_precision(path)
 
 
@@ -371,7 +372,7 @@ def test_stored_nbytes_is_the_length_the_container_writes_for_every_storage_kind
 # ------------------------------------------------------------------------------------------- precision in config
 
 def test_the_builtin_calibrator_quantizes_every_weight_as_the_default_precision_predicts(compiled):
-    """The default precision (the estimate's, and the schema's 'recipe' defaults) is what the builtin calibrator
+    """The default precision (the estimate's, and the schema's 'precision' defaults) is what the builtin calibrator
     gives the demo: every weight's encoding, scale by scale, or none where the precision keeps it float."""
     calibrated = read_encodings(compiled["source"] / "prompt.encodings.json")
     for weight in weights_from_onnx(compiled["source"] / "prompt.onnx").weights:
@@ -392,7 +393,7 @@ def test_estimate_only_configs_validate_without_onnx_paths(parts):
         merged[key] = {**merged.get(key, {}), **value}
     config = validate_config(merged)
     assert config["model"] == {"name": f"qwen2_5_7b_{parts}parts", "hf_config": "config/hf/qwen2_5_7b_instruct.json"}
-    assert precision_from_dict(config["recipe"]) == Precision()
+    assert precision_from_dict(config["precision"]) == Precision()
 
 
 # ------------------------------------------------------------------------------------------- Qwen2.5-7B
@@ -443,19 +444,45 @@ def test_command_from_a_graph_with_a_part_budget(tmp_path, demo):
     assert plan.mode == "max_part_mb" and max(part.estimated_bytes for part in plan.parts) <= 0.02 * MIB
 
 
-@pytest.mark.parametrize("option", ["--precision-json", "--recipe-json"])  # the older spelling still works
-def test_command_takes_the_precision_as_json_and_the_memory_limits(tmp_path, demo, capsys, option):
+def test_command_takes_the_precision_as_json_and_the_memory_limits(tmp_path, demo, capsys):
     out = tmp_path / "predicted"
+    option = "--precision-json"
     assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
                  option, '{"lm_head": 16}', "--max-context-mb", "0.01", "--out-dir", str(out)]) == 0
-    assert json.loads((out / "estimate.json").read_text())["recipe"]["lm_head"] == 16
+    assert json.loads((out / "estimate.json").read_text())["precision"]["lm_head"] == 16
     memory = json.loads((out / "memory_plan.json").read_text())
     assert memory["limits"]["max_context_bytes"]["value"] == round(0.01 * MIB)
     assert {warning["part"] for warning in memory["warnings"] if warning["check"] == "context_size"} == {1, 2, 3}
-    for bad, problem in (('{"lm_head": 3}', "recipe lm_head"), ("[4]", "expected a JSON object")):
+    for bad, problem in (('{"lm_head": 3}', "precision lm_head"), ("[4]", "expected a JSON object")):
         assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
                      option, bad, "--out-dir", str(out)]) == 2
         assert problem in capsys.readouterr().err
+
+
+def test_command_takes_a_named_recipe_as_the_precision_it_gives(tmp_path, demo):
+    """``--recipe``: the bits AIMET's LLM recipe gives each weight under the named recipe, as a calibrating build's
+    plan weighs them; w8a16's 8-bit layers make larger parts than w4a16's."""
+    predicted = {}
+    for name in ("w4a16", "w8a16"):
+        out = tmp_path / name
+        assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3", "--recipe", name,
+                     "--out-dir", str(out)]) == 0
+        direct = estimate(weights_from_hf_config(demo / "config.json"), precision_of(RECIPES[name]), num_parts=3)
+        predicted[name] = predicted_bytes(out)
+        assert predicted[name] == {(part.part, part.variant): part.file_bytes for part in direct.parts}
+        assert json.loads((out / "estimate.json").read_text())["precision"]["layers"] == RECIPES[name].weight_bitwidth
+    assert sum(predicted["w8a16"].values()) > sum(predicted["w4a16"].values())
+
+
+def test_a_build_that_calibrates_refuses_a_precision_section():
+    """Its weights are quantized by quantize.recipe, which the estimate then weighs them by: a precision section
+    would describe another quantization. A build whose encodings come with it keeps the section."""
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    calibrating = {**base, "demo": {**base.get("demo", {}), "calibrator": "aimet"}, "precision": {"layers": 8}}
+    with pytest.raises(GenieBuildError, match=r"precision: .*quantize.recipe \(w4a16\)"):
+        validate_config(calibrating)
+    assert validate_config({**base, "precision": {"layers": 8}})["precision"]["layers"] == 8
+    assert "precision" not in validate_config(base)
 
 
 def test_command_refuses_boundaries_with_a_config(tmp_path, demo, capsys):
@@ -480,7 +507,7 @@ def test_estimate_target_predicts_a_7b_model_from_its_config_alone(tmp_path):
     """``snakemake estimate`` with the shipped estimate-only config: no weights, no demo built, and the precision
     is the config's (here overridden by a second config file, as Snakemake merges them)."""
     workdir = copy_workflow(tmp_path)
-    (workdir / "wide_head.yaml").write_text("recipe: {lm_head: 16}\n")
+    (workdir / "wide_head.yaml").write_text("precision: {lm_head: 16}\n")
     # targets before --configfile, which takes several files
     run_snakemake(workdir, "estimate", "--configfile", "config/qwen2_5_7b_6parts.yaml", "wide_head.yaml")
     out = workdir / "results" / "qwen2_5_7b_6parts"
@@ -489,6 +516,15 @@ def test_estimate_target_predicts_a_7b_model_from_its_config_alone(tmp_path):
     direct = estimate(weights_from_hf_config(QWEN_7B), Precision(lm_head=16), num_parts=6)
     assert predicted_bytes(out / "predicted") == {(part.part, part.variant): part.file_bytes for part in direct.parts}
     assert read_plan(out / "predicted" / "plan.json") == direct.plan
+
+
+@pytest.mark.workflow
+def test_the_estimate_of_a_calibrating_build_weighs_its_named_recipe(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    config = write_workflow_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "calibrator": "aimet"},
+                                             "quantize": {"recipe": "w8a16"}})
+    result = run_snakemake(workdir, "estimate", "--dry-run", "--printshellcmds", "--configfile", str(config))
+    assert "--recipe w8a16" in result.stdout and "--precision" not in result.stdout
 
 
 @pytest.mark.workflow

@@ -44,7 +44,7 @@ def choices(command: str, option: str) -> list:
 def test_the_named_recipes_are_the_quantizers_table():
     recipe = properties("quantize")["recipe"]
     assert recipe["enum"] == list(RECIPES) and recipe["default"] in RECIPES
-    for command in ("calibrate-unit", "plan-hf", "plan"):
+    for command in ("calibrate-unit", "plan-hf", "plan", "estimate"):
         assert choices(command, "--recipe") == sorted(RECIPES), command
 
 
@@ -77,13 +77,14 @@ def test_the_demo_choices_are_the_demos():
 
 
 def test_the_precision_section_defaults_to_the_default_precision():
-    """The schema's ``recipe`` defaults, filled into the default config, are ``Precision()``: the builtin
+    """The schema's ``precision`` defaults, filled into an empty section, are ``Precision()``: the builtin
     calibrator's (tests/test_estimate.py checks that against its encodings)."""
-    assert precision_from_dict(load_config(REPO / "config" / "config.yaml")["recipe"], "config") == Precision()
+    config = validate_config({**load_config(REPO / "config" / "config.yaml"), "precision": {}})
+    assert precision_from_dict(config["precision"], "config") == Precision()
 
 
 def test_the_precision_widths_and_granularities_are_the_encodings():
-    section = properties("recipe")
+    section = properties("precision")
     for role in ("layers", "embedding", "lm_head", "activations"):
         assert section[role]["enum"] == list(SUPPORTED_INT_BITWIDTHS), role
     assert section["float_bitwidth"]["enum"] == list(SUPPORTED_FLOAT_BITWIDTHS)

@@ -28,7 +28,7 @@ from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, 
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, read_text, regular_file_size, resolve_inside, sha256_file
+from genie_build.fileio import is_json_int, read_json, read_text, regular_file_size, resolve_inside, sha256_file
 from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
                                       HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
                                       load_tokenizer)
@@ -337,7 +337,7 @@ def _check_device(soc_model: object, dsp_arch: object, expected: Chipset | None)
     """Against ``expected`` when the chipset is known; otherwise soc_model and dsp_arch must belong together."""
     if expected is not None:
         return [Finding("chipset", "error", problem) for problem in check_device(soc_model, dsp_arch, expected)]
-    if not (isinstance(soc_model, int) and not isinstance(soc_model, bool) and isinstance(dsp_arch, str)):
+    if not (is_json_int(soc_model) and isinstance(dsp_arch, str)):
         return [Finding("chipset", "error", f"device needs an integer soc_model and a dsp_arch string, "
                                             f"got soc_model={soc_model!r}, dsp_arch={dsp_arch!r}")]
     owner = next((chip for chip in CHIPSETS.values() if chip.soc_model == soc_model), None)
@@ -575,7 +575,7 @@ def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
             vocab = load_hf_config(hf_config).get("vocab_size")
         except GenieBuildError as exc:
             return [Finding("files", "error", str(exc))]
-        if isinstance(vocab, int) and not isinstance(vocab, bool):
+        if is_json_int(vocab):
             widths[f"the model's vocab_size ({os.fspath(hf_config)})"] = vocab
     widths.update((f"the logits of graph {graph.name!r}", tensor.shape[-1])
                   for graph_list in (graphs or {}).values() for graph in graph_list for tensor in graph.outputs

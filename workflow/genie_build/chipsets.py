@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import is_json_int
 
 __all__ = ["CHIPSETS", "Chipset", "check_device", "lookup"]
 
@@ -113,7 +114,7 @@ def check_device(soc_model: object, dsp_arch: object, chipset: str | Chipset) ->
     """
     target = chipset if isinstance(chipset, Chipset) else lookup(chipset)
     problems = []
-    if not isinstance(soc_model, int) or isinstance(soc_model, bool):
+    if not is_json_int(soc_model):
         problems.append(f"soc_model {soc_model!r} is not an integer; {target.name} is {target.soc_model}")
     elif soc_model != target.soc_model:
         owner = _chipset_with_soc_model(soc_model)

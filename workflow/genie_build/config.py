@@ -25,7 +25,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from genie_build.chipsets import lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_text
+from genie_build.fileio import is_json_int, read_text
 
 __all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
            "calibration_chain", "load_config", "read_schema", "source_kind", "validate_config"]
@@ -247,6 +247,11 @@ def _check_cross_fields(config: dict, where: str) -> None:
         lookup(config["target"]["chipset"])
     except GenieBuildError as exc:
         raise GenieBuildError(_key(where, ("target", "chipset")), exc.problem) from None
+    if "precision" in config and calibration_chain(config):
+        raise GenieBuildError(_key(where, ("precision",)),
+                              "this build calibrates its encodings, so the estimate weighs the weights by "
+                              f"quantize.recipe ({config['quantize']['recipe']}): unset precision, or choose another "
+                              "recipe")
     given_with_checkpoint = sorted(set(USER_EXPORT_KEYS) & set(config["model"]))
     if "hf_checkpoint" in config["model"] and given_with_checkpoint:
         raise GenieBuildError(_key(where, ("model", "hf_checkpoint")),
@@ -270,7 +275,7 @@ def _key(where: str, path: tuple) -> str:
     characters than letters, digits, '_' and '-' quoted (``variants.'a b'``); the whole config as ``config``."""
     dotted = ""
     for part in path:
-        if isinstance(part, int) and not isinstance(part, bool):
+        if is_json_int(part):
             dotted += f"[{part}]"
         else:
             dotted += f".{part}" if _PLAIN_KEY.fullmatch(str(part)) else f".{str(part)!r}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from genie_build.conventions import KV_TENSOR, LOGITS, POS_COS, POS_SIN, Tensor
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import is_json_int
 from genie_build.genie_config import load_tokenizer, make_genie_config
 from genie_build.hf_config import head_dim, load_hf_config
 
@@ -79,7 +80,7 @@ def _disagreements(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
     found += [_Disagreement(config_where, f"vocab_size is {vocab!r} but the {kind} graph's logits have {width} "
                                          "entries (Genie's n-vocab must be the logits' width)")
               for kind, width in widths.items() if width != vocab]
-    width = next(iter(widths.values()), vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None)
+    width = next(iter(widths.values()), vocab if is_json_int(vocab) else None)
     vocabulary = load_tokenizer(tokenizer_path).get_vocab(with_added_tokens=True)
     if width is not None and vocabulary:
         token, token_id = max(vocabulary.items(), key=lambda item: item[1])

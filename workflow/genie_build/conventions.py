@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import is_json_int
 
 __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
@@ -199,7 +200,7 @@ class Reading:
 
 def genie_dims(shape: Sequence[object]) -> GenieDims | None:
     """``shape`` as Genie's ``Dims`` (batch size 1), or None when a dim is not a fixed size."""
-    if not all(isinstance(dim, int) and not isinstance(dim, bool) for dim in shape):
+    if not all(is_json_int(dim) for dim in shape):
         return None
     dims = [1] * max(0, GENIE_RANK_LIMIT - len(shape)) + [int(dim) for dim in shape]
     height = dims[0] if dims[0] != 1 and dims[1] == 1 else dims[1]  # "Hack to mix batch dimension"

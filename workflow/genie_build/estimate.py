@@ -218,8 +218,7 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
                                                   f"{[variant.name for variant in PREDICTED_VARIANTS]}")
     write_plan(out / "plan.json", result.plan)
     write_json(out / "estimate.json", {
-        # "recipe": the config section the precision is written as
-        "source": source, "recipe": dataclasses.asdict(precision), "graphs_per_part": GRAPHS_PER_PART,
+        "source": source, "precision": dataclasses.asdict(precision), "graphs_per_part": GRAPHS_PER_PART,
         "variant_set": VARIANT_SET, "variants": [dataclasses.asdict(variant) for variant in PREDICTED_VARIANTS],
         "overhead_model": {"graph_bytes": GRAPH_BYTES, "layer_part_graph_bytes": LAYER_PART_GRAPH_BYTES,
                            "embedding_graph_bytes": EMBEDDING_GRAPH_BYTES, "layer_graph_bytes": LAYER_GRAPH_BYTES,

@@ -129,7 +129,7 @@ def read_model_shape(config: Mapping[str, Any], where: str | os.PathLike[str]) -
 
 def _positive_int(config: Mapping[str, Any], key: str, where: str | os.PathLike[str]) -> int:
     value = config.get(key)
-    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+    if not (is_json_int(value) and value > 0):
         raise GenieBuildError(where, f"{key} must be a positive integer, got {value!r}")
     return value
 

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import is_json_int
 from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
 __all__ = ["METADATA_NAME", "UNNAMED_GRAPH", "dump_metadata", "parse_metadata"]
@@ -123,7 +124,7 @@ def _tensors_from_document(tensors: object, where: str) -> tuple[TensorInfo, ...
     result = []
     for name, spec in tensors.items():
         shape = spec.get("shape") if isinstance(spec, dict) else None
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+        if not (isinstance(shape, list) and all(is_json_int(d) for d in shape)):
             raise GenieBuildError(where, f"tensor {name!r} needs a shape given as a list of integers")
         dtype = str(spec.get("dtype", ""))
         result.append(TensorInfo(name=str(name), shape=tuple(shape), dtype=dtype,

@@ -2,10 +2,10 @@
 and the shape-only encoding it gives each weight of a :mod:`genie_build.weight_inventory`.
 
 A precision is what the size estimate and the plans weigh weights by. It is written as the config's top-level
-``recipe`` section (the estimate's; a precision file is a YAML file holding such a section), and it is not a named
-quantization recipe (``quantize.recipe``, :mod:`genie_build.recipes`), which says what aimet-onnx is asked for;
-:func:`genie_build.recipes.precision_of` gives a named recipe's precision. Precision files and workflow configs
-are judged by one definition, the ``recipe`` section of the config schema.
+``precision`` section (a precision file is a YAML file holding such a section), or follows from a named
+quantization recipe (``quantize.recipe``, :mod:`genie_build.recipes`), which says what aimet-onnx is asked for:
+:func:`genie_build.recipes.precision_of`. Precision files and workflow configs are judged by one definition, the
+``precision`` section of the config schema.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Precision:
     scale per block.
 
     The defaults are what the builtin calibrator (:mod:`genie_build.calibrate`) gives the demo, and the config
-    schema's ``recipe`` defaults restate them (tests/test_schema_tables.py ties the three)."""
+    schema's ``precision`` defaults restate them (tests/test_schema_tables.py ties the three)."""
 
     layers: int = 4
     embedding: int = 8
@@ -66,37 +66,38 @@ class Precision:
 
 @cache
 def _precision_schema() -> dict:
-    """The ``recipe`` section of the workflow's config schema (``genie_build/schema/config.schema.yaml``): precision
+    """The ``precision`` section of the workflow's config schema (``genie_build/schema/config.schema.yaml``): precision
     files and workflow configs are judged by one definition.
 
     Raises:
         GenieBuildError: the schema file cannot be read.
     """
     try:
-        return read_schema()["properties"]["recipe"]
+        return read_schema()["properties"]["precision"]
     except (KeyError, TypeError) as exc:
-        raise GenieBuildError(DEFAULT_SCHEMA, f"cannot read the recipe section of the config schema: {exc}") from None
+        raise GenieBuildError(DEFAULT_SCHEMA,
+                              f"cannot read the precision section of the config schema: {exc}") from None
 
 
 def read_precision(path: str | os.PathLike[str]) -> Precision:
-    """The precision in the ``recipe`` mapping of a YAML (or JSON) file, e.g. an estimate config
+    """The precision in the ``precision`` mapping of a YAML (or JSON) file, e.g. an estimate config
     (``config/qwen2_5_7b_*.yaml``).
 
     Raises:
-        GenieBuildError: the file is unreadable, has no ``recipe``, or a field is invalid (named).
+        GenieBuildError: the file is unreadable, has no ``precision``, or a field is invalid (named).
     """
     text = read_text(path, max_bytes=MAX_CONFIG_BYTES)
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise GenieBuildError(path, f"not valid YAML: {exc}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("recipe"), dict):
-        raise GenieBuildError(path, "expected a top-level 'recipe' mapping")
-    return precision_from_dict(document["recipe"], os.fspath(path))
+    if not isinstance(document, dict) or not isinstance(document.get("precision"), dict):
+        raise GenieBuildError(path, "expected a top-level 'precision' mapping")
+    return precision_from_dict(document["precision"], os.fspath(path))
 
 
-def precision_from_dict(data: dict, where: str = "recipe") -> Precision:
-    """A :class:`Precision` from its mapping, the config's ``recipe`` section (keys as the dataclass fields).
+def precision_from_dict(data: dict, where: str = "precision") -> Precision:
+    """A :class:`Precision` from its mapping, the config's ``precision`` section (keys as the dataclass fields).
 
     Raises:
         GenieBuildError: an unknown key, a bad value, a per-block rule without ``block_size``, or a float
@@ -106,20 +107,20 @@ def precision_from_dict(data: dict, where: str = "recipe") -> Precision:
         jsonschema.validate(data, _precision_schema())
     except jsonschema.ValidationError as exc:
         field = "/".join(str(key) for key in exc.absolute_path) or "top level"
-        raise GenieBuildError(where, f"recipe {field}: {exc.message}") from None
+        raise GenieBuildError(where, f"precision {field}: {exc.message}") from None
     overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
     precision = Precision(**{**data, "overrides": overrides})
     if precision.granularity in _BLOCKED and precision.block_size is None:
-        raise GenieBuildError(where, f"recipe granularity: {precision.granularity} needs a block_size")
+        raise GenieBuildError(where, f"precision granularity: {precision.granularity} needs a block_size")
     for rule in overrides:
         allowed = SUPPORTED_FLOAT_BITWIDTHS if rule.dtype == "float" else SUPPORTED_INT_BITWIDTHS
         if rule.bitwidth not in allowed:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.dtype} bitwidth {rule.bitwidth} "
+            raise GenieBuildError(where, f"precision rule {rule.pattern!r}: {rule.dtype} bitwidth {rule.bitwidth} "
                                          f"is not one of {allowed}")
         if rule.dtype == "int" and rule.granularity in _BLOCKED and rule.block_size is None:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: {rule.granularity} needs a block_size")
+            raise GenieBuildError(where, f"precision rule {rule.pattern!r}: {rule.granularity} needs a block_size")
         if rule.dtype == "int" and rule.granularity == "lpbq" and 2 * rule.bitwidth not in SUPPORTED_INT_BITWIDTHS:
-            raise GenieBuildError(where, f"recipe rule {rule.pattern!r}: lpbq needs a bitwidth of 4, 8 or 16")
+            raise GenieBuildError(where, f"precision rule {rule.pattern!r}: lpbq needs a bitwidth of 4, 8 or 16")
     return precision
 
 

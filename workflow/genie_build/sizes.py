@@ -174,9 +174,10 @@ def _no_effect_reasons(record: AccountRecord, baseline_record: AccountRecord,
 
     ``weights_packing`` is judged by the size against the baseline's binary for the same part (only when
     the baseline does not pack too) and by what the binary reports; ``weight_sharing_enabled``,
-    ``optimization_type`` and ``vtcm_mb`` by what the binary reports (the last two per graph). An option the binary does not report on is judged by size alone. A binary that
-    reports no weight fitting 4 bits (``packable_weights == 0``, e.g. an 8-bit embedding alone) has
-    nothing to pack, which is no sign of an ignored option.
+    ``optimization_type`` and ``vtcm_mb`` by what the binary reports (the last two per graph). An option the
+    binary does not report on is judged by size alone. A binary that reports no weight fitting 4 bits
+    (``packable_weights == 0``, e.g. an 8-bit embedding alone) has nothing to pack, which is no sign of an
+    ignored option.
     """
     comparison = f"{record.bytes:,} bytes vs {baseline_record.bytes:,} bytes in {baseline_record.variant}"
     requested, applied = record.requested, record.applied

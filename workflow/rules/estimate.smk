@@ -1,5 +1,6 @@
-# The shape-only estimate: the plan, A/B size table and memory plan predicted from the model's shapes and the
-# precision in the config's 'recipe' section, without weights, encodings or a compile
+# The shape-only estimate: the plan, A/B size table and memory plan predicted from the model's shapes and a
+# precision (the config's 'precision' section, or quantize.recipe's when the build calibrates), without weights,
+# encodings or a compile
 # (docs/field-report-comparison.md). Target: 'estimate'.
 # An estimate-only config (model.hf_config, no ONNX paths, e.g. config/qwen2_5_7b_6parts.yaml) runs this target alone.
 
@@ -7,6 +8,14 @@ PREDICTED = f"{OUT}/predicted"
 # The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
 # else the HF config.json, named and shaped as docs/conventions.md says.
 ESTIMATE_CONFIG = SOURCE["hf_config"] if SOURCE_KIND in ("hf", "estimate") else None
+# A build that calibrates weighs its weights as its named recipe will store them (the schema then refuses a
+# 'precision' section); otherwise the section, or the default precision.
+if CALIBRATION_CHAIN:
+    ESTIMATE_PRECISION = ["--recipe", config["quantize"]["recipe"]]
+elif "precision" in config:
+    ESTIMATE_PRECISION = ["--precision-json", json.dumps(config["precision"], sort_keys=True)]
+else:
+    ESTIMATE_PRECISION = []
 
 
 rule estimate_sizes:
@@ -23,7 +32,7 @@ rule estimate_sizes:
     params:
         source="--hf-config" if ESTIMATE_CONFIG else "--onnx",
         split=json.dumps(config["split"], sort_keys=True),
-        precision=json.dumps(config["recipe"], sort_keys=True),
+        precision=ESTIMATE_PRECISION,
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
         out_dir=directory_of("plan"),
@@ -34,7 +43,7 @@ rule estimate_sizes:
         f"{OUT}/benchmarks/estimate_sizes.tsv"
     shell:
         "{params.python} -m genie_build estimate {params.source} {input.model:q} --split-json {params.split:q}"
-        " --precision-json {params.precision:q}"
+        " {params.precision:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 

@@ -1,6 +1,6 @@
 """``estimate``: plan the split and predict every part's context binary per variant from shapes alone: an HF
-config.json or an ONNX graph read without its weights, plus a precision (bits per weight role). Takes seconds, even
-for 7B.
+config.json or an ONNX graph read without its weights, plus a precision (bits per weight role), given as such or as
+the named quantization recipe the build calibrates by. Takes seconds, even for 7B.
 
 Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``estimate.json``,
 ``size_table.{csv,md,png}`` and ``memory_plan.{json,md}``.
@@ -15,6 +15,7 @@ from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
 from genie_build.precision import Precision, precision_from_dict, read_precision
+from genie_build.recipes import RECIPES, precision_of, recipe_named
 
 __all__ = ["register_parser", "run"]
 
@@ -26,14 +27,16 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     source.add_argument("--hf-config", help="the model's HF config.json (Qwen2, Llama or Mistral)")
     source.add_argument("--onnx", help="the prompt graph .onnx; its external data is not read")
     add_split_options(parser)  # as the plan command weighs them; --boundaries with --onnx only
-    # --recipe and --recipe-json are the older spellings: a named recipe (quantize.recipe) is another thing.
     precision = parser.add_mutually_exclusive_group()
-    precision.add_argument("--precision", "--recipe", dest="precision",
-                           help="YAML file whose top-level 'recipe' mapping is the precision (e.g. an estimate "
+    precision.add_argument("--precision",
+                           help="YAML file whose top-level 'precision' mapping is the precision (e.g. an estimate "
                                 "config); default: 4-bit layers, 8-bit embedding and LM head, float16 norms and "
                                 "biases, per channel")
-    precision.add_argument("--precision-json", "--recipe-json", dest="precision_json",
-                           help="the precision mapping as JSON (the workflow passes config 'recipe')")
+    precision.add_argument("--precision-json",
+                           help="the precision mapping as JSON (the workflow passes config 'precision')")
+    precision.add_argument("--recipe", choices=sorted(RECIPES),
+                           help="the precision AIMET's LLM recipe gives each weight under this named quantization "
+                                "recipe (the workflow passes quantize.recipe when it calibrates)")
     parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in PREDICTED_VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
     parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
@@ -47,6 +50,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     if args.precision_json is not None:
         precision = precision_from_dict(json_object(args.precision_json, "--precision-json"), "--precision-json")
+    elif args.recipe is not None:
+        precision = precision_of(recipe_named(args.recipe))
     else:
         precision = read_precision(args.precision) if args.precision else Precision()
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),

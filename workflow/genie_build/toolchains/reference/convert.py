@@ -119,7 +119,8 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
                                              encodings.of_initializer(tensor.name), tensor.name in encodings.params,
                                              names.param_layouts.get(tensor.name), float_bitwidth, opset,
                                              os.fspath(encodings_path))
-            initializers += [writer.add(name, array) for name, array in converted.tensors]
+            del array  # a quantized table's codes are written while its float values are freed
+            initializers += [writer.add(name, stored) for name, stored in converted.tensors]
             rebuilds.append((tensor.name, converted.nodes))
             if converted.quantization is not None:
                 quantized[converted.tensors[0][0]] = converted.quantization.to_dict()

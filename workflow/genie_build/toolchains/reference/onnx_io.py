@@ -109,7 +109,7 @@ class ExternalDataWriter:
             return numpy_helper.from_array(data, name)
         offset = self._end + (-self._end % self._alignment)
         self._handle.write(b"\0" * (offset - self._end))
-        self._handle.write(data.tobytes())
+        self._handle.write(data.reshape(-1).view(np.uint8))  # the array's own bytes: tobytes() would copy them
         self._end = offset + data.nbytes
         tensor = onnx.TensorProto(name=name, dims=data.shape,
                                   data_type=onnx.helper.np_dtype_to_tensor_dtype(data.dtype))
