@@ -41,6 +41,7 @@ if SOURCE_KIND != "estimate":
     include: "workflow/rules/compile.smk"
     include: "workflow/rules/sizes.smk"
     include: "workflow/rules/bundle.smk"
+    include: "workflow/rules/evaluate.smk"
 
 
 include: "workflow/rules/estimate.smk"

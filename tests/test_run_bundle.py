@@ -172,17 +172,17 @@ def test_unsplit_tokens_read_the_bundle_config_without_loading_its_binaries(
 def test_the_host_run_reads_llama3_scaling_back_from_genies_config_and_refuses_others():
     """What genie_config writes for a Llama 3 checkpoint is what the host run's RoPE tables get (HF's keys)."""
     from genie_build.genie_config import genie_rope_scaling
-    from genie_build.run_bundle import _host_rope
+    from genie_build.run_bundle import host_rope
 
     hf = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
     encoding = {"type": "rope", "rope-dim": 8, "rope-theta": 500000, "rope-scaling": genie_rope_scaling(hf, "c")}
     engine = {"backend": {"QnnHtp": {}}, "model": {"positional-encoding": encoding}}
-    assert _host_rope(engine, Path("genie_config.json")) == {"head_dim": 16, "rope_theta": 500000.0,
+    assert host_rope(engine, Path("genie_config.json")) == {"head_dim": 16, "rope_theta": 500000.0,
                                                              "rope_scaling": hf}
     encoding["rope-scaling"]["rope-type"] = "yarnrope"
     with pytest.raises(GenieBuildError, match="plain and llama3 RoPE only"):
-        _host_rope(engine, Path("genie_config.json"))
+        host_rope(engine, Path("genie_config.json"))
 
 
 def test_a_container_whose_records_claim_more_than_it_holds_is_one_line_in_bounded_memory(build: ReferenceBuild,

@@ -43,8 +43,9 @@ from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
-__all__ = ["Generation", "GraphSession", "HostRun", "LoadedBundle", "PARTS_REFERENCE", "Runner", "generate", "host_run",
-           "load_bundle", "make_runner", "run_bundle", "unsplit_tokens"]
+__all__ = ["Generation", "GraphSession", "HostRun", "KVCache", "LoadedBundle", "PARTS_REFERENCE", "Runner",
+           "container_graph", "generate", "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner",
+           "run_bundle", "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
@@ -127,8 +128,7 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
     for index, graphs in enumerate(parts, start=1):
         by_ar: dict[int, GraphSession] = {}
         for name, graph in graphs.items():
-            info = _graph_info(name, graph.model)
-            ar, cl = graph_ar_cl(name, info.inputs, info.outputs)
+            ar, cl = graph_ar_cl_of(name, graph.model)
             if ar is None or cl is None:
                 raise GenieBuildError(name, f"part {index}: cannot tell the graph's AR and CL (got {ar}, {cl})")
             if ar in by_ar:
@@ -156,7 +156,7 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     # checked above; read as the checker reads them all the same: regular files inside the bundle, bounded
     dialog = read_json(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     engine = dialog["engine"]
-    rope = _host_rope(engine, bundle / GENIE_CONFIG_NAME)
+    rope = host_rope(engine, bundle / GENIE_CONFIG_NAME)
     parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
     return LoadedBundle(runner=make_runner(parts, **rope),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
@@ -270,11 +270,11 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
         match = PART_SUFFIX.search(model.graph.name)
         if match is None:
             raise GenieBuildError(path, f"graph name {model.graph.name!r} does not say which part it is")
-        parts.setdefault(match.group(0), {})[model.graph.name] = _as_container_graph(model, path)
+        parts.setdefault(match.group(0), {})[model.graph.name] = container_graph(model, path)
     return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
 
 
-def _as_container_graph(model: onnx.ModelProto, path: str | os.PathLike[str]) -> ContainerGraph:
+def container_graph(model: onnx.ModelProto, path: str | os.PathLike[str]) -> ContainerGraph:
     """A graph as :func:`read_graphs` gives one: its initializers' values (read inside its folder, as a
     Snakemake cache's symlinked outputs are too) apart from the model."""
     weights = {tensor.name: read_initializer(tensor, path) for tensor in model.graph.initializer}
@@ -291,7 +291,7 @@ def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mappin
     """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
-    runner = make_runner(parts, **_host_rope(dialog["engine"], config_path))
+    runner = make_runner(parts, **host_rope(dialog["engine"], config_path))
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 
@@ -304,7 +304,7 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
     if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > limit:
         raise GenieBuildError("max-new-tokens", f"the prompt's {len(prompt_ids)} tokens + {max_new_tokens} new "
                                                 f"tokens must fit the context size {limit} (and at least 1 new)")
-    cache = _KVCache(runner.context_length)
+    cache = KVCache(runner.context_length)
     # every position a graph can be fed (a padded chunk ends at most at the last slot)
     rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length), runner.rope_scaling)
     started = time.perf_counter()
@@ -318,7 +318,7 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
     return new_ids, prompt_done - started, time.perf_counter() - prompt_done
 
 
-def _step(runner: Runner, cache: _KVCache, rope: tuple[np.ndarray, np.ndarray], tokens: Sequence[int],
+def _step(runner: Runner, cache: KVCache, rope: tuple[np.ndarray, np.ndarray], tokens: Sequence[int],
           ar: int) -> np.ndarray:
     """Run ``tokens`` (at most ``ar``, padded to ``ar``) through every part; append their KV; return the
     logits of the last real token. ``rope`` holds the cos/sin tables of every position."""
@@ -341,7 +341,7 @@ def _step(runner: Runner, cache: _KVCache, rope: tuple[np.ndarray, np.ndarray], 
     return feed[LOGITS][0, count - 1]
 
 
-class _KVCache:
+class KVCache:
     """The host's cache: per ``past_{key,value}_{i}`` a buffer of ``context_length`` slots, ``length`` valid."""
 
     def __init__(self, context_length: int) -> None:
@@ -374,7 +374,7 @@ class _KVCache:
         self.length += count
 
 
-def _host_rope(engine: dict, where: Path) -> dict[str, Any]:
+def host_rope(engine: dict, where: Path) -> dict[str, Any]:
     """:func:`make_runner`'s ``head_dim``, ``rope_theta`` and ``rope_scaling`` from a checked genie config: plain
     RoPE, or llama3 scaling (its Genie keys read back as HF's); another scaling is refused."""
     qnn_htp, model = engine["backend"]["QnnHtp"], engine["model"]
@@ -393,6 +393,12 @@ def _host_rope(engine: dict, where: Path) -> dict[str, Any]:
                   if rope_type != "default" else None)
     return {"head_dim": 2 * encoding["rope-dim"], "rope_theta": float(encoding["rope-theta"]),
             "rope_scaling": hf_scaling}
+
+
+def graph_ar_cl_of(name: str, model: onnx.ModelProto) -> tuple[int | None, int | None]:
+    """(AR, CL) of a graph as Genie tells them (:func:`genie_build.conventions.graph_ar_cl`)."""
+    info = _graph_info(name, model)
+    return graph_ar_cl(name, info.inputs, info.outputs)
 
 
 def _graph_info(name: str, model: onnx.ModelProto) -> GraphInfo:

@@ -1,0 +1,134 @@
+"""evaluate: a variant's binaries against the float model on held-out text, one part at a time.
+
+The activation quantizers the evaluation adds compute the reference quantizer's grid bit for bit; the metrics are
+what their definitions say; the windows follow calibration's schedule; and on the demo a variant with one decoder
+layer's weight scales ×4 is told apart from the correct one by every metric."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from genie_build.encodings import Encodings, TensorEncoding
+from genie_build.errors import GenieBuildError
+from genie_build.evaluate import (Quality, QualityBounds, compare_logits, fake_quantize_activations, quality_flags,
+                                  text_windows)
+from genie_build.toolchains.reference.quantize import quantize
+from rebuild_helpers import EXPORTS, USER_MODEL, export_small_demo, user_model_checkout, user_model_config
+from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding
+
+LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
+                   ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+
+
+def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, feed)))
+
+
+@pytest.mark.parametrize("bitwidth, offset", [(16, -32768), (16, -1000), (8, -128), (8, -10)])
+def test_a_fake_quantized_activation_is_the_reference_quantizers_grid(bitwidth, offset):
+    x = np.random.default_rng(bitwidth - offset).normal(0, 3, (4, 257)).astype(np.float32)
+    x[0, :4] = [1e6, -1e6, 0.0, -0.0]  # beyond the grid on both sides
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["hidden"]), helper.make_node("Neg", ["hidden"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    encodings = {name: TensorEncoding(name, "int", bitwidth, scale=(0.0173,), offset=(offset,))
+                 for name in ("x", "hidden", "y")}
+    assert fake_quantize_activations(model, Encodings(activations=encodings)) == ["x", "hidden", "y"]
+    onnx.checker.check_model(model)
+
+    def grid(values: np.ndarray) -> np.ndarray:
+        q, scale, zero_point = quantize(values, encodings["x"], None)
+        return ((q.astype(np.float32) - zero_point.astype(np.float32)) * scale).astype(np.float32)
+
+    expected = grid(-grid(np.maximum(grid(x), 0)))
+    np.testing.assert_array_equal(run(model, {"x": x})["y"], expected)
+
+
+def test_the_weights_rebuilding_nodes_are_left_alone():
+    """A DequantizeLinear of stored codes already gives the stored values: an encoding of that name (AIMET gives the
+    embedding table one) adds no quantizer there."""
+    codes = helper.make_tensor("w_codes", TensorProto.UINT8, [2], [3, 200])
+    scale = helper.make_tensor("w_scale", TensorProto.FLOAT, [], [0.5])
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", ["w_codes", "w_scale"], ["w"]),
+                               helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [codes, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    encoding = TensorEncoding("w", "int", 8, scale=(1.0,), offset=(0,))
+    assert fake_quantize_activations(model, Encodings(activations={"w": encoding, "y": encoding})) == ["y"]
+
+
+def test_identical_logits_agree_fully_and_the_metrics_are_their_definitions():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(50, 11)).astype(np.float32)
+    targets = rng.integers(0, 11, 50)
+    same = compare_logits(logits, logits.copy(), targets)
+    assert (same.top1_agreement, same.mean_kl) == (1.0, 0.0)
+    assert same.float_perplexity == same.variant_perplexity
+    probabilities = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert same.float_perplexity == pytest.approx(np.exp(-np.mean(np.log(probabilities[np.arange(50), targets]))))
+    noisy = logits + rng.normal(0, 2, logits.shape).astype(np.float32)
+    quality = compare_logits(logits, noisy, targets)
+    assert quality.mean_kl > 0 and quality.top1_agreement < 1
+    kl = np.sum(probabilities * (np.log(probabilities) - np.log(np.exp(noisy) / np.exp(noisy).sum(-1, keepdims=True))),
+                axis=-1)
+    assert quality.mean_kl == pytest.approx(kl.mean(), rel=1e-5)
+
+
+def test_windows_follow_calibrations_schedule_and_a_short_text_is_refused():
+    windows = text_windows(list(range(100)), ar=8, context=24, max_windows=5)
+    assert [window.past_len for window in windows] == [0, 8, 16, 0, 8]   # a full cache starts a new sequence
+    assert windows[1].ids == tuple(range(8, 16)) and windows[1].targets == tuple(range(9, 17))
+    assert len(text_windows(list(range(17)), ar=8, context=24, max_windows=5)) == 2
+    with pytest.raises(GenieBuildError, match="at least 9 are needed"):
+        text_windows(list(range(8)), ar=8, context=24, max_windows=5)
+
+
+def test_bounds_flag_what_they_bound():
+    quality = Quality(positions=10, top1_agreement=0.5, mean_kl=0.2, float_perplexity=3.0, variant_perplexity=4.0)
+    assert quality_flags(quality, QualityBounds()) == []
+    assert quality_flags(quality, QualityBounds(min_top1_agreement=0.4, max_mean_kl=0.3)) == []
+    flags = quality_flags(quality, QualityBounds(min_top1_agreement=0.9, max_mean_kl=0.1))
+    assert len(flags) == 2 and "min_top1_agreement" in flags[0] and "max_mean_kl" in flags[1]
+
+
+# ------------------------------------------------------------------------------------------- workflow
+
+@pytest.mark.workflow
+def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fail_the_target(tmp_path):
+    (tmp_path / "exporter").mkdir()
+    exports = export_small_demo(copy_workflow(tmp_path / "exporter"))
+    good, broken = (user_model_checkout(tmp_path / name, exports) for name in ("good", "broken"))
+    for graph in ("prompt", "token"):
+        for weight in LAYER_1_WEIGHTS:
+            scale_encoding(broken / EXPORTS / f"{graph}.encodings.json", weight, 4.0)
+    results = {}
+    for name, workdir in (("good", good), ("broken", broken)):
+        run_snakemake(workdir, "evaluate", "--configfile", str(user_model_config(workdir)))
+        out = workdir / "results" / USER_MODEL
+        results[name] = {variant: load_json(out / "evaluation" / f"{variant}.json")
+                         for variant in ("unpacked", "packed")}
+        table = (out / "evaluation.md").read_text()
+        assert "| unpacked |" in table and "| packed |" in table
+    for variant in ("unpacked", "packed"):
+        good_quality, broken_quality = results["good"][variant], results["broken"][variant]
+        assert good_quality["positions"] == broken_quality["positions"] == 16 * 8   # 16 windows of the demo's AR
+        assert broken_quality["top1_agreement"] < good_quality["top1_agreement"] - 0.1, variant
+        assert broken_quality["mean_kl"] > 2 * good_quality["mean_kl"], variant
+        assert good_quality["float_perplexity"] == broken_quality["float_perplexity"]   # the same float model
+    # packing stores the same values: the two variants of one build compute alike
+    assert results["good"]["packed"] == {**results["good"]["unpacked"], "variant": "packed"}
+
+    bound = (results["good"]["packed"]["top1_agreement"] + results["broken"]["packed"]["top1_agreement"]) / 2
+    strict = user_model_config(broken, {"report": {"strict": True, "min_top1_agreement": bound}}, name="strict.yaml")
+    result = run_snakemake(broken, "evaluate", "--configfile", str(strict), check=False)
+    assert result.returncode != 0 and "min_top1_agreement" in result.stdout + result.stderr
+    assert not (broken / "results" / USER_MODEL / "evaluation.md").exists()   # no table that looks done

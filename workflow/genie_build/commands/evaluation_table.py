@@ -1,0 +1,35 @@
+"""``evaluation-table``: the evaluated variants' size beside their quality (``evaluation.md``), flagged against the
+report's bounds."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from genie_build.cli_args import boolean
+from genie_build.evaluate import QualityBounds, write_quality_table
+
+__all__ = ["register_parser", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("evaluation-table", help="size beside quality per variant", description=__doc__)
+    parser.add_argument("--reports", required=True, nargs="+", type=Path, help="evaluate's reports")
+    parser.add_argument("--size-table", required=True, type=Path, help="size_table.csv")
+    parser.add_argument("--min-top1-agreement", type=float, default=None)
+    parser.add_argument("--max-mean-kl", type=float, default=None)
+    parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
+                        help="fail on a flagged variant instead of warning (also --strict true/false)")
+    parser.add_argument("--md", required=True, type=Path, help="evaluation.md")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = write_quality_table(args.reports, args.size_table, args.md,
+                                QualityBounds(args.min_top1_agreement, args.max_mean_kl), strict=args.strict)
+    for flag in flags:
+        log.warning("%s", flag)
+    return 0

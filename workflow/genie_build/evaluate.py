@@ -1,0 +1,329 @@
+"""Quality beside size: a variant's context binaries run on held-out text against the float model, one part at a time.
+
+The text is tokenized and cut into windows of the prompt graph's AR tokens, in the order calibration uses
+(consecutive windows share a sequence and its KV cache until the cache is full; the next window then starts a new
+sequence). Every window is teacher-forced: all of its tokens are the text's, and the logits at each position are
+compared with the text's next token and with the float model's logits there.
+
+Both models run **part by part**: every window goes through part 1, whose outputs (the residual stream) are kept
+for part 2, and so on, so memory holds one part's weights and the windows' boundary tensors, never the model. The
+float model is the parts of the float graphs the build split or exported; the variant is its compiled reference
+binaries, with every weight as the binary stores it and every activation encoding of the part's encodings applied
+as a fake quantization (``q = clip(round(x / scale) - offset, 0, 2**bits - 1)``, ``x' = (q + offset) * scale``,
+the reference quantizer's arithmetic), which is how the HTP computes a quantized activation: 16-bit activations,
+an 8-bit KV cache.
+
+Metrics (:class:`Quality`): top-1 agreement with the float model's next token, mean KL(float || variant) in nats,
+and the perplexity of both on the text.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from genie_build.conventions import INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
+from genie_build.encodings import Encodings, TensorEncoding, read_encodings
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json, read_text, write_text
+from genie_build.genie_config import load_tokenizer
+from genie_build.onnx_graph import check_external_data, load_graph
+from genie_build.run_bundle import GraphSession, KVCache, container_graph, graph_ar_cl_of, make_runner
+from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
+
+__all__ = ["MAX_TEXT_BYTES", "Quality", "QualityBounds", "Window", "compare_logits", "fake_quantize_activations",
+           "quality_flags", "quality_of", "read_quality", "text_windows", "write_quality_table"]
+
+MAX_TEXT_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Window:
+    """AR consecutive tokens of the text, the tokens that follow each of them, and how many tokens of its sequence
+    the cache holds before it."""
+
+    ids: tuple[int, ...]
+    targets: tuple[int, ...]
+    past_len: int
+
+
+@dataclass(frozen=True)
+class Quality:
+    """A variant against the float model on ``positions`` tokens of held-out text."""
+
+    positions: int
+    top1_agreement: float      # share of positions where both models' most likely next token is the same
+    mean_kl: float             # KL(float || variant), nats per position
+    float_perplexity: float
+    variant_perplexity: float
+
+    def to_dict(self) -> dict:
+        """The report's fields, rounded for reading."""
+        return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()}
+
+
+def text_windows(ids: Sequence[int], ar: int, context: int, max_windows: int) -> list[Window]:
+    """The windows of ``ids`` (at most ``max_windows``; each needs the token after it as the last target).
+
+    Raises:
+        GenieBuildError: the text is shorter than one window and its next token.
+    """
+    count = min(max_windows, (len(ids) - 1) // ar)
+    if count < 1:
+        raise GenieBuildError("evaluation text", f"has {len(ids)} tokens: at least {ar + 1} are needed (one window "
+                                                 f"of the prompt graph's {ar} tokens and the token after it)")
+    windows, past_len = [], 0
+    for index in range(count):
+        if past_len > context - ar:
+            past_len = 0
+        start = index * ar
+        windows.append(Window(tuple(ids[start:start + ar]), tuple(ids[start + 1:start + ar + 1]), past_len))
+        past_len += ar
+    return windows
+
+
+def fake_quantize_activations(model: onnx.ModelProto, encodings: Encodings) -> list[str]:
+    """Apply every integer activation encoding of ``encodings`` to the tensor of that name in ``model``'s graph (a
+    graph input or a node's output), as nodes computing the quantized value right after it; other tensors are left
+    alone.
+
+    Returns:
+        The names of the tensors quantized, in graph order.
+    """
+    graph = model.graph
+    weights = {tensor.name for tensor in graph.initializer}
+    for node in graph.node:  # a weight's rebuilding nodes (DequantizeLinear, Cast) already give its stored values
+        if node.input and all(name in weights for name in node.input if name):
+            weights.update(node.output)
+    quantized: list[str] = []
+    ordered: list[onnx.NodeProto] = []
+    for value in graph.input:  # its readers take the quantized copy, computed first
+        encoding = encodings.activations.get(value.name)
+        if value.name in weights or encoding is None or encoding.dtype != "int":
+            continue
+        copy = f"{value.name}/quantized"
+        for node in graph.node:
+            node.input[:] = [copy if name == value.name else name for name in node.input]
+        ordered += _fake_quantize_nodes(value.name, copy, encoding)
+        quantized.append(value.name)
+    for node in graph.node:
+        ordered.append(node)
+        for index, output in enumerate(node.output):
+            encoding = encodings.activations.get(output)
+            if output in weights or encoding is None or encoding.dtype != "int":
+                continue
+            node.output[index] = f"{output}/float"  # the readers of the name now read the quantized value
+            ordered += _fake_quantize_nodes(node.output[index], output, encoding)
+            quantized.append(output)
+    graph.ClearField("node")
+    graph.node.extend(ordered)
+    return quantized
+
+
+def compare_logits(float_logits: np.ndarray, variant_logits: np.ndarray, targets: np.ndarray) -> Quality:
+    """:class:`Quality` of ``variant_logits`` against ``float_logits`` (both ``[positions, vocab]``) where the text
+    continues with ``targets``."""
+    float_log_p, variant_log_p = _log_softmax(float_logits), _log_softmax(variant_logits)
+    rows = np.arange(len(targets))
+    kl = np.sum(np.exp(float_log_p) * (float_log_p - variant_log_p), axis=-1)
+    return Quality(positions=len(targets),
+                   top1_agreement=float(np.mean(np.argmax(float_logits, -1) == np.argmax(variant_logits, -1))),
+                   mean_kl=float(np.mean(kl)),
+                   float_perplexity=float(np.exp(-np.mean(float_log_p[rows, targets]))),
+                   variant_perplexity=float(np.exp(-np.mean(variant_log_p[rows, targets]))))
+
+
+def quality_of(binaries: Sequence[str | os.PathLike[str]], float_parts: Sequence[str | os.PathLike[str]],
+               part_encodings: Sequence[str | os.PathLike[str]], *, text_path: str | os.PathLike[str],
+               tokenizer_path: str | os.PathLike[str], rope: Mapping, max_windows: int) -> Quality:
+    """A variant's binaries (part order) against the float parts on the text, each model one part at a time.
+
+    Args:
+        binaries: the variant's reference context binaries; each part's prompt graph (its widest AR) is run.
+        float_parts: the float prompt graphs of the same parts.
+        part_encodings: the parts' prompt-graph encodings, whose activation encodings are applied to the variant.
+        rope: ``head_dim``, ``rope_theta`` and ``rope_scaling`` as :func:`genie_build.run_bundle.host_rope` gives.
+        max_windows: windows of held-out text at most.
+
+    Raises:
+        GenieBuildError: unequal numbers of parts, a binary that is no reference container, or a text too short.
+    """
+    if not len(binaries) == len(float_parts) == len(part_encodings):
+        raise GenieBuildError("evaluate", f"{len(binaries)} binaries, {len(float_parts)} float parts and "
+                                          f"{len(part_encodings)} encodings files: one of each per part")
+    tokenizer = load_tokenizer(tokenizer_path)
+    ids = tokenizer.encode(read_text(text_path, max_bytes=MAX_TEXT_BYTES)).ids
+
+    def variant_parts() -> Iterator[ContainerGraph]:
+        for binary, encodings_path in zip(binaries, part_encodings):
+            graph = _widest(read_graphs(binary), binary)
+            fake_quantize_activations(graph.model, read_encodings(encodings_path))
+            yield graph
+
+    def float_graphs() -> Iterator[ContainerGraph]:
+        for path in float_parts:
+            model = load_graph(path)
+            check_external_data(model, path)
+            yield container_graph(model, path)
+
+    windows, float_logits = _run_parts(float_graphs(), ids, rope, max_windows)
+    _, variant_logits = _run_parts(variant_parts(), ids, rope, max_windows)
+    targets = np.array([target for window in windows for target in window.targets])
+    return compare_logits(float_logits, variant_logits, targets)
+
+
+@dataclass(frozen=True)
+class QualityBounds:
+    """``report.min_top1_agreement`` and ``report.max_mean_kl``; None: no bound."""
+
+    min_top1_agreement: float | None = None
+    max_mean_kl: float | None = None
+
+
+def quality_flags(quality: Quality, bounds: QualityBounds) -> list[str]:
+    """What ``quality`` breaks of ``bounds`` (empty: nothing)."""
+    flags = []
+    if bounds.min_top1_agreement is not None and quality.top1_agreement < bounds.min_top1_agreement:
+        flags.append(f"top-1 agreement {quality.top1_agreement:.1%} < min_top1_agreement "
+                     f"{bounds.min_top1_agreement:.1%}")
+    if bounds.max_mean_kl is not None and quality.mean_kl > bounds.max_mean_kl:
+        flags.append(f"mean KL {quality.mean_kl:.4f} > max_mean_kl {bounds.max_mean_kl}")
+    return flags
+
+
+def read_quality(path: str | os.PathLike[str]) -> tuple[str, Quality]:
+    """A report :func:`quality_of`'s command wrote: the variant and its quality.
+
+    Raises:
+        GenieBuildError: unreadable, or a field missing.
+    """
+    report = read_json(path)
+    try:
+        return report["variant"], Quality(**{field: report[field] for field in Quality.__dataclass_fields__})
+    except (KeyError, TypeError) as exc:
+        raise GenieBuildError(path, f"not an evaluation report: {exc}") from None
+
+
+def write_quality_table(reports: Sequence[str | os.PathLike[str]], size_table_csv: str | os.PathLike[str],
+                        out_md: str | os.PathLike[str], bounds: QualityBounds = QualityBounds(), *,
+                        strict: bool = False) -> list[str]:
+    """``evaluation.md``: each evaluated variant's total binary size beside its quality. Returns the flags.
+
+    Raises:
+        GenieBuildError: with ``strict``, a variant out of ``bounds`` (nothing is written).
+    """
+    with open(size_table_csv, newline="", encoding="utf-8") as handle:
+        totals: dict[str, int] = {}
+        for row in csv.DictReader(handle):
+            totals[row["variant"]] = totals.get(row["variant"], 0) + int(row["bytes"])
+    rows, flags = [], []
+    for path in reports:
+        variant, quality = read_quality(path)
+        found = quality_flags(quality, bounds)
+        flags += [f"{variant}: {flag}" for flag in found]
+        size = f"{totals[variant] / 1e6:,.1f}" if variant in totals else "n/a"
+        rows.append(f"| {variant} | {size} | {quality.top1_agreement:.1%} | {quality.mean_kl:.4f} | "
+                    f"{quality.variant_perplexity:,.2f} | {quality.float_perplexity:,.2f} | {'; '.join(found)} |")
+    if strict and flags:
+        raise GenieBuildError(out_md, "report.strict: " + "; ".join(flags))
+    positions = read_quality(reports[0])[1].positions if reports else 0
+    write_text(out_md, "\n".join([
+        "# Size and quality per variant", "",
+        f"Each variant's context binaries, run on the host one part at a time with every activation encoding "
+        f"applied, against the float model on {positions} tokens of held-out text (teacher-forced). Top-1 "
+        "agreement: how often both models' most likely next token is the same; KL: mean KL(float || variant) in "
+        "nats per token. Size: all parts' binaries (1 MB = 1,000,000 bytes).", "",
+        "| variant | size (MB) | top-1 agreement | mean KL | perplexity | float perplexity | flag |",
+        "|---|---:|---:|---:|---:|---:|---|", *rows, ""]))
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------- running parts
+
+def _run_parts(parts: Iterable[ContainerGraph], ids: Sequence[int], rope: Mapping,
+               max_windows: int) -> tuple[list[Window], np.ndarray]:
+    """Every window through every part, a part at a time; the windows and the last part's logits, one row per
+    position."""
+    streams: list[dict[str, np.ndarray]] | None = None
+    windows: list[Window] = []
+    shape = None
+    for graph in parts:
+        session, ar, context = _session_of(graph, rope)
+        if shape not in (None, (ar, context)):
+            raise GenieBuildError(graph.model.graph.name, f"AR {ar} and CL {context}, unlike the parts before it "
+                                                          f"({shape[0]}, {shape[1]})")
+        shape = (ar, context)
+        if streams is None:
+            windows = text_windows(ids, ar, context, max_windows)
+            streams = [{INPUT_IDS: np.array([window.ids], dtype=np.int32)} for window in windows]
+        tables = rope_tables(rope["head_dim"], rope["rope_theta"], np.arange(context), rope.get("rope_scaling"))
+        streams = _run_part(session, streams, windows, tables, ar, context)
+    if streams is None:
+        raise GenieBuildError("evaluate", "no parts to run")
+    return windows, np.concatenate([stream[LOGITS][0] for stream in streams])
+
+
+def _run_part(session: GraphSession, streams: list[dict[str, np.ndarray]], windows: Sequence[Window],
+              tables: tuple[np.ndarray, np.ndarray], ar: int, context: int) -> list[dict[str, np.ndarray]]:
+    """One part over every window, its KV cache restarted with each sequence; each window's outputs but the cache."""
+    outputs_per_window, cache = [], KVCache(context)
+    for window, stream in zip(windows, streams):
+        if window.past_len == 0:
+            cache = KVCache(context)
+        positions = slice(window.past_len, window.past_len + ar)
+        feed = {**stream, MASK: causal_mask(ar, context, window.past_len),
+                POS_COS: tables[0][:, :, positions], POS_SIN: tables[1][:, :, positions]}
+        inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
+                  for node in session.inputs()}
+        outputs = session.run(inputs)
+        cache.store(outputs, ar)
+        cache.advance(ar)
+        outputs_per_window.append({name: value for name, value in outputs.items() if not name.startswith(KV_PREFIX)})
+    return outputs_per_window
+
+
+def _session_of(graph: ContainerGraph, rope: Mapping) -> tuple[GraphSession, int, int]:
+    runner = make_runner([{graph.model.graph.name: graph}], **rope)
+    (ar, session), = runner.parts[0].items()
+    return session, ar, runner.context_length
+
+
+def _widest(graphs: Mapping[str, ContainerGraph], where: str | os.PathLike[str]) -> ContainerGraph:
+    """The prompt graph of a part's binary: the one with the widest AR."""
+    if not graphs:
+        raise GenieBuildError(where, "holds no graph")
+    return graphs[max(graphs, key=lambda name: graph_ar_cl_of(name, graphs[name].model)[0] or 0)]
+
+
+# ---------------------------------------------------------------------------------------------- the graph pass
+
+def _fake_quantize_nodes(source: str, target: str, encoding: TensorEncoding) -> list[onnx.NodeProto]:
+    """Nodes computing ``target`` = ``source`` fake-quantized by a per-tensor integer encoding."""
+    if encoding.kind != "per_tensor" or len(encoding.scale) != 1:
+        raise GenieBuildError(encoding.name, f"activation encoding {encoding.kind} with {len(encoding.scale)} "
+                                             "scales: only per-tensor activation encodings are evaluated")
+    prefix = f"{target}/fake_quant"
+    constants = {"scale": np.float32(encoding.scale[0]), "offset": np.float32(encoding.offset[0]),
+                 "low": np.float32(0), "high": np.float32(2 ** encoding.bitwidth - 1)}
+    nodes = [helper.make_node("Constant", [], [f"{prefix}/{key}"], name=f"{prefix}/{key}",
+                              value=numpy_helper.from_array(np.asarray(value), f"{prefix}/{key}"))
+             for key, value in constants.items()]
+    steps = [("Div", [source, "scale"], "levels"), ("Round", ["levels"], "rounded"),
+             ("Sub", ["rounded", "offset"], "shifted"), ("Clip", ["shifted", "low", "high"], "codes"),
+             ("Add", ["codes", "offset"], "signed"), ("Mul", ["signed", "scale"], None)]
+    for op, operands, result in steps:
+        names = [operand if operand == source else f"{prefix}/{operand}" for operand in operands]
+        nodes.append(helper.make_node(op, names, [target if result is None else f"{prefix}/{result}"],
+                                      name=f"{prefix}/{op}"))
+    return nodes
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - np.max(logits, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))

@@ -1,0 +1,59 @@
+# Quality beside size (target 'evaluate', docs/evaluate.md): each variant of the reference toolchain run on held-out
+# text against the float parts, one part at a time, with every activation encoding applied; evaluation.md puts each
+# variant's top-1 agreement, KL and perplexity beside its size. A changed binary re-evaluates only its variant.
+
+EVALUATION = f"{OUT}/evaluation"
+# A binary of another toolchain runs only on the device.
+EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
+
+
+rule evaluate_variant:
+    input:
+        binaries=lambda wc: part_files(f"{OUT}/compiled/{wc.variant}/part_{{part}}.bin"),
+        float_parts=lambda wc: [part_graph("prompt", label) for label in part_labels()],
+        encodings=lambda wc: part_files(PART_ENCODINGS.replace("{graph}", "prompt")),
+        text=config["evaluate"]["text"],
+        tokenizer=SOURCE["tokenizer"],
+        hf_config=SOURCE["hf_config"],
+    output:
+        f"{EVALUATION}/{{variant}}.json",
+    params:
+        max_windows=config["evaluate"]["max_windows"],
+        python=PYTHON,
+    wildcard_constraints:
+        variant="|".join(map(re.escape, EVALUATED_VARIANTS)) or "(?!)",
+    log:
+        f"{OUT}/logs/evaluate_variant/{{variant}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/evaluate_variant/{{variant}}.tsv"
+    shell:
+        "{params.python} -m genie_build evaluate --variant {wildcards.variant:q} --binaries {input.binaries:q}"
+        " --float-parts {input.float_parts:q} --encodings {input.encodings:q} --text {input.text:q}"
+        " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --max-windows {params.max_windows:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+rule evaluation_table:
+    input:
+        reports=expand(f"{EVALUATION}/{{variant}}.json", variant=EVALUATED_VARIANTS),
+        size_table=f"{OUT}/size_table.csv",
+    output:
+        report(f"{OUT}/evaluation.md", caption="../report/evaluation.rst", category="Sizes"),
+    params:
+        bounds=[f"--{key.replace('_', '-')}={config['report'][key]}" for key in ("min_top1_agreement", "max_mean_kl")
+                if config["report"][key] is not None],
+        strict=config["report"]["strict"],
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/evaluation_table.log",
+    benchmark:
+        f"{OUT}/benchmarks/evaluation_table.tsv"
+    shell:
+        "{params.python} -m genie_build evaluation-table --reports {input.reports:q} --size-table {input.size_table:q}"
+        " {params.bounds:q} --strict {params.strict} --md {output:q} > {log:q} 2>&1"
+
+
+rule evaluate:
+    input:
+        rules.evaluation_table.output,
+    localrule: True
