@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import pytest
 
@@ -142,6 +143,23 @@ def test_only_what_changed_reruns(tmp_path_factory):
     exported = output_mtimes(workdir, MODEL)
     assert all(exported[path] == after[path] for path in after if path.startswith(("parts/part_1", "parts/part_2")))
     assert exported["parts/part_3_of_3/weights.onnx.data"] != after["parts/part_3_of_3/weights.onnx.data"]
+
+
+def test_the_evaluation_runs_the_exported_parts_and_w8a16_is_closer_to_float_than_w4a16(tmp_path_factory, tmp_path):
+    """``snakemake evaluate`` on a checkpoint: its float model is the exported parts; a build calibrated by w8a16 is
+    closer to it than one calibrated by w4a16, on the same float model (a copy of the Qwen2 build, rebuilt by each
+    recipe from the calibration chain on)."""
+    _, root, _ = _build("qwen2", tmp_path_factory)
+    workdir = shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    quality = {}
+    for recipe in ("w4a16", "w8a16"):
+        config = _config(workdir, name=f"{recipe}.yaml", recipe=recipe)
+        run_snakemake(workdir, "evaluate", "--configfile", str(config))
+        quality[recipe] = load_json(workdir / OUT / "evaluation" / "packed.json")
+        assert "| packed |" in (workdir / OUT / "evaluation.md").read_text()
+    assert quality["w8a16"]["float_perplexity"] == quality["w4a16"]["float_perplexity"]
+    assert quality["w8a16"]["mean_kl"] < quality["w4a16"]["mean_kl"] / 4
+    assert quality["w8a16"]["top1_agreement"] >= quality["w4a16"]["top1_agreement"]
 
 
 def test_a_checkpoint_without_weights_is_a_config_error(tmp_path):

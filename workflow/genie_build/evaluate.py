@@ -64,8 +64,8 @@ class Quality:
     variant_perplexity: float
 
     def to_dict(self) -> dict:
-        """The report's fields, rounded for reading."""
-        return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()}
+        """The report's fields."""
+        return asdict(self)
 
 
 def text_windows(ids: Sequence[int], ar: int, context: int, max_windows: int) -> list[Window]:
