@@ -391,6 +391,19 @@ def part_encodings_inputs(wildcards):
             "prompt_graph": part_graph("prompt", wildcards.part), "token_graph": part_graph("token", wildcards.part)}
 
 
+# Target 'evaluate' (evaluate.smk): a binary of another toolchain runs only on the device.
+EVALUATION = f"{OUT}/evaluation"
+EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
+
+
+def evaluation_reports(wildcards):
+    """Every reference variant's evaluation report; none is a config error at the target."""
+    if not EVALUATED_VARIANTS:
+        raise WorkflowError("target 'evaluate': no variant of the reference toolchain (the binaries of the other "
+                            "toolchains run only on a device)")
+    return expand(f"{EVALUATION}/{{variant}}.json", variant=EVALUATED_VARIANTS)
+
+
 def cancel_rescheduling_timers():
     """Cancel the re-evaluation timers Snakemake's scheduler leaves behind, once the run is over.
 

@@ -2,11 +2,6 @@
 # text against the float parts, one part at a time, with every activation encoding applied; evaluation.md puts each
 # variant's top-1 agreement, KL and perplexity beside its size. A changed binary re-evaluates only its variant.
 
-EVALUATION = f"{OUT}/evaluation"
-# A binary of another toolchain runs only on the device.
-EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
-
-
 rule evaluate_variant:
     input:
         binaries=lambda wc: part_files(f"{OUT}/compiled/{wc.variant}/part_{{part}}.bin"),
@@ -35,7 +30,7 @@ rule evaluate_variant:
 
 rule evaluation_table:
     input:
-        reports=expand(f"{EVALUATION}/{{variant}}.json", variant=EVALUATED_VARIANTS),
+        reports=evaluation_reports,
         size_table=f"{OUT}/size_table.csv",
     output:
         report(f"{OUT}/evaluation.md", caption="../report/evaluation.rst", category="Sizes"),
