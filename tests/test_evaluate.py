@@ -7,6 +7,8 @@ closer to the float model than w4a16 on a checkpoint)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -16,7 +18,7 @@ from onnx import TensorProto, helper
 from genie_build.encodings import Encodings, TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import (Quality, QualityBounds, compare_logits, fake_quantize_activations, quality_flags,
-                                  text_windows)
+                                  quality_rows, text_windows, write_quality_table)
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import EXPORTS, USER_MODEL, export_small_demo, user_model_checkout, user_model_config
 from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding
@@ -101,6 +103,29 @@ def test_bounds_flag_what_they_bound():
     assert len(flags) == 2 and "min_top1_agreement" in flags[0] and "max_mean_kl" in flags[1]
 
 
+def test_the_table_puts_each_variants_size_beside_its_quality_and_strict_writes_nothing(tmp_path):
+    sizes = tmp_path / "size_table.csv"
+    sizes.write_text("part,variant,bytes\n1,unpacked,3000000\n2,unpacked,5000000\n1,packed,3000000\n2,packed,1000000\n")
+    reports = []
+    for variant, agreement, kl in (("unpacked", 0.97, 0.001), ("packed", 0.81, 0.02)):
+        reports.append(tmp_path / f"{variant}.json")
+        reports[-1].write_text(json.dumps({"variant": variant, "text": "t", "positions": 64,
+                                           "top1_agreement": agreement, "mean_kl": kl, "float_perplexity": 9.0,
+                                           "variant_perplexity": 9.5}))
+    rows = quality_rows(reports, sizes, QualityBounds(min_top1_agreement=0.9))
+    assert [(row.variant, row.size_bytes, bool(row.flags)) for row in rows] == [("unpacked", 8000000, False),
+                                                                               ("packed", 4000000, True)]
+    out = {suffix: tmp_path / f"evaluation.{suffix}" for suffix in ("md", "csv", "png")}
+    with pytest.raises(GenieBuildError, match="report.strict: packed: top-1 agreement 81.0% < min_top1_agreement"):
+        write_quality_table(rows, out["md"], out["csv"], out["png"], strict=True)
+    assert not any(path.exists() for path in out.values())
+    assert write_quality_table(rows, out["md"], out["csv"], out["png"]) == [f"packed: {rows[1].flags[0]}"]
+    assert "| packed | 4.0 | 81.0% | 0.02 | 9.50 | 9.00 | top-1 agreement 81.0% < min_top1_agreement 90.0% |" in (
+        out["md"].read_text())
+    assert out["csv"].read_text().splitlines()[1].startswith("unpacked,8000000,64,0.970000,0.001,")
+    assert out["png"].read_bytes().startswith(b"\x89PNG")
+
+
 # ------------------------------------------------------------------------------------------- workflow
 
 @pytest.mark.workflow
@@ -119,6 +144,7 @@ def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fai
                          for variant in ("unpacked", "packed")}
         table = (out / "evaluation.md").read_text()
         assert "| unpacked |" in table and "| packed |" in table
+        assert (out / "evaluation.csv").read_text().count("\n") == 3 and (out / "evaluation.png").exists()
     for variant in ("unpacked", "packed"):
         good_quality, broken_quality = results["good"][variant], results["broken"][variant]
         assert good_quality["positions"] == broken_quality["positions"] == 16 * 8   # 16 windows of the demo's AR

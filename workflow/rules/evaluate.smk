@@ -33,7 +33,9 @@ rule evaluation_table:
         reports=evaluation_reports,
         size_table=f"{OUT}/size_table.csv",
     output:
-        report(f"{OUT}/evaluation.md", caption="../report/evaluation.rst", category="Sizes"),
+        md=report(f"{OUT}/evaluation.md", caption="../report/evaluation.rst", category="Sizes"),
+        csv=f"{OUT}/evaluation.csv",
+        png=report(f"{OUT}/evaluation.png", caption="../report/evaluation.rst", category="Sizes"),
     params:
         bounds=[f"--{key.replace('_', '-')}={config['report'][key]}" for key in ("min_top1_agreement", "max_mean_kl")
                 if config["report"][key] is not None],
@@ -45,7 +47,8 @@ rule evaluation_table:
         f"{OUT}/benchmarks/evaluation_table.tsv"
     shell:
         "{params.python} -m genie_build evaluation-table --reports {input.reports:q} --size-table {input.size_table:q}"
-        " {params.bounds:q} --strict {params.strict} --md {output:q} > {log:q} 2>&1"
+        " {params.bounds:q} --strict {params.strict} --md {output.md:q} --csv {output.csv:q} --png {output.png:q}"
+        " > {log:q} 2>&1"
 
 
 rule evaluate:

@@ -1,5 +1,5 @@
-"""``evaluation-table``: the evaluated variants' size beside their quality (``evaluation.md``), flagged against the
-report's bounds."""
+"""``evaluation-table``: the evaluated variants' size beside their quality (``evaluation.{md,csv,png}``), flagged
+against the report's bounds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from genie_build.cli_args import boolean
-from genie_build.evaluate import QualityBounds, write_quality_table
+from genie_build.evaluate import QualityBounds, quality_rows, write_quality_table
 
 __all__ = ["register_parser", "run"]
 
@@ -24,12 +24,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
                         help="fail on a flagged variant instead of warning (also --strict true/false)")
     parser.add_argument("--md", required=True, type=Path, help="evaluation.md")
+    parser.add_argument("--csv", required=True, type=Path, help="evaluation.csv")
+    parser.add_argument("--png", required=True, type=Path, help="evaluation.png: size against agreement")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = write_quality_table(args.reports, args.size_table, args.md,
-                                QualityBounds(args.min_top1_agreement, args.max_mean_kl), strict=args.strict)
+    rows = quality_rows(args.reports, args.size_table, QualityBounds(args.min_top1_agreement, args.max_mean_kl))
+    flags = write_quality_table(rows, args.md, args.csv, args.png, strict=args.strict)
     for flag in flags:
         log.warning("%s", flag)
     return 0
