@@ -23,7 +23,9 @@ OUTSIDE = re.compile("|".join([re.escape("/work/" + "shared"), re.escape("../" +
 def project_files() -> list[Path]:
     files = []
     for folder, subfolders, names in os.walk(REPO):
-        subfolders[:] = [name for name in subfolders if name not in NOT_PROJECT and not name.endswith(".egg-info")]
+        # a tool's cache marks itself with CACHEDIR.TAG (ruff, pytest) and holds this machine's absolute paths
+        subfolders[:] = [name for name in subfolders if name not in NOT_PROJECT and not name.endswith(".egg-info")
+                         and not (Path(folder) / name / "CACHEDIR.TAG").exists()]
         files += [Path(folder) / name for name in names if not (Path(folder) / name).is_symlink()]
     return files
 
