@@ -91,8 +91,8 @@ def test_windows_follow_calibrations_schedule_and_a_short_text_is_refused():
     assert [window.past_len for window in windows] == [0, 8, 16, 0, 8]   # a full cache starts a new sequence
     assert windows[1].ids == tuple(range(8, 16)) and windows[1].targets == tuple(range(9, 17))
     assert len(text_windows(list(range(17)), ar=8, context=24, max_windows=5)) == 2
-    with pytest.raises(GenieBuildError, match="at least 9 are needed"):
-        text_windows(list(range(8)), ar=8, context=24, max_windows=5)
+    with pytest.raises(GenieBuildError, match="^held_out.txt: has 8 tokens: at least 9 are needed"):
+        text_windows(list(range(8)), ar=8, context=24, max_windows=5, where="held_out.txt")
 
 
 def test_bounds_flag_what_they_bound():
@@ -127,6 +127,16 @@ def test_the_table_puts_each_variants_size_beside_its_quality_and_strict_writes_
 
 
 # ------------------------------------------------------------------------------------------- workflow
+
+@pytest.mark.workflow
+def test_without_a_reference_variant_the_target_says_so(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    config = tmp_path / "device_only.yaml"
+    config.write_text("variants:\n  unpacked: {toolchain: qairt}\n  packed: {toolchain: qairt}\n")
+    result = run_snakemake(workdir, "evaluate", "--dry-run", "--configfile", str(config), check=False)
+    assert result.returncode != 0
+    assert "target 'evaluate': no variant of the reference toolchain" in result.stdout + result.stderr
+
 
 @pytest.mark.workflow
 def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fail_the_target(tmp_path):

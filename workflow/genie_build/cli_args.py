@@ -7,7 +7,8 @@ import json
 
 from genie_build.errors import GenieBuildError
 
-__all__ = ["add_split_options", "boolean", "json_object", "positive_float", "positive_int", "split_options"]
+__all__ = ["add_split_options", "add_strict_option", "boolean", "json_object", "positive_float", "positive_int",
+           "split_options"]
 
 
 def json_object(text: str, option: str) -> dict:
@@ -47,6 +48,12 @@ def boolean(text: str) -> bool:
     if value is None:
         raise argparse.ArgumentTypeError(f"expected true or false, got {text}")
     return value
+
+
+def add_strict_option(parser: argparse.ArgumentParser, flagged: str) -> None:
+    """``--strict``, as ``report.strict`` reaches a command: fail on a flagged ``flagged`` instead of warning."""
+    parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
+                        help=f"fail on a flagged {flagged} instead of warning (also --strict true/false)")
 
 
 def add_split_options(parser: argparse.ArgumentParser) -> None:

@@ -70,15 +70,16 @@ class Quality:
         return asdict(self)
 
 
-def text_windows(ids: Sequence[int], ar: int, context: int, max_windows: int) -> list[Window]:
+def text_windows(ids: Sequence[int], ar: int, context: int, max_windows: int,
+                 where: str | os.PathLike[str] = "evaluation text") -> list[Window]:
     """The windows of ``ids`` (at most ``max_windows``; each needs the token after it as the last target).
 
     Raises:
-        GenieBuildError: the text is shorter than one window and its next token.
+        GenieBuildError: (``where``: the text) shorter than one window and its next token.
     """
     count = min(max_windows, (len(ids) - 1) // ar)
     if count < 1:
-        raise GenieBuildError("evaluation text", f"has {len(ids)} tokens: at least {ar + 1} are needed (one window "
+        raise GenieBuildError(where, f"has {len(ids)} tokens: at least {ar + 1} are needed (one window "
                                                  f"of the prompt graph's {ar} tokens and the token after it)")
     windows, past_len = [], 0
     for index in range(count):
@@ -174,8 +175,8 @@ def quality_of(binaries: Sequence[str | os.PathLike[str]], float_parts: Sequence
             check_external_data(model, path)
             yield container_graph(model, path)
 
-    windows, float_logits = _run_parts(float_graphs(), ids, rope, max_windows)
-    _, variant_logits = _run_parts(variant_parts(), ids, rope, max_windows)
+    windows, float_logits = _run_parts(float_graphs(), ids, rope, max_windows, text_path)
+    _, variant_logits = _run_parts(variant_parts(), ids, rope, max_windows, text_path)
     targets = np.array([target for window in windows for target in window.targets])
     return compare_logits(float_logits, variant_logits, targets)
 
@@ -309,25 +310,23 @@ def _quality_png(rows: Sequence[QualityRow]) -> bytes:
 
 # ---------------------------------------------------------------------------------------------- running parts
 
-def _run_parts(parts: Iterable[ContainerGraph], ids: Sequence[int], rope: Mapping,
-               max_windows: int) -> tuple[list[Window], np.ndarray]:
+def _run_parts(parts: Iterable[ContainerGraph], ids: Sequence[int], rope: Mapping, max_windows: int,
+               text_path: str | os.PathLike[str]) -> tuple[list[Window], np.ndarray]:
     """Every window through every part, a part at a time; the windows and the last part's logits, one row per
-    position."""
-    streams: list[dict[str, np.ndarray]] | None = None
-    windows: list[Window] = []
-    shape = None
+    position. The first part's AR and CL cut the windows; every later part must have the same."""
+    shape: tuple[int, int] | None = None
     for graph in parts:
         session, ar, context = _session_of(graph, rope)
-        if shape not in (None, (ar, context)):
+        if shape is None:
+            shape = (ar, context)
+            windows = text_windows(ids, ar, context, max_windows, text_path)
+            streams = [{INPUT_IDS: np.array([window.ids], dtype=np.int32)} for window in windows]
+            tables = rope_tables(rope["head_dim"], rope["rope_theta"], np.arange(context), rope.get("rope_scaling"))
+        elif shape != (ar, context):
             raise GenieBuildError(graph.model.graph.name, f"AR {ar} and CL {context}, unlike the parts before it "
                                                           f"({shape[0]}, {shape[1]})")
-        shape = (ar, context)
-        if streams is None:
-            windows = text_windows(ids, ar, context, max_windows)
-            streams = [{INPUT_IDS: np.array([window.ids], dtype=np.int32)} for window in windows]
-        tables = rope_tables(rope["head_dim"], rope["rope_theta"], np.arange(context), rope.get("rope_scaling"))
         streams = _run_part(session, streams, windows, tables, ar, context)
-    if streams is None:
+    if shape is None:
         raise GenieBuildError("evaluate", "no parts to run")
     return windows, np.concatenate([stream[LOGITS][0] for stream in streams])
 

@@ -7,7 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from genie_build.cli_args import boolean
+from genie_build.cli_args import add_strict_option
 from genie_build.evaluate import QualityBounds, quality_rows, write_quality_table
 
 __all__ = ["register_parser", "run"]
@@ -21,8 +21,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--size-table", required=True, type=Path, help="size_table.csv")
     parser.add_argument("--min-top1-agreement", type=float, default=None)
     parser.add_argument("--max-mean-kl", type=float, default=None)
-    parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
-                        help="fail on a flagged variant instead of warning (also --strict true/false)")
+    add_strict_option(parser, "variant")
     parser.add_argument("--md", required=True, type=Path, help="evaluation.md")
     parser.add_argument("--csv", required=True, type=Path, help="evaluation.csv")
     parser.add_argument("--png", required=True, type=Path, help="evaluation.png: size against agreement")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.cli_args import boolean
+from genie_build.cli_args import add_strict_option
 from genie_build.sizes import size_table_from_records
 
 __all__ = ["register_parser", "run"]
@@ -16,8 +16,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                                       "flagging options that show no effect")
     parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
     parser.add_argument("--baseline", required=True, help="the variant the others are compared with")
-    parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
-                        help="fail on a flagged option instead of warning (also --strict true/false)")
+    add_strict_option(parser, "option")
     parser.add_argument("--csv", required=True, type=Path, help="size_table.csv (tidy)")
     parser.add_argument("--md", required=True, type=Path, help="size_table.md (for people)")
     parser.add_argument("--png", required=True, type=Path, help="size_table.png (bar chart)")
