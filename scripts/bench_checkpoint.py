@@ -7,7 +7,7 @@ on this machine, every job measured (docs/large-models.md, "A 7B checkpoint").
    untied) is 15.2 GB in 16 shards. Its ``config.json`` is ``config/hf/qwen2_5_7b_instruct.json`` with the
    stand-in tokenizer's special ids.
 2. The workflow is copied into ``--work-dir`` and run there on it (``model.hf_checkpoint``, the default split,
-   recipe and calibration, no host run), with ``--cores`` and ``--resources mem_mb`` of 90% of this machine's
+   recipe and calibration, no host run; targets ``all`` and ``evaluate``), with ``--cores`` and ``--resources mem_mb`` of 90% of this machine's
    memory. As in ``scripts/bench_large.py``, every job records the exact peak RSS of its ``genie_build`` process
    (a ``sitecustomize`` hook), beside Snakemake's sampled ``max_rss``; the disk the run uses is sampled every
    second.
@@ -57,9 +57,12 @@ RULE_COMMANDS = {"plan_hf": "plan-hf", "export_part": "export-part", "calibrate_
                  "part_encodings": "part-encodings", "check_contract": "check-contract", "verify_parts": "verify-parts",
                  "check_plan": "check-plan", "convert_part": "convert", "compile_part": "compile",
                  "account_part": "account", "size_table": "size-table", "memory_plan": "memory-plan",
-                 "assemble_bundle": "bundle", "check_bundle": "check-bundle", "estimate_sizes": "estimate"}
+                 "assemble_bundle": "bundle", "check_bundle": "check-bundle", "estimate_sizes": "estimate",
+                 "evaluate_float": "evaluate-float", "evaluate_variant": "evaluate",
+                 "evaluation_table": "evaluation-table"}
 STAGES = {"export": ("export_part",), "calibration": ("calibrate_unit", "part_encodings"),
           "convert": ("convert_part",), "compile": ("compile_part",), "verification": ("verify_parts",),
+          "evaluation": ("evaluate_float", "evaluate_variant", "evaluation_table"),
           "checks and tables": ("plan_hf", "check_contract", "check_plan", "account_part", "size_table",
                                 "memory_plan", "assemble_bundle", "check_bundle")}
 
@@ -177,10 +180,11 @@ def collect_jobs(out: Path, rss_log: Path) -> list[Job]:
         rule, wildcards = parts[0], "/".join(parts[1:])
         with open(tsv, newline="") as handle:
             row = next(csv.DictReader(handle, delimiter="\t"))
-        # the job's command: its outputs' paths name its wildcards as its benchmark's path does
+        # the job's command: its outputs' paths name its wildcards as its benchmark's path does (after a '/': the
+        # packed variant's paths are not the unpacked one's)
         command, key = RULE_COMMANDS.get(rule), "/".join(parts[1:])
         matching = [r for r in records if subcommand(r["argv"]) == command
-                    and (not key or any(key in value for option, value in zip(r["argv"], r["argv"][1:])
+                    and (not key or any(f"/{key}" in value for option, value in zip(r["argv"], r["argv"][1:])
                                         if option.startswith("--out")))]
         peak = max((r["peak_rss_kib"] * 1024 for r in matching), default=None)
         jobs.append(Job(rule, wildcards, float(row["s"]), int(float(row["max_rss"]) * 2**20), peak))
@@ -279,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             "split": {"num_parts": args.num_parts}, "quantize": {"num_samples": args.num_samples},
             "convert": {"keep": False}, "bundle": {"host_run": False}}))
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-        command = [python, "-m", "snakemake", "--cores", str(args.cores), "--configfile", "config/config.yaml",
+        command = [python, "-m", "snakemake", "all", "evaluate", "--cores", str(args.cores), "--configfile",
+                   "config/config.yaml",
                    "bench.yaml", "--resources", f"mem_mb={int(total_mb * 0.9)}"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(workflow / "workflow")]),
                "GENIE_BENCH_RSS_LOG": str(rss_log)}
@@ -306,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         if (out / "size_table.md").exists():
             print("\n" + (out / "size_table.md").read_text())
             report["size_table"] = (out / "size_table.md").read_text()
+        if (out / "evaluation.md").exists():
+            print("\n" + (out / "evaluation.md").read_text())
+            report["evaluation"] = (out / "evaluation.md").read_text()
         fp32 = 2 * size  # the bfloat16 checkpoint in float32, as both paths hold it
         ratios = whole_path_ratios(work, python)
         report["whole_model_path"] = {"ratios": ratios, "float32_bytes": fp32,

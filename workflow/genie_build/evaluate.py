@@ -6,8 +6,11 @@ sequence). Every window is teacher-forced: all of its tokens are the text's, and
 compared with the text's next token and with the float model's logits there.
 
 Both models run **part by part**: every window goes through part 1, whose outputs (the residual stream) are kept
-for part 2, and so on, so memory holds one part's weights and the windows' boundary tensors, never the model. The
-float model is the parts of the float graphs the build split or exported; the variant is its compiled reference
+for part 2, and so on, so memory holds one part's weights and the windows' boundary tensors, never the model; the
+last part's logits are taken one window at a time. The float model runs once per text
+(:func:`write_float_logits`: its logits, windows × AR × vocabulary, in a ``.npy`` file), and each variant is
+compared with it window by window (:func:`quality_of`), so no job holds more than one window's logits of each model.
+The float model is the parts of the float graphs the build split or exported; the variant is its compiled reference
 binaries, with every weight as the binary stores it and every activation encoding of the part's encodings applied
 as a fake quantization (``q = clip(round(x / scale) - offset, 0, 2**bits - 1)``, ``x' = (q + offset) * scale``,
 the reference quantizer's arithmetic), which is how the HTP computes a quantized activation: 16-bit activations,
@@ -20,9 +23,10 @@ and the perplexity of both on the text.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,7 +36,7 @@ from onnx import helper, numpy_helper
 from genie_build.conventions import INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json, read_text, write_bytes, write_text
+from genie_build.fileio import atomic_open, read_json, read_text, regular_file_size, write_bytes, write_text
 from genie_build.genie_config import load_tokenizer
 from genie_build.onnx_graph import check_external_data, load_graph
 from genie_build.run_bundle import GraphSession, KVCache, container_graph, graph_ar_cl_of, make_runner
@@ -40,9 +44,10 @@ from genie_build.toolchains.reference.container import ContainerGraph, read_grap
 
 __all__ = ["MAX_TEXT_BYTES", "Quality", "QualityBounds", "QualityRow", "Window", "compare_logits",
            "fake_quantize_activations", "quality_flags", "quality_of", "quality_rows", "read_quality", "text_windows",
-           "write_quality_table"]
+           "write_float_logits", "write_quality_table"]
 
 MAX_TEXT_BYTES = 16 * 1024 * 1024
+_LOGITS_DTYPE = np.dtype("<f4")
 
 
 @dataclass(frozen=True)
@@ -132,53 +137,71 @@ def fake_quantize_activations(model: onnx.ModelProto, encodings: Encodings) -> l
 def compare_logits(float_logits: np.ndarray, variant_logits: np.ndarray, targets: np.ndarray) -> Quality:
     """:class:`Quality` of ``variant_logits`` against ``float_logits`` (both ``[positions, vocab]``) where the text
     continues with ``targets``."""
-    float_log_p, variant_log_p = _log_softmax(float_logits), _log_softmax(variant_logits)
-    rows = np.arange(len(targets))
-    kl = np.sum(np.exp(float_log_p) * (float_log_p - variant_log_p), axis=-1)
-    return Quality(positions=len(targets),
-                   top1_agreement=float(np.mean(np.argmax(float_logits, -1) == np.argmax(variant_logits, -1))),
-                   mean_kl=float(np.mean(kl)),
-                   float_perplexity=float(np.exp(-np.mean(float_log_p[rows, targets]))),
-                   variant_perplexity=float(np.exp(-np.mean(variant_log_p[rows, targets]))))
+    sums = _QualitySums()
+    sums.add(float_logits, variant_logits, targets)
+    return sums.quality()
 
 
-def quality_of(binaries: Sequence[str | os.PathLike[str]], float_parts: Sequence[str | os.PathLike[str]],
-               part_encodings: Sequence[str | os.PathLike[str]], *, text_path: str | os.PathLike[str],
-               tokenizer_path: str | os.PathLike[str], rope: Mapping, max_windows: int) -> Quality:
-    """A variant's binaries (part order) against the float parts on the text, each model one part at a time.
+def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
+                       text_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str], rope: Mapping,
+                       max_windows: int) -> tuple[int, int, int]:
+    """The float model's logits on the text's windows, one part at a time, into ``out`` (a ``.npy`` file of float32
+    ``[windows, AR, vocab]``, written one window at a time).
 
     Args:
-        binaries: the variant's reference context binaries; each part's prompt graph (its widest AR) is run.
-        float_parts: the float prompt graphs of the same parts.
-        part_encodings: the parts' prompt-graph encodings, whose activation encodings are applied to the variant.
+        float_parts: the float prompt graphs, part order.
         rope: ``head_dim``, ``rope_theta`` and ``rope_scaling`` as :func:`genie_build.run_bundle.host_rope` gives.
         max_windows: windows of held-out text at most.
 
+    Returns:
+        The file's shape.
+
     Raises:
-        GenieBuildError: unequal numbers of parts, a binary that is no reference container, or a text too short.
+        GenieBuildError: a graph whose AR or CL differs from the first part's, or a text too short.
     """
-    if not len(binaries) == len(float_parts) == len(part_encodings):
-        raise GenieBuildError("evaluate", f"{len(binaries)} binaries, {len(float_parts)} float parts and "
-                                          f"{len(part_encodings)} encodings files: one of each per part")
-    tokenizer = load_tokenizer(tokenizer_path)
-    ids = tokenizer.encode(read_text(text_path, max_bytes=MAX_TEXT_BYTES)).ids
+    windows, logits = _logits_per_window([functools.partial(_float_graph, path) for path in float_parts],
+                                         _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
+    with atomic_open(out, "wb") as handle:
+        for index, window_logits in enumerate(logits):
+            if index == 0:
+                shape = (len(windows), *window_logits.shape)
+                np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(_LOGITS_DTYPE),
+                                                              "fortran_order": False, "shape": shape})
+            handle.write(np.ascontiguousarray(window_logits, dtype=_LOGITS_DTYPE).tobytes())
+    return shape
 
-    def variant_parts() -> Iterator[ContainerGraph]:
-        for binary, encodings_path in zip(binaries, part_encodings):
-            graph = _widest(read_graphs(binary), binary)
-            fake_quantize_activations(graph.model, read_encodings(encodings_path))
-            yield graph
 
-    def float_graphs() -> Iterator[ContainerGraph]:
-        for path in float_parts:
-            model = load_graph(path)
-            check_external_data(model, path)
-            yield container_graph(model, path)
+def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Sequence[str | os.PathLike[str]],
+               float_logits: str | os.PathLike[str], *, text_path: str | os.PathLike[str],
+               tokenizer_path: str | os.PathLike[str], rope: Mapping, max_windows: int) -> Quality:
+    """A variant's binaries (part order) on the text, one part at a time, against the float model's logits
+    :func:`write_float_logits` wrote for the same text and windows, window by window.
 
-    windows, float_logits = _run_parts(float_graphs(), ids, rope, max_windows, text_path)
-    _, variant_logits = _run_parts(variant_parts(), ids, rope, max_windows, text_path)
-    targets = np.array([target for window in windows for target in window.targets])
-    return compare_logits(float_logits, variant_logits, targets)
+    Args:
+        binaries: the variant's reference context binaries; each part's prompt graph (its widest AR) is run.
+        part_encodings: the parts' prompt-graph encodings, whose activation encodings are applied to the variant.
+        float_logits: the float model's logits file.
+        rope, max_windows: as for :func:`write_float_logits`.
+
+    Raises:
+        GenieBuildError: unequal numbers of binaries and encodings, a binary that is no reference container, a text
+            too short, or a float logits file of other windows.
+    """
+    if len(binaries) != len(part_encodings):
+        raise GenieBuildError("evaluate", f"{len(binaries)} binaries and {len(part_encodings)} encodings files: "
+                                          "one of each per part")
+    loaders = [functools.partial(_variant_graph, binary, encodings) for binary, encodings in zip(binaries,
+                                                                                                part_encodings)]
+    windows, logits = _logits_per_window(loaders, _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
+    reference = _read_float_logits(float_logits)
+    sums = _QualitySums()
+    for index, (window, window_logits) in enumerate(zip(windows, logits)):
+        if reference.shape != (len(windows), *window_logits.shape):
+            raise GenieBuildError(float_logits, f"holds logits of shape {list(reference.shape)}, the variant gives "
+                                                f"{[len(windows), *window_logits.shape]}: not the same windows of "
+                                                "the same text (rebuild it)")
+        sums.add(reference[index], window_logits, np.asarray(window.targets))
+    return sums.quality()
 
 
 @dataclass(frozen=True)
@@ -310,31 +333,36 @@ def _quality_png(rows: Sequence[QualityRow]) -> bytes:
 
 # ---------------------------------------------------------------------------------------------- running parts
 
-def _run_parts(parts: Iterable[ContainerGraph], ids: Sequence[int], rope: Mapping, max_windows: int,
-               text_path: str | os.PathLike[str]) -> tuple[list[Window], np.ndarray]:
-    """Every window through every part, a part at a time; the windows and the last part's logits, one row per
-    position. The first part's AR and CL cut the windows; every later part must have the same."""
+def _logits_per_window(loaders: Sequence[Callable[[], ContainerGraph]], ids: Sequence[int], rope: Mapping,
+                       max_windows: int, text_path: str | os.PathLike[str]) -> tuple[list[Window], Iterator[np.ndarray]]:
+    """The windows and, lazily, the last part's logits per window (``[AR, vocab]``): every part but the last runs over
+    every window before the next part loads, and only the last part stays loaded while its logits are taken. The
+    first part's AR and CL cut the windows; every later part must have the same."""
+    if not loaders:
+        raise GenieBuildError("evaluate", "no parts to run")
     shape: tuple[int, int] | None = None
-    for graph in parts:
-        session, ar, context = _session_of(graph, rope)
+    for index, load in enumerate(loaders):
+        session, ar, context = _session_of(load(), rope)
         if shape is None:
             shape = (ar, context)
             windows = text_windows(ids, ar, context, max_windows, text_path)
             streams = [{INPUT_IDS: np.array([window.ids], dtype=np.int32)} for window in windows]
             tables = rope_tables(rope["head_dim"], rope["rope_theta"], np.arange(context), rope.get("rope_scaling"))
         elif shape != (ar, context):
-            raise GenieBuildError(graph.model.graph.name, f"AR {ar} and CL {context}, unlike the parts before it "
-                                                          f"({shape[0]}, {shape[1]})")
-        streams = _run_part(session, streams, windows, tables, ar, context)
-    if shape is None:
-        raise GenieBuildError("evaluate", "no parts to run")
-    return windows, np.concatenate([stream[LOGITS][0] for stream in streams])
+            raise GenieBuildError(load.args[0], f"AR {ar} and CL {context}, unlike the parts before it "
+                                                f"({shape[0]}, {shape[1]})")
+        outputs = _run_part(session, streams, windows, tables, ar, context)
+        if index == len(loaders) - 1:
+            return windows, (output[LOGITS][0] for output in outputs)
+        streams = list(outputs)
+        del session, outputs   # before the next part loads
 
 
-def _run_part(session: GraphSession, streams: list[dict[str, np.ndarray]], windows: Sequence[Window],
-              tables: tuple[np.ndarray, np.ndarray], ar: int, context: int) -> list[dict[str, np.ndarray]]:
-    """One part over every window, its KV cache restarted with each sequence; each window's outputs but the cache."""
-    outputs_per_window, cache = [], KVCache(context)
+def _run_part(session: GraphSession, streams: Sequence[dict[str, np.ndarray]], windows: Sequence[Window],
+              tables: tuple[np.ndarray, np.ndarray], ar: int, context: int) -> Iterator[dict[str, np.ndarray]]:
+    """One part over every window, its KV cache restarted with each sequence: each window's outputs but the cache,
+    as the window is run."""
+    cache = KVCache(context)
     for window, stream in zip(windows, streams):
         if window.past_len == 0:
             cache = KVCache(context)
@@ -346,14 +374,42 @@ def _run_part(session: GraphSession, streams: list[dict[str, np.ndarray]], windo
         outputs = session.run(inputs)
         cache.store(outputs, ar)
         cache.advance(ar)
-        outputs_per_window.append({name: value for name, value in outputs.items() if not name.startswith(KV_PREFIX)})
-    return outputs_per_window
+        yield {name: value for name, value in outputs.items() if not name.startswith(KV_PREFIX)}
 
 
 def _session_of(graph: ContainerGraph, rope: Mapping) -> tuple[GraphSession, int, int]:
     runner = make_runner([{graph.model.graph.name: graph}], **rope)
     (ar, session), = runner.parts[0].items()
     return session, ar, runner.context_length
+
+
+def _float_graph(path: str | os.PathLike[str]) -> ContainerGraph:
+    model = load_graph(path)
+    check_external_data(model, path)
+    return container_graph(model, path)
+
+
+def _variant_graph(binary: str | os.PathLike[str], encodings: str | os.PathLike[str]) -> ContainerGraph:
+    graph = _widest(read_graphs(binary), binary)
+    fake_quantize_activations(graph.model, read_encodings(encodings))
+    return graph
+
+
+def _text_ids(text_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str]) -> list[int]:
+    return load_tokenizer(tokenizer_path).encode(read_text(text_path, max_bytes=MAX_TEXT_BYTES)).ids
+
+
+def _read_float_logits(path: str | os.PathLike[str]) -> np.ndarray:
+    """The float model's logits file, mapped (a window is read when it is compared)."""
+    regular_file_size(path)   # a regular file, not a link out of the results or a device
+    try:
+        logits = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise GenieBuildError(path, f"not a logits file: {exc}") from None
+    if logits.dtype != _LOGITS_DTYPE or logits.ndim != 3:
+        raise GenieBuildError(path, f"holds {logits.dtype} of {logits.ndim} dimensions, not float32 "
+                                    "[windows, AR, vocab] logits")
+    return logits
 
 
 def _widest(graphs: Mapping[str, ContainerGraph], where: str | os.PathLike[str]) -> ContainerGraph:
@@ -384,6 +440,31 @@ def _fake_quantize_nodes(source: str, target: str, encoding: TensorEncoding) -> 
         nodes.append(helper.make_node(op, names, [target if result is None else f"{prefix}/{result}"],
                                       name=f"{prefix}/{op}"))
     return nodes
+
+
+@dataclass
+class _QualitySums:
+    """The metrics' sums over the positions compared so far."""
+
+    positions: int = 0
+    agreeing: int = 0
+    kl: float = 0.0
+    float_nll: float = 0.0
+    variant_nll: float = 0.0
+
+    def add(self, float_logits: np.ndarray, variant_logits: np.ndarray, targets: np.ndarray) -> None:
+        float_log_p, variant_log_p = _log_softmax(float_logits), _log_softmax(variant_logits)
+        rows = np.arange(len(targets))
+        self.positions += len(targets)
+        self.agreeing += int(np.sum(np.argmax(float_logits, -1) == np.argmax(variant_logits, -1)))
+        self.kl += float(np.sum(np.exp(float_log_p) * (float_log_p - variant_log_p)))
+        self.float_nll -= float(np.sum(float_log_p[rows, targets]))
+        self.variant_nll -= float(np.sum(variant_log_p[rows, targets]))
+
+    def quality(self) -> Quality:
+        return Quality(positions=self.positions, top1_agreement=self.agreeing / self.positions,
+                       mean_kl=self.kl / self.positions, float_perplexity=float(np.exp(self.float_nll / self.positions)),
+                       variant_perplexity=float(np.exp(self.variant_nll / self.positions)))
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -393,6 +393,7 @@ def part_encodings_inputs(wildcards):
 
 # Target 'evaluate' (evaluate.smk): a binary of another toolchain runs only on the device.
 EVALUATION = f"{OUT}/evaluation"
+FLOAT_LOGITS = f"{EVALUATION}/float_logits.npy"
 EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
 
 

@@ -1,12 +1,34 @@
-# Quality beside size (target 'evaluate', docs/evaluate.md): each variant of the reference toolchain run on held-out
-# text against the float parts, one part at a time, with every activation encoding applied; evaluation.md puts each
-# variant's top-1 agreement, KL and perplexity beside its size. A changed binary re-evaluates only its variant.
+# Quality beside size (target 'evaluate', docs/evaluate.md): the float parts run once on held-out text, and each
+# variant of the reference toolchain is run on it, one part at a time with every activation encoding applied, and
+# compared with the float logits window by window; evaluation.md puts each variant's top-1 agreement, KL and
+# perplexity beside its size. A changed binary re-evaluates only its variant.
+
+rule evaluate_float:
+    input:
+        float_parts=lambda wc: [part_graph("prompt", label) for label in part_labels()],
+        text=config["evaluate"]["text"],
+        tokenizer=SOURCE["tokenizer"],
+        hf_config=SOURCE["hf_config"],
+    output:
+        FLOAT_LOGITS,
+    params:
+        max_windows=config["evaluate"]["max_windows"],
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/evaluate_float.log",
+    benchmark:
+        f"{OUT}/benchmarks/evaluate_float.tsv"
+    shell:
+        "{params.python} -m genie_build evaluate-float --float-parts {input.float_parts:q} --text {input.text:q}"
+        " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --max-windows {params.max_windows:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
 
 rule evaluate_variant:
     input:
         binaries=lambda wc: part_files(f"{OUT}/compiled/{wc.variant}/part_{{part}}.bin"),
-        float_parts=lambda wc: [part_graph("prompt", label) for label in part_labels()],
         encodings=lambda wc: part_files(PART_ENCODINGS.replace("{graph}", "prompt")),
+        float_logits=FLOAT_LOGITS,
         text=config["evaluate"]["text"],
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
@@ -23,7 +45,7 @@ rule evaluate_variant:
         f"{OUT}/benchmarks/evaluate_variant/{{variant}}.tsv"
     shell:
         "{params.python} -m genie_build evaluate --variant {wildcards.variant:q} --binaries {input.binaries:q}"
-        " --float-parts {input.float_parts:q} --encodings {input.encodings:q} --text {input.text:q}"
+        " --encodings {input.encodings:q} --float-logits {input.float_logits:q} --text {input.text:q}"
         " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --max-windows {params.max_windows:q}"
         " --out {output:q} > {log:q} 2>&1"
 

@@ -1,5 +1,5 @@
-"""``evaluate``: one variant's reference context binaries against the float model on held-out text, one part at a
-time: top-1 agreement, mean KL(float || variant) and both perplexities (JSON)."""
+"""``evaluate``: one variant's reference context binaries on held-out text, one part at a time, against the float
+model's logits ``evaluate-float`` wrote: top-1 agreement, mean KL(float || variant) and both perplexities (JSON)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,22 @@ from genie_build.genie_config import make_genie_config
 from genie_build.hf_config import load_hf_config
 from genie_build.run_bundle import host_rope
 
-__all__ = ["register_parser", "run"]
+__all__ = ["add_text_arguments", "register_parser", "rope_of", "run"]
+
+
+def add_text_arguments(parser: argparse.ArgumentParser) -> None:
+    """The held-out text and what cuts it into the windows both models run: the same for both commands."""
+    parser.add_argument("--text", required=True, type=Path, help="held-out text (UTF-8), not the calibration text")
+    parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json")
+    parser.add_argument("--hf-config", required=True, type=Path, help="config.json (RoPE as Genie gets it)")
+    parser.add_argument("--max-windows", required=True, type=positive_int, help="windows of the prompt graph's AR")
+
+
+def rope_of(args: argparse.Namespace) -> dict:
+    """RoPE as the bundle's Genie config gives it to the host run."""
+    genie_config = make_genie_config(load_hf_config(args.hf_config), args.tokenizer, ["model.bin"], 1,
+                                     hf_config_path=args.hf_config)
+    return host_rope(genie_config["dialog"]["engine"], args.hf_config)
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,26 +37,19 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                    description=__doc__)
     parser.add_argument("--variant", required=True, help="the variant's name (recorded)")
     parser.add_argument("--binaries", required=True, nargs="+", type=Path, help="its context binaries, part order")
-    parser.add_argument("--float-parts", required=True, nargs="+", type=Path,
-                        help="the float prompt graphs of the same parts")
     parser.add_argument("--encodings", required=True, nargs="+", type=Path,
                         help="the parts' prompt-graph encodings (their activation encodings are applied)")
-    parser.add_argument("--text", required=True, type=Path, help="held-out text (UTF-8), not the calibration text")
-    parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json")
-    parser.add_argument("--hf-config", required=True, type=Path, help="config.json (RoPE as Genie gets it)")
-    parser.add_argument("--max-windows", required=True, type=positive_int, help="windows of the prompt graph's AR")
+    parser.add_argument("--float-logits", required=True, type=Path, help="what evaluate-float wrote for this text")
+    add_text_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="the report (JSON)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out.resolve() in {path.resolve() for path in (*args.binaries, *args.float_parts, args.text)}:
+    if args.out.resolve() in {path.resolve() for path in (*args.binaries, args.float_logits, args.text)}:
         raise GenieBuildError(args.out, "is one of the inputs; write the report elsewhere")
-    genie_config = make_genie_config(load_hf_config(args.hf_config), args.tokenizer, ["model.bin"], 1,
-                                     hf_config_path=args.hf_config)
-    rope = host_rope(genie_config["dialog"]["engine"], args.hf_config)
-    quality = quality_of(args.binaries, args.float_parts, args.encodings, text_path=args.text,
-                         tokenizer_path=args.tokenizer, rope=rope, max_windows=args.max_windows)
+    quality = quality_of(args.binaries, args.encodings, args.float_logits, text_path=args.text,
+                         tokenizer_path=args.tokenizer, rope=rope_of(args), max_windows=args.max_windows)
     write_json(args.out, {"variant": args.variant, "text": str(args.text), **quality.to_dict()})
     print(f"{args.variant}: top-1 agreement {quality.top1_agreement:.1%} over {quality.positions} tokens, "
           f"mean KL {quality.mean_kl:.4f} nats, perplexity {quality.variant_perplexity:.2f} "
