@@ -7,10 +7,10 @@ on this machine, every job measured (docs/large-models.md, "A 7B checkpoint").
    untied) is 15.2 GB in 16 shards. Its ``config.json`` is ``config/hf/qwen2_5_7b_instruct.json`` with the
    stand-in tokenizer's special ids.
 2. The workflow is copied into ``--work-dir`` and run there on it (``model.hf_checkpoint``, the default split,
-   recipe and calibration, no host run; targets ``all`` and ``evaluate``), with ``--cores`` and ``--resources mem_mb`` of 90% of this machine's
-   memory. As in ``scripts/bench_large.py``, every job records the exact peak RSS of its ``genie_build`` process
-   (a ``sitecustomize`` hook), beside Snakemake's sampled ``max_rss``; the disk the run uses is sampled every
-   second.
+   recipe and calibration, no host run; targets ``all`` and ``evaluate``), with ``--cores`` and
+   ``--resources mem_mb`` of 90% of this machine's memory. As in ``scripts/bench_large.py``, every job records the
+   exact peak RSS of its ``genie_build`` process (a ``sitecustomize`` hook), beside Snakemake's sampled
+   ``max_rss``; the disk the run uses is sampled every second.
 3. For comparison, the whole-model path the per-part path replaces (``export_checkpoint`` then ``calibrate_prompt``
    of the whole prompt graph, still in the package as the tests' reference) runs on a smaller Qwen2 checkpoint in
    the same run; its peak RSS over the checkpoint's float32 bytes, times this checkpoint's, is what it would need

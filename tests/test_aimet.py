@@ -265,7 +265,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     run_snakemake(workdir, config_file=config)
     out = workdir / "results" / "aimet"
     assert not list((out / "source").glob("*.encodings.json"))   # no whole-model calibration
-    units = sorted((out / "calibration").glob("unit_*.encodings.json"))
+    units = sorted((out / "calibration" / "w4a16").glob("unit_*.encodings.json"))
     assert len(units) == SMALL_DEMO["split"]["num_parts"]
     assert all(json.loads(path.read_text())["producer"]["package"] == "aimet-onnx" for path in units)
     assert load_json(out / "plan_check.json")["same_parts"]

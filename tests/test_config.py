@@ -51,7 +51,7 @@ def test_default_config_is_valid_and_gets_the_schema_defaults() -> None:
     assert DEFAULT_CONFIG == original, "the caller's dict must not be changed"
     assert config["variants"]["packed"] == {"toolchain": "reference", "weights_packing": True,
                                             "optimization_type": 3, "weight_sharing_enabled": True,
-                                            "vtcm_mb": 0, "float_bitwidth": 16}
+                                            "vtcm_mb": 0, "float_bitwidth": 16, "recipe": None}
     assert config["report"]["max_session_mb"] == 3840 and config["toolchains"] == {"qairt": {}}
 
 
@@ -77,7 +77,7 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
     (changed(bogus_key=1, zz=2), f"config bogus_key: unknown key (known: {TOP_LEVEL_KEYS}); also unknown: zz"),
     (changed(variants={"packed": {"bogus": 1}, "unpacked": {}}),
      "config variants.packed.bogus: unknown key (known: toolchain, weights_packing, optimization_type, "
-     "weight_sharing_enabled, vtcm_mb, float_bitwidth)"),
+     "weight_sharing_enabled, vtcm_mb, float_bitwidth, recipe)"),
     (changed(split={"boundaries": ["a", 3]}), "config split.boundaries[1]: 3 is not of type 'string'"),
     (changed(variants={"a b": {}}), "config variants: 'a b' does not match '^[A-Za-z0-9_][A-Za-z0-9_-]*$'"),
     (changed(target__chipset="SM0000"), "config target.chipset: unknown chipset 'SM0000'; known: SM8550,"),
@@ -219,13 +219,13 @@ def test_numbers_and_booleans_given_as_text_are_read_as_the_schema_asks():
 
 def test_a_variants_options_are_compile_options_fields() -> None:
     """A variant is defined once, as CompileOptions' fields (toolchains/base.py); the schema must offer exactly
-    those options, each with the JSON type of its field, besides the toolchain."""
-    from genie_build.toolchains.base import variant_options
+    those options, each with the JSON type of its field, besides the toolchain and the recipe."""
+    from genie_build.toolchains.base import VARIANT_SOURCE_KEYS, variant_options
 
     schema = yaml.safe_load(DEFAULT_SCHEMA.read_text())
     properties = schema["properties"]["variants"]["additionalProperties"]["properties"]
     json_types = {bool: "boolean", int: "integer"}
-    assert {name: spec["type"] for name, spec in properties.items() if name != "toolchain"} == \
+    assert {name: spec["type"] for name, spec in properties.items() if name not in VARIANT_SOURCE_KEYS} == \
         {name: json_types[kind] for name, kind in variant_options().items()}
 
 
@@ -273,3 +273,22 @@ def test_no_rule_file_decides_the_source_kind_from_the_model_keys() -> None:
                if re.search(r'"(prompt_onnx|hf_checkpoint|hf_config|encodings)" (not )?in config\["model"\]', line)]
     assert guessed == []
     assert "SOURCE_KIND = source_kind(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+
+
+def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:
+    """A calibrating build fills each variant's recipe with quantize.recipe, which some variant must have (the split
+    is weighed and checked by it); a build whose encodings come with its source has no recipe to name."""
+    calibrating = {**DEFAULT_CONFIG, "demo": {**DEFAULT_CONFIG["demo"], "calibrator": "aimet"},
+                   "variants": {"unpacked": {}, "packed": {"weights_packing": True},
+                                "w8": {"recipe": "w8a16", "weights_packing": True}}}
+    recipes = {name: variant["recipe"] for name, variant in validate_config(calibrating)["variants"].items()}
+    assert recipes == {"unpacked": "w4a16", "packed": "w4a16", "w8": "w8a16"}
+    with pytest.raises(GenieBuildError, match=r"^config quantize.recipe: 'w4a16', the recipe the split is weighed and "
+                                              r"checked by, is no variant's \(theirs: w8a16\)"):
+        validate_config({**calibrating, "variants": {"unpacked": {"recipe": "w8a16"}, "packed": {"recipe": "w8a16"}}})
+    with pytest.raises(GenieBuildError, match=r"^config variants.w8.recipe: this build's encodings come with its "
+                                              r"source"):
+        validate_config({**DEFAULT_CONFIG, "variants": calibrating["variants"]})
+    assert all(variant["recipe"] is None for variant in validate_config(DEFAULT_CONFIG)["variants"].values())
+    with pytest.raises(GenieBuildError, match=r"^config variants.packed.recipe: 'w2a16' is not one of"):
+        validate_config({**calibrating, "variants": {"unpacked": {}, "packed": {"recipe": "w2a16"}}})

@@ -7,7 +7,9 @@ closer to the float model than w4a16 on a checkpoint)."""
 
 from __future__ import annotations
 
+import csv
 import json
+import re
 
 import numpy as np
 import onnx
@@ -17,8 +19,8 @@ from onnx import TensorProto, helper
 
 from genie_build.encodings import Encodings, TensorEncoding
 from genie_build.errors import GenieBuildError
-from genie_build.evaluate import (Quality, QualityBounds, compare_logits, fake_quantize_activations, quality_flags,
-                                  quality_rows, text_windows, write_quality_table)
+from genie_build.evaluate import compare_logits, fake_quantize_activations, text_windows
+from genie_build.quality import Quality, QualityBounds, quality_flags, quality_rows, write_quality_table
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import EXPORTS, USER_MODEL, export_small_demo, user_model_checkout, user_model_config
 from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding
@@ -169,3 +171,29 @@ def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fai
     result = run_snakemake(broken, "evaluate", "--configfile", str(strict), check=False)
     assert result.returncode != 0 and "min_top1_agreement" in result.stdout + result.stderr
     assert not (broken / "results" / USER_MODEL / "evaluation.md").exists()   # no table that looks done
+
+
+@pytest.mark.workflow
+def test_enabled_the_build_evaluates_and_a_changed_encoding_reevaluates_without_the_float_model(tmp_path):
+    """evaluate.enabled: the default target puts each variant's quality in the size table (CSV and Markdown) and
+    draws evaluation.png; an edited encoding re-evaluates the variants, not the float model."""
+    (tmp_path / "exporter").mkdir()
+    workdir = user_model_checkout(tmp_path / "user", export_small_demo(copy_workflow(tmp_path / "exporter")))
+    config = user_model_config(workdir, {"evaluate": {"enabled": True}})
+    run_snakemake(workdir, "--configfile", str(config))
+    out = workdir / "results" / USER_MODEL
+    sizes = list(csv.DictReader((out / "size_table.csv").read_text().splitlines()))
+    reports = {variant: load_json(out / "evaluation" / f"{variant}.json") for variant in ("unpacked", "packed")}
+    for row in sizes:
+        assert float(row["top1_agreement"]) == pytest.approx(reports[row["variant"]]["top1_agreement"])
+        assert float(row["mean_kl"]) == pytest.approx(reports[row["variant"]]["mean_kl"], rel=1e-5)
+    assert "| top-1 agreement |" in (out / "size_table.md").read_text()
+    assert (out / "evaluation.png").read_bytes().startswith(b"\x89PNG")
+    assert "[evaluation.md](evaluation.md)" in (out / "memory_plan.md").read_text()
+
+    scale_encoding(workdir / EXPORTS / "prompt.encodings.json", LAYER_1_WEIGHTS[0], 2.0)
+    scale_encoding(workdir / EXPORTS / "token.encodings.json", LAYER_1_WEIGHTS[0], 2.0)
+    result = run_snakemake(workdir, "--configfile", str(config))
+    ran = re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.MULTILINE)
+    assert ran.count("evaluate_variant") == 2 and "evaluate_float" not in ran
+    assert load_json(out / "evaluation" / "packed.json") != reports["packed"]

@@ -374,3 +374,22 @@ def test_weight_sharing_that_shares_nothing_is_flagged():
                record(1, "packed", 500, applied={"weight_sharing_enabled": True, "shared_weights": 0})]
     assert build_size_table(records, "unpacked")["flag"].iloc[1] == (
         "weight_sharing_enabled requested but the binary shares no weight between its graphs")
+
+
+def test_evaluated_variants_quality_stands_beside_their_size_and_an_unknown_variant_is_refused(ab_records):
+    """Quality is a variant's, the same on each of its rows (NaN where the variant was not evaluated); the Markdown
+    puts it under the totals."""
+    from genie_build.quality import Quality
+
+    packed = Quality(positions=512, top1_agreement=0.875, mean_kl=0.0123, float_perplexity=9.0,
+                     variant_perplexity=9.5)
+    table = build_size_table(ab_records, "unpacked", quality={"packed": packed})
+    rows = table.set_index("variant")
+    assert set(rows.loc["packed", "top1_agreement"]) == {0.875} and set(rows.loc["packed", "perplexity"]) == {9.5}
+    assert rows.loc["unpacked", "mean_kl"].isna().all()
+    markdown = size_table_markdown(table)
+    assert "| top-1 agreement | n/a | 87.5% |" in markdown and "| mean KL (nats) | n/a | 0.0123 |" in markdown
+    assert "| perplexity | n/a | 9.50 |" in markdown
+    assert "top-1 agreement" not in size_table_markdown(build_size_table(ab_records, "unpacked"))
+    with pytest.raises(GenieBuildError, match="reports of variants without binaries: w8"):
+        build_size_table(ab_records, "unpacked", quality={"w8": packed})

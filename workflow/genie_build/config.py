@@ -247,6 +247,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
         lookup(config["target"]["chipset"])
     except GenieBuildError as exc:
         raise GenieBuildError(_key(where, ("target", "chipset")), exc.problem) from None
+    _fill_variant_recipes(config, where)
     if "precision" in config and calibration_chain(config):
         raise GenieBuildError(_key(where, ("precision",)),
                               "this build calibrates its encodings, so the estimate weighs the weights by "
@@ -266,6 +267,31 @@ def _check_cross_fields(config: dict, where: str) -> None:
             DemoShape(**shape_config(config["demo"]))
         except GenieBuildError as exc:  # where is "demo.<field>"
             raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
+
+
+def _fill_variant_recipes(config: dict, where: str) -> None:
+    """Each variant's ``recipe``: ``quantize.recipe`` unless it names one, in a build that calibrates; None in a build
+    whose encodings come with the source, which refuses one. Some variant must be of ``quantize.recipe``, the recipe
+    the split is weighed and checked by."""
+    variants, recipe = config["variants"], config["quantize"]["recipe"]
+    if not calibration_chain(config):
+        for name, variant in variants.items():
+            if variant.get("recipe") is not None:
+                raise GenieBuildError(_key(where, ("variants", name, "recipe")),
+                                      "this build's encodings come with its source (model.encodings, or the demo's "
+                                      "reference calibrator), so no recipe makes them: a variant names a recipe only "
+                                      "when the build calibrates (a checkpoint, float graphs without model.encodings, "
+                                      "demo.calibrator: aimet)")
+            variant["recipe"] = None
+        return
+    for variant in variants.values():
+        if variant.get("recipe") is None:
+            variant["recipe"] = recipe
+    if all(variant["recipe"] != recipe for variant in variants.values()):
+        raise GenieBuildError(_key(where, ("quantize", "recipe")),
+                              f"{recipe!r}, the recipe the split is weighed and checked by, is no variant's (theirs: "
+                              f"{', '.join(sorted({variant['recipe'] for variant in variants.values()}))}): set it "
+                              "to one of them")
 
 
 # ---------------------------------------------------------------------------------------------- messages

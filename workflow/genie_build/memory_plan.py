@@ -210,6 +210,10 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
         "map them once (\"unknown\": the toolchain cannot read the weight section back). "
         "1 MiB = 1,048,576 bytes.",
         "",
+        "Every variant's sizes: [size_table.md](size_table.md); how far each variant's outputs are from the float "
+        "model's (top-1 agreement, KL, perplexity), beside its size: [evaluation.md](evaluation.md) and "
+        "[evaluation.png](evaluation.png), from `snakemake evaluate` or `evaluate.enabled`.",
+        "",
         "| check | value | limit | status | source |",
         "|---|---:|---:|---|---|",
         _check_row(plan, "context_size", "largest context binary",

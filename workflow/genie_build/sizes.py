@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from genie_build import conventions, fileio
 from genie_build.errors import GenieBuildError
+from genie_build.quality import Quality, read_quality
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo
 
-__all__ = ["AccountRecord", "GraphCount", "TABLE_COLUMNS", "account_binary", "account_part", "build_size_table",
+__all__ = ["AccountRecord", "GraphCount", "QUALITY_COLUMNS", "TABLE_COLUMNS", "account_binary", "account_part", "build_size_table",
            "check_part_graphs", "read_record", "size_chart_png", "size_table_from_records", "size_table_markdown",
            "write_size_table"]
 
@@ -33,8 +35,13 @@ log = logging.getLogger(__name__)
 # A packed binary less than this fraction smaller than the baseline's counts as "no effect".
 NO_EFFECT_MIN_REDUCTION = 0.01
 
-TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "bytes", "weight_bytes",
-                 "reduction_vs_baseline", "flag")
+TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "recipe", "bytes", "weight_bytes",
+                 "reduction_vs_baseline", "top1_agreement", "mean_kl", "perplexity", "flag")
+# A variant's quality against the float model (genie_build.quality), the same on each of its rows; empty where the
+# variant was not evaluated.
+QUALITY_COLUMNS = {"top1_agreement": "top1_agreement", "mean_kl": "mean_kl", "perplexity": "variant_perplexity"}
+_QUALITY_ROWS = (("top-1 agreement", "top1_agreement", "{:.1%}"), ("mean KL (nats)", "mean_kl", "{:.3g}"),
+                 ("perplexity", "perplexity", "{:,.2f}"))
 
 # The fields a record file must have, and their JSON types; the others are optional.
 _REQUIRED_TYPES: dict[str, type] = {"part": int, "variant": str, "toolchain": str, "bytes": int,
@@ -213,7 +220,8 @@ def _unapplied_graph_options(requested: dict[str, Any], applied: AppliedOptions)
 
 
 def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict: bool = False,
-                     min_reduction: float = NO_EFFECT_MIN_REDUCTION) -> pd.DataFrame:
+                     min_reduction: float = NO_EFFECT_MIN_REDUCTION,
+                     quality: Mapping[str, Quality] | None = None) -> pd.DataFrame:
     """The tidy A/B table: one row per part and variant, baseline variant first within each part.
 
     Args:
@@ -221,10 +229,13 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
         baseline: the variant the others are compared with.
         strict: raise on a flagged row instead of only logging it.
         min_reduction: a packed binary must be at least this fraction smaller than the baseline's.
+        quality: evaluated variants' quality against the float model (``evaluate``'s reports).
 
     Returns:
-        Columns :data:`TABLE_COLUMNS`; ``reduction_vs_baseline`` is ``1 - bytes / baseline bytes``;
-        ``flag`` is empty or the reasons an option showed no effect.
+        Columns :data:`TABLE_COLUMNS`; ``recipe`` is the recipe of the variant's encodings (empty: the source's);
+        ``reduction_vs_baseline`` is ``1 - bytes / baseline bytes``; the quality columns are the variant's
+        (:data:`QUALITY_COLUMNS`, NaN where it was not evaluated); ``flag`` is empty or the reasons an option
+        showed no effect.
 
     Raises:
         GenieBuildError: no records, unknown baseline, a duplicate part, variants covering different
@@ -238,21 +249,32 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
     rows = []
     for part, variant in sorted(by_key, key=lambda key: (key[0], variant_order.index(key[1]))):
         record, baseline_record = by_key[(part, variant)], by_key[(part, baseline)]
+        evaluated = (quality or {}).get(variant)
         rows.append({
             "part": part, "variant": variant, "baseline": baseline, "toolchain": record.toolchain,
-            "tool_version": record.tool_version, "bytes": record.bytes, "weight_bytes": record.weight_bytes,
+            "tool_version": record.tool_version, "recipe": record.requested.get("recipe") or "",
+            "bytes": record.bytes, "weight_bytes": record.weight_bytes,
             "reduction_vs_baseline": _reduction(record.bytes, baseline_record.bytes),
+            **{column: getattr(evaluated, field) if evaluated else math.nan
+               for column, field in QUALITY_COLUMNS.items()},
             "flag": "; ".join(_no_effect_reasons(record, baseline_record, min_reduction)),
         })
+    unknown = sorted(set(quality or {}) - {variant for _, variant in by_key})
+    if unknown:
+        raise GenieBuildError("--quality", f"reports of variants without binaries: {', '.join(unknown)}")
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
-        {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64"})
+        {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64",
+         **{column: "float64" for column in QUALITY_COLUMNS}})
     _report_flags(table, by_key, strict)
     return table
 
 
 def _size_table_csv(table: pd.DataFrame) -> str:
-    """The tidy table as CSV text (``\\n`` line ends, reductions to six decimals)."""
-    return table.to_csv(index=False, lineterminator="\n", float_format="%.6f")
+    """The tidy table as CSV text (``\\n`` line ends, reductions to six decimals, quality to six significant digits:
+    a KL is often below 1e-4)."""
+    quality = {column: table[column].map(lambda value: "" if math.isnan(value) else f"{value:.6g}")
+               for column in QUALITY_COLUMNS}
+    return table.assign(**quality).to_csv(index=False, lineterminator="\n", float_format="%.6f")
 
 
 def size_table_markdown(table: pd.DataFrame) -> str:
@@ -282,6 +304,16 @@ def size_table_markdown(table: pd.DataFrame) -> str:
     lines.append("| " + " | ".join(["**total**", *(f"**{_format_size(int(totals[v]), scale)}**" for v in variants),
                                     *(f"**{_format_reduction(int(totals[v]), int(totals[baseline]))}**"
                                       for v in others)]) + " |")
+    per_variant = table.drop_duplicates("variant").set_index("variant")
+    padding = [""] * len(others)
+    if per_variant["recipe"].astype(bool).any():
+        lines.append("| " + " | ".join(["recipe", *(per_variant.at[v, "recipe"] or "source" for v in variants),
+                                        *padding]) + " |")
+    if per_variant["top1_agreement"].notna().any():
+        for label, column, form in _QUALITY_ROWS:
+            values = per_variant[column]
+            lines.append("| " + " | ".join([label, *("n/a" if math.isnan(values[v]) else form.format(values[v])
+                                                     for v in variants), *padding]) + " |")
 
     toolchains = table.drop_duplicates("variant").set_index("variant")
     intro = [
@@ -289,7 +321,10 @@ def size_table_markdown(table: pd.DataFrame) -> str:
         "",
         f"Bytes on disk of each part's context binary, read back from the binary (1 {unit} = {scale:,} bytes). "
         f"Reduction = 1 - size / size of the `{baseline}` binary for the same part; "
-        f"a flagged cell is an option that was requested but shows no effect.",
+        f"a flagged cell is an option that was requested but shows no effect."
+        + (" Top-1 agreement, mean KL and perplexity: each evaluated variant against the float model on held-out "
+           "text (evaluation.md; evaluation.png draws size against agreement)."
+           if table["top1_agreement"].notna().any() else ""),
         "",
         "Variants: " + "; ".join(f"`{v}`: {toolchains.at[v, 'toolchain']} {toolchains.at[v, 'tool_version']}".rstrip()
                                  for v in variants) + ".",
@@ -345,13 +380,16 @@ def write_size_table(table: pd.DataFrame, csv_path: str | os.PathLike[str], md_p
 
 def size_table_from_records(record_paths: Sequence[str | os.PathLike[str]], baseline: str,
                             csv_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
-                            png_path: str | os.PathLike[str], *, strict: bool = False) -> pd.DataFrame:
-    """The ``size-table`` stage: the records' table (:func:`build_size_table`) in its three renderings.
+                            png_path: str | os.PathLike[str], *, strict: bool = False,
+                            quality_reports: Sequence[str | os.PathLike[str]] = ()) -> pd.DataFrame:
+    """The ``size-table`` stage: the records' table (:func:`build_size_table`) in its three renderings, with the
+    quality of the variants ``quality_reports`` evaluated.
 
     Raises:
-        GenieBuildError: a bad record, or what :func:`build_size_table` raises (nothing is written then).
+        GenieBuildError: a bad record or report, or what :func:`build_size_table` raises (nothing is written then).
     """
-    table = build_size_table([read_record(path) for path in record_paths], baseline, strict=strict)
+    quality = dict(read_quality(path) for path in quality_reports)
+    table = build_size_table([read_record(path) for path in record_paths], baseline, strict=strict, quality=quality)
     write_size_table(table, csv_path, md_path, png_path)
     return table
 

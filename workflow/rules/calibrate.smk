@@ -2,8 +2,9 @@
 # demo.calibrator: aimet): aimet-onnx calibrates one unit (consecutive pieces of one part, as many as
 # quantize.unit_memory_mb holds) at a time, fed the residual stream the unit before it stored, so every encoding
 # equals a whole-model calibration's (docs/quantize.md). A part's encodings are merged as soon as its last unit is
-# done, so its converts start while later units still calibrate. A new corpus, recipe or sample count reruns the
-# chain and what follows, never the export or the split. A checkpoint's units are known when the workflow is
+# done, so its converts start while later units still calibrate. Each recipe the variants name has a chain of its
+# own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
+# export or the split. A checkpoint's units are known when the workflow is
 # parsed; split graphs' come with their plan (a checkpoint of Snakemake's).
 
 CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
@@ -20,7 +21,6 @@ rule calibrate_unit:
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), unit_named(wc.unit).part)),
         boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
-        recipe=config["quantize"]["recipe"],
         num_samples=config["quantize"]["num_samples"],
         ar=CHAIN_AR,
         context=CHAIN_CONTEXT,
@@ -33,14 +33,14 @@ rule calibrate_unit:
     resources:
         mem_mb=lambda wc: predicted_peak_mb(unit_named(wc.unit).float_bytes),
     log:
-        f"{OUT}/logs/calibrate_unit/unit_{{unit}}.log",
+        f"{OUT}/logs/calibrate_unit/{{recipe}}/unit_{{unit}}.log",
     benchmark:
-        f"{OUT}/benchmarks/calibrate_unit/unit_{{unit}}.tsv"
+        f"{OUT}/benchmarks/calibrate_unit/{{recipe}}/unit_{{unit}}.tsv"
     shell:
         "{params.python} -m genie_build calibrate-unit --part-graph {input.part_graph:q}"
         " --part-units-json {params.part_units:q} --unit {wildcards.unit} {params.boundary_in:q}"
         " --hf-config {input.hf_config:q} --tokenizer {input.tokenizer:q} --corpus {input.corpus:q}"
-        " --recipe {params.recipe:q} --num-samples {params.num_samples:q} --ar {params.ar:q} --context {params.context:q}"
+        " --recipe {wildcards.recipe:q} --num-samples {params.num_samples:q} --ar {params.ar:q} --context {params.context:q}"
         " --out-encodings {output.encodings:q} --out-boundary {output.boundary:q} > {log:q} 2>&1"
 
 
@@ -48,8 +48,8 @@ rule part_encodings:
     input:
         unpack(part_encodings_inputs),
     output:
-        prompt=f"{OUT}/encodings/prompt/part_{{part}}.encodings.json",
-        token=f"{OUT}/encodings/token/part_{{part}}.encodings.json",
+        prompt=PART_ENCODINGS.replace("{graph}", "prompt"),
+        token=PART_ENCODINGS.replace("{graph}", "token"),
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), wc.part)),
         previous=lambda wc, input: ["--previous-unit-json", json.dumps(dataclasses.asdict(previous_unit(wc)),
@@ -60,9 +60,9 @@ rule part_encodings:
         python=PYTHON,
     priority: CRITICAL_PATH
     log:
-        f"{OUT}/logs/part_encodings/part_{{part}}.log",
+        f"{OUT}/logs/part_encodings/{{recipe}}/part_{{part}}.log",
     benchmark:
-        f"{OUT}/benchmarks/part_encodings/part_{{part}}.tsv"
+        f"{OUT}/benchmarks/part_encodings/{{recipe}}/part_{{part}}.tsv"
     shell:
         "{params.python} -m genie_build part-encodings --part-units-json {params.part_units:q}"
         " --unit-encodings {input.units:q} {params.previous:q}"
@@ -70,12 +70,13 @@ rule part_encodings:
         " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"
 
 
-# The plan was made from shapes; the calibrated encodings must cut the model into the same parts (the bundle waits).
+# The plan was made from shapes, weighed by quantize.recipe; that recipe's calibrated encodings must cut the model into
+# the same parts (the bundle waits).
 rule check_plan:
     input:
         plan=f"{OUT}/plan.json",
         graphs=lambda wc: [part_graph("prompt", label) for label in part_labels()],
-        encodings=lambda wc: part_files(PART_ENCODINGS, graph="prompt"),
+        encodings=lambda wc: part_files(part_encodings_of("prompt", config["quantize"]["recipe"])),
     output:
         f"{OUT}/plan_check.json",
     params:

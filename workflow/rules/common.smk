@@ -167,7 +167,10 @@ if SOURCE_KIND == "hf":
     PART_ONNX = f"{OUT}/parts/part_{{part}}/{{graph}}.onnx"
 else:
     PART_ONNX = f"{OUT}/parts/{{graph}}/part_{{part}}.onnx"
-PART_ENCODINGS = f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json"
+# A build that calibrates keeps each recipe's encodings apart (variants name their recipe); the source's own
+# encodings are sliced once.
+PART_ENCODINGS = (f"{OUT}/encodings/{{recipe}}/{{graph}}/part_{{part}}.encodings.json" if CALIBRATION_CHAIN
+                  else f"{OUT}/encodings/{{graph}}/part_{{part}}.encodings.json")
 
 
 def converter_of(variant):
@@ -175,11 +178,28 @@ def converter_of(variant):
     return Converter.of_variant(config["variants"][variant]).name
 
 
+def recipe_of(variant):
+    """The recipe of the variant's encodings in a build that calibrates; None: the source's own encodings."""
+    return config["variants"][variant]["recipe"]
+
+
+def part_encodings_of(graph, recipe):
+    """The pattern of one graph's part encodings of ``recipe`` (None: the source's), ``{part}`` left to fill."""
+    return PART_ENCODINGS.replace("{graph}", graph).replace("{recipe}", recipe or "")
+
+
+def converter_encodings(wildcards):
+    """The part encodings a convert job reads: of its converter's recipe."""
+    recipe = Converter.named(wildcards.converter).recipe
+    return part_encodings_of(wildcards.graph, recipe).format(part=wildcards.part)
+
+
 def variant_json(variant):
     return json.dumps(config["variants"][variant], sort_keys=True)
 
 
 CONVERTERS = sorted({converter_of(v) for v in config["variants"]})
+CALIBRATED_RECIPES = sorted({recipe_of(v) for v in config["variants"]} - {None})
 
 
 wildcard_constraints:
@@ -187,6 +207,7 @@ wildcard_constraints:
     part=r"\d+_of_\d+",
     variant="|".join(map(re.escape, config["variants"])),
     converter="|".join(map(re.escape, CONVERTERS)),
+    recipe="|".join(map(re.escape, CALIBRATED_RECIPES)) or "(?!)",
 
 
 def onnx_with_data_mb(paths):
@@ -322,6 +343,7 @@ def final_outputs(wildcards):
         f"{OUT}/size_table.png",
         f"{OUT}/memory_plan.md",
         *([f"{OUT}/plan_check.json"] if CALIBRATION_CHAIN else []),
+        *(f"{OUT}/evaluation.{suffix}" for suffix in ("md", "csv", "png") if config["evaluate"]["enabled"]),
         *([f"{OUT}/bundle_check.json"] if config["bundle"]["enabled"] else []),
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
           and config["variants"][config["bundle"]["variant"]]["toolchain"] == "reference" else []),
@@ -347,7 +369,7 @@ def part_float_mb(label):
 
 # --- the calibration chain (rules/calibrate.smk) ------------------------------------------------------------------
 
-CALIBRATION = f"{OUT}/calibration"
+CALIBRATION = f"{OUT}/calibration/{{recipe}}"
 
 
 def chain_units():
@@ -374,8 +396,9 @@ def units_json(units):
 def unit_inputs(wildcards):
     """The unit's part graph (with its weights' SHA-1: changed weights recalibrate) and the stream it is fed."""
     before = unit_before(wildcards.unit)
+    calibration = CALIBRATION.format(recipe=wildcards.recipe)
     return {"part_graph": part_graph("prompt", unit_named(wildcards.unit).part),
-            "boundary": [f"{CALIBRATION}/unit_{before.label}.boundary.npy"] if before else []}
+            "boundary": [f"{calibration}/unit_{before.label}.boundary.npy"] if before else []}
 
 
 def previous_unit(wildcards):
@@ -384,10 +407,10 @@ def previous_unit(wildcards):
 
 
 def part_encodings_inputs(wildcards):
-    previous = previous_unit(wildcards)
-    return {"units": [f"{CALIBRATION}/unit_{unit.label}.encodings.json"
+    previous, calibration = previous_unit(wildcards), CALIBRATION.format(recipe=wildcards.recipe)
+    return {"units": [f"{calibration}/unit_{unit.label}.encodings.json"
                       for unit in part_units(chain_units(), wildcards.part)],
-            "previous": [f"{CALIBRATION}/unit_{previous.label}.encodings.json"] if previous else [],
+            "previous": [f"{calibration}/unit_{previous.label}.encodings.json"] if previous else [],
             "prompt_graph": part_graph("prompt", wildcards.part), "token_graph": part_graph("token", wildcards.part)}
 
 
@@ -395,6 +418,11 @@ def part_encodings_inputs(wildcards):
 EVALUATION = f"{OUT}/evaluation"
 FLOAT_LOGITS = f"{EVALUATION}/float_logits.npy"
 EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
+
+
+def size_table_quality(wildcards):
+    """The evaluation reports the size table shows (evaluate.enabled), or none."""
+    return evaluation_reports(wildcards) if config["evaluate"]["enabled"] else []
 
 
 def evaluation_reports(wildcards):

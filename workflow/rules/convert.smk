@@ -13,7 +13,7 @@ CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part
 rule convert_part_reference:
     input:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
-        encodings=PART_ENCODINGS,
+        encodings=converter_encodings,
     output:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
         data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
@@ -42,7 +42,7 @@ rule convert_part_reference:
 rule convert_part_sdk:
     input:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
-        encodings=PART_ENCODINGS,
+        encodings=converter_encodings,
     output:
         dlc=CONVERTED_FILE(f"{CONVERTED}.dlc"),
     wildcard_constraints:

@@ -27,7 +27,7 @@ rule evaluate_float:
 rule evaluate_variant:
     input:
         binaries=lambda wc: part_files(f"{OUT}/compiled/{wc.variant}/part_{{part}}.bin"),
-        encodings=lambda wc: part_files(PART_ENCODINGS.replace("{graph}", "prompt")),
+        encodings=lambda wc: part_files(part_encodings_of("prompt", recipe_of(wc.variant))),
         float_logits=FLOAT_LOGITS,
         text=config["evaluate"]["text"],
         tokenizer=SOURCE["tokenizer"],

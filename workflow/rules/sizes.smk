@@ -24,6 +24,7 @@ rule account_part:
 rule size_table:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
+        quality=size_table_quality,
     output:
         csv=report(f"{OUT}/size_table.csv", caption="../report/size_table.rst", category="Sizes"),
         md=f"{OUT}/size_table.md",
@@ -31,6 +32,7 @@ rule size_table:
     params:
         baseline=config["report"]["baseline_variant"],
         strict=config["report"]["strict"],
+        quality=lambda wc, input: ["--quality", *input.quality] if input.quality else [],
         python=PYTHON,
     log:
         f"{OUT}/logs/size_table.log",
@@ -38,7 +40,7 @@ rule size_table:
         f"{OUT}/benchmarks/size_table.tsv"
     shell:
         "{params.python} -m genie_build size-table --records {input.records:q} --baseline {params.baseline:q}"
-        " --strict {params.strict}"
+        " --strict {params.strict} {params.quality:q}"
         " --csv {output.csv:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"
 
 

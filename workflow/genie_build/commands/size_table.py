@@ -1,4 +1,5 @@
-"""``size-table``: the A/B table of context binary sizes across variants (CSV, Markdown, PNG)."""
+"""``size-table``: the A/B table of context binary sizes across variants (CSV, Markdown, PNG), with the quality of
+the variants that were evaluated."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
     parser.add_argument("--baseline", required=True, help="the variant the others are compared with")
     add_strict_option(parser, "option")
+    parser.add_argument("--quality", nargs="+", type=Path, default=(),
+                        help="evaluate's reports: the evaluated variants' quality columns")
     parser.add_argument("--csv", required=True, type=Path, help="size_table.csv (tidy)")
     parser.add_argument("--md", required=True, type=Path, help="size_table.md (for people)")
     parser.add_argument("--png", required=True, type=Path, help="size_table.png (bar chart)")
@@ -24,5 +27,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    size_table_from_records(args.records, args.baseline, args.csv, args.md, args.png, strict=args.strict)
+    size_table_from_records(args.records, args.baseline, args.csv, args.md, args.png, strict=args.strict,
+                            quality_reports=args.quality)
     return 0

@@ -10,7 +10,7 @@ from genie_build.chipsets import Chipset
 from genie_build.errors import GenieBuildError
 
 __all__ = ["AppliedOptions", "BinaryInfo", "CompileOptions", "GraphInfo", "QuantInfo", "SDK_ROOT_VARIABLE",
-           "TensorInfo", "Toolchain", "variant_options"]
+           "TensorInfo", "Toolchain", "VARIANT_SOURCE_KEYS", "variant_options"]
 
 # Where the QAIRT SDK is unpacked: the SDK toolchains' environment variable (genie_build.toolchains.qnn_sdk).
 SDK_ROOT_VARIABLE = "QAIRT_SDK_ROOT"
@@ -105,14 +105,14 @@ class CompileOptions:
 
     @classmethod
     def from_variant(cls, variant: dict, chipset: Chipset, where: str = "--variant-json") -> CompileOptions:
-        """A variant's options (``variants.<name>``; its ``toolchain`` key names the toolchain) plus the
-        chipset's device.
+        """A variant's options (``variants.<name>``; its ``toolchain`` and ``recipe`` keys say what is compiled,
+        not how) plus the chipset's device.
 
         Raises:
             GenieBuildError: an option is missing, unknown or of the wrong JSON type.
         """
         options = variant_options()
-        unknown = sorted(set(variant) - set(options) - {"toolchain"})
+        unknown = sorted(set(variant) - set(options) - set(VARIANT_SOURCE_KEYS))
         missing = sorted(set(options) - set(variant))
         if unknown or missing:
             raise GenieBuildError(where, f"unknown options {unknown}, missing options {missing} "
@@ -126,6 +126,8 @@ class CompileOptions:
 
 
 DEVICE_FIELDS = ("soc_model", "dsp_arch")
+# A variant's keys that choose what is compiled (the toolchain, the recipe of its encodings), not a compile option.
+VARIANT_SOURCE_KEYS = ("toolchain", "recipe")
 _FIELD_TYPES = {"bool": bool, "int": int}
 
 
