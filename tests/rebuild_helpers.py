@@ -64,8 +64,9 @@ def variant_options(workdir: Path, variant: str) -> dict:
     return yaml.safe_load((workdir / "config" / "config.yaml").read_text())["variants"][variant]
 
 
-def scale_initializer(model_path: Path, name: str, factor: float) -> None:
-    """Multiply one external initializer's values by ``factor`` in place, in the data file the graph names."""
+def scale_initializer(model_path: Path, name: str, factor: float | np.ndarray) -> None:
+    """Multiply one external initializer's values by ``factor`` in place, in the data file the graph names (an array
+    broadcasts against the tensor's shape: one factor per channel of its last axis, say)."""
     model = onnx.load(str(model_path), load_external_data=False)
     tensor = next((t for t in model.graph.initializer if t.name == name), None)
     if tensor is None or tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -75,9 +76,9 @@ def scale_initializer(model_path: Path, name: str, factor: float) -> None:
     offset, length = int(info.get("offset", 0)), int(info["length"])
     with open(model_path.parent / info["location"], "r+b") as data:
         data.seek(offset)
-        values = np.frombuffer(data.read(length), dtype=dtype)
+        values = np.frombuffer(data.read(length), dtype=dtype).reshape(tuple(tensor.dims))
         data.seek(offset)
-        data.write((values * dtype.type(factor)).astype(dtype).tobytes())
+        data.write((values * np.asarray(factor, dtype=dtype)).astype(dtype).tobytes())
 
 
 def clone_workdir(source: Path, dest: Path) -> Path:

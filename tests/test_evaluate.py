@@ -10,19 +10,21 @@ from __future__ import annotations
 import csv
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from genie_build.encodings import Encodings, TensorEncoding
+from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import compare_logits, fake_quantize_activations, text_windows
 from genie_build.quality import Quality, QualityBounds, quality_flags, quality_rows, write_quality_table
 from genie_build.toolchains.reference.quantize import quantize
-from rebuild_helpers import EXPORTS, USER_MODEL, export_small_demo, user_model_checkout, user_model_config
+from rebuild_helpers import (EXPORTS, USER_MODEL, export_small_demo, scale_initializer, user_model_checkout,
+                             user_model_config)
 from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding
 
 LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
@@ -171,6 +173,61 @@ def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fai
     result = run_snakemake(broken, "evaluate", "--configfile", str(strict), check=False)
     assert result.returncode != 0 and "min_top1_agreement" in result.stdout + result.stderr
     assert not (broken / "results" / USER_MODEL / "evaluation.md").exists()   # no table that looks done
+
+
+def stated_axes_encodings(encodings: Encodings, model: onnx.ModelProto, axes: dict[str, int]) -> dict:
+    """``encodings`` as an AIMET 2.0.0 file, which states each per-channel weight's axis: the axis its consumer gives
+    (a MatMul ``[in, out]`` weight's output axis 1, a Gather table's rows), or ``axes``' for the weights named."""
+    consumers = {node.input[1] if node.op_type == "MatMul" else node.input[0]: node.op_type for node in model.graph.node
+                 if node.op_type in ("MatMul", "Gather")}
+
+    def entry(encoding: TensorEncoding) -> dict:
+        if encoding.dtype == "float":
+            return {"name": encoding.name, "output_dtype": f"float{encoding.bitwidth}"}
+        signed = encoding.is_symmetric
+        fields = {"name": encoding.name, "output_dtype": f"{'' if signed else 'u'}int{encoding.bitwidth}"}
+        if encoding.kind == "per_tensor":
+            return {**fields, "y_scale": encoding.scale[0], **({} if signed else {"y_zero_point": -encoding.offset[0]})}
+        assert encoding.kind == "per_channel", encoding
+        axis = axes.get(encoding.name, 1 if consumers[encoding.name] == "MatMul" else 0)
+        return {**fields, "y_scale": list(encoding.scale), "axis": axis,
+                **({} if signed else {"y_zero_point": [-offset for offset in encoding.offset]})}
+
+    return {"version": "2.0.0", "encodings": [entry(encoding) for encoding in (*encodings.activations.values(),
+                                                                               *encodings.params.values())]}
+
+
+@pytest.mark.workflow
+def test_a_weight_quantized_along_the_wrong_axis_is_told_apart(tmp_path):
+    """Layer 1's o_proj with half its output channels as they were and half shrunk 16x to 256x (in the float model
+    too: trained weights' channels differ; shrinking keeps every activation inside its encoding), its scales right
+    for its output channels, in a 2.0.0 file that states its axis: stated right, against stated along the input
+    axis, which a square weight cannot refuse (each row then takes a scale meant for a column, and the large values
+    of rows with small scales clip). 64 windows: 512 positions."""
+    (tmp_path / "exporter").mkdir()
+    exports = export_small_demo(copy_workflow(tmp_path / "exporter"))
+    weight = "model.layers.1.self_attn.o_proj.weight"
+    shrunk = np.r_[np.ones(32), np.geomspace(1 / 256, 1 / 16, 32)]
+    factors = np.random.default_rng(1).permutation(shrunk).astype(np.float32)
+    results = {}
+    for name, axis in (("right", 1), ("wrong", 0)):
+        workdir = user_model_checkout(tmp_path / name, exports)
+        for graph in ("prompt", "token"):
+            scale_initializer(workdir / EXPORTS / f"{graph}.onnx", weight, factors)
+            path = workdir / EXPORTS / f"{graph}.encodings.json"
+            encodings = read_encodings(path)
+            spread = replace(encodings.params[weight],
+                             scale=tuple(float(s) for s in np.array(encodings.params[weight].scale) * factors))
+            encodings = replace(encodings, params={**encodings.params, weight: spread})
+            model = onnx.load(workdir / EXPORTS / f"{graph}.onnx", load_external_data=False)
+            path.write_text(json.dumps(stated_axes_encodings(encodings, model, {weight: axis})))
+        config = user_model_config(workdir, {"evaluate": {"max_windows": 64}})
+        run_snakemake(workdir, "evaluate", "--configfile", str(config))
+        results[name] = load_json(workdir / "results" / USER_MODEL / "evaluation" / "packed.json")
+    right, wrong = results["right"], results["wrong"]
+    assert right["float_perplexity"] == wrong["float_perplexity"]   # one float model
+    assert wrong["top1_agreement"] < right["top1_agreement"] - 0.1
+    assert wrong["mean_kl"] > 2 * right["mean_kl"]
 
 
 @pytest.mark.workflow

@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 
-from workflow_helpers import copy_workflow, load_json, output_mtimes, run_snakemake, write_config
+from workflow_helpers import copy_workflow, load_json, output_mtimes, run_snakemake, scale_encoding, write_config
 
 pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
 pytest.importorskip("transformers")
@@ -62,6 +62,9 @@ def _planned(workdir, config) -> set[str]:
     return {rule for rule, _ in _ran(run_snakemake(workdir, "-n", config_file=config))}
 
 
+LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
+                   ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
 _BUILDS: dict[str, tuple] = {}
 
 
@@ -159,7 +162,7 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
                                     "variants": {"w8a16": {"recipe": "w8a16", "weights_packing": True},
                                                  "lpbq": {"recipe": "w4a16-lpbq", "weights_packing": True}}},
                           name="recipes.yaml")
-    jobs = _ran(run_snakemake(workdir, "all", "evaluate", config_file=config))
+    jobs = _ran(run_snakemake(workdir, "all", "evaluate", "--configfile", str(config)))
     calibrated = {wildcards.split(",")[0] for rule, wildcards in jobs if rule == "calibrate_unit"}
     assert calibrated == {"recipe=w8a16", "recipe=w4a16-lpbq"}
     assert not {rule for rule, _ in jobs} & {"plan_hf", "export_part", "verify_parts"}
@@ -178,6 +181,17 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
     assert quality["w8a16"]["mean_kl"] < quality["packed"]["mean_kl"] / 4
     assert quality["w8a16"]["top1_agreement"] >= quality["packed"]["top1_agreement"]
     assert quality["packed"] == {**quality["unpacked"], "variant": "packed"}   # one recipe, packed or not
+
+    # one layer's weight scales x4 in the w4a16 chain's encodings: its variants are told apart, the others stand
+    unit = next(path for path in sorted((workdir / OUT / "calibration" / "w4a16").glob("unit_*.encodings.json"))
+                if LAYER_1_WEIGHTS[0] in path.read_text())
+    for weight in LAYER_1_WEIGHTS:
+        scale_encoding(unit, weight, 4.0)
+    run_snakemake(workdir, "evaluate", "--configfile", str(config))
+    broken = {variant: load_json(workdir / OUT / "evaluation" / f"{variant}.json") for variant in quality}
+    assert broken["packed"]["top1_agreement"] < quality["packed"]["top1_agreement"] - 0.1
+    assert broken["packed"]["mean_kl"] > 2 * quality["packed"]["mean_kl"]
+    assert (broken["w8a16"], broken["lpbq"]) == (quality["w8a16"], quality["lpbq"])
 
 
 def test_a_checkpoint_without_weights_is_a_config_error(tmp_path):

@@ -15,7 +15,6 @@ from typing import Any
 from genie_build import __version__
 from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
-from genie_build.recipes import RECIPES
 from genie_build.toolchains.base import SDK_ROOT_VARIABLE, CompileOptions, Toolchain
 
 __all__ = ["SDK_TOOLCHAINS", "TOOLCHAINS", "Converter", "compile_variant", "converter_pattern", "get_toolchain",
@@ -104,7 +103,6 @@ class Converter:
 
 def converter_pattern(toolchains: Iterable[str]) -> str:
     """A regular expression matching the names of the converters of ``toolchains`` (a wildcard constraint), of the
-    source's encodings or of any named recipe's."""
-    recipes = "|".join(map(re.escape, RECIPES))
-    return (f"(({recipes}){re.escape(_RECIPE_MARK)})?({'|'.join(map(re.escape, toolchains))})"
+    source's encodings or of a recipe's (the workflow's ``converter`` constraint names the recipes)."""
+    return (f"([^{re.escape(_RECIPE_MARK)}]+{re.escape(_RECIPE_MARK)})?({'|'.join(map(re.escape, toolchains))})"
             f"{re.escape(_FLOAT_MARK)}\\d+")
