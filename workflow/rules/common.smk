@@ -420,6 +420,19 @@ FLOAT_LOGITS = f"{EVALUATION}/float_logits.npy"
 EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
 
 
+def evaluation_mem_mb(wildcards):
+    """An evaluation job holds one part at a time, in its session (EVALUATION_PART_FACTOR x its float32 weights,
+    measured at 7B: docs/large-models.md), beside a window's logits."""
+    if SOURCE_KIND == "hf":
+        largest = max(map(part_float_mb, PARTS))
+    else:
+        largest = max(onnx_with_data_mb([part_graph("prompt", label)]) for label in part_labels())
+    return int(EVALUATION_PART_FACTOR * largest + 1000)
+
+
+EVALUATION_PART_FACTOR = 2.0
+
+
 def size_table_quality(wildcards):
     """The evaluation reports the size table shows (evaluate.enabled), or none."""
     return evaluation_reports(wildcards) if config["evaluate"]["enabled"] else []

@@ -11,6 +11,8 @@ rule evaluate_float:
         hf_config=SOURCE["hf_config"],
     output:
         FLOAT_LOGITS,
+    resources:
+        mem_mb=evaluation_mem_mb,
     params:
         max_windows=config["evaluate"]["max_windows"],
         python=PYTHON,
@@ -34,6 +36,8 @@ rule evaluate_variant:
         hf_config=SOURCE["hf_config"],
     output:
         f"{EVALUATION}/{{variant}}.json",
+    resources:
+        mem_mb=evaluation_mem_mb,
     params:
         max_windows=config["evaluate"]["max_windows"],
         python=PYTHON,
