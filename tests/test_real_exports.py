@@ -405,7 +405,7 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     out = workdir / "results" / USER
     assert load_json(out / "plan_check.json")["same_parts"]
     assert len(json.loads((out / "calibration_units.json").read_text())["units"]) == SMALL_DEMO["split"]["num_parts"]
-    part = json.loads((out / "encodings" / "w4a16" / "prompt" / "part_2_of_3.encodings.json").read_text())
+    part = json.loads((out / "encodings" / "w8a16" / "prompt" / "part_2_of_3.encodings.json").read_text())
     assert {e["bw"] for e in part["param_encodings"] if e["name"].endswith("up_proj.weight")} == {8}
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
