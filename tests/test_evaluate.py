@@ -10,13 +10,14 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
@@ -25,7 +26,7 @@ from genie_build.quality import Quality, QualityBounds, quality_flags, quality_r
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import (EXPORTS, USER_MODEL, export_small_demo, scale_initializer, user_model_checkout,
                              user_model_config)
-from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding
+from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding, stated_axes_encodings
 
 LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
                    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -175,26 +176,11 @@ def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fai
     assert not (broken / "results" / USER_MODEL / "evaluation.md").exists()   # no table that looks done
 
 
-def stated_axes_encodings(encodings: Encodings, model: onnx.ModelProto, axes: dict[str, int]) -> dict:
-    """``encodings`` as an AIMET 2.0.0 file, which states each per-channel weight's axis: the axis its consumer gives
-    (a MatMul ``[in, out]`` weight's output axis 1, a Gather table's rows), or ``axes``' for the weights named."""
-    consumers = {node.input[1] if node.op_type == "MatMul" else node.input[0]: node.op_type for node in model.graph.node
-                 if node.op_type in ("MatMul", "Gather")}
-
-    def entry(encoding: TensorEncoding) -> dict:
-        if encoding.dtype == "float":
-            return {"name": encoding.name, "output_dtype": f"float{encoding.bitwidth}"}
-        signed = encoding.is_symmetric
-        fields = {"name": encoding.name, "output_dtype": f"{'' if signed else 'u'}int{encoding.bitwidth}"}
-        if encoding.kind == "per_tensor":
-            return {**fields, "y_scale": encoding.scale[0], **({} if signed else {"y_zero_point": -encoding.offset[0]})}
-        assert encoding.kind == "per_channel", encoding
-        axis = axes.get(encoding.name, 1 if consumers[encoding.name] == "MatMul" else 0)
-        return {**fields, "y_scale": list(encoding.scale), "axis": axis,
-                **({} if signed else {"y_zero_point": [-offset for offset in encoding.offset]})}
-
-    return {"version": "2.0.0", "encodings": [entry(encoding) for encoding in (*encodings.activations.values(),
-                                                                               *encodings.params.values())]}
+def consumer_axis(model: onnx.ModelProto) -> Callable[[str], int]:
+    """The channel axis of the demo's per-channel weights: a MatMul ``[in, out]`` weight's output axis 1, a Gather
+    table's rows."""
+    matmul_weights = {node.input[1] for node in model.graph.node if node.op_type == "MatMul"}
+    return lambda name: 1 if name in matmul_weights else 0
 
 
 @pytest.mark.workflow
@@ -220,7 +206,9 @@ def test_a_weight_quantized_along_the_wrong_axis_is_told_apart(tmp_path):
                              scale=tuple(float(s) for s in np.array(encodings.params[weight].scale) * factors))
             encodings = replace(encodings, params={**encodings.params, weight: spread})
             model = onnx.load(workdir / EXPORTS / f"{graph}.onnx", load_external_data=False)
-            path.write_text(json.dumps(stated_axes_encodings(encodings, model, {weight: axis})))
+            rule = consumer_axis(model)
+            path.write_text(json.dumps(stated_axes_encodings(
+                encodings, lambda name: axis if name == weight else rule(name))))  # noqa: B023 (called at once)
         config = user_model_config(workdir, {"evaluate": {"max_windows": 64}})
         run_snakemake(workdir, "evaluate", "--configfile", str(config))
         results[name] = load_json(workdir / "results" / USER_MODEL / "evaluation" / "packed.json")

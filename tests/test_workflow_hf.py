@@ -13,13 +13,16 @@ a config error at parse time.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
-from workflow_helpers import copy_workflow, load_json, output_mtimes, run_snakemake, scale_encoding, write_config
+from workflow_helpers import (copy_workflow, load_json, output_mtimes, run_snakemake, scale_encoding,
+                              stated_axes_encodings, write_config)
 
 pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
 pytest.importorskip("transformers")
@@ -192,6 +195,45 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
     assert broken["packed"]["top1_agreement"] < quality["packed"]["top1_agreement"] - 0.1
     assert broken["packed"]["mean_kl"] > 2 * quality["packed"]["mean_kl"]
     assert (broken["w8a16"], broken["lpbq"]) == (quality["w8a16"], quality["lpbq"])
+
+
+def test_a_weight_quantized_along_the_wrong_axis_is_told_apart_on_a_checkpoint(tmp_path_factory, tmp_path):
+    """On a copy of the Qwen2 build: layer 1's o_proj given output channels half 16x what they were, half 1x to 1/16x
+    (trained weights' channels differ) in the checkpoint, rebuilt and calibrated by the chain; then its part's
+    encodings restated as a 2.0.0 file naming its input axis (square: no count refuses it). The evaluation tells
+    the two apart."""
+    from safetensors.numpy import load_file, save_file
+
+    from genie_build.encodings import read_encodings
+
+    _, root, _ = _build("qwen2", tmp_path_factory)
+    workdir = shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    weight = "model.layers.1.self_attn.o_proj.weight"
+    shard = workdir / "checkpoint" / load_json(workdir / "checkpoint" / "model.safetensors.index.json")[
+        "weight_map"][weight]
+    tensors = load_file(shard)
+    # the chain calibrates the activations for these weights, so o_proj may also grow to weigh in the residual
+    spread = 16 * np.r_[np.ones(32), np.geomspace(1 / 256, 1 / 16, 32)]
+    tensors[weight] = tensors[weight] * np.random.default_rng(1).permutation(spread).astype(np.float32)[:, None]
+    save_file(tensors, shard, metadata={"format": "pt"})   # torch's [out, in]: a row per output channel
+    config = write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
+                                    "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
+                                    "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False},
+                                    "evaluate": {"max_windows": 64}}, name="windows.yaml")
+    run_snakemake(workdir, "evaluate", "--configfile", str(config))
+    right = load_json(workdir / OUT / "evaluation" / "packed.json")
+
+    part = next(label for label in ("1_of_3", "2_of_3", "3_of_3")
+                if weight in (workdir / OUT / "encodings" / "w4a16" / "prompt" / f"part_{label}.encodings.json")
+                .read_text())
+    path = workdir / OUT / "encodings" / "w4a16" / "prompt" / f"part_{part}.encodings.json"
+    # every exported Linear weight is [out, in] behind a Transpose: its channels run along axis 0
+    path.write_text(json.dumps(stated_axes_encodings(read_encodings(path), lambda name: int(name == weight))))
+    run_snakemake(workdir, "evaluate", "--configfile", str(config))
+    wrong = load_json(workdir / OUT / "evaluation" / "packed.json")
+    assert right["float_perplexity"] == wrong["float_perplexity"]   # one float model
+    assert wrong["top1_agreement"] < right["top1_agreement"] - 0.1
+    assert wrong["mean_kl"] > 2 * right["mean_kl"]
 
 
 def test_a_checkpoint_without_weights_is_a_config_error(tmp_path):

@@ -90,3 +90,22 @@ def scale_encoding(encodings_path: Path, tensor: str, factor: float, section: st
         raise ValueError(f"{encodings_path}: no {section} entry {tensor!r}")
     entry["scale"] = [scale * factor for scale in entry["scale"]]
     Path(encodings_path).write_text(json.dumps(encodings))
+
+
+def stated_axes_encodings(encodings, axis_of) -> dict:
+    """``encodings`` (:class:`genie_build.encodings.Encodings`) as an AIMET 2.0.0 file, which states each per-channel
+    weight's axis: ``axis_of(name)``."""
+    def entry(encoding) -> dict:
+        if encoding.dtype == "float":
+            return {"name": encoding.name, "output_dtype": f"float{encoding.bitwidth}"}
+        signed = encoding.is_symmetric
+        assert not signed or set(encoding.offset) == {-2 ** (encoding.bitwidth - 1)}, encoding
+        fields = {"name": encoding.name, "output_dtype": f"{'' if signed else 'u'}int{encoding.bitwidth}"}
+        if encoding.kind == "per_tensor":
+            return {**fields, "y_scale": encoding.scale[0], **({} if signed else {"y_zero_point": -encoding.offset[0]})}
+        assert encoding.kind == "per_channel", encoding
+        return {**fields, "y_scale": list(encoding.scale), "axis": axis_of(encoding.name),
+                **({} if signed else {"y_zero_point": [-offset for offset in encoding.offset]})}
+
+    return {"version": "2.0.0", "encodings": [entry(encoding) for encoding in (*encodings.activations.values(),
+                                                                               *encodings.params.values())]}

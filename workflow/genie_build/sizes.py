@@ -23,9 +23,9 @@ from genie_build.quality import Quality, read_quality
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo
 
-__all__ = ["AccountRecord", "GraphCount", "QUALITY_COLUMNS", "TABLE_COLUMNS", "account_binary", "account_part", "build_size_table",
-           "check_part_graphs", "read_record", "size_chart_png", "size_table_from_records", "size_table_markdown",
-           "write_size_table"]
+__all__ = ["AccountRecord", "GraphCount", "QUALITY_COLUMNS", "TABLE_COLUMNS", "account_binary", "account_part",
+           "build_size_table", "check_part_graphs", "read_record", "size_chart_png", "size_table_from_records",
+           "size_table_markdown", "write_size_table"]
 
 if TYPE_CHECKING:
     import pandas as pd
