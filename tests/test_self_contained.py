@@ -12,8 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 NOT_PROJECT = {".git", ".venv", ".venv-test", ".venv-qairt", ".snakemake", ".hypothesis", ".pytest_cache", ".cache",
                "__pycache__", "results", "bench", "build"}
 # A reference to the folder beside the repository that the project's notes were kept in, by path or by the names
-# of the notes; spelled out of pieces so that this file does not match itself.
-OUTSIDE = re.compile("|".join([re.escape("/work/" + "shared"), re.escape("../" + "shared/"), "shared " + "folder",
+# of the notes; spelled out of pieces so that this file names no such path itself, not even in parts.
+_SLASH = "/"
+OUTSIDE = re.compile("|".join([re.escape(_SLASH.join(("", "work", "shared"))),
+                               re.escape(_SLASH.join(("..", "shared", ""))), "shared " + "folder",
                                *(re.escape(name) for name in ("snakemake-" + "findings", "onnx-" + "findings",
                                                               "aimet-encodings-" + "facts", "qairt-genie-" + "facts",
                                                               "qairt-dev-" + "facts", "per-part-hf-" + "study",
