@@ -7,6 +7,7 @@ closer to the float model than w4a16 on a checkpoint)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
@@ -21,7 +22,8 @@ from onnx import TensorProto, helper
 
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.evaluate import compare_logits, fake_quantize_activations, text_windows
+from genie_build.commands.evaluate import rope_of
+from genie_build.evaluate import compare_logits, fake_quantize_activations, quality_of, text_windows
 from genie_build.quality import Quality, QualityBounds, quality_flags, quality_rows, write_quality_table
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import (EXPORTS, USER_MODEL, export_small_demo, scale_initializer, user_model_checkout,
@@ -242,3 +244,24 @@ def test_enabled_the_build_evaluates_and_a_changed_encoding_reevaluates_without_
     ran = re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.MULTILINE)
     assert ran.count("evaluate_variant") == 2 and "evaluate_float" not in ran
     assert load_json(out / "evaluation" / "packed.json") != reports["packed"]
+
+    # a variant is only compared with the float model's logits of the same windows
+    exports = workdir / EXPORTS
+    rope = rope_of(argparse.Namespace(hf_config=exports / "config.json", tokenizer=exports / "tokenizer.json"))
+    with pytest.raises(GenieBuildError, match=r"float_logits.npy: holds logits of shape \[16, 8, 512\], the variant "
+                                              r"gives \[3, 8, 512\]: not the same windows"):
+        quality_of(sorted((out / "compiled" / "packed").glob("part_*.bin")),
+                   sorted((out / "encodings" / "prompt").glob("part_*.encodings.json")),
+                   out / "evaluation" / "float_logits.npy", text_path=workdir / "resources" / "evaluation_text.txt",
+                   tokenizer_path=exports / "tokenizer.json", rope=rope, max_windows=3)
+
+
+def test_a_float_logits_file_that_is_not_one_is_refused_before_any_part_runs(tmp_path):
+    arguments = {"text_path": tmp_path / "text.txt", "tokenizer_path": tmp_path / "tokenizer.json", "rope": {},
+                 "max_windows": 1}
+    (tmp_path / "garbage.npy").write_bytes(b"not an array")
+    with pytest.raises(GenieBuildError, match="garbage.npy: not a logits file"):
+        quality_of([tmp_path / "missing.bin"], [tmp_path / "missing.json"], tmp_path / "garbage.npy", **arguments)
+    np.save(tmp_path / "doubles.npy", np.zeros((2, 3, 4)))
+    with pytest.raises(GenieBuildError, match=r"doubles.npy: holds float64 of 3 dimensions, not float32"):
+        quality_of([tmp_path / "missing.bin"], [tmp_path / "missing.json"], tmp_path / "doubles.npy", **arguments)

@@ -36,9 +36,8 @@ from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open, read_text, regular_file_size
 from genie_build.genie_config import load_tokenizer
-from genie_build.onnx_graph import check_external_data, load_graph
 from genie_build.quality import Quality
-from genie_build.run_bundle import GraphSession, KVCache, container_graph, graph_ar_cl_of, make_runner
+from genie_build.run_bundle import GraphSession, KVCache, graph_ar_cl_of, make_runner, read_graph_file
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
 __all__ = ["MAX_TEXT_BYTES", "Window", "compare_logits", "fake_quantize_activations", "quality_of", "text_windows",
@@ -142,7 +141,7 @@ def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str |
     Raises:
         GenieBuildError: a graph whose AR or CL differs from the first part's, or a text too short.
     """
-    windows, logits = _logits_per_window([functools.partial(_float_graph, path) for path in float_parts],
+    windows, logits = _logits_per_window([functools.partial(read_graph_file, path) for path in float_parts],
                                          _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
     with atomic_open(out, "wb") as handle:
         for index, window_logits in enumerate(logits):
@@ -175,11 +174,11 @@ def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Seque
                                           "one of each per part")
     loaders = [functools.partial(_variant_graph, binary, encodings) for binary, encodings in zip(binaries,
                                                                                                 part_encodings)]
-    windows, logits = _logits_per_window(loaders, _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
     reference = _read_float_logits(float_logits)
+    windows, logits = _logits_per_window(loaders, _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
     sums = _QualitySums()
     for index, (window, window_logits) in enumerate(zip(windows, logits)):
-        if reference.shape != (len(windows), *window_logits.shape):
+        if index == 0 and reference.shape != (len(windows), *window_logits.shape):
             raise GenieBuildError(float_logits, f"holds logits of shape {list(reference.shape)}, the variant gives "
                                                 f"{[len(windows), *window_logits.shape]}: not the same windows of "
                                                 "the same text (rebuild it)")
@@ -238,12 +237,6 @@ def _session_of(graph: ContainerGraph, rope: Mapping) -> tuple[GraphSession, int
     runner = make_runner([{graph.model.graph.name: graph}], **rope)
     (ar, session), = runner.parts[0].items()
     return session, ar, runner.context_length
-
-
-def _float_graph(path: str | os.PathLike[str]) -> ContainerGraph:
-    model = load_graph(path)
-    check_external_data(model, path)
-    return container_graph(model, path)
 
 
 def _variant_graph(binary: str | os.PathLike[str], encodings: str | os.PathLike[str]) -> ContainerGraph:

@@ -44,8 +44,8 @@ from genie_build.toolchains.reference.container import ContainerGraph, read_grap
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
 __all__ = ["Generation", "GraphSession", "HostRun", "KVCache", "LoadedBundle", "PARTS_REFERENCE", "Runner",
-           "container_graph", "generate", "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner",
-           "run_bundle", "unsplit_tokens"]
+           "generate", "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner",
+           "read_graph_file", "run_bundle", "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
@@ -265,18 +265,20 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
     """
     parts: dict[str, dict[str, ContainerGraph]] = {}
     for path in graphs:
-        model = load_graph(path)
-        check_external_data(model, path)
-        match = PART_SUFFIX.search(model.graph.name)
+        graph = read_graph_file(path)
+        name = graph.model.graph.name
+        match = PART_SUFFIX.search(name)
         if match is None:
-            raise GenieBuildError(path, f"graph name {model.graph.name!r} does not say which part it is")
-        parts.setdefault(match.group(0), {})[model.graph.name] = container_graph(model, path)
+            raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
+        parts.setdefault(match.group(0), {})[name] = graph
     return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
 
 
-def container_graph(model: onnx.ModelProto, path: str | os.PathLike[str]) -> ContainerGraph:
-    """A graph as :func:`read_graphs` gives one: its initializers' values (read inside its folder, as a
-    Snakemake cache's symlinked outputs are too) apart from the model."""
+def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
+    """An ONNX graph file (its external data checked) as :func:`read_graphs` gives a graph: its initializers' values
+    (read inside its folder, as a Snakemake cache's symlinked outputs are too) apart from the model."""
+    model = load_graph(path)
+    check_external_data(model, path)
     weights = {tensor.name: read_initializer(tensor, path) for tensor in model.graph.initializer}
     for tensor in model.graph.initializer:
         for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data",

@@ -246,10 +246,14 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
 
     by_key = _index_records(records, baseline)
     variant_order = _variant_order(records, baseline)
+    quality = quality or {}
+    unknown = sorted(set(quality) - set(variant_order))
+    if unknown:
+        raise GenieBuildError("--quality", f"reports of variants without binaries: {', '.join(unknown)}")
     rows = []
     for part, variant in sorted(by_key, key=lambda key: (key[0], variant_order.index(key[1]))):
         record, baseline_record = by_key[(part, variant)], by_key[(part, baseline)]
-        evaluated = (quality or {}).get(variant)
+        evaluated = quality.get(variant)
         rows.append({
             "part": part, "variant": variant, "baseline": baseline, "toolchain": record.toolchain,
             "tool_version": record.tool_version, "recipe": record.requested.get("recipe") or "",
@@ -259,9 +263,6 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
                for column, field in QUALITY_COLUMNS.items()},
             "flag": "; ".join(_no_effect_reasons(record, baseline_record, min_reduction)),
         })
-    unknown = sorted(set(quality or {}) - {variant for _, variant in by_key})
-    if unknown:
-        raise GenieBuildError("--quality", f"reports of variants without binaries: {', '.join(unknown)}")
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
         {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64",
          **{column: "float64" for column in QUALITY_COLUMNS}})
@@ -309,13 +310,13 @@ def size_table_markdown(table: pd.DataFrame) -> str:
     if per_variant["recipe"].astype(bool).any():
         lines.append("| " + " | ".join(["recipe", *(per_variant.at[v, "recipe"] or "source" for v in variants),
                                         *padding]) + " |")
-    if per_variant["top1_agreement"].notna().any():
+    evaluated = per_variant["top1_agreement"].notna().any()
+    if evaluated:
         for label, column, form in _QUALITY_ROWS:
             values = per_variant[column]
             lines.append("| " + " | ".join([label, *("n/a" if math.isnan(values[v]) else form.format(values[v])
                                                      for v in variants), *padding]) + " |")
 
-    toolchains = table.drop_duplicates("variant").set_index("variant")
     intro = [
         f"# Context binary sizes against `{baseline}`",
         "",
@@ -324,9 +325,9 @@ def size_table_markdown(table: pd.DataFrame) -> str:
         f"a flagged cell is an option that was requested but shows no effect."
         + (" Top-1 agreement, mean KL and perplexity: each evaluated variant against the float model on held-out "
            "text (evaluation.md; evaluation.png draws size against agreement)."
-           if table["top1_agreement"].notna().any() else ""),
+           if evaluated else ""),
         "",
-        "Variants: " + "; ".join(f"`{v}`: {toolchains.at[v, 'toolchain']} {toolchains.at[v, 'tool_version']}".rstrip()
+        "Variants: " + "; ".join(f"`{v}`: {per_variant.at[v, 'toolchain']} {per_variant.at[v, 'tool_version']}".rstrip()
                                  for v in variants) + ".",
         "",
     ]

@@ -4,8 +4,8 @@
 # equals a whole-model calibration's (docs/quantize.md). A part's encodings are merged as soon as its last unit is
 # done, so its converts start while later units still calibrate. Each recipe the variants name has a chain of its
 # own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
-# export or the split. A checkpoint's units are known when the workflow is
-# parsed; split graphs' come with their plan (a checkpoint of Snakemake's).
+# export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
+# plan (a checkpoint of Snakemake's).
 
 CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
 

@@ -71,8 +71,7 @@ def toolchain_version(name: str) -> str:
 class Converter:
     """How a variant's parts are converted. Variants with the same toolchain, float bitwidth and encodings convert
     alike and share one convert job, named ``{toolchain}-fp{float_bitwidth}``, after ``{recipe}/`` in a build that
-    calibrates (:attr:`name`: a wildcard of the workflow and a folder of
-    ``results/<model>/converted/``)."""
+    calibrates (:attr:`name`: a wildcard of the workflow and a folder of ``results/<model>/converted/``)."""
 
     toolchain: str
     float_bitwidth: int
