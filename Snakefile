@@ -37,6 +37,7 @@ if SOURCE_KIND != "estimate":
 
         include: "workflow/rules/encodings.smk"
 
+    include: "workflow/rules/tokens.smk"
     include: "workflow/rules/convert.smk"
     include: "workflow/rules/compile.smk"
     include: "workflow/rules/sizes.smk"

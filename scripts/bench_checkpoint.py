@@ -56,15 +56,15 @@ TARGET_PEAK = 12 * GB
 RULE_COMMANDS = {"plan_hf": "plan-hf", "export_part": "export-part", "calibrate_unit": "calibrate-unit",
                  "part_encodings": "part-encodings", "check_contract": "check-contract", "verify_parts": "verify-parts",
                  "check_plan": "check-plan", "convert_part": "convert", "compile_part": "compile",
-                 "account_part": "account", "size_table": "size-table", "memory_plan": "memory-plan",
-                 "assemble_bundle": "bundle", "check_bundle": "check-bundle", "estimate_sizes": "estimate",
+                 "account": "account", "size_table": "size-table", "memory_plan": "memory-plan",
+                 "bundle": "bundle", "check_bundle": "check-bundle", "estimate_sizes": "estimate",
                  "evaluate_float": "evaluate-float", "evaluate_variant": "evaluate",
                  "evaluation_table": "evaluation-table"}
 STAGES = {"export": ("export_part",), "calibration": ("calibrate_unit", "part_encodings"),
           "convert": ("convert_part",), "compile": ("compile_part",), "verification": ("verify_parts",),
           "evaluation": ("evaluate_float", "evaluate_variant", "evaluation_table"),
-          "checks and tables": ("plan_hf", "check_contract", "check_plan", "account_part", "size_table",
-                                "memory_plan", "assemble_bundle", "check_bundle")}
+          "checks and tables": ("plan_hf", "check_contract", "check_plan", "account", "size_table",
+                                "memory_plan", "bundle", "check_bundle")}
 
 
 # ------------------------------------------------------------------------------------------- the checkpoint
@@ -105,7 +105,7 @@ def write_checkpoint(out: Path, shape: dict, *, dtype: str = "bfloat16", seed: i
     from safetensors.numpy import save_file
 
     from genie_build.fileio import write_json, write_text
-    from genie_build.tokenizer_train import build_tokenizer
+    from genie_build.train_tokenizer import build_tokenizer
 
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -200,12 +200,13 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
     steps = {
         "export": ("from genie_build.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
-        "calibration": ("from pathlib import Path; from genie_build import quantize as q; "
+        "calibration": ("from pathlib import Path; from genie_build import calibrate_unit as q; "
                         "from genie_build.recipes import RECIPES; "
                         f"p = Path({str(export / 'prompt.onnx')!r}); c = Path({str(checkpoint / 'config.json')!r}); "
+                        "from genie_build.tokens import text_token_ids; "
                         "s = q.feed_shape(q.load_graph(p), p, c); "
-                        f"ids = q.corpus_token_ids({str(REPO / 'resources' / 'calibration_corpus.txt')!r}, "
-                        f"{str(checkpoint / 'tokenizer.json')!r}, s.vocab); "
+                        f"ids = text_token_ids({str(REPO / 'resources' / 'calibration_corpus.txt')!r}, "
+                        f"{str(checkpoint / 'tokenizer.json')!r}); "
                         "q.calibrate_prompt(p, RECIPES['w4a16'], q.text_forward_pass(s, ids, 4))"),
     }
     ratios = {}

@@ -50,17 +50,17 @@ LARGE_SHAPE = {"layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 4, "interm
 # graph's weights; ask for a margin above that.
 DISK_FACTOR = 8
 # Jobs that run the whole model in onnxruntime: give each most of the memory so no two run at once.
-WHOLE_MODEL_RULES = ("calibrate_demo_encodings", "verify_split")
+WHOLE_MODEL_RULES = ("calibrate", "verify_split")
 RSS_TARGET_FACTOR = 2
 RSS_FLOOR = 300 * MIB       # the interpreter with numpy/onnx/onnxruntime alone takes 100-200 MiB
 SPLIT_TARGET = 300 * MIB
 # Rule (the benchmark file's first path component) -> the genie_build subcommand it runs, in workflow order.
-COMMANDS = {"generate_demo_model": "generate-demo", "train_demo_tokenizer": "train-tokenizer",
-            "calibrate_demo_encodings": "calibrate", "plan_split": "plan", "split_model": "split",
-            "verify_split": "verify-split", "slice_encodings": "slice-model-encodings", "convert_part": "convert",
-            "compile_part": "compile", "account_part": "account", "size_table": "size-table",
-            "memory_plan": "memory-plan", "assemble_bundle": "bundle", "check_bundle": "check-bundle",
-            "convert_unsplit": "convert", "compile_unsplit": "compile", "host_run": "run-bundle",
+COMMANDS = {"generate_demo": "generate-demo", "train_tokenizer": "train-tokenizer",
+            "calibrate": "calibrate", "plan": "plan", "split": "split",
+            "verify_split": "verify-split", "slice_encodings": "slice-encodings", "convert_part": "convert",
+            "compile_part": "compile", "account": "account", "size_table": "size-table",
+            "memory_plan": "memory-plan", "bundle": "bundle", "check_bundle": "check-bundle",
+            "convert_unsplit": "convert", "compile_unsplit": "compile", "run_bundle": "run-bundle",
             "check_model": "check-model", "check_contract": "check-contract"}
 RSS_HOOK = '''\
 """Written by scripts/bench_large.py: record each genie_build process's peak RSS at exit."""
@@ -96,7 +96,7 @@ class Job:
     @property
     def verdict(self) -> str:
         rss = self.peak_rss or self.bench_rss
-        if self.rule == "split_model":
+        if self.rule == "split":
             return "ok" if rss < SPLIT_TARGET else "over 300 MiB"
         if rss <= max(RSS_TARGET_FACTOR * self.handled_bytes, RSS_FLOOR):
             return "ok"
@@ -171,13 +171,13 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
         return sum(path.stat().st_size for pattern in patterns for path in out.glob(pattern) if path.is_file())
 
     part = wildcards[-1] if wildcards else ""
-    if rule in ("generate_demo_model", "calibrate_demo_encodings"):
+    if rule in ("generate_demo", "calibrate"):
         return "model (one graph's weights)", size("source/prompt.onnx.data")
     if rule == "check_model":
         return "model, both graphs", size("source/*.onnx.data")
-    if rule == "split_model":
+    if rule == "split":
         return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
-    if rule == "plan_split":
+    if rule == "plan":
         return "graphs, no weights", size("source/*.onnx")
     if rule == "check_contract":
         return "graphs without weights, tokenizer, config.json", size("source/*.onnx", "source/tokenizer.json",
@@ -190,15 +190,15 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
         return f"part {part}", size(f"parts/{wildcards[1]}/part_{part}.onnx.data")
     if rule == "compile_part":
         return f"part {part}, converted, both graphs", size(f"converted/*/*/part_{part}.onnx.data")
-    if rule == "account_part":
+    if rule == "account":
         return f"{wildcards[0]} binary {part}", size(f"compiled/{wildcards[0]}/part_{part}.bin")
-    if rule in ("assemble_bundle", "check_bundle"):
+    if rule in ("bundle", "check_bundle"):
         return "bundle", size("genie_bundle/*")
     if rule == "convert_unsplit":
         return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
     if rule == "compile_unsplit":
         return "model, converted, both graphs", size("unsplit/*.onnx.data")
-    if rule == "host_run":
+    if rule == "run_bundle":
         # It runs the bundle, then the unsplit binary (--compare-with): the whole model, one after the other.
         return "model (one graph's weights)", size("source/prompt.onnx.data")
     if rule in ("size_table", "memory_plan"):

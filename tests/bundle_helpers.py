@@ -102,6 +102,22 @@ def replace_tensor(infos: dict[str, BinaryInfo], bin_name: str, graph: str, tens
     return {**infos, bin_name: dataclasses.replace(info, graphs=graphs)}
 
 
+def with_inputs_embeds(infos: dict[str, BinaryInfo], width: int) -> dict[str, BinaryInfo]:
+    """``infos`` with the first ctx-bin's graphs taking ``inputs_embeds`` as a bundle whose embedding is a CPU table
+    (dialog.embedding) has them: for ``input_ids`` (``[..., width]``), or for the embedding's output when the first
+    ctx-bin is part 2."""
+    first = next(iter(infos))
+    for graph in infos[first].graphs:
+        inputs = {tensor.name: tensor for tensor in graph.inputs}
+        if "input_ids" in inputs:
+            infos = replace_tensor(infos, first, graph.name, "input_ids", name="inputs_embeds",
+                                   shape=(*inputs["input_ids"].shape, width), dtype="float32")
+        else:
+            infos = replace_tensor(infos, first, graph.name, "/model/embed_tokens/Gather_output_0",
+                                   name="inputs_embeds")
+    return infos
+
+
 def write_bundle(directory: Path, infos: dict[str, BinaryInfo] | None = None, *, context_size: int = 256,
                  chipset: str = "SM8750", hf_config: dict | None = None) -> Path:
     """A bundle as :func:`genie_build.bundle.assemble_bundle` lays it out, with placeholder ctx-bins."""
@@ -167,7 +183,7 @@ def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
     for kind in ("prompt", "token"):
         _cli("split", "--plan", root / "plan.json", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--out-dir", root / "parts" / kind)
-        _cli("slice-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
+        _cli("slice-graph-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--encodings", source / f"{kind}.encodings.json", "--parts-dir", root / "parts" / kind,
              "--out-dir", root / "encodings" / kind)
     binaries = []

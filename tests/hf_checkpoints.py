@@ -1,6 +1,8 @@
 """Random-weight Hugging Face checkpoints written by transformers' ``save_pretrained`` (safetensors), as a user
-downloads them: Qwen2 (q/k/v biases), Llama with Llama 3's ``llama3`` RoPE scaling, Qwen3 (q_norm/k_norm, an
-explicit head_dim other than hidden / heads). Test helper (import it from tests); needs torch and transformers.
+downloads them, one per family genie-build registers: Qwen2 (q/k/v biases), Llama with Llama 3's ``llama3`` RoPE
+scaling, Mistral (no sliding window, as Mistral-7B-v0.3 states it), Qwen3 (q_norm/k_norm, an explicit head_dim
+other than hidden / heads), Phi-3 (fused qkv_proj and gate_up_proj, as Phi-3-mini-4k states it). Test helper
+(import it from tests); needs torch and transformers.
 
 Norm weights and biases are drawn around their init values (1 and 0), so a wrong norm or a dropped bias shows in
 the logits; ``original_max_position_embeddings`` of the Llama checkpoint is small, so llama3 scaling changes the
@@ -12,34 +14,32 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from genie_build.families import FAMILIES as REGISTERED
 from genie_build.fileio import write_text
-from genie_build.tokenizer_train import build_tokenizer
+from genie_build.train_tokenizer import build_tokenizer
+from family_cases import FAMILY_CASES
 
-FAMILIES = ("qwen2", "llama", "qwen3")
 CORPUS = Path(__file__).resolve().parent.parent / "resources" / "tokenizer_corpus.txt"
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+FAMILIES = tuple(REGISTERED)
 
 
 def hf_model(family: str, *, tied: bool = False, layers: int = 2, hidden: int = 64, heads: int = 4,
-             kv_heads: int = 2, intermediate: int = 128, vocab: int = 320, context: int = 64, seed: int = 0):
-    """A random transformers causal LM of ``family`` (float32)."""
+             kv_heads: int = 2, intermediate: int = 128, vocab: int = 320, context: int = 64, seed: int = 0,
+             **keys):
+    """A random transformers causal LM of ``family`` (float32); ``keys`` add to or override its config."""
     import torch
     import transformers
 
+    if family not in FAMILY_CASES:
+        raise ValueError(f"family {family!r} is not one of {FAMILIES}")
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=context,
                   tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
-    if family == "qwen2":
-        model_class, config = transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**common)
-    elif family == "llama":
-        model_class = transformers.LlamaForCausalLM
-        config = transformers.LlamaConfig(**common, rope_parameters=dict(LLAMA3_ROPE))
-    elif family == "qwen3":
-        model_class = transformers.Qwen3ForCausalLM
-        config = transformers.Qwen3Config(**common, head_dim=2 * hidden // heads)
-    else:
-        raise ValueError(f"family {family!r} is not one of {FAMILIES}")
+    extra = {key: 2 * hidden // heads if value == "2 * hidden // heads" else value
+             for key, value in FAMILY_CASES[family].MODEL_KEYS.items()}
+    registered = REGISTERED[family]
+    model_class = getattr(transformers, registered.architecture)
+    config = model_class.config_class(**common, **{**extra, **keys})
     torch.manual_seed(seed)
     model = model_class(config).eval()
     with torch.no_grad():

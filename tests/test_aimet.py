@@ -265,7 +265,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     run_snakemake(workdir, config_file=config)
     out = workdir / "results" / "aimet"
     assert not list((out / "source").glob("*.encodings.json"))   # no whole-model calibration
-    units = sorted((out / "calibration" / "w4a16").glob("unit_*.encodings.json"))
+    units = sorted((out / "calibration" / "w4a16").glob("u*_of_*.encodings.json"))
     assert len(units) == SMALL_DEMO["split"]["num_parts"]
     assert all(json.loads(path.read_text())["producer"]["package"] == "aimet-onnx" for path in units)
     assert load_json(out / "plan_check.json")["same_parts"]
@@ -277,7 +277,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
     from genie_build.demo import DemoShape, generate_demo
     from genie_build.errors import GenieBuildError
-    from genie_build.quantize import calibrate_prompt
+    from genie_build.calibrate_unit import calibrate_prompt
     from genie_build.recipes import RECIPES
     from whole_model import feeds_forward_pass
 

@@ -147,7 +147,7 @@ def impossible_split(build: ReferenceBuild, src: Path, out: Path) -> Case:
 
 def slice_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
     encodings = src / "prompt.encodings.json"
-    return Case(("slice-encodings", "--graph", "prompt", "--model", src / "prompt.onnx", "--encodings", encodings,
+    return Case(("slice-graph-encodings", "--graph", "prompt", "--model", src / "prompt.onnx", "--encodings", encodings,
                  "--parts-dir", build.root / "parts" / "prompt", "--out-dir", out / "encodings"),
                 str(where), problem, (out / "encodings",))
 

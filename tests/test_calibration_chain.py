@@ -1,12 +1,12 @@
 """The calibration chain against whole-model calibration, with aimet-onnx itself.
 
-For random Qwen2, Llama 3 and Qwen3 checkpoints, exported part by part (3 parts, the middle one in two units), and
-each recipe: the units calibrated one after the other, each fed the residual stream the unit before it stored,
-merged per part (genie_build.part_encodings), give every encoding, activation and weight, that whole-model
-calibration (tests/whole_model.py: the whole export's prompt graph in one QuantizationSimModel) gives the same
-part's tensors, bit for bit, over windows that fill the cache and start a second sequence. The plan made from
-config.json weighs every piece as the calibrated encodings store it. Also: the command's one-line errors, and the
-plan check refusing encodings that would cut the model elsewhere.
+For random checkpoints of every registered family (tests/hf_checkpoints.py), exported part by part (3 parts, the
+middle one in two units), and each recipe: the units calibrated one after the other, each fed the residual stream
+the unit before it stored, merged per part (genie_build.part_encodings), give every encoding, activation and
+weight, that whole-model calibration (tests/whole_model.py: the whole export's prompt graph in one
+QuantizationSimModel) gives the same part's tensors, bit for bit, over windows that fill the cache and start a
+second sequence. The plan made from config.json weighs every piece as the calibrated encodings store it. Also: the
+command's one-line errors, and the plan check refusing encodings that would cut the model elsewhere.
 
 Skips when aimet-onnx is not installed, unless ``GENIE_BUILD_REQUIRE_AIMET=1`` (set by ``.ci/run``).
 """
@@ -26,11 +26,11 @@ import pytest
 from workflow_helpers import REPO
 
 from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, predicted_peak_mb
-from genie_build.conventions import EMBEDDING_BOUNDARY, part_label
+from genie_build.conventions import EMBEDDING_BOUNDARY, unit_label
 from genie_build.encodings import read_encodings, slice_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_tensors
-from genie_build.plan_check import check_plan, measured_pieces
+from genie_build.check_plan import check_plan, measured_pieces
 from genie_build.recipes import RECIPES
 from genie_build.shape_plan import plan_from_hf_config
 from genie_build.split import split_graph
@@ -46,8 +46,9 @@ import hf_checkpoints  # noqa: E402
 
 from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
 from genie_build.part_encodings import write_part_encodings  # noqa: E402
-from genie_build.quantize import (calibrate_prompt, calibrate_unit, copy_kv_input_encodings,  # noqa: E402
-                                  corpus_token_ids, feed_shape, text_forward_pass)
+from genie_build.calibrate_unit import (calibrate_prompt, calibrate_unit, copy_kv_input_encodings,  # noqa: E402
+                                  feed_shape, text_forward_pass)
+from genie_build.tokens import text_token_ids, tokenize_text  # noqa: E402
 
 CORPUS = REPO / "resources" / "calibration_corpus.txt"
 AR, CONTEXT, NUM_SAMPLES = 8, 32, 6    # 4 windows fill a sequence: the fifth starts a new one
@@ -61,9 +62,18 @@ def one_piece_units(plan, split_part: str) -> tuple[CalibrationUnit, ...]:
     for part in plan.parts:
         groups += [(part.label, [name]) for name in part.pieces] if part.label == split_part else [
             (part.label, list(part.pieces))]
-    return tuple(CalibrationUnit(part_label(i, len(groups)), part, tuple(pieces),
+    return tuple(CalibrationUnit(unit_label(i, len(groups)), part, tuple(pieces),
                                  boundaries[groups[i - 2][1][-1]] if i > 1 else None, boundaries[pieces[-1]], 0)
                  for i, (part, pieces) in enumerate(groups, start=1))
+
+
+def corpus_tokens(root: Path, checkpoint: Path) -> Path:
+    """The calibration corpus's token ids, as the workflow's tokenize-text job writes them (once per folder)."""
+    path = root / "calibration.npy"
+    if not path.exists():
+        tokenize_text(CORPUS, checkpoint / "tokenizer.json", checkpoint / "config.json", path, needed=1,
+                      use="calibration")
+    return path
 
 
 def run_chain(root: Path, checkpoint: Path, plan, units, recipe: str) -> Path:
@@ -74,8 +84,8 @@ def run_chain(root: Path, checkpoint: Path, plan, units, recipe: str) -> Path:
         before = units[index - 1] if index else None
         calibrate_unit(part_files(root / "parts" / unit.part)[0]["prompt"], part_units(units, unit.part), unit.label,
                        out / f"unit_{unit.label}.json", out / f"unit_{unit.label}.npy",
-                       hf_config_path=checkpoint / "config.json", tokenizer_path=checkpoint / "tokenizer.json",
-                       corpus_path=CORPUS, recipe=recipe, num_samples=NUM_SAMPLES, ar=AR, context=CONTEXT,
+                       hf_config_path=checkpoint / "config.json", tokens_path=corpus_tokens(root, checkpoint),
+                       recipe=recipe, num_samples=NUM_SAMPLES, ar=AR, context=CONTEXT,
                        boundary_in=out / f"unit_{before.label}.npy" if before else None)
     for part in plan.parts:
         mine = part_units(units, part.label)
@@ -108,7 +118,7 @@ def model(request, tmp_path_factory):
 def whole_model_encodings(root: Path, checkpoint: Path, recipe: str):
     prompt = root / "whole" / "prompt.onnx"
     shape = feed_shape(load_graph(prompt), prompt, checkpoint / "config.json")
-    ids = corpus_token_ids(CORPUS, checkpoint / "tokenizer.json", shape.vocab)
+    ids = text_token_ids(CORPUS, checkpoint / "tokenizer.json")
     encodings = calibrate_prompt(prompt, RECIPES[recipe], text_forward_pass(shape, ids, NUM_SAMPLES))
     return copy_kv_input_encodings(encodings, read_graph_tensors(prompt).tensor_names)
 
@@ -186,7 +196,7 @@ def test_units_never_cross_a_part_and_fit_the_budget():
 
 # --- the command -------------------------------------------------------------------------------------------------
 
-def _command(model, tmp_path: Path, *extra: str, corpus: Path = CORPUS) -> subprocess.CompletedProcess:
+def _command(model, tmp_path: Path, *extra: str, tokens: Path | None = None) -> subprocess.CompletedProcess:
     _, root, checkpoint, plan, units = model
     unit = units[1]
     return subprocess.run(
@@ -194,24 +204,25 @@ def _command(model, tmp_path: Path, *extra: str, corpus: Path = CORPUS) -> subpr
          "--part-graph", str(part_files(root / "parts" / unit.part)[0]["prompt"]),
          "--part-units-json", json.dumps([dataclasses.asdict(u) for u in part_units(units, unit.part)]),
          "--unit", unit.label, "--hf-config", str(checkpoint / "config.json"),
-         "--tokenizer", str(checkpoint / "tokenizer.json"), "--corpus", str(corpus), "--recipe", "w4a16",
+         "--tokens", str(tokens or corpus_tokens(root, checkpoint)), "--recipe", "w4a16",
          "--ar", str(AR), "--context", str(CONTEXT), "--out-encodings", str(tmp_path / "unit.json"),
          "--out-boundary", str(tmp_path / "unit.npy"), *extra], capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("model", ["qwen2"], indirect=True)   # the inputs are read alike for every family
 def test_bad_inputs_are_one_line_and_write_nothing(model, tmp_path):
-    empty, stale = tmp_path / "empty.txt", tmp_path / "stale.npy"
-    empty.write_text("")
+    short, stale = tmp_path / "short.npy", tmp_path / "stale.npy"
+    np.save(short, np.arange(2 * AR - 1, dtype=np.int32))
     np.save(stale, np.zeros((2, 1, AR, 64), np.float32))
-    for extra, corpus, message in (
-            (["--num-samples", "2", "--boundary-in", str(stale)], empty, "gives no tokens"),
-            (["--num-samples", "2", "--boundary-in", str(stale)], tmp_path / "missing.txt",
-             "file not found"),
-            (["--num-samples", "0", "--boundary-in", str(stale)], CORPUS, "at least 1"),
-            (["--num-samples", "3", "--boundary-in", str(stale)], CORPUS, "stored for other calibration settings"),
-            (["--num-samples", "2"], CORPUS, "takes the residual stream of the unit before it")):
-        result = _command(model, tmp_path, *extra, corpus=corpus)
+    for extra, tokens, message in (
+            (["--num-samples", "2", "--boundary-in", str(stale)], short,
+             f"holds {2 * AR - 1} token ids, {2 * AR} are needed"),
+            (["--num-samples", "2", "--boundary-in", str(stale)], tmp_path / "missing.npy", "file not found"),
+            (["--num-samples", "2", "--boundary-in", str(stale)], stale, "not int32 token ids"),
+            (["--num-samples", "0", "--boundary-in", str(stale)], None, "at least 1"),
+            (["--num-samples", "3", "--boundary-in", str(stale)], None, "stored for other calibration settings"),
+            (["--num-samples", "2"], None, "takes the residual stream of the unit before it")):
+        result = _command(model, tmp_path, *extra, tokens=tokens)
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith("genie-build: error: ")
         assert message in result.stderr.strip().splitlines()[-1]
@@ -223,15 +234,14 @@ def test_without_aimet_onnx_the_unit_names_what_is_missing_after_reading_its_inp
     _, root, checkpoint, plan, units = model
     monkeypatch.setitem(sys.modules, "aimet_onnx.quantsim", None)   # import fails as if not installed
     unit = units[0]
-    kwargs = dict(hf_config_path=checkpoint / "config.json", tokenizer_path=checkpoint / "tokenizer.json",
-                  recipe="w4a16", num_samples=2, ar=AR, context=CONTEXT)
+    kwargs = dict(hf_config_path=checkpoint / "config.json", recipe="w4a16", num_samples=2, ar=AR, context=CONTEXT)
     graph = part_files(root / "parts" / unit.part)[0]["prompt"]
     with pytest.raises(GenieBuildError, match="^calibrate-unit: aimet needs aimet-onnx, which is not installed"):
         calibrate_unit(graph, part_units(units, unit.part), unit.label, tmp_path / "u.json", tmp_path / "u.npy",
-                       corpus_path=CORPUS, **kwargs)
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    with pytest.raises(GenieBuildError, match="gives no tokens"):   # a bad corpus is found first
+                       tokens_path=corpus_tokens(root, checkpoint), **kwargs)
+    short = tmp_path / "short.npy"
+    np.save(short, np.arange(AR, dtype=np.int32))
+    with pytest.raises(GenieBuildError, match="are needed"):   # too few calibration tokens are found first
         calibrate_unit(graph, part_units(units, unit.part), unit.label, tmp_path / "u.json", tmp_path / "u.npy",
-                       corpus_path=empty, **kwargs)
+                       tokens_path=short, **kwargs)
     assert not list(tmp_path.glob("u.*"))

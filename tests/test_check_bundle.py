@@ -264,10 +264,14 @@ def vendor_layout_bundle(directory: Path, edit=None) -> Path:
         (bundle / old).rename(bundle / new)
     metadata = yaml.safe_load((bundle / METADATA_NAME).read_text())
     metadata["model_files"] = {new: metadata["model_files"][old] for old, new in zip(old_names, new_names)}
+    for graph in metadata["model_files"][new_names[0]]["graphs"].values():  # the first split takes the LUT's rows
+        ids = graph["inputs"].pop("input_ids")
+        graph["inputs"] = {"inputs_embeds": {"shape": [*ids["shape"], 3072], "dtype": "float32"}, **graph["inputs"]}
     (bundle / METADATA_NAME).write_text(yaml.safe_dump(metadata))
     (bundle / "tokenizer.json").rename(bundle / "artifacts" / "tokenizer.json")
     (bundle / "htp_backend_ext_config.json").rename(bundle / "artifacts" / "tmpk2j4x9.json")
-    (bundle / "artifacts" / "embedding_table.bin").write_bytes(b"lut")
+    with open(bundle / "artifacts" / "embedding_table.bin", "wb") as table:
+        table.truncate(128256 * 3072 * 2)  # ufixed16 [n_vocab][n_embd], sparse: no disk blocks
     dialog = config["dialog"]
     dialog["tokenizer"]["path"] = "artifacts/tokenizer.json"
     dialog["embedding"] = {"version": 1, "type": "lut", "lut-path": "artifacts/embedding_table.bin", "size": 3072,

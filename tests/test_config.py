@@ -71,7 +71,7 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
 
 
 @pytest.mark.parametrize("config, expected", [
-    (changed(split__num_parts="x"), "config split.num_parts: 'x' is not of type 'integer', 'null'"),
+    (changed(split__num_parts="x"), "config split.num_parts: 'x' does not match '^auto$'"),
     (changed(split__num_parts=1), "config split.num_parts: 1 is less than the minimum of 2"),
     (changed(bogus_key=1), f"config bogus_key: unknown key (known: {TOP_LEVEL_KEYS})"),
     (changed(bogus_key=1, zz=2), f"config bogus_key: unknown key (known: {TOP_LEVEL_KEYS}); also unknown: zz"),

@@ -7,8 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from genie_build.conventions import (KV_TENSOR, PART_SUFFIX, graph_ar, graph_ar_cl, graph_name, kv_name,
-                                     parse_part_label, part_label, unsplit_graph_name)
+import re
+
+from genie_build.calibration_units import units_from_dicts
+from genie_build.conventions import (KV_TENSOR, PART_LABEL_PATTERN, PART_SUFFIX, UNIT_LABEL_PATTERN, graph_ar,
+                                     graph_ar_cl, graph_name, kv_name, parse_part_label, part_label, piece_names,
+                                     unit_label, unsplit_graph_name)
+from genie_build.errors import GenieBuildError
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,36 @@ class _Tensor:
 def test_part_label_pads_the_index_to_the_width_of_n(index: int, num_parts: int, label: str) -> None:
     assert part_label(index, num_parts) == label
     assert parse_part_label(label) == (index, num_parts)
+
+
+@pytest.mark.parametrize("index, num_units, label", [(1, 6, "u1_of_6"), (3, 17, "u03_of_17"), (17, 17, "u17_of_17")])
+def test_a_unit_label_is_never_read_as_a_part_label(index: int, num_units: int, label: str) -> None:
+    """The calibration chain's units and the parts are both numbered "i of n"; the unit's "u" keeps the wildcards,
+    the file names and the logs of the two apart."""
+    assert unit_label(index, num_units) == label
+    assert re.fullmatch(UNIT_LABEL_PATTERN, label) and not re.fullmatch(PART_LABEL_PATTERN, label)
+    assert not re.fullmatch(UNIT_LABEL_PATTERN, part_label(index, num_units))
+    with pytest.raises(ValueError, match="not a part label"):
+        parse_part_label(label)
+
+
+def test_a_piece_is_named_by_its_position_and_the_planner_names_it_so() -> None:
+    from genie_build.plan import weighed_pieces
+    assert piece_names(2) == ("embedding", "layer_0", "layer_1", "head")
+    pieces = weighed_pieces({}, {}, {}, ["b0", "b1", "b2"])
+    assert tuple(piece.name for piece in pieces) == piece_names(2)
+    assert [piece.kind for piece in pieces] == ["embedding", "layer", "layer", "head"]
+
+
+def test_a_units_file_with_part_like_labels_is_refused_in_one_line() -> None:
+    unit = {"label": "03_of_17", "part": "02_of_06", "pieces": ["layer_0"], "input_boundary": "a",
+            "output_boundary": "b", "float_bytes": 4}
+    with pytest.raises(GenieBuildError) as excinfo:
+        units_from_dicts([unit], "calibration_units.json")
+    assert str(excinfo.value) == ("calibration_units.json: calibration unit label '03_of_17' is not of the form "
+                                  "u01_of_N (a file written before units had their own labels: delete it to plan "
+                                  "again)")
+    assert units_from_dicts([{**unit, "label": "u03_of_17"}], "calibration_units.json")[0].label == "u03_of_17"
 
 
 @pytest.mark.parametrize("num_parts", [9, 10, 11, 100, 101])

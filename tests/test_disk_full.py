@@ -38,7 +38,7 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
                  "--num-parts", 3, "--out", out],
         "split": ["split", "--plan", root / "plan.json", "--graph", "prompt", "--model", source / "prompt.onnx",
                   "--out-dir", out],
-        "slice-encodings": ["slice-encodings", "--graph", "prompt", "--model", source / "prompt.onnx",
+        "slice-graph-encodings": ["slice-graph-encodings", "--graph", "prompt", "--model", source / "prompt.onnx",
                             "--encodings", source / "prompt.encodings.json", "--parts-dir", root / "parts" / "prompt",
                             "--out-dir", out],
         "convert": ["convert", "--toolchain", "reference", "--onnx", root / "parts" / "prompt" / f"part_{label}.onnx",
@@ -59,7 +59,7 @@ def previous_output(build: ReferenceBuild, writer: str) -> Path:
     """What the build wrote with the same command: the complete output a failed rerun must not damage."""
     label = "3_of_3"
     return {"plan": build.root / "plan.json", "split": build.root / "parts" / "prompt",
-            "slice-encodings": build.root / "encodings" / "prompt",
+            "slice-graph-encodings": build.root / "encodings" / "prompt",
             "convert": build.root / "converted" / "prompt" / f"part_{label}.onnx",
             "compile": build.root / "compiled" / f"part_{label}.bin", "bundle": build.bundle}[writer]
 
@@ -102,7 +102,7 @@ def assert_clean_failure(result: subprocess.CompletedProcess, out: Path, problem
     assert temporaries == [], "a temporary file or staging directory was left behind"
 
 
-WRITERS = ["plan", "split", "slice-encodings", "convert", "compile", "bundle"]
+WRITERS = ["plan", "split", "slice-graph-encodings", "convert", "compile", "bundle"]
 
 
 @pytest.mark.parametrize("writer", WRITERS)

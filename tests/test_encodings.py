@@ -1,4 +1,4 @@
-"""Tests for genie_build.encodings and the slice-encodings command."""
+"""Tests for genie_build.encodings and the slice-graph-encodings command."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def three_parts(tmp_path: Path) -> dict[str, Path]:
 
 
 def slice_cli(paths: dict[str, Path], *extra: str) -> int:
-    return main(["slice-encodings", "--graph", "prompt", "--model", str(paths["model"]),
+    return main(["slice-graph-encodings", "--graph", "prompt", "--model", str(paths["model"]),
                  "--encodings", str(paths["encodings"]), "--parts-dir", str(paths["parts"]),
                  "--out-dir", str(paths["out"]), *extra])
 
@@ -578,9 +578,9 @@ def test_command_failing_midway_keeps_the_previous_output_whole(three_parts: dic
 
 
 def model_slice_cli(paths: dict[str, Path], token_encodings: Path, *extra: str) -> int:
-    """slice-model-encodings on the tiny model as both graphs (the prompt graph's encodings are ``paths``')."""
+    """slice-encodings on the tiny model as both graphs (the prompt graph's encodings are ``paths``')."""
     graphs = {"prompt": paths["encodings"], "token": token_encodings}
-    return main(["slice-model-encodings", *(item for graph, encodings in graphs.items() for item in (
+    return main(["slice-encodings", *(item for graph, encodings in graphs.items() for item in (
         f"--{graph}-model", str(paths["model"]), f"--{graph}-encodings", str(encodings),
         f"--{graph}-parts-dir", str(paths["parts"]), f"--{graph}-out-dir", str(paths["out"].parent / graph))),
         *extra])
@@ -596,7 +596,7 @@ def test_model_command_writes_what_the_one_graph_command_writes_for_each_graph(t
     assert sorted(both["token"]) == [f"part_{label}.encodings.json" for label in LABELS]
     one_by_one = tmp_path / "one_by_one"
     for graph, extra in (("prompt", ()), ("token", ("--consistent-with", str(three_parts["encodings"])))):
-        assert main(["slice-encodings", "--graph", graph, "--model", str(three_parts["model"]), "--encodings",
+        assert main(["slice-graph-encodings", "--graph", graph, "--model", str(three_parts["model"]), "--encodings",
                      str(three_parts["encodings"] if graph == "prompt" else token), "--parts-dir",
                      str(three_parts["parts"]), "--out-dir", str(one_by_one / graph), *extra]) == 0
         assert {path.name: path.read_bytes() for path in (one_by_one / graph).iterdir()} == both[graph]
@@ -792,7 +792,7 @@ def test_command_share_from_lets_separately_calibrated_graphs_through(three_part
     enc = read_encodings(three_parts["encodings"])
     other = three_parts["encodings"].with_name("token.encodings.json")
     write_encodings(other, replace(enc, activations={**enc.activations, "b1": act("b1", scale=0.5)}))
-    token = ["slice-encodings", "--graph", "token", "--model", str(three_parts["model"]), "--encodings",
+    token = ["slice-graph-encodings", "--graph", "token", "--model", str(three_parts["model"]), "--encodings",
              str(other), "--parts-dir", str(three_parts["parts"]), "--out-dir", str(three_parts["out"])]
     assert main([*token, "--consistent-with", str(three_parts["encodings"])]) == 2
     assert main([*token, "--share-from", str(three_parts["encodings"])]) == 0

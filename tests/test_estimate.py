@@ -493,8 +493,8 @@ def test_command_refuses_boundaries_with_a_config(tmp_path, demo, capsys):
 
 # ------------------------------------------------------------------------------------------- workflow
 
-PREDICTED_FILES = ["estimate.json", "memory_plan.json", "memory_plan.md", "plan.json", "size_table.csv",
-                   "size_table.md", "size_table.png"]
+PREDICTED_FILES = ["estimate.json", "memory_plan.json", "memory_plan.md", "memory_plan.png", "plan.json",
+                   "size_table.csv", "size_table.md", "size_table.png"]
 
 
 def predicted_bytes(out: Path) -> dict[tuple[int, str], int]:

@@ -23,8 +23,10 @@ from onnx import TensorProto, helper
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.commands.evaluate import rope_of
-from genie_build.evaluate import compare_logits, fake_quantize_activations, quality_of, text_windows
-from genie_build.quality import Quality, QualityBounds, quality_flags, quality_rows, write_quality_table
+from genie_build.evaluate import (CLIP_STATS_SUFFIX, ClipSums, compare_logits, fake_quantize_activations, grid_of,
+                                  quality_of, text_windows)
+from genie_build.evaluation_table import (Clipping, ClippedTensor, Quality, QualityBounds, quality_flags, quality_rows,
+                                 write_quality_table)
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import (EXPORTS, USER_MODEL, export_small_demo, scale_initializer, user_model_checkout,
                              user_model_config)
@@ -60,6 +62,39 @@ def test_a_fake_quantized_activation_is_the_reference_quantizers_grid(bitwidth, 
 
     expected = grid(-grid(np.maximum(grid(x), 0)))
     np.testing.assert_array_equal(run(model, {"x": x})["y"], expected)
+
+
+def test_clip_statistics_count_the_values_outside_the_grid_and_sum_over_windows():
+    """Each quantized tensor's ``/clip_stats`` output counts the values the clip moves more than a step (more than
+    one step past the grid's end; within it the clip errs no more than rounding), its size and its float extremes;
+    ClipSums adds windows up and names the tensors that clip most."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["hidden"]), helper.make_node("Neg", ["hidden"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    encodings = {"x": TensorEncoding("x", "int", 8, scale=(0.01,), offset=(-128,)),   # grid [-1.28, 1.27]
+                 "y": TensorEncoding("y", "int", 8, scale=(0.02,), offset=(-255,))}    # grid [-5.1, 0]
+    assert fake_quantize_activations(model, Encodings(activations=encodings), clip_stats=True) == ["x", "y"]
+    onnx.checker.check_model(model)
+    sums = ClipSums(grids={name: grid_of(encoding) for name, encoding in encodings.items()})
+    assert sums.grids["x"] == pytest.approx((-1.28, 1.27))
+    rng = np.random.default_rng(0)
+    feeds = [rng.normal(0, 1, (4, 8)).astype(np.float32) for _ in range(3)]
+    for x in feeds:
+        outputs = run(model, {"x": x})
+        assert outputs[f"x{CLIP_STATS_SUFFIX}"].tolist() == pytest.approx(
+            [np.sum((x / np.float32(0.01) < -129) | (x / np.float32(0.01) > 128)), 32, x.min(), x.max()])
+        sums.add(outputs)
+    every = np.stack(feeds)
+    outside_x = int(np.sum((every / np.float32(0.01) < -129) | (every / np.float32(0.01) > 128)))
+    assert outside_x > 0
+    # y = -quantized(relu(x)) reaches -1.27 at most: inside y's grid
+    clipping = sums.clipping()
+    assert clipping.values == 2 * every.size and clipping.share == pytest.approx(outside_x / (2 * every.size))
+    assert [tensor.name for tensor in clipping.tensors] == ["x"]
+    (tensor,) = clipping.tensors
+    assert tensor.share == pytest.approx(outside_x / every.size) and tensor.max == pytest.approx(every.max())
+    assert tensor.past_end == pytest.approx(max(every.max() - 1.27, -1.28 - every.min()) / 2.55, rel=1e-5)
 
 
 def test_the_weights_rebuilding_nodes_are_left_alone():
@@ -108,6 +143,11 @@ def test_bounds_flag_what_they_bound():
     assert quality_flags(quality, QualityBounds(min_top1_agreement=0.4, max_mean_kl=0.3)) == []
     flags = quality_flags(quality, QualityBounds(min_top1_agreement=0.9, max_mean_kl=0.1))
     assert len(flags) == 2 and "min_top1_agreement" in flags[0] and "max_mean_kl" in flags[1]
+    clipping = Clipping(share=0.002, values=1000, tensors=(ClippedTensor("logits", 0.01, -10.1, 10.1, -3.0, 12.1),))
+    assert quality_flags(quality, QualityBounds(max_clipped_share=0.01), clipping) == []
+    (flag,) = quality_flags(quality, QualityBounds(max_clipped_share=0.001), clipping)
+    assert flag == ("clipped share 0.200% > max_clipped_share 0.100% (most: logits 1.00% outside [-10.1, 10.1], "
+                    "reached 12.1)")
 
 
 def test_the_table_puts_each_variants_size_beside_its_quality_and_strict_writes_nothing(tmp_path):
@@ -127,7 +167,7 @@ def test_the_table_puts_each_variants_size_beside_its_quality_and_strict_writes_
         write_quality_table(rows, out["md"], out["csv"], out["png"], strict=True)
     assert not any(path.exists() for path in out.values())
     assert write_quality_table(rows, out["md"], out["csv"], out["png"]) == [f"packed: {rows[1].flags[0]}"]
-    assert "| packed | 4.0 | 81.0% | 0.02 | 9.50 | 9.00 | top-1 agreement 81.0% < min_top1_agreement 90.0% |" in (
+    assert "| packed | 4.0 | 81.0% | 0.02 | 9.50 | 9.00 |  |  |  | top-1 agreement 81.0% < min_top1_agreement 90.0% |" in (
         out["md"].read_text())
     assert out["csv"].read_text().splitlines()[1].startswith("unpacked,8000000,64,0.970000,0.001,")
     assert out["png"].read_bytes().startswith(b"\x89PNG")
@@ -252,12 +292,12 @@ def test_enabled_the_build_evaluates_and_a_changed_encoding_reevaluates_without_
                                               r"gives \[3, 8, 512\]: not the same windows"):
         quality_of(sorted((out / "compiled" / "packed").glob("part_*.bin")),
                    sorted((out / "encodings" / "prompt").glob("part_*.encodings.json")),
-                   out / "evaluation" / "float_logits.npy", text_path=workdir / "resources" / "evaluation_text.txt",
-                   tokenizer_path=exports / "tokenizer.json", rope=rope, max_windows=3)
+                   out / "evaluation" / "float_logits.npy", tokens_path=out / "tokens" / "evaluation.npy", rope=rope,
+                   max_windows=3)
 
 
 def test_a_float_logits_file_that_is_not_one_is_refused_before_any_part_runs(tmp_path):
-    arguments = {"text_path": tmp_path / "text.txt", "tokenizer_path": tmp_path / "tokenizer.json", "rope": {},
+    arguments = {"tokens_path": tmp_path / "tokens.npy", "rope": {},
                  "max_windows": 1}
     (tmp_path / "garbage.npy").write_bytes(b"not an array")
     with pytest.raises(GenieBuildError, match="garbage.npy: not a logits file"):

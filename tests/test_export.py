@@ -35,6 +35,7 @@ torch = pytest.importorskip("torch", reason="the export needs torch: pip install
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")
 
+import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 import onnxruntime as ort  # noqa: E402
 
@@ -56,12 +57,17 @@ CASES = {  # name -> (family, tied, max_shard_size, config.json in the Hub's tra
 def as_hub_config(checkpoint: Path) -> None:
     """Rewrite config.json as the Hub's Qwen2.5 and Llama 3.2 files state it (transformers 4): ``rope_theta`` and
     ``rope_scaling`` at the top level instead of ``rope_parameters``, ``torch_dtype``, and for Qwen2 a sliding
-    window that ``use_sliding_window: false`` turns off."""
+    window that ``use_sliding_window: false`` turns off; Phi-3.5's longrope as ``type`` with the factor lists and
+    ``original_max_position_embeddings`` at the top level."""
     path = checkpoint / "config.json"
     config = json.loads(path.read_text())
     rope = dict(config.pop("rope_parameters"))
     config["rope_theta"] = rope.pop("rope_theta")
     config["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    if rope.get("rope_type") == "longrope":
+        config["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+        config["rope_scaling"] = {"long_factor": rope["long_factor"], "short_factor": rope["short_factor"],
+                                  "type": "longrope"}
     config["torch_dtype"] = config.pop("dtype", "float32")
     config.pop("layer_types", None)
     if config["model_type"] == "qwen2":
@@ -172,7 +178,7 @@ def test_a_tied_head_is_written_as_its_own_copy_of_the_table(tmp_path):
 
 def test_llama3_scaling_changes_the_rope_tables_the_export_is_compared_with():
     """Without this the llama3 case above would pass with plain tables too."""
-    scaled = rope_tables(16, 500000.0, np.arange(AR, 2 * AR), hf_checkpoints.LLAMA3_ROPE)
+    scaled = rope_tables(16, 500000.0, np.arange(AR, 2 * AR), family_cases.llama.MODEL_ROPE)
     plain = rope_tables(16, 500000.0, np.arange(AR, 2 * AR))
     assert np.abs(scaled[1] - plain[1]).max() > 1e-2
 
@@ -181,7 +187,7 @@ def test_llama3_tables_equal_transformers_rotary_embedding():
     model = hf_checkpoints.hf_model("llama", context=64)
     positions = torch.arange(40).unsqueeze(0)
     cos, sin = model.model.rotary_emb(torch.zeros(1, 40, 64), positions)
-    ours = rope_tables(16, 500000.0, np.arange(40), hf_checkpoints.LLAMA3_ROPE)
+    ours = rope_tables(16, 500000.0, np.arange(40), family_cases.llama.MODEL_ROPE)
     np.testing.assert_allclose(ours[0][0, 0], cos[0, :, :8].numpy(), atol=1e-6)
     np.testing.assert_allclose(ours[1][0, 0], sin[0, :, :8].numpy(), atol=1e-6)
 
@@ -224,7 +230,8 @@ def test_an_unsupported_rope_type_is_refused(checkpoint, tmp_path):
     (lambda ck: (ck / "config.json").unlink(), "config.json"),
     (lambda ck: (ck / "config.json").write_text("{not json"), "config.json"),
     (lambda ck: (ck / "config.json").write_text("[1, 2]"), "config.json"),
-    (lambda ck: (ck / "model.safetensors.index.json").write_text('{"weight_map": {"a": "gone.safetensors"}}'),
+    (lambda ck: ((ck / "model.safetensors").unlink(),   # an index is read only without model.safetensors
+                 (ck / "model.safetensors.index.json").write_text('{"weight_map": {"a": "gone.safetensors"}}')),
      "model.safetensors.index.json"),
     (lambda ck: (ck / "model.safetensors").write_bytes(b"truncated"), "checkpoint"),
 ])

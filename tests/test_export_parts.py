@@ -1,7 +1,8 @@
 """export-part: one part of a Hugging Face checkpoint at a time, from its own tensors, against the whole export split.
 
 For random Qwen2 (float32, sharded; and bfloat16, tied, with the Hub's transformers-4 config.json), Llama 3 (tied,
-llama3 RoPE) and Qwen3 (tied, head_dim other than hidden / heads) checkpoints and a plan made from config.json
+llama3 RoPE), Qwen3 (tied, head_dim other than hidden / heads), Mistral (sharded) and Phi-3 (bfloat16, fused
+qkv_proj and gate_up_proj; and Phi-3.5's longrope in its Hub layout) checkpoints and a plan made from config.json
 alone: every part's prompt and token graphs equal the split of the whole export (IO, graph names, every node with
 its canonical names, every weight, onnxruntime outputs bit for bit); both graphs of a part read one weights file;
 a part reads only its own tensors; each part computes what transformers' modules compute, and the parts chained,
@@ -27,35 +28,41 @@ from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
 from genie_build.shape_plan import part_tensor_names, plan_from_hf_config
 from genie_build.split import DATA_ALIGNMENT, split_graph
-from genie_build.verify import build_feed, run_graph
+from genie_build.verify_split import build_feed, run_graph
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")
 
+import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 from test_export import as_hub_config, _hf_steps  # noqa: E402
 
 from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
-from genie_build.verify_export import verify_parts  # noqa: E402
+from genie_build.verify_parts import verify_parts  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS = 8, 32, 3
-CASES = {  # name -> (family, tied, max_shard_size, dtype, config.json in the Hub's transformers-4 layout)
-    "qwen2-sharded": ("qwen2", False, "100KB", "float32", False),
-    "qwen2.5-bf16-hub-config": ("qwen2", True, None, "bfloat16", True),
-    "llama3-tied": ("llama", True, None, "float32", False),
-    "qwen3-tied": ("qwen3", True, None, "float32", False),
+CASES = {  # name -> (family, tied, max_shard_size, dtype, config.json in the Hub's transformers-4 layout, keys)
+    "qwen2-sharded": ("qwen2", False, "100KB", "float32", False, {}),
+    "qwen2.5-bf16-hub-config": ("qwen2", True, None, "bfloat16", True, {}),
+    "llama3-tied": ("llama", True, None, "float32", False, {}),
+    "qwen3-tied": ("qwen3", True, None, "float32", False, {}),
+    "mistral-sharded": ("mistral", False, "100KB", "float32", False, {}),
+    "phi3-bf16": ("phi3", False, None, "bfloat16", False, {}),
+    "phi3.5-longrope-hub-config": ("phi3", False, "100KB", "float32", True,
+                                   {"rope_parameters": family_cases.phi3.MODEL_LONGROPE,
+                                    "original_max_position_embeddings": 32}),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def exported(request, tmp_path_factory):
     """``(case, checkpoint, plan, whole export split into parts, per-part export)``, made once per case."""
-    family, tied, shard, dtype, hub_layout = CASES[request.param]
+    family, tied, shard, dtype, hub_layout, keys = CASES[request.param]
     root = tmp_path_factory.mktemp(request.param)
     checkpoint = hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=tied, max_shard_size=shard,
-                                                dtype=dtype, layers=3)
+                                                dtype=dtype, layers=3, **keys)
     if hub_layout:
         as_hub_config(checkpoint)
     plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=AR, context=CONTEXT,
@@ -223,7 +230,8 @@ def test_a_checkpoint_without_a_tensor_of_the_part_names_it(tmp_path):
     config.pop("layer_types", None)
     (checkpoint / "config.json").write_text(json.dumps(config))
     bigger = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=AR, context=CONTEXT, num_parts=2)
-    with pytest.raises(GenieBuildError, match="model.layers.2.") as error:
+    with pytest.raises(GenieBuildError, match="num_hidden_layers is 3, but the checkpoint's tensors hold layers 0-1"
+                       ) as error:
         export_part(checkpoint, bigger.parts[-1], tmp_path / "out", num_parts=2, ar=AR, context=CONTEXT)
     assert str(checkpoint) in str(error.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -233,11 +241,11 @@ def test_a_checkpoint_without_a_tensor_of_the_part_names_it(tmp_path):
 def test_the_command_exits_2_with_one_line(tmp_path):
     checkpoint = hf_checkpoints.make_checkpoint(tmp_path / "checkpoint", "qwen2", layers=1)
     config = json.loads((checkpoint / "config.json").read_text())
-    config.update(model_type="mistral", architectures=["MistralForCausalLM"])
+    config.update(model_type="gemma2", architectures=["Gemma2ForCausalLM"])
     (checkpoint / "config.json").write_text(json.dumps(config))
     part = {"index": 2, "label": "2_of_2", "pieces": ["layer_0", "head"], "first_layer": 0, "last_layer": 0,
             "input_boundary": "/model/embed_tokens/Gather_output_0", "output_boundary": None}
-    for part_json, message in ((json.dumps(part), "'mistral'"), ("{\"label\": 1}", "--part-json")):
+    for part_json, message in ((json.dumps(part), "'gemma2'"), ("{\"label\": 1}", "--part-json")):
         result = subprocess.run([sys.executable, "-m", "genie_build", "export-part", "--checkpoint", str(checkpoint),
                                  "--part-json", part_json, "--num-parts", "2", "--ar", str(AR), "--context",
                                  str(CONTEXT), "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)

@@ -163,7 +163,7 @@ def test_the_data_file_of_a_constant_is_an_input_of_the_jobs_that_read_it(built_
         handle.seek(int(reference.get("offset", 0)))
         handle.write(np.float32(0.5).tobytes())
     result = run_snakemake(workdir, "-n", config_file=built_constant[1])
-    assert "split_model" in result.stdout and "check_model" in result.stdout
+    assert "split" in result.stdout and "check_model" in result.stdout
 
 
 @pytest.mark.parametrize("where", ["absolute", "parent", "link"])

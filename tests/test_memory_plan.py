@@ -129,10 +129,11 @@ def test_markdown_says_unknown_for_weights_a_toolchain_cannot_read_back():
     assert "| **total** | **unknown** | **2.00** | |" in markdown
 
 
-def test_write_memory_plan_writes_both_files(tmp_path):
+def test_write_memory_plan_writes_all_three_files(tmp_path):
     plan = plan_memory([PartSize(1, 10, 20)], "packed")
-    write_memory_plan(plan, tmp_path / "memory_plan.json", tmp_path / "memory_plan.md")
+    write_memory_plan(plan, tmp_path / "memory_plan.json", tmp_path / "memory_plan.md", tmp_path / "memory_plan.png")
     assert json.loads((tmp_path / "memory_plan.json").read_text())["total_file_bytes"] == 20
+    assert (tmp_path / "memory_plan.png").read_bytes().startswith(b"\x89PNG")
     assert "## Warnings\n\nNone." in (tmp_path / "memory_plan.md").read_text()
 
 
@@ -146,7 +147,8 @@ def test_memory_plan_command_applies_the_limits_in_mib(tmp_path):
     out_json, out_md = tmp_path / "memory_plan.json", tmp_path / "memory_plan.md"
 
     code = cli.main(["memory-plan", "--records", *paths, "--variant", "packed", "--max-context-mb", "4",
-                     "--max-session-mb", "8", "--max-contexts", "1", "--json", str(out_json), "--md", str(out_md)])
+                     "--max-session-mb", "8", "--max-contexts", "1", "--json", str(out_json), "--md", str(out_md),
+                     "--png", str(tmp_path / "memory_plan.png")])
 
     assert code == 0
     data = json.loads(out_json.read_text())
@@ -159,5 +161,5 @@ def test_memory_plan_command_applies_the_limits_in_mib(tmp_path):
 def test_memory_plan_command_refuses_a_non_positive_limit(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["memory-plan", "--records", "x.json", "--variant", "packed", "--max-context-mb", "0",
-                  "--json", str(tmp_path / "a.json"), "--md", str(tmp_path / "a.md")])
+                  "--json", str(tmp_path / "a.json"), "--md", str(tmp_path / "a.md"), "--png", str(tmp_path / "a.png")])
     assert "must be positive" in capsys.readouterr().err

@@ -400,7 +400,7 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     config.write_text(yaml.safe_dump(settings))
     result = run_snakemake(workdir, "-p", config_file=config)
     ran = set(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", result.stdout + result.stderr, re.MULTILINE))
-    assert {"plan_split", "split_model", "calibrate_unit", "part_encodings", "check_plan"} <= ran
+    assert {"plan", "split", "calibrate_unit", "part_encodings", "check_plan"} <= ran
     assert not {"slice_encodings", "convert_unsplit"} & ran
     out = workdir / "results" / USER
     assert load_json(out / "plan_check.json")["same_parts"]

@@ -17,6 +17,7 @@ from genie_build.demo import WEIGHT_DTYPES
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind
 from genie_build.errors import GenieBuildError
 from genie_build.precision import Precision, WeightRule, precision_from_dict
+from genie_build.calibrate_unit import CALIBRATORS, DEFAULT_CALIBRATOR
 from genie_build.recipes import RECIPES
 from genie_build.toolchains import TOOLCHAINS
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTHS
@@ -46,6 +47,12 @@ def test_the_named_recipes_are_the_quantizers_table():
     assert recipe["enum"] == list(RECIPES) and recipe["default"] in RECIPES
     for command in ("calibrate-unit", "plan-hf", "plan", "estimate"):
         assert choices(command, "--recipe") == sorted(RECIPES), command
+
+
+def test_the_calibrators_are_the_quantizers_table():
+    calibrator = properties("quantize")["calibrator"]
+    assert calibrator["enum"] == list(CALIBRATORS) and calibrator["default"] == DEFAULT_CALIBRATOR
+    assert choices("calibrate-unit", "--calibrator") == sorted(CALIBRATORS)
 
 
 def test_the_toolchains_are_the_toolchains_table():
@@ -92,3 +99,12 @@ def test_the_precision_widths_and_granularities_are_the_encodings():
     override = section["overrides"]["items"]["properties"]
     assert override["granularity"]["enum"] == list(get_args(EncodingKind))
     assert override["dtype"]["enum"] == list(get_args(get_type_hints(WeightRule)["dtype"]))
+
+
+def test_the_load_alignments_and_keys_are_the_chipset_tables():
+    from genie_build.chipsets import ALIGNMENTS, load_params
+
+    load = properties("report", "load")
+    assert load["alignment"]["enum"] == [*ALIGNMENTS, None]
+    # every key the schema allows is one load_params reads (an unknown one would be refused there)
+    assert load_params("SM8750", {key: None for key in load}) == CHIPSETS["SM8750"].load

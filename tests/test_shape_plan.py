@@ -115,6 +115,16 @@ def test_bad_settings_name_the_key(tmp_path):
         plan_from_hf_config(write(tmp_path, model_type="gpt2"), recipe="w4a16", ar=8, context=32, num_parts=2)
 
 
+def write_shards(checkpoint, weight_map):
+    """The index and its shards as safetensors headers (one 4-byte tensor each): the tensors each shard holds."""
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for shard in set(weight_map.values()):
+        names = [name for name, holder in weight_map.items() if holder == shard]
+        header = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+                             for i, name in enumerate(names)}).encode()
+        (checkpoint / shard).write_bytes(len(header).to_bytes(8, "little") + header + bytes(4 * len(names)))
+
+
 def test_a_part_depends_on_the_shards_that_hold_its_tensors(tmp_path):
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
@@ -126,16 +136,14 @@ def test_a_part_depends_on_the_shards_that_hold_its_tensors(tmp_path):
     weight_map = {EMBED_WEIGHT: "a.safetensors", **{name: "b.safetensors" for name in layer[:12]},
                   **{name: "c.safetensors" for name in layer[12:]}, "model.norm.weight": "c.safetensors",
                   LM_HEAD_WEIGHT: "d.safetensors"}
-    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    for name in "abcd":
-        (checkpoint / f"{name}.safetensors").write_bytes(b"")
+    write_shards(checkpoint, weight_map)
     plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=8, context=32, num_parts=3,
                                embedding_alone=True)
     files = {part.label: [p.name for p in part_weight_files(checkpoint, part)] for part in plan.parts}
-    assert files == {"1_of_3": ["config.json", "model.safetensors.index.json", "a.safetensors"],
-                     "2_of_3": ["config.json", "model.safetensors.index.json", "b.safetensors"],
-                     "3_of_3": ["config.json", "model.safetensors.index.json", "c.safetensors", "d.safetensors"]}
+    assert files == {"1_of_3": ["model.safetensors.index.json", "a.safetensors"],
+                     "2_of_3": ["model.safetensors.index.json", "b.safetensors"],
+                     "3_of_3": ["model.safetensors.index.json", "c.safetensors", "d.safetensors"]}
     del weight_map[LM_HEAD_WEIGHT]
-    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    write_shards(checkpoint, weight_map)
     with pytest.raises(GenieBuildError, match="has no tensor 'lm_head.weight', which part 3_of_3 needs"):
         part_weight_files(checkpoint, plan.parts[-1])

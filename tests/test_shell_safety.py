@@ -30,13 +30,14 @@ UNQUOTED_ALLOWED = {
     "params.source": "the constant '--hf-config' or '--onnx' (estimate.smk)",
     "params.context_size": "integer (schema), 0 when unset",
     "params.strict": "boolean (schema): True or False",
+    "params.share_resources": "boolean (schema): True or False",
     "params.float_bitwidth": "integer: schema enum [16, 32], or the \\d+ of the converter wildcard",
     "params.vocab": "integer (schema)",
     "params.max_context_mb": "number (schema)",
     "params.max_session_mb": "number (schema)",
     "wildcards.graph": "constrained to prompt|token",
     "wildcards.part": r"constrained to \d+_of_\d+",
-    "wildcards.unit": r"constrained to \d+_of_\d+",
+    "wildcards.unit": r"constrained to u\d+_of_\d+",
     "wildcards.variant": "constrained to the variant names, which the schema limits to [A-Za-z0-9_-]+",
 }
 # Shell metacharacters in every path of the user-model build: a missing quote either breaks the build or runs

@@ -92,7 +92,7 @@ def test_slurm_build_equals_the_local_build(slurm, tmp_path):
     labels = [part["label"] for part in load_json(cluster / "results" / USER_MODEL / "plan.json")["parts"]]
     assert "has been submitted with SLURM jobid" in log
     for label in labels:  # the profile's point: one submission per part, not one per convert/compile/account
-        assert f"slurm_logs/group_part_{label}_account_part_compile_part_convert_part_reference/" in log, label
+        assert f"slurm_logs/group_part_{label}_account_compile_part_convert_part_reference/" in log, label
     assert "slurm_logs/rule_compile_part/" not in log
     for output in COMPARED:
         expected = (local / "results" / USER_MODEL / output).read_bytes()

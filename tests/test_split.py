@@ -20,7 +20,7 @@ from genie_build.onnx_graph import load_graph
 from genie_build.plan import model_pieces, plan_by_num_parts
 from genie_build.plan_file import write_plan
 from genie_build.split import node_inputs, split_graph
-from genie_build.verify import build_feed, verify_chain
+from genie_build.verify_split import build_feed, verify_chain
 from demo_shapes import SMALL
 from tiny_decoder import EMBED_OUT, build_tiny_decoder, layer_out, make_plan
 

@@ -35,7 +35,7 @@ def test_report_holds_the_size_table_chart_and_memory_plan(built):
     import zipfile
 
     names = zipfile.ZipFile(workdir / "report.zip").namelist()
-    for output in ("size_table.csv", "size_table.png", "memory_plan.md"):
+    for output in ("size_table.csv", "size_table.png", "memory_plan.md", "memory_plan.png"):
         assert any(name.endswith(output) for name in names), output
 
 
@@ -116,7 +116,7 @@ def test_dry_run_lists_jobs_and_uses_the_default_profile(tmp_path):
     workdir = copy_workflow(tmp_path)
     result = run_snakemake(workdir, "-n", config_file=write_config(workdir, SMALL_DEMO))
     text = result.stdout + result.stderr
-    assert "generate_demo_model" in text and "plan_split" in text
+    assert "generate_demo" in text and "plan" in text
     assert "Using workflow specific profile profiles/default" in text
 
 

@@ -1,13 +1,14 @@
 """The workflow with model.hf_checkpoint, from a random-weight Hugging Face checkpoint to a checked Genie bundle, one
 part at a time.
 
-For Qwen2, Llama (llama3 RoPE scaling) and Qwen3 checkpoints written by transformers itself: the plan is made from
+For Qwen2, Llama (llama3 RoPE scaling), Mistral, Qwen3 and Phi-3 (Phi-3.5's longrope) checkpoints written by
+transformers itself: the plan is made from
 config.json when the workflow is parsed, each part is exported by a job of its own and calibrated unit by unit
 (aimet-onnx); the bundle passes check-bundle and the host run's tokens equal those of the parts' converted graphs
 (what stands in for an unsplit model, which this path never makes). On the Qwen2 build: a second run has nothing to
 do; a new calibration text or recipe reruns the calibration chain and not the export; a changed shard re-exports
-only the part holding its tensors, and recalibrates from that part's first unit on; a checkpoint without weights is
-a config error at parse time.
+only the part holding its tensors, and recalibrates from that part's first unit on; a checkpoint without weights, or
+whose config.json names more layers than its tensors hold, is a config error at parse time.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
 else:
     pytest.importorskip("aimet_onnx", reason="the calibration needs aimet-onnx (envs/requirements-hf.txt)")
 
+import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 
 from genie_build.run_bundle import PARTS_REFERENCE  # noqa: E402
+from genie_build.tokens import text_token_ids  # noqa: E402
 
 pytestmark = [pytest.mark.workflow, pytest.mark.hf]
 AR, CONTEXT = 8, 64   # the host run: a 24-token prompt + 16 new tokens
@@ -69,6 +72,12 @@ LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
                    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
 _BUILDS: dict[str, tuple] = {}
+# family -> what its checkpoint states beyond the tests' defaults: Phi-3.5's longrope, its original context the
+# build's (so Genie and transformers take short_factor) within a max_position_embeddings twice that (attention
+# factor sqrt(1 + ln 2 / ln 64))
+BUILD_KEYS = {"phi3": {"rope_parameters": {**family_cases.phi3.MODEL_LONGROPE,
+                                           "original_max_position_embeddings": CONTEXT},
+                       "original_max_position_embeddings": CONTEXT, "context": 2 * CONTEXT}}
 
 
 def _build(family, tmp_path_factory):
@@ -76,10 +85,11 @@ def _build(family, tmp_path_factory):
     one per family and test session."""
     if family not in _BUILDS:
         root = copy_workflow(tmp_path_factory.mktemp(family))
-        hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB", layers=3)
+        hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB", layers=3,
+                                       **BUILD_KEYS.get(family, {}))
         config = _config(root)
         ran = {rule for rule, _ in _ran(run_snakemake(root, "-p", config_file=config))}
-        assert {"plan_hf", "export_part", "calibrate_unit", "part_encodings", "check_plan", "verify_parts"} <= ran
+        assert {"tokenize_text", "export_part", "calibrate_unit", "part_encodings", "check_plan", "verify_parts"} <= ran
         _BUILDS[family] = family, root, config
     return _BUILDS[family]
 
@@ -104,7 +114,7 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
         assert load_json(workdir / f"{OUT}/verify/{graph}.json")["reference"].startswith("transformers modules")
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")
     rope = genie["dialog"]["engine"]["model"]["positional-encoding"]
-    assert ("rope-scaling" in rope) == (family == "llama")
+    assert rope.get("rope-scaling", {}).get("rope-type") == {"llama": "llama3", "phi3": "longrope"}.get(family)
     assert not (workdir / OUT / "source").exists()   # no whole graph is ever made
     # convert.keep false: gone once compiled and run
     assert not [path for path in (workdir / OUT / "converted").rglob("*") if path.is_file()]
@@ -115,7 +125,7 @@ def test_long_jobs_say_how_far_they_are(built):
     export_log = (workdir / f"{OUT}/logs/export_part/part_2_of_3.log").read_text()
     assert re.search(r"read \d+ tensor\(s\) from model-\d+-of-\d+\.safetensors", export_log)
     assert "exported" in export_log
-    unit_log = (workdir / f"{OUT}/logs/calibrate_unit/w4a16/unit_2_of_3.log").read_text()
+    unit_log = (workdir / f"{OUT}/logs/calibrate_unit/w4a16/u2_of_3.log").read_text()
     assert all(f"calibrated window {k} of 4" in unit_log for k in range(1, 5))
 
 
@@ -137,7 +147,7 @@ def test_only_what_changed_reruns(tmp_path_factory):
     run_snakemake(workdir, config_file=config)
     after = output_mtimes(workdir, MODEL)
     assert all(after[path] == before[path] for path in before if path.startswith("parts/"))
-    assert all(after[path] != before[path] for path in before if path.startswith("calibration/w4a16/unit_"))
+    assert all(after[path] != before[path] for path in before if path.startswith("calibration/w4a16/u"))
 
     # the last shard holds the head's tensors (the index lists them), which only the last part reads
     shard = sorted((workdir / "checkpoint").glob("model-*.safetensors"))[-1]
@@ -147,10 +157,67 @@ def test_only_what_changed_reruns(tmp_path_factory):
     result = run_snakemake(workdir, "-p", config_file=config)
     jobs = _ran(result)
     assert {wildcards for rule, wildcards in jobs if rule == "export_part"} == {"part=3_of_3"}
-    assert {wildcards for rule, wildcards in jobs if rule == "calibrate_unit"} == {"recipe=w4a16, unit=3_of_3"}
+    assert {wildcards for rule, wildcards in jobs if rule == "calibrate_unit"} == {"recipe=w4a16, unit=u3_of_3"}
     exported = output_mtimes(workdir, MODEL)
     assert all(exported[path] == after[path] for path in after if path.startswith(("parts/part_1", "parts/part_2")))
     assert exported["parts/part_3_of_3/weights.onnx.data"] != after["parts/part_3_of_3/weights.onnx.data"]
+
+
+def test_a_key_only_the_bundle_reads_rebuilds_the_bundle_and_a_budget_of_the_same_units_nothing(tmp_path_factory,
+                                                                                                 tmp_path):
+    """On a copy of the Qwen2 build, without the host run (its reference, the converted parts, is gone with
+    ``convert.keep: false``): ``quantize.unit_memory_mb`` changed so that the units stay the same reruns nothing;
+    a new ``eos_token_id`` in config.json rebuilds the bundle (which says it) and its checks, and no part is
+    exported, calibrated, converted or compiled again."""
+    _, root, _ = _build("qwen2", tmp_path_factory)
+    workdir = shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    settings = {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"}, "export": {"ar": AR, "context": CONTEXT},
+                "split": {"num_parts": NUM_PARTS}, "convert": {"keep": False}, "bundle": {"host_run": False}}
+    run_snakemake(workdir, config_file=write_config(
+        workdir, {**settings, "quantize": {"recipe": "w4a16", "num_samples": 4}}, name="no-host-run.yaml"))
+    budget = write_config(workdir, {**settings, "quantize": {"recipe": "w4a16", "num_samples": 4,
+                                                             "unit_memory_mb": 1500}}, name="budget.yaml")
+    assert "Nothing to be done" in _log(run_snakemake(workdir, "-n", config_file=budget))
+
+    before = output_mtimes(workdir, MODEL)
+    hf_config = workdir / "checkpoint" / "config.json"
+    hf_config.write_text(json.dumps({**json.loads(hf_config.read_text()), "eos_token_id": 0}))
+    jobs = {rule for rule, _ in _ran(run_snakemake(workdir, "-p", config_file=budget))}
+    assert jobs == {"check_contract", "bundle", "check_bundle", "all"}
+    after = output_mtimes(workdir, MODEL)
+    assert not {path for path in before if after[path] != before[path]
+                and path.startswith(("parts/", "calibration/", "encodings/", "compiled/", "tokens/"))}
+    assert load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")["dialog"]["context"]["eos-token"] == 0
+
+
+def test_a_short_text_or_a_token_past_the_vocabulary_is_one_line_before_any_unit_or_export(tmp_path_factory,
+                                                                                           tmp_path):
+    """On a copy of the Qwen2 build: a calibration text shorter than the windows asked stops its tokenize_text job
+    (no text is repeated) before any unit runs; a tokenizer with a token past vocab_size, in the held-out text too,
+    stops ``snakemake evaluate`` when the workflow is parsed, before any job."""
+    _, root, _ = _build("qwen2", tmp_path_factory)
+    workdir = shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    corpus_tokens = text_token_ids(workdir / "resources" / "calibration_corpus.txt",
+                                   workdir / "checkpoint" / "tokenizer.json").size
+    result = run_snakemake(workdir, config_file=_config(workdir, "long.yaml", num_samples=100_000), check=False)
+    assert result.returncode != 0
+    assert {rule for rule, _ in _ran(result)} == {"tokenize_text"}
+    last = (workdir / f"{OUT}/logs/tokenize_text/calibration.log").read_text().strip().splitlines()[-1]
+    assert last == (f"genie-build: error: resources/calibration_corpus.txt: has {corpus_tokens} tokens, calibration "
+                    f"(quantize.num_samples: 100000 windows of {AR} tokens) needs {100_000 * AR}: give a longer text")
+
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(workdir / "checkpoint" / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken("<|past|>", special=True)])
+    tokenizer.save(str(workdir / "checkpoint" / "tokenizer.json"))
+    text = workdir / "resources" / "evaluation_text.txt"
+    text.write_text("<|past|>" + text.read_text(encoding="utf-8"), encoding="utf-8")
+    result = run_snakemake(workdir, "evaluate", "--configfile", str(_config(workdir)), check=False)
+    assert result.returncode != 0 and not _ran(result)
+    assert ("config model.hf_checkpoint: checkpoint/tokenizer.json: token '<|past|>' has id 320, beyond the model's "
+            "320 logits (ids 0..319), the vocab_size of checkpoint/config.json") in _log(result)
+    assert "Traceback" not in _log(result)
 
 
 def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float_than_w4a16(tmp_path_factory, tmp_path):
@@ -168,7 +235,7 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
     jobs = _ran(run_snakemake(workdir, "all", "evaluate", "--configfile", str(config)))
     calibrated = {wildcards.split(",")[0] for rule, wildcards in jobs if rule == "calibrate_unit"}
     assert calibrated == {"recipe=w8a16", "recipe=w4a16-lpbq"}
-    assert not {rule for rule, _ in jobs} & {"plan_hf", "export_part", "verify_parts"}
+    assert not {rule for rule, _ in jobs} & {"export_part", "verify_parts"}
     compiled = {wildcards for rule, wildcards in jobs if rule == "compile_part"}
     assert {re.search(r"variant=([^,]+)", wildcards)[1] for wildcards in compiled} == {"w8a16", "lpbq"}
 
@@ -186,7 +253,7 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
     assert quality["packed"] == {**quality["unpacked"], "variant": "packed"}   # one recipe, packed or not
 
     # one layer's weight scales x4 in the w4a16 chain's encodings: its variants are told apart, the others stand
-    unit = next(path for path in sorted((workdir / OUT / "calibration" / "w4a16").glob("unit_*.encodings.json"))
+    unit = next(path for path in sorted((workdir / OUT / "calibration" / "w4a16").glob("u*_of_*.encodings.json"))
                 if LAYER_1_WEIGHTS[0] in path.read_text())
     for weight in LAYER_1_WEIGHTS:
         scale_encoding(unit, weight, 4.0)
@@ -244,3 +311,34 @@ def test_a_checkpoint_without_weights_is_a_config_error(tmp_path):
     result = run_snakemake(workdir, "-n", config_file=_config(workdir), check=False)
     assert result.returncode != 0
     assert "config model.hf_checkpoint:" in _log(result)
+
+
+def test_a_checkpoint_the_export_cannot_build_is_a_config_error_at_once(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    checkpoint = hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2")
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100000}))
+    result = run_snakemake(workdir, "-n", config_file=_config(workdir), check=False)
+    assert result.returncode != 0
+    assert re.search(r"config model\.hf_checkpoint: \S+config\.json: num_hidden_layers is 100000, but the "
+                     r"checkpoint's tensors hold layers 0-1", _log(result))
+
+
+def test_the_embedding_as_a_table_reexports_and_recalibrates_nothing_and_gives_the_same_tokens(tmp_path_factory):
+    """On the Qwen2 build: bundle.embedding: lut reconverts the part after the table, takes part 1 out of the bundle,
+    and the host run (the parts after the table, fed from it) gives the graph layout's tokens."""
+    _, workdir, config = _build("qwen2", tmp_path_factory)
+    run_snakemake(workdir, config_file=config)  # up to date after the tests before this one
+    graph_run = load_json(workdir / f"{OUT}/host_run.json")
+    lut = write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
+                                 "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
+                                 "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False},
+                                 "bundle": {"embedding": "lut"}}, name="lut.yaml")
+    ran = {rule for rule, _ in _ran(run_snakemake(workdir, "-p", config_file=lut))}
+    assert "embedding_table" in ran and not ran & {"export_part", "calibrate_unit", "part_encodings"}, ran
+    genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")["dialog"]
+    assert genie["engine"]["model"]["binary"]["ctx-bins"] == ["hf_part_2_of_3.bin", "hf_part_3_of_3.bin"]
+    assert genie["embedding"]["type"] == "lut"
+    lut_run = load_json(workdir / f"{OUT}/host_run.json")
+    assert lut_run["new_ids"] == lut_run["reference_ids"] == graph_run["new_ids"]
+    run_snakemake(workdir, config_file=config)  # back to the graph layout for any test after this one

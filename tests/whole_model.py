@@ -1,5 +1,5 @@
 """The whole-model calibration of a prompt/token graph pair: the reference the calibration chain is compared with
-(the workflow calibrates one unit of one part at a time, genie_build.quantize.calibrate_unit). Test helper; needs
+(the workflow calibrates one unit of one part at a time, genie_build.calibrate_unit.calibrate_unit). Test helper; needs
 aimet-onnx."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import numpy as np
 from genie_build.encodings import Encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.quantize import (ForwardPass, calibrate_prompt, copy_kv_input_encodings, corpus_token_ids,
+from genie_build.calibrate_unit import (ForwardPass, calibrate_prompt, copy_kv_input_encodings,
                                   feed_shape, require_aimet, shared_token_tensors, text_forward_pass,
                                   token_encodings)
+from genie_build.tokens import text_token_ids
 from genie_build.recipes import Recipe, recipe_named
 
 
@@ -45,14 +46,14 @@ def quantize(prompt_path: str | Path, token_path: str | Path, out_prompt: str | 
 
     Raises:
         GenieBuildError: a bad recipe, ``num_samples < 1``, or any of the problems of :func:`feed_shape`,
-            :func:`corpus_token_ids` and :func:`quantize_pair`.
+            :func:`genie_build.tokens.text_token_ids` and :func:`quantize_pair`.
     """
     chosen = recipe_named(recipe)
     if num_samples < 1:
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")
     prompt = Path(prompt_path)
     shape = feed_shape(load_graph(prompt), prompt, Path(hf_config_path))
-    ids = corpus_token_ids(corpus_path, tokenizer_path, shape.vocab)
+    ids = text_token_ids(corpus_path, tokenizer_path)
     require_aimet()  # after the inputs are read: importing aimet-onnx (and torch) takes seconds, a bad input does not
     return quantize_pair(prompt, token_path, out_prompt, out_token, recipe=chosen,
                          forward_pass=text_forward_pass(shape, ids, num_samples))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bundle_helpers import demo_hf_config, synthetic_infos, write_tokenizer
+from bundle_helpers import demo_hf_config, synthetic_infos, with_inputs_embeds, write_tokenizer
 from genie_build.check_bundle import check_bundle
 from genie_build.genie_config import make_genie_config
 from genie_build.metadata import METADATA_NAME, dump_metadata
@@ -51,11 +51,12 @@ def vendor_bundle(genie_models, directory: Path, model_extras: dict, rope_scalin
     with the values genie_dialog_factory.py gives them."""
     g = genie_models
     names = [f"artifacts/split_model_{index}.bin" for index in (1, 2, 3)]
-    infos = synthetic_infos(num_parts=3, cl=4096, prompt_ar=128, padded=False, hidden=3072, head_dim=128,
-                            kv_heads=8, vocab=128256)
+    infos = with_inputs_embeds(synthetic_infos(num_parts=3, cl=4096, prompt_ar=128, padded=False, hidden=3072,
+                                               head_dim=128, kv_heads=8, vocab=128256), 3072)
     (directory / "artifacts").mkdir(parents=True)
     write_tokenizer(directory / "artifacts" / "tokenizer.json")
-    (directory / "artifacts" / "embedding_table.bin").write_bytes(b"lut")
+    with open(directory / "artifacts" / "embedding_table.bin", "wb") as table:
+        table.truncate(128256 * 3072 * 2)  # ufixed16 [n_vocab][n_embd], sparse: no disk blocks
     (directory / "artifacts" / "tmpk2j4x9.json").write_text(json.dumps({
         "context": [{"weight_sharing_enabled": True}],
         "graphs": [{"O": 3, "graph_names": [graph.name]} for info in infos.values() for graph in info.graphs],

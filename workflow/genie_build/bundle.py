@@ -27,6 +27,7 @@ from typing import Any
 from genie_build import __version__
 from genie_build.check_bundle import require_valid_bundle
 from genie_build.conventions import graph_ar_cl, part_label
+from genie_build.embedding_table import EMBEDDING_TABLE_NAME, dialog_embedding, read_table_file
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, write_json, write_text
 from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, make_genie_config,
@@ -52,7 +53,8 @@ def ctx_bin_name(model_name: str, index: int, num_parts: int) -> str:
 def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os.PathLike[str]], toolchain: str,
                     hf_config_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str], chipset: str,
                     context_size: int | None, config_used: Mapping[str, Any], tool_versions: Mapping[str, str], *,
-                    model_name: str) -> Path:
+                    model_name: str, share_resources: bool = False,
+                    embedding_table: str | os.PathLike[str] | None = None) -> Path:
     """Build the bundle at ``out_dir`` (replacing an old one only once the new one is complete).
 
     Args:
@@ -64,9 +66,14 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
         chipset: target chipset name (``htp_backend_ext_config.json``).
         context_size: ``dialog.context.size``; None: the compiled context length (the largest CL).
         config_used: the workflow config, recorded in the manifest.
+        share_resources: ``bundle.share_resources``: the extension config's ``groupContext`` and Genie's
+            ``allow-async-init`` (:mod:`genie_build.htp_extensions`).
         tool_versions: recorded in the manifest (see :func:`runtime_tool_versions`), with the version of the
             toolchain each ctx-bin says made it.
         model_name: prefix of the ctx-bin names.
+        embedding_table: the embedding as a CPU table (:func:`genie_build.embedding_table.write_embedding_table`):
+            copied as ``embedding_table.bin`` and named in ``dialog.embedding``; ``binaries`` are then parts 2..N,
+            their ctx-bins keeping their part numbers.
 
     Returns:
         ``out_dir`` as a Path.
@@ -82,15 +89,23 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
                                             "(letters, digits, '_', '.', '-')")
     if not binaries:
         raise GenieBuildError(out_dir, "no ctx-bins to bundle")
-    names = [ctx_bin_name(model_name, index, len(binaries)) for index in range(1, len(binaries) + 1)]
+    table = read_table_file(embedding_table) if embedding_table is not None else None
+    first = 1 if table is None else 2  # the table stands for part 1
+    num_parts = len(binaries) + first - 1
+    names = [ctx_bin_name(model_name, index, num_parts) for index in range(first, num_parts + 1)]
     infos = {name: _inspect(toolchain, Path(path)) for name, path in zip(names, binaries)}
     genie_config = make_genie_config(load_hf_config(hf_config_path), tokenizer_path, names,
-                                     context_size or _compiled_context_length(infos), hf_config_path=hf_config_path)
-    htp_config = make_htp_backend_ext_config(chipset)
+                                     context_size or _compiled_context_length(infos), hf_config_path=hf_config_path,
+                                     share_resources=share_resources,
+                                     embedding=None if table is None else dialog_embedding(table.n_embd,
+                                                                                           table.encoding))
+    htp_config = make_htp_backend_ext_config(chipset, share_resources=share_resources)
     with atomic_directory(out_dir) as staging:
         for name, path in zip(names, binaries):
             shutil.copyfile(path, staging / name)
         shutil.copyfile(tokenizer_path, staging / TOKENIZER_NAME)
+        if table is not None:
+            shutil.copyfile(table.path, staging / EMBEDDING_TABLE_NAME)
         write_json(staging / GENIE_CONFIG_NAME, genie_config)
         write_json(staging / HTP_EXT_CONFIG_NAME, htp_config)
         write_text(staging / METADATA_NAME, dump_metadata(infos))

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from genie_build.conventions import part_label
+from genie_build.conventions import UNIT_LABEL_PATTERN, unit_label
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
 from genie_build.plan_file import Plan
@@ -38,7 +39,7 @@ MB = 1_000_000
 class CalibrationUnit:
     """One link of the chain: its pieces, the part holding them, and the residual-stream tensors at its cuts."""
 
-    label: str                    # "03_of_17", padded as part labels are
+    label: str                    # "u03_of_17" (conventions.unit_label): never read as a part's label
     part: str                     # the part's label
     pieces: tuple[str, ...]
     input_boundary: str | None    # None: the first unit (it takes input_ids)
@@ -77,7 +78,7 @@ def calibration_units(plan: Plan, float_bytes: Mapping[str, int], memory_mb: int
     for index, (part, pieces) in enumerate(groups, start=1):
         before = groups[index - 2][1][-1] if index > 1 else None
         units.append(CalibrationUnit(
-            label=part_label(index, len(groups)), part=part, pieces=tuple(pieces),
+            label=unit_label(index, len(groups)), part=part, pieces=tuple(pieces),
             input_boundary=boundaries[before] if before else None, output_boundary=boundaries[pieces[-1]],
             float_bytes=sum(float_bytes[name] for name in pieces)))
     return tuple(units)
@@ -88,8 +89,10 @@ def part_units(units: tuple[CalibrationUnit, ...], part: str) -> tuple[Calibrati
     return tuple(unit for unit in units if unit.part == part)
 
 
-def write_units(path: str | os.PathLike[str], units: tuple[CalibrationUnit, ...]) -> None:
-    write_json(path, {"units": [asdict(unit) for unit in units]})
+def write_units(path: str | os.PathLike[str], units: tuple[CalibrationUnit, ...], *, unless_same: bool = False
+                ) -> bool:
+    """``unless_same``: as :func:`genie_build.fileio.write_json`."""
+    return write_json(path, {"units": [asdict(unit) for unit in units]}, unless_same=unless_same)
 
 
 def read_units(path: str | os.PathLike[str]) -> tuple[CalibrationUnit, ...]:
@@ -105,6 +108,11 @@ def units_from_dicts(items: Any, where: str | os.PathLike[str]) -> tuple[Calibra
         GenieBuildError: not a list of units with exactly their fields.
     """
     try:
-        return tuple(CalibrationUnit(**{**item, "pieces": tuple(item["pieces"])}) for item in items)
+        units = tuple(CalibrationUnit(**{**item, "pieces": tuple(item["pieces"])}) for item in items)
     except (KeyError, TypeError) as exc:
         raise GenieBuildError(where, f"not a list of calibration units: {exc}") from None
+    for unit in units:
+        if not isinstance(unit.label, str) or not re.fullmatch(UNIT_LABEL_PATTERN, unit.label):
+            raise GenieBuildError(where, f"calibration unit label {unit.label!r} is not of the form u01_of_N (a file "
+                                         "written before units had their own labels: delete it to plan again)")
+    return units

@@ -19,16 +19,18 @@ import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
 
+from genie_build.bundle_files import (MAX_CTX_BIN_BYTES, MAX_DOCUMENT_BYTES, MAX_HASHED_BYTES, Finding, Severity,
+                                     bundle_file_problem, bundle_path, config_value, is_inside, load_bundle_json)
+from genie_build.check_embedding import RULE as EMBEDDING_RULE, check_embedding
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
 from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import is_json_int, read_json, read_text, regular_file_size, resolve_inside, sha256_file
+from genie_build.htp_extensions import share_resources_problems
+from genie_build.fileio import is_json_int, read_text, regular_file_size, sha256_file
 from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
                                       HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
                                       load_tokenizer)
@@ -40,8 +42,6 @@ from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import inspect_container
 
 __all__ = ["Finding", "MAX_DOCUMENT_BYTES", "RULES", "Severity", "check_bundle", "require_valid_bundle"]
-
-Severity = Literal["error", "warning"]
 
 RULES = {
     "files": "genie_config.json, the tokenizer and the backend extension config are regular files inside the bundle "
@@ -61,30 +61,17 @@ RULES = {
     "context-size": "context.size is at most the compiled context length",
     "tensor-dims": "kv-dim and pos-id-dim/rope-dim match the KV cache and RoPE tensors",
     "chipset": "soc_model and dsp_arch agree with the chipset table",
+    "htp-extensions": "the extension config's context and groupContext keys are the HTP backend's, and "
+                      "groupContext.share_resources comes with allow-async-init (without it Genie ignores it)",
     "n-vocab": "n-vocab is at most the logits' width and the model's vocab_size (a smaller one is a warning), and "
                "every tokenizer id lies within the logits",
     "manifest": "manifest.json names files inside the bundle only, and their hashes match",
+    EMBEDDING_RULE: "dialog.embedding's table (type lut) is n-vocab x size x the datatype's bytes, its datatype comes "
+                    "with the quant-param it needs, and the first part's graphs take inputs_embeds of that size "
+                    "(genie_build.check_embedding)",
 }
 
 UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them
-# Bounds of what the checker reads. The JSON and YAML documents of a bundle are kilobytes to a few megabytes (a
-# many-part metadata.yaml); a ctx-bin an HTP session can map is under 4 GB (3.75 GB of a session's address space is
-# usable), so a file larger than this is no ctx-bin; and all the hashing a manifest can ask for stays bounded.
-MAX_DOCUMENT_BYTES = 16 * 1024**2
-MAX_CTX_BIN_BYTES = 8 * 1024**3
-MAX_HASHED_BYTES = 64 * 1024**3
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One violation: ``rule`` is a key of :data:`RULES`."""
-
-    rule: str
-    severity: Severity
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.severity} [{self.rule}] {self.message}"
 
 
 def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLike[str] | None = None,
@@ -103,28 +90,33 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     bundle = Path(bundle_dir)
     if not bundle.is_dir():
         return [Finding("files", "error", f"{bundle}: not a directory")]
-    config, findings = _load_json(bundle, GENIE_CONFIG_NAME)
+    config, findings = load_bundle_json(bundle, GENIE_CONFIG_NAME)
     if not isinstance(config, dict):
         return findings or [Finding("files", "error", f"{GENIE_CONFIG_NAME} is not a JSON object")]
     findings += _check_keys(config)
     findings += _check_rope_style(config)
     referenced, referenced_findings = _referenced_files(bundle, config)
     findings += referenced_findings
-    ctx_bins = [name for name in _get(config, "dialog.engine.model.binary.ctx-bins", list) or []
+    ctx_bins = [name for name in config_value(config, "dialog.engine.model.binary.ctx-bins", list) or []
                 if isinstance(name, str)]
     findings += _check_ctx_bins(bundle, ctx_bins, _other_bundle_files(config))
     extensions = referenced.get("backend extensions")
-    if extensions is None and _get(config, "dialog.engine.backend.extensions") is None \
-            and _bundle_file_problem(bundle, HTP_EXT_CONFIG_NAME, MAX_DOCUMENT_BYTES) is None:
+    if extensions is None and config_value(config, "dialog.engine.backend.extensions") is None \
+            and bundle_file_problem(bundle, HTP_EXT_CONFIG_NAME, MAX_DOCUMENT_BYTES) is None:
         extensions = HTP_EXT_CONFIG_NAME  # not named, but beside the config as AIHM lays bundles out
     if extensions is not None:
         findings += _check_chipset(bundle, extensions, chipset)
+        htp_config = load_bundle_json(bundle, extensions)[0]
+        async_init = config_value(config, "dialog.engine.backend.QnnHtp.allow-async-init")
+        findings += [Finding("htp-extensions", severity, f"{extensions}: {message}") for severity, message in
+                     (share_resources_problems(htp_config, async_init) if isinstance(htp_config, dict) else ())]
     findings += _check_manifest(bundle) if manifest else []
     graphs, graph_findings = _load_graphs(bundle, ctx_bins)
     findings += graph_findings
     if graphs is not None:
         findings += _check_graphs(config, ctx_bins, graphs)
     findings += _check_vocab(config, graphs, hf_config, bundle, referenced.get("tokenizer"))
+    findings += check_embedding(bundle, config, graphs[ctx_bins[0]] if graphs and ctx_bins else None)
     return sorted(findings, key=lambda f: f.severity != "error")
 
 
@@ -154,19 +146,19 @@ def _check_keys(config: dict) -> list[Finding]:
         return [Finding("required-keys", "error", "genie_config.json has no 'dialog' object")]
     findings = []
     for where, section in GENIE_CONFIG_SECTIONS.items():
-        body = _get(config, where, dict)
+        body = config_value(config, where, dict)
         if body is not None:  # an absent section is reported by its parent's mandatory keys
             findings += _check_section(section, where, body)
     if "engine" in config["dialog"] and not isinstance(config["dialog"]["engine"], dict):
         findings.append(Finding("required-keys", "error", "dialog.engine must be one object for a basic dialog"))
-    binary = _get(config, "dialog.engine.model.binary", dict)
+    binary = config_value(config, "dialog.engine.model.binary", dict)
     if binary is not None and sum(key in binary for key in BINARY_SOURCES) != 1:
         findings.append(Finding("required-keys", "error", "dialog.engine.model.binary needs exactly one of "
                                                           f"{' and '.join(map(repr, BINARY_SOURCES))}"))
     if binary is not None and "fcb" in binary:
         findings.append(Finding("ctx-bins-exist", "warning", "binary.fcb (a multi-SoC DLC bundle): the ctx-bin "
                                                              "and graph checks apply to ctx-bins only"))
-    rope_type = _get(config, "dialog.engine.model.positional-encoding.rope-scaling.rope-type")
+    rope_type = config_value(config, "dialog.engine.model.positional-encoding.rope-scaling.rope-type")
     if rope_type is not None and rope_type not in ROPE_SCALING_TYPES:
         findings.append(Finding("required-keys", "error", f"rope-scaling.rope-type {rope_type!r} is not one of "
                                                           f"{', '.join(ROPE_SCALING_TYPES)}"))
@@ -192,9 +184,9 @@ def _check_section(section: GenieSection, where: str, body: dict) -> list[Findin
 
 
 def _check_rope_style(config: dict) -> list[Finding]:
-    qnn_htp = _get(config, "dialog.engine.backend.QnnHtp", dict) or {}
+    qnn_htp = config_value(config, "dialog.engine.backend.QnnHtp", dict) or {}
     plain = [key for key in ("pos-id-dim", "rope-theta") if key in qnn_htp]
-    if plain and isinstance(_get(config, "dialog.engine.model"), dict) \
+    if plain and isinstance(config_value(config, "dialog.engine.model"), dict) \
             and "positional-encoding" in config["dialog"]["engine"]["model"]:
         return [Finding("rope-style", "error", f"QnnHtp gives {' and '.join(plain)} and model gives "
                                                "positional-encoding; Genie accepts one rope style, not both")]
@@ -207,32 +199,16 @@ def _referenced_files(bundle: Path, config: dict) -> tuple[dict[str, str], list[
     found, findings = {}, []
     for label, key in (("tokenizer", "dialog.tokenizer.path"),
                        ("backend extensions", "dialog.engine.backend.extensions")):
-        name = _get(config, key, str)
+        name = config_value(config, key, str)
         if name is None:
             continue
-        problem = _bundle_file_problem(bundle, name, MAX_DOCUMENT_BYTES if label == "backend extensions"
+        problem = bundle_file_problem(bundle, name, MAX_DOCUMENT_BYTES if label == "backend extensions"
                                        else MAX_TOKENIZER_BYTES)
         if problem is None:
             found[label] = name
         else:
             findings.append(Finding("files", "error", f"{label} file {name!r} ({key}) {problem}"))
     return found, findings
-
-
-def _bundle_file_problem(bundle: Path, name: str, max_bytes: int) -> str | None:
-    """Why ``name`` (a path a config or manifest gives) is not a regular file of at most ``max_bytes`` inside the
-    bundle; None when it is. Nothing is opened for a name that is absolute or climbs out."""
-    relative = _bundle_path(name)
-    if relative is None:
-        return "must be a relative path inside the bundle"
-    path = bundle / relative
-    if not os.path.lexists(path):
-        return "is not in the bundle"
-    try:
-        regular_file_size(path, inside=[bundle], max_bytes=max_bytes)
-    except GenieBuildError as exc:
-        return exc.problem
-    return None
 
 
 def _check_ctx_bins(bundle: Path, ctx_bins: list[str], other_files: set[str]) -> list[Finding]:
@@ -243,42 +219,25 @@ def _check_ctx_bins(bundle: Path, ctx_bins: list[str], other_files: set[str]) ->
                 for name, count in Counter(ctx_bins).items() if count > 1]
     findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} must be a relative path inside the bundle "
                                                     "(Genie resolves it from the working directory, the bundle root)")
-                 for name in dict.fromkeys(ctx_bins) if _bundle_path(name) is None]
+                 for name in dict.fromkeys(ctx_bins) if bundle_path(name) is None]
     findings += [Finding("ctx-bins-exist", "error", f"ctx-bin {name!r} is listed but not in the bundle"
                                                     if problem == "is not in the bundle" else
                                                     f"ctx-bin {name!r} {problem}")
-                 for name in dict.fromkeys(ctx_bins) if _bundle_path(name) is not None
-                 and (problem := _bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES)) is not None]
-    listed = {str(_bundle_path(name)) for name in ctx_bins if _bundle_path(name) is not None} | other_files
+                 for name in dict.fromkeys(ctx_bins) if bundle_path(name) is not None
+                 and (problem := bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES)) is not None]
+    listed = {str(bundle_path(name)) for name in ctx_bins if bundle_path(name) is not None} | other_files
     directories = {PurePosixPath(".")} | {PurePosixPath(name).parent for name in listed}
     findings += [Finding("ctx-bins-listed", "error", f"{name} is in the bundle but not listed in ctx-bins")
-                 for directory in sorted(directories) if _inside(bundle, bundle / directory)
+                 for directory in sorted(directories) if is_inside(bundle, bundle / directory)
                  for path in sorted((bundle / directory).glob("*.bin"))
                  if (name := str(directory / path.name)) not in listed]
     return findings
 
 
-def _inside(bundle: Path, path: Path) -> bool:
-    """Whether ``path`` lies inside the bundle once symlinks are resolved."""
-    try:
-        resolve_inside(path, [bundle])
-    except GenieBuildError:
-        return False
-    return True
-
-
-def _bundle_path(name: str) -> PurePosixPath | None:
-    """A path the config gives, normalised, when it stays inside the bundle; None when absolute or climbing out."""
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or not path.parts:
-        return None
-    return path
-
-
 def _other_bundle_files(config: dict) -> set[str]:
     """Bundle files the config names besides ctx-bins (the vendor's embedding LUT is a ``.bin`` too)."""
-    lut = _get(config, "dialog.embedding.lut-path", str)
-    return {str(_bundle_path(lut))} if lut is not None and _bundle_path(lut) is not None else set()
+    lut = config_value(config, "dialog.embedding.lut-path", str)
+    return {str(bundle_path(lut))} if lut is not None and bundle_path(lut) is not None else set()
 
 
 def _check_manifest(bundle: Path) -> list[Finding]:
@@ -287,7 +246,7 @@ def _check_manifest(bundle: Path) -> list[Finding]:
     the checker confirm a guess about a file elsewhere, nor read without end)."""
     if not os.path.lexists(bundle / MANIFEST_NAME):
         return []
-    manifest, findings = _load_json(bundle, MANIFEST_NAME)
+    manifest, findings = load_bundle_json(bundle, MANIFEST_NAME)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return findings or [Finding("manifest", "error", f"{MANIFEST_NAME} has no 'files' mapping")]
@@ -295,14 +254,14 @@ def _check_manifest(bundle: Path) -> list[Finding]:
     for name, entry in files.items():
         name = str(name)
         expected = entry.get("sha256") if isinstance(entry, dict) else None
-        problem = _bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES)
+        problem = bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES)
         if problem == "is not in the bundle":
             findings.append(Finding("manifest", "error", f"{name} is in {MANIFEST_NAME} but not in the bundle"))
             continue
         if problem is not None:
             findings.append(Finding("manifest", "error", f"{MANIFEST_NAME} lists {name!r}, which {problem}"))
             continue
-        path = bundle / _bundle_path(name)
+        path = bundle / bundle_path(name)
         hashed += regular_file_size(path, inside=[bundle])
         if hashed > MAX_HASHED_BYTES:
             findings.append(Finding("manifest", "error", f"{MANIFEST_NAME} lists more than {MAX_HASHED_BYTES} bytes "
@@ -320,7 +279,7 @@ def _check_manifest(bundle: Path) -> list[Finding]:
 
 def _check_chipset(bundle: Path, htp_config_name: str, chipset: str | None) -> list[Finding]:
     """soc_model/dsp_arch of every device against the table (or against ``chipset`` when given)."""
-    htp_config, findings = _load_json(bundle, htp_config_name)
+    htp_config, findings = load_bundle_json(bundle, htp_config_name)
     devices = htp_config.get("devices") if isinstance(htp_config, dict) else None
     if not (isinstance(devices, list) and devices and all(isinstance(d, dict) for d in devices)):
         return findings or [Finding("chipset", "error", f"{htp_config_name} has no devices[] objects")]
@@ -356,7 +315,7 @@ def _check_device(soc_model: object, dsp_arch: object, expected: Chipset | None)
 def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[GraphInfo, ...]] | None, list[Finding]]:
     """Graphs per listed ctx-bin, or None (with the reason) when they are not known for every ctx-bin."""
     present = [name for name in dict.fromkeys(ctx_bins)
-               if _bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES) is None]
+               if bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES) is None]
     if not ctx_bins or len(present) != len(set(ctx_bins)):
         return None, []  # the ctx-bin findings say why
     if os.path.lexists(bundle / METADATA_NAME):
@@ -372,7 +331,7 @@ def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[Gra
     result, findings = {}, []
     for name in present:
         try:
-            result[name] = inspect_container(bundle / _bundle_path(name), inside=[bundle]).graphs
+            result[name] = inspect_container(bundle / bundle_path(name), inside=[bundle]).graphs
         except GenieBuildError as exc:
             findings.append(Finding("graph-info", "error", f"{name} is not a reference container ({exc.problem}) "
                                                            f"and the bundle has no {METADATA_NAME}: graph checks "
@@ -528,7 +487,7 @@ def _describe(signature: tuple) -> str:
 
 
 def _check_context_size(config: dict, compiled_cls: list[int]) -> list[Finding]:
-    size = _get(config, "dialog.context.size", int)
+    size = config_value(config, "dialog.context.size", int)
     if size is None or not compiled_cls or size <= max(compiled_cls):
         return []
     return [Finding("context-size", "error", f"context.size {size} exceeds the compiled context length "
@@ -540,9 +499,9 @@ def _check_tensor_dims(config: dict, graphs: list[GraphInfo]) -> list[Finding]:
     """``kv-dim`` is the head dim of ``past_key_*`` (dim -2, keys transposed) and ``past_value_*`` (dim -1);
     ``pos-id-dim`` (or ``rope-dim``) is the last dim of ``position_ids_cos``/``_sin``. Reports the first
     mismatch only: one wrong setting shows in every layer."""
-    dims = {"kv-dim": _get(config, "dialog.engine.backend.QnnHtp.kv-dim", int),
-            "pos-id-dim": _get(config, "dialog.engine.backend.QnnHtp.pos-id-dim", int)
-            or _get(config, "dialog.engine.model.positional-encoding.rope-dim", int)}
+    dims = {"kv-dim": config_value(config, "dialog.engine.backend.QnnHtp.kv-dim", int),
+            "pos-id-dim": config_value(config, "dialog.engine.backend.QnnHtp.pos-id-dim", int)
+            or config_value(config, "dialog.engine.model.positional-encoding.rope-dim", int)}
     for graph in graphs:
         for tensor in graph.inputs + graph.outputs:
             key, axis = _dim_of(tensor.name)
@@ -567,7 +526,7 @@ def _check_vocab(config: dict, graphs: dict[str, tuple[GraphInfo, ...]] | None,
     """n-vocab against the logits' width and the model's vocab_size: wider is an error (Genie reads logits that
     are not there: the bundle fails when run), narrower a warning (Genie samples the first n-vocab only); and every
     tokenizer id within the logits (one past them can be neither fed nor produced)."""
-    n_vocab = _get(config, "dialog.context.n-vocab", int)
+    n_vocab = config_value(config, "dialog.context.n-vocab", int)
     findings = []
     widths = {}
     if hf_config is not None:
@@ -599,7 +558,7 @@ def _check_tokenizer_ids(bundle: Path, tokenizer: str, width: int) -> list[Findi
     """The bundle's tokenizer parses (a bounded regular file inside the bundle) and its largest id, added tokens
     included, lies within the logits' ``width``."""
     try:
-        vocabulary = load_tokenizer(bundle / _bundle_path(tokenizer), inside=[bundle]).get_vocab(with_added_tokens=True)
+        vocabulary = load_tokenizer(bundle / bundle_path(tokenizer), inside=[bundle]).get_vocab(with_added_tokens=True)
     except GenieBuildError as exc:
         return [Finding("files", "error", f"tokenizer file {tokenizer!r}: {exc.problem}")]
     token, token_id = max(vocabulary.items(), key=lambda item: item[1], default=("", -1))
@@ -610,27 +569,6 @@ def _check_tokenizer_ids(bundle: Path, tokenizer: str, width: int) -> list[Findi
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
-
-def _load_json(bundle: Path, name: str) -> tuple[Any, list[Finding]]:
-    """A JSON document of the bundle: a regular file inside it of at most :data:`MAX_DOCUMENT_BYTES`."""
-    try:
-        return read_json(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES), []
-    except GenieBuildError as exc:
-        return None, [Finding("files", "error", f"{name}: {exc.problem}")]
-
-
-def _get(config: Any, dotted: str, kind: type | None = None) -> Any:
-    """``config["a"]["b"]…`` for ``"a.b…"``, or None when a level is missing or not an object (or the value is
-    not of ``kind``; bools never count as ints)."""
-    value = config
-    for key in dotted.split("."):
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        return None
-    return value
-
 
 def _name_number(pattern: re.Pattern[str], name: str) -> int | None:
     match = pattern.search(name)

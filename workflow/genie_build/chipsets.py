@@ -10,18 +10,48 @@ garbage (the field report's "乱码"), which is why :func:`check_device` exists.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int
 
-__all__ = ["CHIPSETS", "Chipset", "check_device", "lookup"]
+__all__ = ["ALIGNMENTS", "CHIPSETS", "Chipset", "HTP_LOAD", "LoadParams", "check_device", "load_params", "lookup"]
 
 _DSP_ARCH = re.compile(r"^v\d{2}$")
 
 _EXECUTORCH = "ExecuTorch qc_schema.py"
 _AIHA_EXECUTORCH_LITERT = "AIHA manual_bundle.md; ExecuTorch qc_schema.py; LiteRT soc_table.h"
+
+
+# How the load model (genie_build.load_model) places mappings in a session: on the largest power of two not above
+# the mapping's size (measured by a third party), or on a 2 MiB page alone.
+ALIGNMENTS = ("power_of_two", "page")
+_MIB = 1024 ** 2
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    """The device parameters of the load model, each a hypothesis with its source (docs/memory-plan.md bounds
+    them by the field report's two observations)."""
+
+    usable_bytes: int       # usable virtual address space of one cDSP session
+    sessions: int           # sessions one process can use
+    budget_bytes: int       # the loader moves to the next session once a context would take a session past this
+    alignment: str          # one of ALIGNMENTS
+    source: str
+
+
+# One phone has been observed (SM8750, the field report); every chipset gets its parameters until a device
+# measurement says otherwise.
+HTP_LOAD = LoadParams(
+    usable_bytes=3840 * _MIB, sessions=2, budget_bytes=3_400_000_000, alignment="power_of_two",
+    source="usable 3.75 GiB: Qualcomm QNN HTP backend manual 80-63442-10, \"Multiple cDSP Sessions\" (documented); "
+           "budget about 3.4-3.5 GB and power-of-two alignment: TadayukiOkada/open-genie-server "
+           "docs/PLATFORM_NOTES.md (measured by a third party on SA8255P); 2 sessions: the fewest under which the "
+           "field report's 6-part bundle maps (inferred; the manual says the count depends on the SoC)")
 
 
 @dataclass(frozen=True)
@@ -39,6 +69,7 @@ class Chipset:
     marketing_name: str
     source: str
     verified: bool
+    load: LoadParams = HTP_LOAD
 
 
 def _table(rows: tuple[Chipset, ...]) -> dict[str, Chipset]:
@@ -95,6 +126,38 @@ def lookup(name: str) -> Chipset:
     if chipset is None:
         raise GenieBuildError("target.chipset", f"unknown chipset {name!r}; known: {', '.join(CHIPSETS)}")
     return chipset
+
+
+# report.load's keys -> LoadParams fields and the factor to bytes (None: a name)
+_LOAD_KEYS = {"usable_mb": ("usable_bytes", _MIB), "sessions": ("sessions", 1), "budget_mb": ("budget_bytes", _MIB),
+              "alignment": ("alignment", None)}
+
+
+def load_params(chipset: str, overrides: Mapping[str, object]) -> LoadParams:
+    """The chipset's load parameters with ``overrides`` (``report.load``: usable_mb, sessions, budget_mb,
+    alignment; None keeps the chipset's).
+
+    Raises:
+        GenieBuildError: an unknown chipset, key or alignment, or a size that is not positive.
+    """
+    params = lookup(chipset).load
+    given = {key: value for key, value in overrides.items() if value is not None}
+    changes: dict[str, object] = {}
+    for key, value in given.items():
+        if key not in _LOAD_KEYS:
+            raise GenieBuildError("report.load", f"unknown key {key!r}; known: {', '.join(_LOAD_KEYS)}")
+        field, factor = _LOAD_KEYS[key]
+        if factor is None:
+            if value not in ALIGNMENTS:
+                raise GenieBuildError("report.load", f"alignment {value!r} is not one of {ALIGNMENTS}")
+            changes[field] = value
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise GenieBuildError("report.load", f"{key} is {value!r}; expected a positive number")
+        else:
+            changes[field] = round(value * factor)
+    if not changes:
+        return params
+    return dataclasses.replace(params, **changes, source=f"{params.source}; overridden by report.load {given}")
 
 
 def check_device(soc_model: object, dsp_arch: object, chipset: str | Chipset) -> list[str]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from genie_build.chipsets import LoadParams
+from genie_build.chipsets import load_params as chipset_load_params
 from genie_build.errors import GenieBuildError
 
-__all__ = ["add_split_options", "add_strict_option", "boolean", "json_object", "positive_float", "positive_int",
-           "split_options"]
+__all__ = ["add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
+           "part_count", "positive_float", "positive_int", "split_options"]
 
 
 def json_object(text: str, option: str) -> dict:
@@ -56,12 +58,31 @@ def add_strict_option(parser: argparse.ArgumentParser, flagged: str) -> None:
                         help=f"fail on a flagged {flagged} instead of warning (also --strict true/false)")
 
 
+def part_count(text: str) -> int | str:
+    """An argparse ``type``: a part count, or ``auto``."""
+    return text if text == "auto" else int(text)
+
+
+def add_load_options(parser: argparse.ArgumentParser) -> None:
+    """The load model's device: ``--chipset`` (its parameters in the chipset table) and ``--load-json``
+    (``report.load``: any of usable_mb, sessions, budget_mb, alignment; null keeps the chipset's)."""
+    parser.add_argument("--chipset", default="SM8750", help="target.chipset (default %(default)s)")
+    parser.add_argument("--load-json", default="{}", metavar="JSON",
+                        help="report.load: overrides of the chipset's load parameters")
+
+
+def load_params(args: argparse.Namespace) -> LoadParams:
+    """:func:`genie_build.chipsets.load_params` of ``--chipset`` and ``--load-json``."""
+    return chipset_load_params(args.chipset, json_object(args.load_json, "--load-json"))
+
+
 def add_split_options(parser: argparse.ArgumentParser) -> None:
     """How to split (plan, estimate): ``--num-parts`` or ``--max-part-mb`` with ``--embedding-with-layers`` and
     ``--boundaries``, or all of them as one ``--split-json`` (the config's ``split`` section, as the workflow
     passes it)."""
     size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--num-parts", type=int, help="number of parts (context binaries), at least 2")
+    size.add_argument("--num-parts", type=part_count,
+                      help="number of parts (context binaries), at least 2, or auto: the fewest that map")
     size.add_argument("--max-part-mb", type=positive_float,
                       help="largest part in MiB (2**20 bytes): use the fewest parts that fit")
     size.add_argument("--split-json", metavar="JSON",
@@ -88,7 +109,7 @@ def split_options(args: argparse.Namespace) -> dict:
         raise GenieBuildError("--split-json", "holds embedding_alone and boundaries: give them there")
     split = json_object(args.split_json, "--split-json")
     num_parts, max_part_mb = split.get("num_parts"), split.get("max_part_mb")
-    if (num_parts is None) == (max_part_mb is None):
-        raise GenieBuildError("--split-json", "needs exactly one of num_parts and max_part_mb")
+    if (num_parts is None) == (max_part_mb is None) and num_parts != "auto":
+        raise GenieBuildError("--split-json", "needs exactly one of num_parts and max_part_mb (or num_parts auto)")
     return {"num_parts": num_parts, "max_part_mb": max_part_mb,
             "embedding_alone": split.get("embedding_alone", True), "boundaries": split.get("boundaries") or None}

@@ -3,7 +3,7 @@ defaults filled in, then check what a schema cannot say (rules that tie one key 
 
 Snakemake's ``common.smk`` and the tests call the same :func:`validate_config`, so a config is judged one
 way everywhere. Every failure is one :class:`GenieBuildError` naming the dotted key, e.g.
-``config split.num_parts: 'x' is not of type 'integer', 'null'``.
+``config split.num_parts: 'x' does not match '^auto$'``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ def _scalar_from_text(text: str, schema: dict) -> Any:
     """``text`` as the number or boolean ``schema`` asks for, when it reads as one; otherwise unchanged."""
     wanted = schema.get("type", [])
     wanted = [wanted] if isinstance(wanted, str) else wanted
-    if "string" in wanted or not any(kind in _SCALAR_TYPES for kind in wanted):
+    # a key that also takes a string (split.num_parts: a count or "auto") still reads "4" as the count
+    if not any(kind in _SCALAR_TYPES for kind in wanted):
         return text
     try:
         value = yaml.safe_load(text)
@@ -231,9 +232,15 @@ def calibration_chain(config: Mapping[str, Any]) -> bool:
             or (kind == "demo" and calibrator == "aimet"))
 
 
+DEFAULT_NUM_PARTS = 6
+
+
 def _check_cross_fields(config: dict, where: str) -> None:
     split = config["split"]
-    if (split.get("num_parts") is None) == (split.get("max_part_mb") is None):
+    if "num_parts" not in split and split.get("max_part_mb") is None:
+        # a checkpoint (or an estimate of one) splits by the load model; the demo and ONNX graphs as they always have
+        split["num_parts"] = "auto" if source_kind(config) in ("hf", "estimate") else DEFAULT_NUM_PARTS
+    if (split.get("num_parts") is None) == (split.get("max_part_mb") is None) and split.get("num_parts") != "auto":
         raise GenieBuildError(_key(where, ("split",)),
                               "set exactly one of num_parts and max_part_mb (the other to null), got "
                               f"num_parts={split.get('num_parts')!r}, max_part_mb={split.get('max_part_mb')!r}")
@@ -262,11 +269,28 @@ def _check_cross_fields(config: dict, where: str) -> None:
         raise GenieBuildError(_key(where, ("demo", "weight_dtype")),
                               f"{config['demo']['weight_dtype']!r} with calibrator aimet: aimet-onnx quantizes "
                               "float32 weights only (a weight reaching its op through a Cast stays unquantized)")
+    if config["bundle"]["embedding"] == "lut":
+        _check_embedding_table(config, where)
     if source_kind(config) == "demo":  # the demo is built: its sizes must make a model
         try:
             DemoShape(**shape_config(config["demo"]))
         except GenieBuildError as exc:  # where is "demo.<field>"
             raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
+
+
+def _check_embedding_table(config: dict, where: str) -> None:
+    """``bundle.embedding: lut`` takes part 1 out of the bundle, so part 1 must be the embedding alone; and the
+    first remaining part's input is renamed ``inputs_embeds`` by the reference converter (the SDK converters do not
+    rename graph inputs)."""
+    if not config["split"].get("embedding_alone", True):
+        raise GenieBuildError(_key(where, ("bundle", "embedding")),
+                              "lut takes part 1 out of the bundle as a table, so part 1 must hold the embedding "
+                              "alone: set split.embedding_alone: true")
+    variant = config["bundle"]["variant"]
+    if config["variants"][variant]["toolchain"] != "reference":
+        raise GenieBuildError(_key(where, ("bundle", "embedding")),
+                              f"lut is built with the reference toolchain only; variant {variant!r} uses "
+                              f"{config['variants'][variant]['toolchain']!r} (use bundle.embedding: graph)")
 
 
 def _fill_variant_recipes(config: dict, where: str) -> None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from genie_build.conventions import KV_TENSOR, LOGITS, POS_COS, POS_SIN, Tensor
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int
-from genie_build.genie_config import load_tokenizer, make_genie_config
+from genie_build.genie_config import make_genie_config
 from genie_build.hf_config import head_dim, load_hf_config
+from genie_build.tokens import beyond_vocabulary
 
 __all__ = ["Graphs", "check_consistency"]
 
@@ -81,12 +82,9 @@ def _disagreements(graphs: Graphs, tokenizer_path: str | os.PathLike[str],
                                          "entries (Genie's n-vocab must be the logits' width)")
               for kind, width in widths.items() if width != vocab]
     width = next(iter(widths.values()), vocab if is_json_int(vocab) else None)
-    vocabulary = load_tokenizer(tokenizer_path).get_vocab(with_added_tokens=True)
-    if width is not None and vocabulary:
-        token, token_id = max(vocabulary.items(), key=lambda item: item[1])
-        if token_id >= width:
-            found.append(_Disagreement(tokenizer_where, f"token {token!r} has id {token_id}, beyond the model's "
-                                                       f"{width} logits (ids 0..{width - 1})"))
+    beyond = beyond_vocabulary(tokenizer_path, width) if width is not None else None
+    if beyond is not None:
+        found.append(_Disagreement(tokenizer_where, beyond))
     for key in ("bos_token_id", "eos_token_id"):
         ids = hf_config.get(key) if isinstance(hf_config.get(key), list) else [hf_config.get(key)]
         found += [_Disagreement(config_where, f"{key} {token_id} is beyond the model's {width} logits")

@@ -38,10 +38,11 @@ from genie_build.fileio import is_json_int
 
 __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
-           "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_SUFFIX", "POS_COS", "POS_SIN", "Reading", "Tensor",
-           "causal_mask", "find_parts", "genie_dims", "graph_ar", "graph_ar_cl", "graph_name", "kv_name",
-           "layer_output", "parse_part_label", "part_file_name", "part_label", "read_ar", "read_cl", "rope_tables",
-           "shape_text", "tensors_by_name", "unsplit_graph_name"]
+           "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
+           "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
+           "graph_ar_cl", "graph_name", "kv_name", "layer_output", "parse_part_label", "part_file_name", "part_label",
+           "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text", "tensors_by_name", "unit_label",
+           "unsplit_graph_name"]
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,6 +80,9 @@ def layer_output(layer: int) -> str:
 
 GRAPH_KINDS = ("prompt", "token")
 _PART_LABEL = re.compile(r"^(\d+)_of_(\d+)$")
+PART_LABEL_PATTERN = r"\d+_of_\d+"
+# A calibration unit's label starts with "u", so it is never read as (or globbed with) a part's.
+UNIT_LABEL_PATTERN = r"u\d+_of_\d+"
 PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
 PART_GLOB = "part_*.onnx"
 _EXPECTED_PARTS = "expected part_01_of_N.onnx … part_N_of_N.onnx, all N of them"
@@ -90,6 +94,19 @@ def part_label(index: int, num_parts: int) -> str:
         raise ValueError(f"part index {index} outside 1..{num_parts}")
     width = len(str(num_parts))
     return f"{index:0{width}d}_of_{num_parts}"
+
+
+def piece_names(num_layers: int) -> tuple[str, ...]:
+    """The pieces of a model of ``num_layers`` decoder layers, by name, in model order: ``embedding``,
+    ``layer_0`` .. ``layer_{L-1}``, ``head``; a piece's position here is its index (``Weight.pieces``)."""
+    return ("embedding", *(f"layer_{layer}" for layer in range(num_layers)), "head")
+
+
+def unit_label(index: int, num_units: int) -> str:
+    """``unit_label(3, 17) == "u03_of_17"``: the calibration chain's unit ``index`` (1-based) of ``num_units``."""
+    if not 1 <= index <= num_units:
+        raise ValueError(f"unit index {index} outside 1..{num_units}")
+    return f"u{index:0{len(str(num_units))}d}_of_{num_units}"
 
 
 def parse_part_label(label: str) -> tuple[int, int]:
@@ -296,8 +313,8 @@ def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarr
 
     Args:
         scaling: the HF rope-scaling parameters (``rope_scaling`` / ``rope_parameters``) when the model scales
-            its RoPE; None or rope type "default" for plain RoPE. Only "llama3" scales (what Genie's
-            ``rope-scaling`` ``rope-type: llama3`` computes); another type is a ValueError.
+            its RoPE; None or rope type "default" for plain RoPE. "llama3" and "longrope" scale (what Genie's
+            ``rope-scaling`` of that ``rope-type`` computes); another type is a ValueError.
 
     Returns:
         ``(cos, sin)``, each ``[1, 1, len(positions), head_dim / 2]`` float32.
@@ -306,12 +323,33 @@ def rope_tables(head_dim: int, theta: float, positions: Sequence[int] | np.ndarr
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
     inv_freq = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
     rope_type = str(scaling.get("rope_type") or scaling.get("type") or "default") if scaling else "default"
+    attention_factor = None
     if rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif rope_type == "longrope":
+        inv_freq, attention_factor = _longrope_inv_freq(head_dim, theta, exponents, scaling)
     elif rope_type != "default":
-        raise ValueError(f"rope type {rope_type!r}: only default and llama3 RoPE tables are implemented")
+        raise ValueError(f"rope type {rope_type!r}: only default, llama3 and longrope RoPE tables are implemented")
     angles = np.asarray(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(angles)[None, None], np.sin(angles)[None, None]
+    cos, sin = np.cos(angles), np.sin(angles)
+    if attention_factor is not None:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos[None, None], sin[None, None]
+
+
+def _longrope_inv_freq(head_dim: int, theta: float, exponents: np.ndarray, scaling: Mapping[str, Any]
+                       ) -> tuple[np.ndarray, np.float32]:
+    """LongRoPE (HF ``_compute_longrope_parameters``, Genie's ``ROPE_LONGROPE``): each frequency divided by its
+    ``short_factor``, the tables scaled by sqrt(1 + ln(factor) / ln(original_max_position_embeddings)). Both take
+    ``short_factor`` while the context is at most ``original_max_position_embeddings``, which the checks before any
+    job require of a bundle (:func:`genie_build.hf_checkpoint.check_settings`)."""
+    import numpy as np  # see rope_tables
+    factors = np.asarray(scaling["short_factor"], dtype=np.float32)
+    if factors.shape != (head_dim // 2,):
+        raise ValueError(f"short_factor has {factors.size} values; the head dim {head_dim} needs {head_dim // 2}")
+    inv_freq = (np.float32(1.0) / (factors * np.power(np.float32(theta), exponents))).astype(np.float32)
+    factor, original = float(scaling["factor"]), float(scaling["original_max_position_embeddings"])
+    return inv_freq, np.float32(math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0)
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, scaling: Mapping[str, Any]) -> np.ndarray:

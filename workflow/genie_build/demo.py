@@ -6,9 +6,12 @@ MatMul weights stored ``[in, out]``. Both graphs have identical initializers (na
 shapes use 0-dims so no constant depends on AR), and every intermediate has a ``value_info`` so a part
 can be cut without shape inference.
 
-Weights are random but deterministic: each tensor's generator is seeded from ``(seed, crc32(name))``,
-so a value never depends on generation order. Tensors are written to the external-data files one by
-one as they are made (in blocks of rows), so peak memory is one block, not the model.
+At the demo's own shape (:data:`TRAINED_SHAPE`, the config's default) the weights are those of a small model trained
+on the demo's public-domain text (``resources/demo_model.safetensors``, made by ``scripts/train_demo.py``), so the
+demo's text reads and its evaluation measures a model at work. At any other shape they are random but
+deterministic: each tensor's generator is seeded from ``(seed, crc32(name))``, so a value never depends on
+generation order. Tensors are written to the external-data files one by one as they are made or read (in blocks of
+rows), so peak memory is one block, not the model.
 
 The same module gives a random input feed of a graph (:func:`example_inputs`, with the RoPE tables and mask
 of :mod:`genie_build.conventions`) for calibration and split verification.
@@ -16,10 +19,11 @@ of :mod:`genie_build.conventions`) for calibration and split verification.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -34,10 +38,11 @@ from genie_build.conventions import graph_ar as _kind_ar
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
 from genie_build.hf_config import read_model_shape, read_rope, rope_kind
-from genie_build.tokenizer_train import BOS_TOKEN_ID, EOS_TOKEN_ID
+from genie_build.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 
-__all__ = ["DemoShape", "EXTERNAL_DATA_ALIGNMENT", "TensorSpec", "WEIGHT_DTYPES", "example_inputs", "generate_demo",
-           "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config", "shape_from_hf_config"]
+__all__ = ["DemoShape", "EXTERNAL_DATA_ALIGNMENT", "TRAINED_SHAPE", "TRAINED_WEIGHTS", "TensorSpec", "WEIGHT_DTYPES",
+           "example_inputs", "generate_demo", "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config",
+           "is_trained_shape", "shape_from_hf_config"]
 
 OPSET = 17
 IR_VERSION = 8
@@ -100,6 +105,18 @@ class DemoShape:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+
+# The demo's default shape is the trained model's; only the weights' sizes and numerics must match (context, AR, seed
+# and the stored dtype are free).
+TRAINED_SHAPE = DemoShape()
+TRAINED_WEIGHTS = "resources/demo_model.safetensors"   # in the workflow's folder, beside the demo's texts
+_TRAINED_FIELDS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "rope_theta", "rms_norm_eps")
+
+
+def is_trained_shape(shape: DemoShape) -> bool:
+    """Whether ``shape`` is the trained model's (:data:`TRAINED_WEIGHTS` fit it); other shapes get random weights."""
+    return all(getattr(shape, name) == getattr(TRAINED_SHAPE, name) for name in _TRAINED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -330,6 +347,39 @@ class _StoredWeight:
     inline: bytes | None = None
 
 
+def _rows_per_chunk(row_dims: Sequence[int]) -> int:
+    """Rows of a weight per block of at most :data:`WEIGHT_CHUNK_BYTES` (float32)."""
+    return max(1, WEIGHT_CHUNK_BYTES // (np.dtype(np.float32).itemsize * math.prod(row_dims)))
+
+
+@dataclass(frozen=True)
+class _TrainedWeights:
+    """The trained model's weights (Hugging Face names and layout, ``[out, in]`` Linear weights), read one tensor at
+    a time."""
+
+    path: Path
+
+    def chunks(self, spec: _WeightSpec, dtype: str) -> Iterator[np.ndarray]:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(self.path, framework="numpy") as stored:
+                values = stored.get_tensor(spec.name) if spec.name in stored.keys() else None
+        except (OSError, SafetensorError) as exc:
+            raise GenieBuildError(self.path, f"not a safetensors file of the demo's weights: {exc}") from None
+        if values is None:
+            raise GenieBuildError(self.path, f"has no tensor {spec.name!r}")
+        # The graph's MatMul weights are [in, out]: every Linear weight but the embedding table is transposed
+        if spec.init == "linear" and spec.name != EMBED_WEIGHT:
+            values = values.T
+        if values.shape != spec.dims:
+            raise GenieBuildError(self.path, f"{spec.name!r} has shape {list(values.shape)}, the demo's graphs need "
+                                             f"{list(spec.dims)}")
+        step = _rows_per_chunk(spec.dims[1:])
+        for start in range(0, len(values), step):
+            yield np.ascontiguousarray(values[start:start + step], dtype=dtype)
+
+
 def _weight_chunks(spec: _WeightSpec, seed: int, dtype: str) -> Iterator[np.ndarray]:
     """The deterministic values of one weight, in blocks of rows of at most :data:`WEIGHT_CHUNK_BYTES`.
 
@@ -338,7 +388,7 @@ def _weight_chunks(spec: _WeightSpec, seed: int, dtype: str) -> Iterator[np.ndar
     """
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode("utf-8"))])
     rows, row_dims = spec.dims[0], spec.dims[1:]
-    rows_per_chunk = max(1, WEIGHT_CHUNK_BYTES // (np.dtype(np.float32).itemsize * math.prod(row_dims)))
+    rows_per_chunk = _rows_per_chunk(row_dims)
     for start in range(0, rows, rows_per_chunk):
         values = rng.standard_normal((min(rows_per_chunk, rows - start), *row_dims), dtype=np.float32)
         values *= np.float32(NORM_WEIGHT_STD if spec.init == "norm" else WEIGHT_STD)
@@ -347,19 +397,22 @@ def _weight_chunks(spec: _WeightSpec, seed: int, dtype: str) -> Iterator[np.ndar
         yield values.astype(dtype, copy=False)
 
 
-def _stream_weights(specs: Sequence[_WeightSpec], seed: int, dtype: str,
+_Chunks = Callable[[_WeightSpec], Iterator[np.ndarray]]
+
+
+def _stream_weights(specs: Sequence[_WeightSpec], chunks: _Chunks, dtype: str,
                     data_files: Sequence[BinaryIO]) -> list[_StoredWeight]:
-    """Make each weight and append it (page-aligned) to every data file, one block of rows at a time."""
+    """Make (or read) each weight and append it (page-aligned) to every data file, one block of rows at a time."""
     stored, end = [], 0
     for spec in specs:
         nbytes = math.prod(spec.dims) * np.dtype(dtype).itemsize
         if nbytes < INLINE_MAX_BYTES:
-            stored.append(_StoredWeight(spec, inline=b"".join(c.tobytes() for c in _weight_chunks(spec, seed, dtype))))
+            stored.append(_StoredWeight(spec, inline=b"".join(c.tobytes() for c in chunks(spec))))
             continue
         offset = end + (-end % EXTERNAL_DATA_ALIGNMENT)
         for handle in data_files:
             handle.write(b"\0" * (offset - end))
-        for chunk in _weight_chunks(spec, seed, dtype):
+        for chunk in chunks(spec):
             for handle in data_files:
                 handle.write(np.ascontiguousarray(chunk).data)
         end = offset + nbytes
@@ -433,21 +486,30 @@ def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> D
                      weight_dtype=dtype if dtype in WEIGHT_DTYPES else "float32")
 
 
-def generate_demo(shape: DemoShape, out_dir: str | Path) -> None:
+def generate_demo(shape: DemoShape, out_dir: str | Path, weights: str | Path | None = None) -> None:
     """Write ``prompt.onnx``/``token.onnx`` (each with its ``.onnx.data``) and ``config.json`` to ``out_dir``.
 
-    Both graphs get the same initializers at the same offsets in their own data file; weights are made
-    and written in blocks of rows, so peak memory stays near :data:`WEIGHT_CHUNK_BYTES`.
+    Both graphs get the same initializers at the same offsets in their own data file; weights are made (or read
+    from ``weights``, a safetensors file of the trained model's, one tensor at a time) and written in blocks of rows,
+    so peak memory stays near one tensor.
 
     Raises:
-        GenieBuildError: a file could not be written.
+        GenieBuildError: ``weights`` given for a shape that is not the trained model's, unreadable or missing a
+            tensor; or a file could not be written.
     """
     out_dir = Path(out_dir)
+    if weights is None:
+        chunks: _Chunks = functools.partial(_weight_chunks, seed=shape.seed, dtype=shape.weight_dtype)
+    elif not is_trained_shape(shape):
+        raise GenieBuildError(weights, "trained weights fit only the demo's own shape "
+                                       f"({', '.join(f'{n}={getattr(TRAINED_SHAPE, n)}' for n in _TRAINED_FIELDS)})")
+    else:
+        chunks = functools.partial(_TrainedWeights(Path(weights)).chunks, dtype=shape.weight_dtype)
     builders = {kind: _build_graph(shape, kind) for kind in GRAPH_KINDS}
     data_names = {kind: f"{kind}.onnx.data" for kind in GRAPH_KINDS}
     with atomic_open(out_dir / data_names["prompt"]) as prompt_data, \
             atomic_open(out_dir / data_names["token"]) as token_data:
-        stored = _stream_weights(builders["prompt"].weights, shape.seed, shape.weight_dtype, [prompt_data, token_data])
+        stored = _stream_weights(builders["prompt"].weights, chunks, shape.weight_dtype, [prompt_data, token_data])
     for kind, builder in builders.items():
         weights = [_weight_proto(weight, shape.weight_dtype, data_names[kind]) for weight in stored]
         with atomic_open(out_dir / f"{kind}.onnx") as handle:

@@ -30,13 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
+from genie_build.auto_split import auto_plan, io_dims_from_graph, io_dims_from_hf_config, plan_request
+from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
+from genie_build.embedding_table import table_bytes
 from genie_build.encodings import TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
+from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
-from genie_build.onnx_graph import InitializerSpec
-from genie_build.plan import MIB, plan_by_max_part_bytes, plan_by_num_parts, weighed_pieces
+from genie_build.onnx_graph import InitializerSpec, load_graph
+from genie_build.plan import MIB, weighed_pieces
 from genie_build.plan_file import Piece, Plan, write_plan
 from genie_build.precision import Precision, weight_encoding
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
@@ -45,12 +49,15 @@ from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
-__all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
+__all__ = ["EMBEDDING_LAYOUTS", "Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
            "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "stored_size"]
 
 log = logging.getLogger(__name__)
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
+# bundle.embedding: part 1's context on the HTP, or a table on the CPU (genie_build.embedding_table) -- then part 1 is
+# no context of the bundle, and the table is stored at the embedding output's (an activation's) width
+EMBEDDING_LAYOUTS = ("graph", "lut")
 TOOLCHAIN_LABEL = "reference (predicted)"
 
 # Overhead of the reference container beyond its weight section, per graph unless said otherwise. Fitted by
@@ -151,25 +158,27 @@ def container_overhead(pieces: Sequence[Piece], table_entries: int) -> int:
     return GRAPHS_PER_PART * per_graph + TABLE_ENTRY_BYTES * table_entries
 
 
-def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | None = None,
-             max_part_bytes: int | None = None, embedding_alone: bool = True) -> Estimate:
+def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str | None = None,
+             max_part_bytes: int | None = None, embedding_alone: bool = True, dims: IoDims | None = None,
+             load: LoadParams = HTP_LOAD) -> Estimate:
     """Plan the split and predict every part's container for every variant of :data:`PREDICTED_VARIANTS`.
 
-    Exactly one of ``num_parts`` and ``max_part_bytes`` is given.
+    One of ``num_parts`` and ``max_part_bytes`` is given, or both with ``num_parts`` "auto" (which needs ``dims``:
+    :func:`genie_build.auto_split.plan_request`).
 
     Raises:
         GenieBuildError: the split is infeasible (from the planner) or a precision rule does not fit a weight.
     """
-    if (num_parts is None) == (max_part_bytes is None):
-        raise ValueError("give exactly one of num_parts and max_part_bytes")
+    if num_parts is None and max_part_bytes is None:
+        raise ValueError("give num_parts or max_part_bytes")
     encodings = {weight.spec.name: weight_encoding(weight, precision) for weight in model.weights}
     # Sized by the planner's own rule, so the predicted plan is the one the workflow makes from encodings
     # of this precision.
     pieces = weighed_pieces({weight.spec.name: weight.spec for weight in model.weights},
                             {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
                             model.boundaries)
-    plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
-            else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
+                        dims=dims, load=load)
     index_of = {piece.name: index for index, piece in enumerate(pieces)}
     parts = []
     for part in plan.parts:
@@ -201,9 +210,11 @@ def _size_records(result: Estimate) -> list[AccountRecord]:
 
 
 def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source: str, precision: Precision,
-                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> None:
-    """Write ``plan.json``, ``estimate.json``, ``size_table.{csv,md,png}`` (baseline: the first variant)
-    and ``memory_plan.{json,md}`` (``memory_variant`` against ``limits``) into ``out_dir``, each atomically.
+                    dims: IoDims, load: LoadParams = HTP_LOAD, memory_variant: str = MEMORY_VARIANT,
+                    limits: MemoryLimits = MemoryLimits(), embedding: str = "graph") -> None:
+    """Write ``plan.json``, ``estimate.json``, ``size_table.{csv,md,png}`` (baseline: the first variant; the parts
+    that will not map flagged) and ``memory_plan.{json,md,png}`` (``memory_variant`` against ``limits`` and the load
+    model under ``load``, its IO at ``dims``) into ``out_dir``, each atomically.
 
     Raises:
         GenieBuildError: ``memory_variant`` is not one of :data:`PREDICTED_VARIANTS`, or a file cannot be
@@ -211,8 +222,9 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
     """
     out = Path(out_dir)
     records = _size_records(result)
+    on_htp = _bundle_parts(result.plan, embedding)
     memory_sizes = [PartSize(part.part, part.weight_bytes, part.file_bytes)
-                    for part in result.parts if part.variant == memory_variant]
+                    for part in result.parts if part.variant == memory_variant and part.part in on_htp]
     if not memory_sizes:
         raise GenieBuildError("--memory-variant", f"{memory_variant!r} is not one of "
                                                   f"{[variant.name for variant in PREDICTED_VARIANTS]}")
@@ -225,18 +237,52 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
                            "head_graph_bytes": HEAD_GRAPH_BYTES, "table_entry_bytes": TABLE_ENTRY_BYTES,
                            "layer_constant_bytes": LAYER_CONSTANT_BYTES},
         "parts": [dataclasses.asdict(part) for part in result.parts],
+        "embedding": {"layout": embedding, "cpu_table_bytes": _cpu_table_bytes(dims, embedding)},
         "totals": {variant.name: {key: sum(getattr(part, key) for part in result.parts if part.variant == variant.name)
                                   for key in ("weight_bytes", "file_bytes")} for variant in PREDICTED_VARIANTS},
     })
-    write_size_table(build_size_table(records, PREDICTED_VARIANTS[0].name), out / "size_table.csv",
+    contexts = estimated_contexts([part for part in result.plan.parts if part.index in on_htp],
+                                  [size.weight_bytes for size in memory_sizes], dims)
+    memory = plan_memory(memory_sizes, memory_variant, limits, basis="predicted", contexts=contexts, load=load,
+                         remedies=_part_count_remedy(result.plan, dims, load, on_htp),
+                         cpu_table_bytes=_cpu_table_bytes(dims, embedding))
+    unmapped = {context.part: context.reason for context in memory.load.failing}
+    write_size_table(build_size_table(records, PREDICTED_VARIANTS[0].name,
+                                      unmapped={memory_variant: unmapped}), out / "size_table.csv",
                      out / "size_table.md", out / "size_table.png")
-    write_memory_plan(plan_memory(memory_sizes, memory_variant, limits, basis="predicted"),
-                      out / "memory_plan.json", out / "memory_plan.md")
+    write_memory_plan(memory, out / "memory_plan.json", out / "memory_plan.md", out / "memory_plan.png")
+
+
+def _bundle_parts(plan: Plan, embedding: str) -> frozenset[int]:
+    """The parts whose contexts the bundle holds: every one, or with the table every one but part 1."""
+    return frozenset(part.index for part in plan.parts if not (embedding == "lut" and part.index == 1))
+
+
+def _cpu_table_bytes(dims: IoDims, embedding: str) -> int:
+    """The table's bytes when the embedding is one (0 in the graph layout)."""
+    return table_bytes(dims.vocab, dims.hidden, 8 * dims.activation_bytes) if embedding == "lut" else 0
+
+
+def _part_count_remedy(plan: Plan, dims: IoDims, load: LoadParams, on_htp: frozenset[int]) -> tuple[str, ...]:
+    """The part count that would map, when ``plan``'s contexts (``on_htp``) do not (empty when they do); the count
+    is the graph layout's (the split planner places part 1 as a context)."""
+    held = [part for part in plan.parts if part.index in on_htp]
+    contexts = estimated_contexts(held, [part.estimated_bytes for part in held], dims)
+    if place_contexts(contexts, load).maps:
+        return ()
+    try:
+        fitting = auto_plan(plan.pieces, plan.embedding_alone, dims, load)
+    except GenieBuildError as exc:
+        return (f"**part count**: none maps ({exc})",)
+    return (f"**part count**: {fitting.num_parts} parts map under the same model (`split.num_parts: "
+            f"{fitting.num_parts}` or `auto`)",)
 
 
 def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split: dict, *,
                     hf_config: str | os.PathLike[str] | None = None, onnx: str | os.PathLike[str] | None = None,
-                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits()) -> Estimate:
+                    ar: int | None = None, context_length: int | None = None, load: LoadParams = HTP_LOAD,
+                    memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits(),
+                    embedding: str = "graph") -> Estimate:
     """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
     workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``) and
     every part's predicted sizes, written by :func:`_write_estimate` and logged per part.
@@ -249,12 +295,20 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
         raise ValueError("give exactly one of hf_config and onnx")
     if split["boundaries"] and hf_config is not None:
         raise GenieBuildError("--boundaries", "applies to --onnx only; a config's boundaries follow the conventions")
-    model = weights_from_hf_config(hf_config) if hf_config is not None else weights_from_onnx(onnx, split["boundaries"])
+    if hf_config is not None:
+        if ar is None or context_length is None:
+            raise ValueError("an HF config's estimate needs the export's ar and context_length")
+        model = weights_from_hf_config(hf_config)
+        dims = io_dims_from_hf_config(hf_config, precision.activations, ar, context_length)
+    else:
+        model = weights_from_onnx(onnx, split["boundaries"])
+        dims = io_dims_from_graph(load_graph(onnx), precision.activations, onnx)
     max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
     result = estimate(model, precision, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
-                      embedding_alone=split["embedding_alone"])
+                      embedding_alone=split["embedding_alone"], dims=dims, load=load)
     _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),
-                    precision=precision, memory_variant=memory_variant, limits=limits)
+                    precision=precision, dims=dims, load=load, memory_variant=memory_variant, limits=limits,
+                    embedding=embedding)
     for part in result.plan.parts:
         sizes = ", ".join(f"{predicted.variant} {predicted.file_bytes / MIB:,.1f} MiB"
                           for predicted in result.parts if predicted.part == part.index)

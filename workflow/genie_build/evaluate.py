@@ -1,6 +1,6 @@
 """Quality beside size: a variant's context binaries run on held-out text against the float model, one part at a time.
 
-The text is tokenized and cut into windows of the prompt graph's AR tokens, in the order calibration uses
+The text's token ids (``tokenize-text``, :mod:`genie_build.tokens`) are cut into windows of the prompt graph's AR tokens, in the order calibration uses
 (consecutive windows share a sequence and its KV cache until the cache is full; the next window then starts a new
 sequence). Every window is teacher-forced: all of its tokens are the text's, and the logits at each position are
 compared with the text's next token and with the float model's logits there.
@@ -25,25 +25,26 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from genie_build.conventions import INPUT_IDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
+from genie_build.conventions import INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, read_text, regular_file_size
-from genie_build.genie_config import load_tokenizer
-from genie_build.quality import Quality
+from genie_build.fileio import atomic_open, regular_file_size
+from genie_build.evaluation_table import ClippedTensor, Clipping, Quality
 from genie_build.run_bundle import GraphSession, KVCache, graph_ar_cl_of, make_runner, read_graph_file
+from genie_build.tokens import read_tokens
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
-__all__ = ["MAX_TEXT_BYTES", "Window", "compare_logits", "fake_quantize_activations", "quality_of", "text_windows",
-           "write_float_logits"]
+__all__ = ["CLIP_STATS_SUFFIX", "ClipSums", "Window", "compare_logits", "fake_quantize_activations",
+           "grid_of", "quality_of", "text_windows", "write_float_logits"]
 
-MAX_TEXT_BYTES = 16 * 1024 * 1024
+CLIP_STATS_SUFFIX = "/clip_stats"
+MOST_CLIPPED = 5              # tensors named per variant
 _LOGITS_DTYPE = np.dtype("<f4")
 
 
@@ -78,10 +79,12 @@ def text_windows(ids: Sequence[int], ar: int, context: int, max_windows: int,
     return windows
 
 
-def fake_quantize_activations(model: onnx.ModelProto, encodings: Encodings) -> list[str]:
+def fake_quantize_activations(model: onnx.ModelProto, encodings: Encodings, *, clip_stats: bool = False) -> list[str]:
     """Apply every integer activation encoding of ``encodings`` to the tensor of that name in ``model``'s graph (a
     graph input or a node's output), as nodes computing the quantized value right after it; other tensors are left
-    alone.
+    alone. With ``clip_stats``, each quantized tensor also gets a graph output ``<name>/clip_stats``: float32
+    ``[values clipped (more than a step past the grid's end), values, min, max]`` of the float values it quantized
+    (:class:`ClipSums` adds them up).
 
     Returns:
         The names of the tensors quantized, in graph order.
@@ -100,7 +103,7 @@ def fake_quantize_activations(model: onnx.ModelProto, encodings: Encodings) -> l
         copy = f"{value.name}/quantized"
         for node in graph.node:
             node.input[:] = [copy if name == value.name else name for name in node.input]
-        ordered += _fake_quantize_nodes(value.name, copy, encoding)
+        ordered += _fake_quantize_nodes(value.name, copy, encoding, _stats_name(value.name, clip_stats))
         quantized.append(value.name)
     for node in graph.node:
         ordered.append(node)
@@ -109,11 +112,51 @@ def fake_quantize_activations(model: onnx.ModelProto, encodings: Encodings) -> l
             if output in weights or encoding is None or encoding.dtype != "int":
                 continue
             node.output[index] = f"{output}/float"  # the readers of the name now read the quantized value
-            ordered += _fake_quantize_nodes(node.output[index], output, encoding)
+            ordered += _fake_quantize_nodes(node.output[index], output, encoding, _stats_name(output, clip_stats))
             quantized.append(output)
     graph.ClearField("node")
     graph.node.extend(ordered)
+    if clip_stats:
+        graph.output.extend(helper.make_tensor_value_info(_stats_name(name, True), onnx.TensorProto.FLOAT, [4])
+                            for name in quantized)
     return quantized
+
+
+def _stats_name(tensor: str, clip_stats: bool) -> str | None:
+    return f"{tensor}{CLIP_STATS_SUFFIX}" if clip_stats else None
+
+
+def grid_of(encoding: TensorEncoding) -> tuple[float, float]:
+    """The float values an integer per-tensor encoding can hold: ``[offset * scale, (2**bits - 1 + offset) * scale]``."""
+    scale, offset = encoding.scale[0], encoding.offset[0]
+    return offset * scale, (2 ** encoding.bitwidth - 1 + offset) * scale
+
+
+@dataclass
+class ClipSums:
+    """The clip statistics of a variant's quantized activations, added up over parts and windows: per tensor, values
+    outside the grid, values, min and max (the ``<name>/clip_stats`` outputs of :func:`fake_quantize_activations`)."""
+
+    grids: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, outputs: Mapping[str, np.ndarray]) -> None:
+        for name, stats in outputs.items():
+            if not name.endswith(CLIP_STATS_SUFFIX):
+                continue
+            tensor, stats = name.removesuffix(CLIP_STATS_SUFFIX), np.asarray(stats, np.float64)
+            old = self.sums.get(tensor)
+            self.sums[tensor] = stats if old is None else np.array([old[0] + stats[0], old[1] + stats[1],
+                                                                     min(old[2], stats[2]), max(old[3], stats[3])])
+
+    def clipping(self, most: int = MOST_CLIPPED) -> Clipping:
+        """The share of all values outside their grids and the ``most`` tensors with the largest shares."""
+        outside = sum(float(stats[0]) for stats in self.sums.values())
+        values = sum(float(stats[1]) for stats in self.sums.values())
+        tensors = [ClippedTensor(name, float(stats[0] / stats[1]), *self.grids[name], float(stats[2]),
+                                 float(stats[3])) for name, stats in self.sums.items() if stats[0] > 0]
+        tensors.sort(key=lambda tensor: (-tensor.share, -tensor.past_end, tensor.name))
+        return Clipping(share=outside / values if values else 0.0, values=int(values), tensors=tuple(tensors[:most]))
 
 
 def compare_logits(float_logits: np.ndarray, variant_logits: np.ndarray, targets: np.ndarray) -> Quality:
@@ -125,13 +168,13 @@ def compare_logits(float_logits: np.ndarray, variant_logits: np.ndarray, targets
 
 
 def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
-                       text_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str], rope: Mapping,
-                       max_windows: int) -> tuple[int, int, int]:
+                       tokens_path: str | os.PathLike[str], rope: Mapping, max_windows: int) -> tuple[int, int, int]:
     """The float model's logits on the text's windows, one part at a time, into ``out`` (a ``.npy`` file of float32
     ``[windows, AR, vocab]``, written one window at a time).
 
     Args:
         float_parts: the float prompt graphs, part order.
+        tokens_path: the text's token ids (what ``tokenize-text`` wrote).
         rope: ``head_dim``, ``rope_theta`` and ``rope_scaling`` as :func:`genie_build.run_bundle.host_rope` gives.
         max_windows: windows of held-out text at most.
 
@@ -142,7 +185,7 @@ def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str |
         GenieBuildError: a graph whose AR or CL differs from the first part's, or a text too short.
     """
     windows, logits = _logits_per_window([functools.partial(read_graph_file, path) for path in float_parts],
-                                         _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
+                                         read_tokens(tokens_path), rope, max_windows, tokens_path)
     with atomic_open(out, "wb") as handle:
         for index, window_logits in enumerate(logits):
             if index == 0:
@@ -154,8 +197,8 @@ def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str |
 
 
 def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Sequence[str | os.PathLike[str]],
-               float_logits: str | os.PathLike[str], *, text_path: str | os.PathLike[str],
-               tokenizer_path: str | os.PathLike[str], rope: Mapping, max_windows: int) -> Quality:
+               float_logits: str | os.PathLike[str], *, tokens_path: str | os.PathLike[str], rope: Mapping,
+               max_windows: int, activations: bool = True, clipping: ClipSums | None = None) -> Quality:
     """A variant's binaries (part order) on the text, one part at a time, against the float model's logits
     :func:`write_float_logits` wrote for the same text and windows, window by window.
 
@@ -163,7 +206,10 @@ def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Seque
         binaries: the variant's reference context binaries; each part's prompt graph (its widest AR) is run.
         part_encodings: the parts' prompt-graph encodings, whose activation encodings are applied to the variant.
         float_logits: the float model's logits file.
-        rope, max_windows: as for :func:`write_float_logits`.
+        tokens_path, rope, max_windows: as for :func:`write_float_logits`.
+        activations: False: the weights as the binaries store them, every activation left in float (what the
+            variant's weights alone cost).
+        clipping: gathers how many of each quantized activation's values fall outside its grid.
 
     Raises:
         GenieBuildError: unequal numbers of binaries and encodings, a binary that is no reference container, a text
@@ -172,10 +218,11 @@ def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Seque
     if len(binaries) != len(part_encodings):
         raise GenieBuildError("evaluate", f"{len(binaries)} binaries and {len(part_encodings)} encodings files: "
                                           "one of each per part")
-    loaders = [functools.partial(_variant_graph, binary, encodings) for binary, encodings in zip(binaries,
-                                                                                                part_encodings)]
+    loaders = [functools.partial(_variant_graph, binary, encodings if activations else None, clipping)
+               for binary, encodings in zip(binaries, part_encodings)]
     reference = _read_float_logits(float_logits)
-    windows, logits = _logits_per_window(loaders, _text_ids(text_path, tokenizer_path), rope, max_windows, text_path)
+    windows, logits = _logits_per_window(loaders, read_tokens(tokens_path), rope, max_windows, tokens_path,
+                                         clipping)
     sums = _QualitySums()
     for index, (window, window_logits) in enumerate(zip(windows, logits)):
         if index == 0 and reference.shape != (len(windows), *window_logits.shape):
@@ -189,7 +236,7 @@ def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Seque
 # ---------------------------------------------------------------------------------------------- running parts
 
 def _logits_per_window(loaders: Sequence[Callable[[], ContainerGraph]], ids: Sequence[int], rope: Mapping,
-                       max_windows: int, text_path: str | os.PathLike[str]
+                       max_windows: int, tokens_path: str | os.PathLike[str], clipping: ClipSums | None = None
                        ) -> tuple[list[Window], Iterator[np.ndarray]]:
     """The windows and, lazily, the last part's logits per window (``[AR, vocab]``): every part but the last runs over
     every window before the next part loads, and only the last part stays loaded while its logits are taken. The
@@ -201,23 +248,36 @@ def _logits_per_window(loaders: Sequence[Callable[[], ContainerGraph]], ids: Seq
         session, ar, context = _session_of(load(), rope)
         if shape is None:
             shape = (ar, context)
-            windows = text_windows(ids, ar, context, max_windows, text_path)
+            windows = text_windows(ids, ar, context, max_windows, tokens_path)
             streams = [{INPUT_IDS: np.array([window.ids], dtype=np.int32)} for window in windows]
             tables = rope_tables(rope["head_dim"], rope["rope_theta"], np.arange(context), rope.get("rope_scaling"))
         elif shape != (ar, context):
             raise GenieBuildError(load.args[0], f"AR {ar} and CL {context}, unlike the parts before it "
                                                 f"({shape[0]}, {shape[1]})")
-        outputs = _run_part(session, streams, windows, tables, ar, context)
+        outputs = _run_part(session, _session_streams(session, streams), windows, tables, ar, context, clipping)
         if index == len(loaders) - 1:
             return windows, (output[LOGITS][0] for output in outputs)
         streams = list(outputs)
         del session, outputs   # before the next part loads
 
 
+def _session_streams(session: GraphSession, streams: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The streams as ``session`` takes them: a part that takes ``inputs_embeds`` (the part after the embedding in a
+    bundle whose embedding is a CPU table, ``bundle.embedding: lut``) is fed part 1's embedding vectors, the one
+    tensor part 1 hands on."""
+    if INPUTS_EMBEDS not in {node.name for node in session.inputs()} or not streams or INPUTS_EMBEDS in streams[0]:
+        return streams
+    if len(streams[0]) != 1:
+        raise GenieBuildError("evaluate", f"a part takes {INPUTS_EMBEDS}, but the part before it hands on "
+                                          f"{sorted(streams[0])}, not the embedding vectors alone")
+    return [{INPUTS_EMBEDS: next(iter(stream.values()))} for stream in streams]
+
+
 def _run_part(session: GraphSession, streams: Sequence[dict[str, np.ndarray]], windows: Sequence[Window],
-              tables: tuple[np.ndarray, np.ndarray], ar: int, context: int) -> Iterator[dict[str, np.ndarray]]:
-    """One part over every window, its KV cache restarted with each sequence: each window's outputs but the cache,
-    as the window is run."""
+              tables: tuple[np.ndarray, np.ndarray], ar: int, context: int,
+              clipping: ClipSums | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """One part over every window, its KV cache restarted with each sequence: each window's outputs but the cache
+    and the clip statistics (which go to ``clipping``), as the window is run."""
     cache = KVCache(context)
     for window, stream in zip(windows, streams):
         if window.past_len == 0:
@@ -230,7 +290,10 @@ def _run_part(session: GraphSession, streams: Sequence[dict[str, np.ndarray]], w
         outputs = session.run(inputs)
         cache.store(outputs, ar)
         cache.advance(ar)
-        yield {name: value for name, value in outputs.items() if not name.startswith(KV_PREFIX)}
+        if clipping is not None:
+            clipping.add(outputs)
+        yield {name: value for name, value in outputs.items()
+               if not name.startswith(KV_PREFIX) and not name.endswith(CLIP_STATS_SUFFIX)}
 
 
 def _session_of(graph: ContainerGraph, rope: Mapping) -> tuple[GraphSession, int, int]:
@@ -239,14 +302,17 @@ def _session_of(graph: ContainerGraph, rope: Mapping) -> tuple[GraphSession, int
     return session, ar, runner.context_length
 
 
-def _variant_graph(binary: str | os.PathLike[str], encodings: str | os.PathLike[str]) -> ContainerGraph:
+def _variant_graph(binary: str | os.PathLike[str], encodings: str | os.PathLike[str] | None,
+                   clipping: ClipSums | None = None) -> ContainerGraph:
+    """A part's prompt graph as the variant computes it: its stored weights, and (unless ``encodings`` is None) its
+    activation encodings applied, with clip statistics when ``clipping`` gathers them."""
     graph = _widest(read_graphs(binary), binary)
-    fake_quantize_activations(graph.model, read_encodings(encodings))
+    if encodings is not None:
+        part = read_encodings(encodings)
+        quantized = fake_quantize_activations(graph.model, part, clip_stats=clipping is not None)
+        if clipping is not None:
+            clipping.grids.update((name, grid_of(part.activations[name])) for name in quantized)
     return graph
-
-
-def _text_ids(text_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str]) -> list[int]:
-    return load_tokenizer(tokenizer_path).encode(read_text(text_path, max_bytes=MAX_TEXT_BYTES)).ids
 
 
 def _read_float_logits(path: str | os.PathLike[str]) -> np.ndarray:
@@ -271,8 +337,10 @@ def _widest(graphs: Mapping[str, ContainerGraph], where: str | os.PathLike[str])
 
 # ---------------------------------------------------------------------------------------------- the graph pass
 
-def _fake_quantize_nodes(source: str, target: str, encoding: TensorEncoding) -> list[onnx.NodeProto]:
-    """Nodes computing ``target`` = ``source`` fake-quantized by a per-tensor integer encoding."""
+def _fake_quantize_nodes(source: str, target: str, encoding: TensorEncoding,
+                         stats: str | None = None) -> list[onnx.NodeProto]:
+    """Nodes computing ``target`` = ``source`` fake-quantized by a per-tensor integer encoding (and, given a name,
+    ``stats``: how many of its values fall outside the grid, of how many, and their min and max)."""
     if encoding.kind != "per_tensor" or len(encoding.scale) != 1:
         raise GenieBuildError(encoding.name, f"activation encoding {encoding.kind} with {len(encoding.scale)} "
                                              "scales: only per-tensor activation encodings are evaluated")
@@ -289,7 +357,36 @@ def _fake_quantize_nodes(source: str, target: str, encoding: TensorEncoding) -> 
         names = [operand if operand == source else f"{prefix}/{operand}" for operand in operands]
         nodes.append(helper.make_node(op, names, [target if result is None else f"{prefix}/{result}"],
                                       name=f"{prefix}/{op}"))
-    return nodes
+    return nodes + (_clip_stats_nodes(source, prefix, stats, encoding.bitwidth) if stats else [])
+
+
+def _clip_stats_nodes(source: str, prefix: str, output: str, bitwidth: int) -> list[onnx.NodeProto]:
+    """``output`` = float32 ``[values clipped, values, min, max]`` of ``source``, a value counting as clipped when it
+    lies more than one step past the grid's end (reading the fake quantization's ``levels`` and ``offset`` under
+    ``prefix``): within a step the clip moves it no more than rounding would, as the RoPE tables' 1.0 on a grid
+    ending half a step below it."""
+    def name(step: str) -> str:
+        return f"{prefix}/clip/{step}"
+
+    def node(op: str, inputs: list[str], step: str, **attrs) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [output if step == "stats" else name(step)], name=name(step), **attrs)
+
+    def constant(step: str, value: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name(step)], name=name(step),
+                                value=numpy_helper.from_array(value, name(step)))
+
+    floats = onnx.TensorProto.FLOAT
+    return [constant("axes", np.array([0], np.int64)), constant("first", np.float32(-1)),
+            constant("last", np.float32(2 ** bitwidth)),
+            node("Sub", [f"{prefix}/levels", f"{prefix}/offset"], "unrounded"),
+            node("Less", [name("unrounded"), name("first")], "under"),
+            node("Greater", [name("unrounded"), name("last")], "over"),
+            node("Or", [name("under"), name("over")], "outside"), node("Cast", [name("outside")], "outside_f", to=floats),
+            node("ReduceSum", [name("outside_f")], "count", keepdims=0),
+            node("Size", [source], "size_i"), node("Cast", [name("size_i")], "size", to=floats),
+            node("ReduceMin", [source], "min", keepdims=0), node("ReduceMax", [source], "max", keepdims=0),
+            *(node("Unsqueeze", [name(step), name("axes")], f"{step}_1") for step in ("count", "size", "min", "max")),
+            node("Concat", [name(f"{step}_1") for step in ("count", "size", "min", "max")], "stats", axis=0)]
 
 
 @dataclass

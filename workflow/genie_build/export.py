@@ -54,19 +54,20 @@ from huggingface_hub.errors import StrictDataclassError
 
 from genie_build import __version__
 from genie_build.canonical import canonicalize
-from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS,
-                                     MASK, POS_COS, POS_SIN, graph_ar, graph_name, kv_name, layer_output,
-                                     unsplit_graph_name)
+from genie_build.conventions import (EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN,
+                                     graph_ar, graph_name, kv_name, layer_output, unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, HashingWriter, atomic_open, write_bytes
-from genie_build.hf_checkpoint import CONFIG_NAME, SUPPORTED_ARCHITECTURES, Checkpoint, read_checkpoint, tensor_files
+from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, Checkpoint, check_checkpoint, check_settings,
+                                       stored_name, tensor_files)
 from genie_build.hf_config import read_model_shape
-from genie_build.onnx_graph import check_shared_initializers
+from genie_build.onnx_graph import check_shared_initializers, require_finite
 from genie_build.plan_file import PartPlan
+from genie_build.sequence_split import split_without_sequences
 from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
 
-__all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphPieces", "export_checkpoint", "export_part",
-           "export_shape", "part_files", "part_modules", "piece_outputs"]
+__all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphSpan", "dequantize_fp8", "export_checkpoint",
+           "export_part", "export_shape", "part_files", "part_modules", "piece_outputs"]
 
 log = logging.getLogger(__name__)
 STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
@@ -95,22 +96,19 @@ def export_shape(config: dict[str, Any], ar: int, context: int, where: str | os.
     """The graphs' dims from the HF config (:func:`genie_build.hf_config.read_model_shape`) and the export settings.
 
     Raises:
-        GenieBuildError: AR not below CL, CL beyond the model's max_position_embeddings, or a config whose shape
-            cannot be read.
+        GenieBuildError: settings that do not fit the model (:func:`genie_build.hf_checkpoint.check_settings`), or
+            a config whose shape cannot be read.
     """
-    if not 1 <= ar < context:
-        raise GenieBuildError("export.ar", f"{ar} must be at least 1 and below export.context = {context}")
+    check_settings(config, where, ar=ar, context=context)
     shape = read_model_shape(config, where)
-    limit = config.get("max_position_embeddings")
-    if isinstance(limit, int) and context > limit:
-        raise GenieBuildError("export.context", f"{context} exceeds the model's max_position_embeddings {limit}")
     return ExportShape(ar=ar, context=context, layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
                        hidden=shape.hidden)
 
 
 @dataclass(frozen=True)
-class GraphPieces:
-    """Which pieces of the model a graph holds, and the residual-stream tensors at its cuts."""
+class GraphSpan:
+    """The run of the plan's pieces one graph holds (the embedding, decoder layers, the head), and the
+    residual-stream tensors at its cuts."""
 
     embedding: bool
     layers: tuple[int, ...]
@@ -119,13 +117,13 @@ class GraphPieces:
     output_boundary: str | None = None   # None: the graph gives logits
 
     @classmethod
-    def of_part(cls, part: PartPlan) -> GraphPieces:
+    def of_part(cls, part: PartPlan) -> GraphSpan:
         layers = () if part.first_layer is None else tuple(range(part.first_layer, part.last_layer + 1))
         return cls("embedding" in part.pieces, layers, "head" in part.pieces, part.input_boundary,
                    part.output_boundary)
 
     @classmethod
-    def whole(cls, num_layers: int) -> GraphPieces:
+    def whole(cls, num_layers: int) -> GraphSpan:
         return cls(True, tuple(range(num_layers)), True)
 
     def io_names(self) -> tuple[list[str], list[str]]:
@@ -182,19 +180,19 @@ class _NewEntriesCache:
 
 
 class GenieIO(torch.nn.Module):
-    """Pieces of a causal LM with Genie's graph IO (:meth:`GraphPieces.io_names`). The attributes mirror the HF
+    """Pieces of a causal LM with Genie's graph IO (:meth:`GraphSpan.io_names`). The attributes mirror the HF
     model's (``model.embed_tokens``, ``model.layers.{i}``, ``model.norm``, ``lm_head``), so the exported
     initializers and the name scopes keep HF's names."""
 
-    def __init__(self, pieces: GraphPieces, embed_tokens: torch.nn.Module | None,
+    def __init__(self, span: GraphSpan, embed_tokens: torch.nn.Module | None,
                  layers: Mapping[int, torch.nn.Module], norm: torch.nn.Module | None,
                  lm_head: torch.nn.Module | None) -> None:
         super().__init__()
-        self.pieces = pieces
+        self.span = span
         self.model = torch.nn.Module()
         if embed_tokens is not None:
             self.model.embed_tokens = embed_tokens
-        self.model.layers = torch.nn.ModuleDict({str(index): layers[index] for index in pieces.layers})
+        self.model.layers = torch.nn.ModuleDict({str(index): layers[index] for index in span.layers})
         if norm is not None:
             self.model.norm = norm
         if lm_head is not None:
@@ -202,31 +200,31 @@ class GenieIO(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden, rest = inputs[0], inputs[1:]
-        cache = _NewEntriesCache(rest[3:], self.pieces.layers)
-        if self.pieces.layers:
+        cache = _NewEntriesCache(rest[3:], self.span.layers)
+        if self.span.layers:
             attention_mask, position_ids_cos, position_ids_sin = rest[:3]
             mask = attention_mask.unsqueeze(1)  # [1, 1, AR, CL], broadcast over heads
             # HF's rotary embedding gives [1, AR, D] with each half repeated; apply_rotary_pos_emb adds the head axis
             cos = torch.cat([position_ids_cos, position_ids_cos], dim=-1).squeeze(1)
             sin = torch.cat([position_ids_sin, position_ids_sin], dim=-1).squeeze(1)
-        if self.pieces.embedding:
+        if self.span.embedding:
             hidden = self.model.embed_tokens(hidden)
-        for index in self.pieces.layers:
+        for index in self.span.layers:
             hidden = self.model.layers[str(index)](hidden, attention_mask=mask, position_embeddings=(cos, sin),
                                                    cache=cache)
-        if self.pieces.head:
+        if self.span.head:
             hidden = self.lm_head(self.model.norm(hidden))
         return (hidden, *cache.outputs())
 
 
-def _example_args(shape: ExportShape, kind: str, pieces: GraphPieces) -> tuple[torch.Tensor, ...]:
+def _example_args(shape: ExportShape, kind: str, span: GraphSpan) -> tuple[torch.Tensor, ...]:
     """Zero inputs of a graph's shapes and dtypes (docs/conventions.md): the export traces with these."""
     ar, past, d, kv = graph_ar(kind, shape.ar), shape.past(kind), shape.head_dim, shape.kv_heads
-    first = (torch.zeros((1, ar), dtype=torch.int32) if pieces.embedding
+    first = (torch.zeros((1, ar), dtype=torch.int32) if span.embedding
              else torch.zeros((1, ar, shape.hidden)))
     feeds = ((torch.zeros((1, ar, shape.context)), torch.zeros((1, 1, ar, d // 2)), torch.zeros((1, 1, ar, d // 2)))
-             if pieces.layers else ())
-    cache = [torch.zeros(dims) for _ in pieces.layers for dims in ((1, kv, d, past), (1, kv, past, d))]
+             if span.layers else ())
+    cache = [torch.zeros(dims) for _ in span.layers for dims in ((1, kv, d, past), (1, kv, past, d))]
     return (first, *feeds, *cache)
 
 
@@ -240,7 +238,7 @@ def _load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
     import transformers
     from safetensors import SafetensorError
 
-    model_class = getattr(transformers, SUPPORTED_ARCHITECTURES[checkpoint.model_type])
+    model_class = getattr(transformers, checkpoint.family.architecture)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -257,7 +255,7 @@ def _load_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, bool]:
     return model, tied
 
 
-def part_modules(checkpoint: Checkpoint, pieces: GraphPieces) -> GenieIO:
+def part_modules(checkpoint: Checkpoint, span: GraphSpan) -> GenieIO:
     """The part's modules built from the model family's own classes on the meta device, then given the part's
     tensors from the checkpoint (float32), and nothing else.
 
@@ -272,15 +270,16 @@ def part_modules(checkpoint: Checkpoint, pieces: GraphPieces) -> GenieIO:
     except _READ_ERRORS as exc:
         raise GenieBuildError(checkpoint.directory / CONFIG_NAME, f"transformers cannot read it: {_first_line(exc)}"
                               ) from None
-    family = SUPPORTED_ARCHITECTURES[checkpoint.model_type].removesuffix("ForCausalLM")
-    modeling = importlib.import_module(f"transformers.models.{checkpoint.model_type}.modeling_{checkpoint.model_type}")
-    layer_class, norm_class = getattr(modeling, f"{family}DecoderLayer"), getattr(modeling, f"{family}RMSNorm")
+    family = checkpoint.family
+    modeling = importlib.import_module(family.modeling_module)
+    layer_class = getattr(modeling, f"{family.class_prefix}DecoderLayer")
+    norm_class = getattr(modeling, f"{family.class_prefix}RMSNorm")
     with torch.device("meta"):
         module = GenieIO(
-            pieces, torch.nn.Embedding(config.vocab_size, config.hidden_size) if pieces.embedding else None,
-            {index: layer_class(config, index) for index in pieces.layers},
-            norm_class(config.hidden_size, eps=config.rms_norm_eps) if pieces.head else None,
-            torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False) if pieces.head else None)
+            span, torch.nn.Embedding(config.vocab_size, config.hidden_size) if span.embedding else None,
+            {index: layer_class(config, index) for index in span.layers},
+            norm_class(config.hidden_size, eps=config.rms_norm_eps) if span.head else None,
+            torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False) if span.head else None)
     state = dict(_read_tensors(checkpoint, list(module.state_dict())))
     try:
         module.load_state_dict(state, strict=True, assign=True)
@@ -290,15 +289,15 @@ def part_modules(checkpoint: Checkpoint, pieces: GraphPieces) -> GenieIO:
     return module.eval().requires_grad_(False)
 
 
-def piece_outputs(checkpoint: Checkpoint, pieces: GraphPieces, inputs: Mapping[str, np.ndarray]
+def piece_outputs(checkpoint: Checkpoint, span: GraphSpan, inputs: Mapping[str, np.ndarray]
                   ) -> dict[str, np.ndarray]:
     """What transformers' modules compute for a part's outputs (by Genie name) from its ``inputs`` (by Genie
     name): the part's pieces (the embedding, each decoder layer, the head) built, loaded and run one at a time,
     the residual stream passed on from one to the next."""
-    steps = ([GraphPieces(True, (), False)] if pieces.embedding else []) + [
-        GraphPieces(False, (layer,), False) for layer in pieces.layers] + ([GraphPieces(False, (), True)]
-                                                                          if pieces.head else [])
-    hidden = torch.from_numpy(np.asarray(inputs[pieces.input_boundary or INPUT_IDS]))
+    steps = ([GraphSpan(True, (), False)] if span.embedding else []) + [
+        GraphSpan(False, (layer,), False) for layer in span.layers] + ([GraphSpan(False, (), True)]
+                                                                          if span.head else [])
+    hidden = torch.from_numpy(np.asarray(inputs[span.input_boundary or INPUT_IDS]))
     outputs = {}
     for step in steps:
         module = part_modules(checkpoint, step)
@@ -310,18 +309,20 @@ def piece_outputs(checkpoint: Checkpoint, pieces: GraphPieces, inputs: Mapping[s
             outputs[kv_name("key", layer, "out")], outputs[kv_name("value", layer, "out")] = (
                 entry.numpy() for entry in entries)
         del module
-    outputs[pieces.output_boundary or LOGITS] = hidden.numpy()
+    outputs[span.output_boundary or LOGITS] = hidden.numpy()
     return outputs
 
 
 def _read_tensors(checkpoint: Checkpoint, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each named tensor as float32, read from the file holding it; ``lm_head.weight`` of a tied checkpoint is the
-    embedding table."""
+    """Each named tensor as float32, read from the file holding it and required finite (one tensor at a time, so
+    a NaN or an infinity is refused before any calibration, naming the shard and the tensor); ``lm_head.weight``
+    of a tied checkpoint as transformers 5 reads it (:func:`genie_build.hf_checkpoint.stored_name`); an FP8
+    weight multiplied by its block scales (:func:`dequantize_fp8`)."""
     from safetensors import SafetensorError, safe_open
 
     holders = tensor_files(checkpoint.directory)
-    tied = bool(checkpoint.config.get("tie_word_embeddings", False))
-    stored = {name: EMBED_WEIGHT if tied and name == LM_HEAD_WEIGHT else name for name in names}
+    tied = read_model_shape(checkpoint.config, checkpoint.directory / CONFIG_NAME).tied
+    stored = {name: stored_name(name, tied, holders) for name in names}
     missing = sorted(name for name in set(stored.values()) if name not in holders)
     if missing:
         raise GenieBuildError(checkpoint.directory, f"the checkpoint has no tensor(s) {missing[:3]} "
@@ -333,10 +334,36 @@ def _read_tensors(checkpoint: Checkpoint, names: Sequence[str]) -> Iterator[tupl
         try:
             with safe_open(path, framework="pt") as handle:
                 for name in wanted:
-                    yield name, handle.get_tensor(stored[name]).to(torch.float32)
+                    tensor = _float_tensor(handle, stored[name], holders, path)
+                    require_finite(tensor.numpy(), f"tensor {stored[name]!r}", path)
+                    yield name, tensor
         except (OSError, SafetensorError, RuntimeError) as exc:
             raise GenieBuildError(path, f"cannot read tensor(s) of the checkpoint: {_first_line(exc)}") from None
         log.info("read %d tensor(s) from %s", len(wanted), path.name)
+
+
+def _float_tensor(handle: Any, name: str, holders: Mapping[str, Path], path: Path) -> torch.Tensor:
+    """A stored tensor as float32; an FP8 one (whose scales the checkpoint checks found beside it) dequantized."""
+    tensor = handle.get_tensor(name)
+    if tensor.dtype != torch.float8_e4m3fn:
+        return tensor.to(torch.float32)
+    from safetensors import safe_open
+
+    scale_name = name + FP8_SCALE_SUFFIX
+    if holders.get(scale_name) == path:
+        return dequantize_fp8(tensor, handle.get_tensor(scale_name))
+    with safe_open(holders[scale_name], framework="pt") as other:
+        return dequantize_fp8(tensor, other.get_tensor(scale_name))
+
+
+def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """An FP8 weight ``[rows, cols]`` times its block scales ``[rows / bm, cols / bn]``, in float32: what
+    transformers' ``Fp8Dequantize`` computes when it loads the checkpoint (each block's float32 codes times its
+    float32 scale; the block is the weight's shape over the scale grid's)."""
+    rows, cols = weight.shape
+    grid_rows, grid_cols = scale_inv.shape
+    blocks = weight.to(torch.float32).reshape(grid_rows, rows // grid_rows, grid_cols, cols // grid_cols)
+    return (blocks * scale_inv.to(torch.float32)[:, None, :, None]).reshape(rows, cols)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -355,24 +382,24 @@ def export_part(checkpoint_dir: str | os.PathLike[str], part: PartPlan, out_dir:
         GenieBuildError: the checkpoint is not one the export supports or lacks a tensor of the part, the settings
             do not fit the model, or a file cannot be written.
     """
-    checkpoint = read_checkpoint(checkpoint_dir)
+    checkpoint = check_checkpoint(checkpoint_dir, ar=ar, context=context)
     shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
-    pieces = GraphPieces.of_part(part)
-    log.info("part %s: %s (%d layer(s)); reading its tensors", part.label, "+".join(part.pieces), len(pieces.layers))
-    module = part_modules(checkpoint, pieces)
-    log.info("part %s: %s loaded; exporting its prompt and token graphs", part.label, _pieces_text(pieces))
+    span = GraphSpan.of_part(part)
+    log.info("part %s: %s (%d layer(s)); reading its tensors", part.label, "+".join(part.pieces), len(span.layers))
+    module = part_modules(checkpoint, span)
+    log.info("part %s: %s loaded; exporting its prompt and token graphs", part.label, _span_text(span))
     names = {kind: graph_name(kind, graph_ar(kind, ar), context, part.index, num_parts) for kind in GRAPH_KINDS}
     graphs, data = part_files(out_dir)
-    _export_graphs(module, shape, pieces, names, graphs, {kind: data for kind in GRAPH_KINDS})
+    _export_graphs(module, shape, span, names, graphs, {kind: data for kind in GRAPH_KINDS})
     return ExportSummary(checkpoint.model_type, shape, bool(checkpoint.config.get("tie_word_embeddings")),
                          (data, *graphs.values()))
 
 
-def _pieces_text(pieces: GraphPieces) -> str:
-    layers = (f"layers {pieces.layers[0]}-{pieces.layers[-1]} ({len(pieces.layers)})" if len(pieces.layers) > 1
-              else f"layer {pieces.layers[0]}" if pieces.layers else "")
-    return ", ".join(text for text in ("the embedding" if pieces.embedding else "", layers,
-                                       "the head" if pieces.head else "") if text)
+def _span_text(span: GraphSpan) -> str:
+    layers = (f"layers {span.layers[0]}-{span.layers[-1]} ({len(span.layers)})" if len(span.layers) > 1
+              else f"layer {span.layers[0]}" if span.layers else "")
+    return ", ".join(text for text in ("the embedding" if span.embedding else "", layers,
+                                       "the head" if span.head else "") if text)
 
 
 def part_files(out_dir: str | os.PathLike[str]) -> tuple[dict[str, Path], Path]:
@@ -396,18 +423,18 @@ def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathL
         GenieBuildError: the checkpoint is not one the export supports or cannot be loaded; a file cannot be
             written.
     """
-    checkpoint = read_checkpoint(directory)
+    checkpoint = check_checkpoint(directory, ar=ar, context=context)
     shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
     model, tied = _load_model(checkpoint)
-    pieces = GraphPieces.whole(shape.layers)
-    wrapper = GenieIO(pieces, model.model.embed_tokens, dict(enumerate(model.model.layers)), model.model.norm,
+    span = GraphSpan.whole(shape.layers)
+    wrapper = GenieIO(span, model.model.embed_tokens, dict(enumerate(model.model.layers)), model.model.norm,
                       model.lm_head).eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = {kind: unsplit_graph_name(kind, graph_ar(kind, ar), context) for kind in GRAPH_KINDS}
     with _staging(out) as staging:
         graphs = {kind: staging / f"{kind}.onnx" for kind in GRAPH_KINDS}
-        _export_graphs(wrapper, shape, pieces, names, graphs, {kind: _data_path(graphs[kind]) for kind in GRAPH_KINDS})
+        _export_graphs(wrapper, shape, span, names, graphs, {kind: _data_path(graphs[kind]) for kind in GRAPH_KINDS})
         del wrapper, model
         check_shared_initializers(graphs["prompt"], graphs["token"])
         files = tuple(name for kind in GRAPH_KINDS for name in (f"{kind}.onnx.data", f"{kind}.onnx"))
@@ -416,13 +443,13 @@ def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathL
     return ExportSummary(checkpoint.model_type, shape, tied, tuple(out / name for name in files))
 
 
-def _export_graphs(module: GenieIO, shape: ExportShape, pieces: GraphPieces, names: Mapping[str, str],
+def _export_graphs(module: GenieIO, shape: ExportShape, span: GraphSpan, names: Mapping[str, str],
                    graphs: Mapping[str, Path], data: Mapping[str, Path]) -> None:
     """Export the prompt and token graphs of ``module`` to ``graphs``, the prompt graph's weights written to
     ``data["prompt"]`` and the token graph reading the same file, or a copy of it at ``data["token"]``."""
     weights: dict[str, onnx.TensorProto] = {}
     for kind in GRAPH_KINDS:
-        model, program = _exported_graph(module, shape, kind, pieces, names[kind])
+        model, program = _exported_graph(module, shape, kind, span, names[kind])
         if kind == "prompt":
             weights = _write_weights(program, data[kind])
         elif data[kind] != data["prompt"]:
@@ -435,16 +462,16 @@ def _export_graphs(module: GenieIO, shape: ExportShape, pieces: GraphPieces, nam
                  len(model.graph.initializer))
 
 
-def _exported_graph(module: GenieIO, shape: ExportShape, kind: str, pieces: GraphPieces, name: str
+def _exported_graph(module: GenieIO, shape: ExportShape, kind: str, span: GraphSpan, name: str
                     ) -> tuple[onnx.ModelProto, Any]:
     """One graph of ``module`` without its weights, named and canonicalized, and the exporter's program (which
     holds the weights)."""
-    input_names, output_names = pieces.io_names()
+    input_names, output_names = span.io_names()
     # The exporter prints progress and warns about its own internals; the log keeps what we say instead.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             tempfile.TemporaryDirectory(prefix="genie-build-export-") as scratch:
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, _example_args(shape, kind, pieces), dynamo=True, optimize=False,
+        program = torch.onnx.export(module, _example_args(shape, kind, span), dynamo=True, optimize=False,
                                     input_names=input_names, output_names=output_names)
         program.save(os.path.join(scratch, "graph.onnx"), include_initializers=False)
         model = onnx.load(os.path.join(scratch, "graph.onnx"))
@@ -452,18 +479,19 @@ def _exported_graph(module: GenieIO, shape: ExportShape, kind: str, pieces: Grap
         kept = [prop for prop in node.metadata_props if prop.key != STACK_TRACE_KEY]
         del node.metadata_props[:]
         node.metadata_props.extend(kept)
+    split_without_sequences(model.graph)
     canonicalize(model.graph)
-    _check_boundaries(model, pieces, name)
+    _check_boundaries(model, span, name)
     model.graph.name = name
     model.producer_name, model.producer_version = "genie-build", __version__
     return model, program
 
 
-def _check_boundaries(model: onnx.ModelProto, pieces: GraphPieces, name: str) -> None:
+def _check_boundaries(model: onnx.ModelProto, span: GraphSpan, name: str) -> None:
     """The residual stream inside the graph has the conventions' names (what the canonical names give a decoder
     whose layers add their attention and MLP outputs to the stream, in that order)."""
     produced = {output for node in model.graph.node for output in node.output}
-    missing = [boundary for boundary in pieces.internal_boundaries() if boundary not in produced]
+    missing = [boundary for boundary in span.internal_boundaries() if boundary not in produced]
     if missing:
         raise GenieBuildError(name, f"the exported graph has no residual-stream tensor(s) {missing[:3]}: the "
                                     "decoder layers of this model are not built as the export expects")

@@ -85,8 +85,22 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         handle.write(text)
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+def write_json(path: str | os.PathLike[str], obj: Any, *, unless_same: bool = False) -> bool:
+    """Write ``obj`` as JSON; with ``unless_same``, not when the file already holds those bytes (a file the workflow
+    writes when it is parsed keeps its mtime, so Snakemake sees it unchanged).
+
+    Returns:
+        Whether the file was written.
+    """
+    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
+    if unless_same:
+        try:
+            if Path(path).read_text(encoding="utf-8") == text:
+                return False
+        except (OSError, UnicodeDecodeError):
+            pass   # absent or unreadable: written anew
+    write_text(path, text)
+    return True
 
 
 @contextlib.contextmanager

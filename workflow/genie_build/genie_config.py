@@ -25,6 +25,7 @@ from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, is_json_number, read_text
 from genie_build.hf_config import head_dim, read_rope, rope_kind
+from genie_build.htp_extensions import group_context
 
 __all__ = ["BINARY_SOURCES", "EXPECTED_VALUES", "GENIE_CONFIG_NAME", "GENIE_CONFIG_SECTIONS", "GENIE_ROPE_SCALING_KEYS",
            "GENIE_ROPE_TYPES", "GenieSection", "HTP_EXT_CONFIG_NAME", "JsonType", "MAX_TOKENIZER_BYTES",
@@ -54,8 +55,9 @@ GENIE_ROPE_SCALING_KEYS = {
     "beta_slow": "beta-slow",
     "attention_factor": "attn-factor",
 }
-# Keys of an HF rope dict that describe the kind of RoPE rather than a scaling parameter.
-_ROPE_DESCRIPTOR_KEYS = ("rope_type", "type", "rope_theta")
+# Keys of an HF rope dict that describe the kind of RoPE rather than a scaling parameter (a partial rotary factor
+# other than 1 is refused before any job: Genie rotates the whole head).
+_ROPE_DESCRIPTOR_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 
 
 def genie_rope_scaling(scaling: dict[str, Any], where: str | os.PathLike[str]) -> dict[str, Any]:
@@ -230,7 +232,8 @@ BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check
 
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],
                       context_size: int, *, hf_config_path: str | os.PathLike[str] = "config.json",
-                      n_threads: int = DEFAULT_N_THREADS) -> dict:
+                      n_threads: int = DEFAULT_N_THREADS, share_resources: bool = False,
+                      embedding: Mapping[str, Any] | None = None) -> dict:
     """The whole ``genie_config.json`` for a basic dialog over ``ctx_bins`` (bundle file names, part order).
 
     Args:
@@ -240,6 +243,10 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
         context_size: ``dialog.context.size``; check-bundle checks it against the compiled CL.
         hf_config_path: where ``hf_config`` came from, for error messages.
         n_threads: ``engine.n-threads``.
+        share_resources: initialize the contexts asynchronously (``allow-async-init``), the path on which Genie
+            applies the extension config's ``groupContext`` (:mod:`genie_build.htp_extensions`).
+        embedding: ``dialog.embedding`` when the embedding is a CPU table
+            (:func:`genie_build.embedding_table.dialog_embedding`); None: the embedding is part 1's graph.
 
     Raises:
         GenieBuildError: naming the HF config or the tokenizer (see :func:`read_rope`,
@@ -256,12 +263,12 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
     kv_dim = head_dim(hf_config, hf_config_path)
     rope = read_rope(hf_config, hf_config_path)
     qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
-                               "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": False}
+                               "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": share_resources}
     model: dict[str, Any] = {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}
     model["positional-encoding"] = {"type": "rope", "rope-dim": kv_dim // 2, "rope-theta": _genie_theta(rope.theta)}
     if rope.scaling is not None:
         model["positional-encoding"]["rope-scaling"] = genie_rope_scaling(rope.scaling, hf_config_path)
-    return {"dialog": {
+    dialog: dict[str, Any] = {
         "version": 1,
         "type": "basic",
         "context": {"version": 1, "size": context_size, "n-vocab": vocab, "bos-token": bos, "eos-token": eos},
@@ -271,22 +278,30 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
                    "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": qnn_htp,
                                "extensions": HTP_EXT_CONFIG_NAME},
                    "model": model},
-    }}
+    }
+    if embedding is not None:
+        dialog["embedding"] = dict(embedding)
+    return {"dialog": dialog}
 
 
-def make_htp_backend_ext_config(chipset: str) -> dict:
-    """``htp_backend_ext_config.json`` for ``chipset`` (a name in :mod:`genie_build.chipsets`), as AIHM writes it.
+def make_htp_backend_ext_config(chipset: str, *, share_resources: bool = False) -> dict:
+    """``htp_backend_ext_config.json`` for ``chipset`` (a name in :mod:`genie_build.chipsets`), as AIHM writes it;
+    with ``share_resources`` also the ``groupContext`` the ChatApp of quic/ai-hub-apps writes
+    (:mod:`genie_build.htp_extensions`).
 
     Raises:
         GenieBuildError: unknown chipset (from the chipset table).
     """
     chip = lookup(chipset)
-    return {
+    config: dict[str, Any] = {
         "devices": [{"soc_model": chip.soc_model, "dsp_arch": chip.dsp_arch,
                      "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
         "memory": {"mem_type": "shared_buffer"},
         "context": {"weight_sharing_enabled": True},
     }
+    if share_resources:
+        config["groupContext"] = group_context()
+    return config
 
 
 def _genie_theta(theta: float) -> int | float:

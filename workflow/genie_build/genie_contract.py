@@ -34,7 +34,7 @@ from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_
                                      shape_text, tensors_by_name)
 from genie_build.errors import GenieBuildError
 
-__all__ = ["Violation", "check_contract", "graph_violations", "model_violations"]
+__all__ = ["FED_INPUTS", "Violation", "check_contract", "graph_violations", "model_violations"]
 
 log = logging.getLogger(__name__)
 

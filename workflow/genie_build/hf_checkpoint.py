@@ -1,9 +1,17 @@
 """A Hugging Face checkpoint directory as genie-build reads it, without torch: which files it has, which shard holds
-each tensor, and whether its ``config.json`` describes a model the export supports (its shape:
-:func:`genie_build.hf_config.read_model_shape`).
+each tensor, and whether the checkpoint is one the export builds, checked before any job
+(:func:`check_checkpoint`): its family (:mod:`genie_build.families`), architecture, RoPE, quantization, sliding
+window and the settings against its ``config.json``, and every tensor's name, shape and type (from the safetensors
+headers) against what ``config.json`` implies.
 
 The layout is what ``save_pretrained`` writes: ``config.json``, the weights as one ``model.safetensors`` or as
 shards listed by ``model.safetensors.index.json`` (``weight_map``: tensor name -> shard file), ``tokenizer.json``.
+The folder is read as transformers 5 reads it: ``model.safetensors`` when it is there, even beside an index; the
+shards' own headers say which tensors each holds (transformers loads every tensor of every listed shard), and a
+tensor held by two files is refused; a tied head that the checkpoint also stores is read from the stored
+``lm_head.weight`` (:func:`stored_name`). The files may be symlinks, as in the Hugging Face cache
+(``snapshots/<revision>/`` linking to ``../../blobs/``), but each must resolve inside the model folder, or for a
+cache snapshot inside its repository folder (:func:`folder_boundary`).
 The workflow reads :func:`weight_files` and :func:`tensor_files` at parse time, so a changed shard re-exports only
 the parts whose tensors it holds.
 """
@@ -11,30 +19,43 @@ the parts whose tensors it holds.
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
+from genie_build.families import REFUSED_FAMILIES, Family, family_of
+from genie_build.fileio import is_json_int, read_json
 from genie_build.genie_config import TOKENIZER_NAME
-from genie_build.hf_config import load_hf_config, read_rope, rope_kind
+from genie_build.hf_config import (StoredTensor, head_dim, load_hf_config, read_model_shape, read_rope, rope_kind,
+                                   stored_tensors, supported_text)
 
-__all__ = ["CONFIG_NAME", "Checkpoint", "INDEX_NAME", "SUPPORTED_ARCHITECTURES", "read_checkpoint", "tensor_files",
-           "weight_files"]
+__all__ = ["CONFIG_NAME", "Checkpoint", "FP8_SCALE_SUFFIX", "INDEX_NAME", "StoredHeader", "check_checkpoint",
+           "check_config", "check_settings", "folder_boundary", "read_checkpoint", "sliding_window", "stored_name",
+           "tensor_files", "tensor_headers", "weight_files"]
+
+log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 SINGLE_WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
-# config.json model_type -> the transformers class the export builds (its decoder layers, attention, MLP, norms).
-SUPPORTED_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-# RoPE the export carries through: the graph takes cos/sin as inputs, so only the tables Genie computes differ,
-# and Genie computes llama3's (genie_config writes its rope-scaling; conventions.rope_tables computes it).
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
 SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024   # safetensors' own limit on its JSON header
-_SUPPORTED_TEXT = ", ".join(f"{kind} ({cls})" for kind, cls in SUPPORTED_ARCHITECTURES.items())
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+# An FP8 checkpoint (quantization_config.quant_method fp8, as the Hub's *-FP8 models ship): a Linear weight in
+# F8_E4M3 with its block scales beside it, which the export multiplies out as transformers does.
+FP8_DTYPE = "F8_E4M3"
+FP8_SCALE_SUFFIX = "_scale_inv"
+# Why a RoPE kind the families do not list cannot be built.
+_ROPE_REFUSALS = {
+    "yarn": "Genie's yarnrope is not documented to compute transformers' yarn tables (attention factor, "
+            "beta_fast/beta_slow ramps), so the bundle's tables cannot be shown to be the model's",
+}
+_LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -50,94 +71,317 @@ class Checkpoint:
     def model_type(self) -> str:
         return self.config["model_type"]
 
+    @property
+    def family(self) -> Family:
+        return family_of(self.model_type)
+
+
+@dataclass(frozen=True)
+class StoredHeader:
+    """A tensor as a safetensors header states it: its type, its shape and the file holding it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
-    """Check a checkpoint directory and read its config (structure only, no weights).
+    """Check a checkpoint directory and read its config (structure only, no weights): :func:`check_config`.
 
     Raises:
-        GenieBuildError: a file is missing or unreadable, config.json is not an object or names an architecture
-            or RoPE type the export does not support, the index names a shard that is not there.
+        GenieBuildError: a file is missing or unreadable, or config.json describes a model the export does not
+            build.
     """
     root = Path(directory)
     if not root.is_dir():
         raise GenieBuildError(root, "not a directory (model.hf_checkpoint must be a Hugging Face checkpoint "
                                     "directory: config.json, *.safetensors, tokenizer.json)")
-    config_path = root / CONFIG_NAME
+    config_path, tokenizer = root / CONFIG_NAME, root / TOKENIZER_NAME
+    _check_inside(root, config_path, tokenizer)
     config = load_hf_config(config_path)
-    _check_architecture(config, config_path)
-    tokenizer = root / TOKENIZER_NAME
+    check_config(config, config_path)
     if not tokenizer.is_file():
         raise GenieBuildError(tokenizer, "missing (the export needs the checkpoint's tokenizer.json)")
     return Checkpoint(root, config, weight_files(root), tokenizer)
 
 
-def weight_files(directory: str | os.PathLike[str]) -> tuple[Path, ...]:
-    """The safetensors files of a checkpoint: the shards its index lists (and the index itself), else its single
-    ``model.safetensors``.
+def folder_boundary(directory: str | os.PathLike[str]) -> Path:
+    """The folder no file of a checkpoint may resolve outside of: the model folder itself, or for a snapshot of the
+    Hugging Face cache (``<repository>/snapshots/<revision>``) its repository folder, whose ``blobs/`` the
+    snapshot's files link to."""
+    root = Path(directory).resolve()
+    return root.parent.parent if root.parent.name == "snapshots" else root
+
+
+def _check_inside(directory: Path, *files: Path) -> None:
+    """Each file (a symlink followed) lies inside :func:`folder_boundary` of ``directory``.
 
     Raises:
-        GenieBuildError: neither layout is there, the index is not valid, or a listed shard is missing.
+        GenieBuildError: naming the file and where it leads.
+    """
+    boundary = folder_boundary(directory)
+    for path in files:
+        target = path.resolve()
+        if not target.is_relative_to(boundary):
+            raise GenieBuildError(path, f"leads to {target}, outside the model folder {boundary}: nothing outside "
+                                        "it is read")
+
+
+def check_checkpoint(directory: str | os.PathLike[str], *, ar: int, context: int) -> Checkpoint:
+    """Everything that can be known before any job: :func:`read_checkpoint`, :func:`check_settings` and every
+    tensor of the safetensors headers against ``config.json`` (:func:`_check_tensors`). Reads headers only.
+
+    Raises:
+        GenieBuildError: one line naming the file and the key or tensor.
+    """
+    checkpoint = read_checkpoint(directory)
+    config_path = checkpoint.directory / CONFIG_NAME
+    check_settings(checkpoint.config, config_path, ar=ar, context=context)
+    index = checkpoint.directory / INDEX_NAME
+    if index.is_file() and checkpoint.weight_files == (checkpoint.directory / SINGLE_WEIGHTS_NAME,):
+        log.warning("%s: not read: %s is beside it, and transformers loads that file alone", index,
+                    SINGLE_WEIGHTS_NAME)
+    _check_tensors(checkpoint, tensor_headers(checkpoint.directory))
+    return checkpoint
+
+
+def weight_files(directory: str | os.PathLike[str]) -> tuple[Path, ...]:
+    """The safetensors files of a checkpoint, those transformers loads: its single ``model.safetensors`` when it is
+    there (transformers looks for it before the index, and ignores an index beside it), else the shards its index
+    lists (and the index itself).
+
+    Raises:
+        GenieBuildError: neither layout is there, the index is not valid, a listed shard is missing, or a file
+            resolves outside the model folder.
     """
     root = Path(directory)
-    index = root / INDEX_NAME
-    if index.is_file():
-        shards = _index_shards(read_json(index), index)
-        missing = [name for name in shards if not (root / name).is_file()]
-        if missing:
-            raise GenieBuildError(index, f"lists shards that are not in {root}: {', '.join(missing)}")
-        return (index, *(root / name for name in shards))
     single = root / SINGLE_WEIGHTS_NAME
-    if not single.is_file():
+    if single.is_file():
+        _check_inside(root, single)
+        return (single,)
+    index = root / INDEX_NAME
+    if not index.is_file():
         raise GenieBuildError(single, f"missing (and no {INDEX_NAME} either): the checkpoint has no safetensors "
                                       "weights")
-    return (single,)
+    _check_inside(root, index)
+    shards = _index_shards(read_json(index), index)
+    missing = [name for name in shards if not (root / name).is_file()]
+    if missing:
+        raise GenieBuildError(index, f"lists shards that are not in {root}: {', '.join(missing)}")
+    files = (index, *(root / name for name in shards))
+    _check_inside(root, *files[1:])
+    return files
 
 
-def _check_architecture(config: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
-    """The export supports ``config``'s model: a known model_type with its class in architectures, plain or llama3
-    RoPE, full attention in every layer, an even head dim.
+def check_config(config: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
+    """``config`` describes a model the export builds: a registered family with its causal-LM class in
+    ``architectures``, a RoPE kind the family's bundle carries over the whole head dim, float or FP8 weights.
 
     Raises:
-        GenieBuildError: one line naming what is supported.
+        GenieBuildError: one line naming the key and what is supported (or why the family is refused).
     """
     model_type = config.get("model_type")
     architectures = config.get("architectures") or []
-    if model_type not in SUPPORTED_ARCHITECTURES:
+    family = family_of(model_type)
+    if family is None:
+        reason = REFUSED_FAMILIES.get(model_type) if isinstance(model_type, str) else None
         raise GenieBuildError(where, f"model_type {model_type!r} (architectures {architectures}) is not supported "
-                                     f"by the export; supported: {_SUPPORTED_TEXT}")
-    expected = SUPPORTED_ARCHITECTURES[model_type]
-    if architectures and architectures != [expected]:
+                                     f"by the export{': ' + reason if reason else ''}; supported: {supported_text()}")
+    if architectures and architectures != [family.architecture]:
         raise GenieBuildError(where, f"architectures {architectures} with model_type {model_type!r}: the export "
-                                     f"builds {expected} only; supported: {_SUPPORTED_TEXT}")
+                                     f"builds the causal LM {family.architecture} only; supported: {supported_text()}")
     scaling = read_rope(dict(config), where).scaling
-    rope_type = rope_kind(scaling) if scaling else "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise GenieBuildError(where, f"rope type {rope_type!r} is not supported by the export "
-                                     f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
-    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
-        raise GenieBuildError(where, "sliding-window attention is not supported by the export (Genie's graphs "
-                                     "attend to the whole context in every layer)")
+    kind = rope_kind(scaling) if scaling else "default"
+    if kind not in family.rope_kinds:
+        raise GenieBuildError(where, f"rope type {kind!r} is not supported for {model_type} (supported: "
+                                     f"{', '.join(family.rope_kinds)})" + (f": {_ROPE_REFUSALS[kind]}"
+                                                                          if kind in _ROPE_REFUSALS else ""))
+    if kind == "longrope":
+        _check_longrope(read_rope(dict(config), where).scaling, head_dim(config, where), where)
+    partial = config.get("partial_rotary_factor", (config.get("rope_parameters") or {}).get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise GenieBuildError(where, f"partial_rotary_factor {partial!r} is not supported (Genie rotates the whole "
+                                     "head: rope-dim is half of kv-dim)")
+    _check_quantization(config.get("quantization_config"), where)
+
+
+def _check_longrope(scaling: Mapping[str, Any], dim: int, where: str | os.PathLike[str]) -> None:
+    """LongRoPE parameters Genie computes as transformers does (Genie's ROPE_LONGROPE: one factor per rotated pair,
+    and an attention factor it always derives from ``factor``, which transformers takes when none is given)."""
+    for key in ("short_factor", "long_factor"):
+        factors = scaling.get(key)
+        if not (isinstance(factors, list) and len(factors) == dim // 2):
+            raise GenieBuildError(where, f"longrope {key} must list {dim // 2} factors (half the head dim {dim})")
+    factor = scaling["factor"]
+    if not factor >= 1:
+        raise GenieBuildError(where, f"longrope factor {factor} is below 1: Genie's attention factor then differs "
+                                     "from transformers' (1)")
+    if scaling.get("attention_factor") is not None:
+        raise GenieBuildError(where, "longrope attention_factor: Genie derives the attention factor from factor "
+                                     "and original_max_position_embeddings and reads no other")
+
+
+def _check_quantization(quantization: Any, where: str | os.PathLike[str]) -> None:
+    """No ``quantization_config``, or FP8 with block scales (what the export dequantizes as transformers does)."""
+    if quantization is None:
+        return
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method != "fp8":
+        raise GenieBuildError(where, f"quantization_config.quant_method {method!r} is not supported: the export "
+                                     "reads float weights, or FP8 ones with block scales (quant_method fp8); give "
+                                     "the float checkpoint")
+    block = quantization.get("weight_block_size")
+    problems = [f"{key} {quantization.get(key)!r}" for key, allowed in (("fmt", (None, "e4m3")),
+                                                                          ("activation_scheme", (None, "dynamic")))
+                if quantization.get(key) not in allowed]
+    if not (isinstance(block, list) and len(block) == 2 and all(is_json_int(n) and n > 0 for n in block)):
+        problems.append(f"weight_block_size {block!r}")
+    if problems:
+        raise GenieBuildError(where, f"quantization_config: FP8 is read as e4m3 weights with dynamic activations "
+                                     f"and a [rows, cols] weight_block_size; got {', '.join(problems)}")
+
+
+def sliding_window(config: Mapping[str, Any]) -> int | None:
+    """The sliding window transformers gives the model's attention (its family's default when config.json leaves
+    it out; None when off)."""
+    family = family_of(config.get("model_type"))
+    if family is None or (family.sliding_window_switch and not config.get(family.sliding_window_switch, False)):
+        return None
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
+        return None
+    window = config.get("sliding_window", family.defaults.get("sliding_window"))
+    return window if is_json_int(window) else None
+
+
+def check_settings(config: Mapping[str, Any], where: str | os.PathLike[str], *, ar: int, context: int) -> None:
+    """The export's AR and context fit the model: 2 <= AR < CL, CL at most max_position_embeddings, and no
+    sliding window that takes effect within CL (Genie's graphs attend to the whole context in every layer).
+
+    Raises:
+        GenieBuildError: naming the setting or the config key.
+    """
+    if not 2 <= ar < context:
+        raise GenieBuildError("export.ar", f"{ar} must be at least 2 (the token graph has AR 1) and below "
+                                           f"export.context = {context}")
+    limit = config.get("max_position_embeddings")
+    if is_json_int(limit) and context > limit:
+        raise GenieBuildError("export.context", f"{context} exceeds the model's max_position_embeddings {limit} "
+                                                f"({where})")
+    scaling = read_rope(dict(config), where).scaling
+    if scaling and rope_kind(scaling) == "longrope" and context > scaling["original_max_position_embeddings"]:
+        raise GenieBuildError(where, f"longrope with export.context {context} above original_max_position_embeddings "
+                                     f"{scaling['original_max_position_embeddings']}: Genie then takes long_factor "
+                                     "for every position, transformers only once the sequence is that long; set "
+                                     "export.context to at most original_max_position_embeddings")
+    window = sliding_window(config)
+    if window is not None and window < context:
+        raise GenieBuildError(where, f"sliding_window {window} is shorter than export.context {context}: Genie's "
+                                     "graphs attend to the whole context in every layer; set export.context to at "
+                                     f"most {window}")
+
+
+def _check_tensors(checkpoint: Checkpoint, headers: Mapping[str, StoredHeader]) -> None:
+    """The stored tensors are those ``config.json`` implies: as many layers, each tensor there with its shape, a
+    float type (or FP8 with its block scales when the config says so). Other tensors are logged as transformers
+    warns of them ("unexpected keys", which it does not load); a layer beyond ``num_hidden_layers`` is refused
+    (a model of more layers than the config's).
+
+    Raises:
+        GenieBuildError: naming config.json and the layer count, or the file and the tensor, expected and found.
+    """
+    config_path = checkpoint.directory / CONFIG_NAME
+    shape = read_model_shape(checkpoint.config, config_path)
+    layers = {int(match[1]) for name in headers if (match := _LAYER_TENSOR.match(name))}
+    if layers != set(range(shape.layers)):
+        held = f"layers {min(layers)}-{max(layers)}" if layers else "no layer"
+        raise GenieBuildError(config_path, f"num_hidden_layers is {shape.layers}, but the checkpoint's tensors hold "
+                                           f"{held} ({len(layers)} in all)")
+    fp8 = checkpoint.config.get("quantization_config") is not None
+    where = checkpoint.weight_files[0]
+    expected = list(stored_tensors(shape))
+    if shape.tied and LM_HEAD_WEIGHT in headers:
+        log.warning("%s: tie_word_embeddings is true, but the checkpoint stores %s: it is read as the LM head, as "
+                    "transformers 5 does (it ties the two only where they are equal)", config_path, LM_HEAD_WEIGHT)
+        embedding = expected[0]
+        expected.append(StoredTensor(LM_HEAD_WEIGHT, embedding.shape, shape.layers + 1, "lm_head"))
+    known = {tensor.name for tensor in expected} | {tensor.name + FP8_SCALE_SUFFIX for tensor in expected if fp8}
+    unexpected = sorted(set(headers) - known)
+    if unexpected:
+        log.warning("%s: %d tensor(s) the model does not have are not read (transformers warns of them as unexpected "
+                    "and drops them too): %s", where, len(unexpected), ", ".join(unexpected[:5]))
+    for tensor in expected:
+        header = headers.get(tensor.name)
+        if header is None:
+            raise GenieBuildError(where, f"has no tensor {tensor.name!r}, which config.json implies "
+                                         f"(shape {list(tensor.shape)})")
+        if header.shape != tensor.shape:
+            raise GenieBuildError(header.file, f"tensor {tensor.name!r} has shape {list(header.shape)}; config.json "
+                                               f"implies {list(tensor.shape)}")
+        if header.dtype in FLOAT_DTYPES:
+            continue
+        if not (fp8 and header.dtype == FP8_DTYPE and tensor.kind == "linear"):
+            raise GenieBuildError(header.file, f"tensor {tensor.name!r} is {header.dtype}, a quantized weight without "
+                                               "a quantization_config the export reads (float weights, or FP8 with "
+                                               "block scales)")
+        _check_fp8_scale(tensor.name, header, headers.get(tensor.name + FP8_SCALE_SUFFIX))
+
+
+def _check_fp8_scale(name: str, weight: StoredHeader, scale: StoredHeader | None) -> None:
+    """An FP8 weight's scales tile it as transformers requires (the block is the weight's shape over the grid's)."""
+    if scale is None:
+        raise GenieBuildError(weight.file, f"FP8 tensor {name!r} has no {name + FP8_SCALE_SUFFIX!r} "
+                                           "(quantization_config fp8 stores block scales beside each weight)")
+    if scale.dtype not in FLOAT_DTYPES or len(scale.shape) != 2 or any(
+            n == 0 or size % n for size, n in zip(weight.shape, scale.shape)):
+        raise GenieBuildError(scale.file, f"tensor {name + FP8_SCALE_SUFFIX!r} ({scale.dtype} "
+                                          f"{list(scale.shape)}) is not a grid of block scales of "
+                                          f"{list(weight.shape)}")
+
+
+def tensor_headers(directory: str | os.PathLike[str]) -> dict[str, StoredHeader]:
+    """Every stored tensor's type, shape and file, from the headers of the files transformers loads
+    (:func:`weight_files`; no weights read): what each shard holds, as transformers loads every tensor of every
+    shard whatever the index's ``weight_map`` says.
+
+    Raises:
+        GenieBuildError: as :func:`weight_files`, a file whose header is not safetensors', or a tensor held by two
+            shards (naming it and both).
+    """
+    headers: dict[str, StoredHeader] = {}
+    for path in weight_files(directory):
+        if path.name == INDEX_NAME:
+            continue
+        for name, entry in _safetensors_header(path).items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
+                    and isinstance(entry.get("shape"), list)):
+                raise GenieBuildError(path, f"not a safetensors file (tensor {name!r} has no dtype and shape)")
+            if name in headers:
+                raise GenieBuildError(path, f"holds tensor {name!r}, which {headers[name].file.name} holds too: "
+                                            "which copy a reader takes is not defined; keep one")
+            headers[name] = StoredHeader(entry["dtype"], tuple(entry["shape"]), path)
+    return headers
 
 
 def tensor_files(directory: str | os.PathLike[str]) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it: the index's ``weight_map``, else every tensor of the single
-    ``model.safetensors`` (its header, read without the weights).
+    """Tensor name -> the safetensors file holding it (:func:`tensor_headers`).
 
     Raises:
-        GenieBuildError: as :func:`weight_files`, or a single file whose header is not safetensors'.
+        GenieBuildError: as :func:`tensor_headers`.
     """
-    root = Path(directory)
-    index = root / INDEX_NAME
-    if index.is_file():
-        weight_map = read_json(index)["weight_map"]
-        weight_files(root)  # the index is valid and every shard it names is there
-        return {name: root / shard for name, shard in weight_map.items()}
-    single = weight_files(root)[0]
-    return {name: single for name in _safetensors_names(single)}
+    return {name: header.file for name, header in tensor_headers(directory).items()}
 
 
-def _safetensors_names(path: Path) -> list[str]:
-    """The tensor names of a safetensors file, from its JSON header (8-byte length, then the header).
+def stored_name(name: str, tied: bool, stored: Collection[str]) -> str:
+    """The stored tensor transformers 5 loads into the model's tensor ``name``: a tied LM head is the embedding
+    table, unless the checkpoint also stores ``lm_head.weight`` (transformers 5 then keeps the stored head where it
+    differs from the table, and where it does not, the two are one)."""
+    return EMBED_WEIGHT if tied and name == LM_HEAD_WEIGHT and LM_HEAD_WEIGHT not in stored else name
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    """A safetensors file's JSON header (8-byte length, then the header) less its ``__metadata__``: tensor name ->
+    its dtype, shape and offsets.
 
     Raises:
         GenieBuildError: the file is too short or its header is not a safetensors header.
@@ -148,11 +392,12 @@ def _safetensors_names(path: Path) -> list[str]:
             if not 0 < length <= SAFETENSORS_HEADER_LIMIT:
                 raise ValueError(f"header length {length}")
             header = json.loads(handle.read(length))
-    except (OSError, ValueError) as exc:
-        raise GenieBuildError(path, f"not a safetensors file ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8; RecursionError: deep JSON
+        raise GenieBuildError(path, f"not a safetensors file (its header cannot be read: "
+                                    f"{type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(header, dict):
         raise GenieBuildError(path, "not a safetensors file (its header is not a JSON object)")
-    return [name for name in header if name != "__metadata__"]
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}
 
 
 def _index_shards(index: Any, where: Path) -> list[str]:

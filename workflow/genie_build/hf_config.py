@@ -1,7 +1,8 @@
-"""A Hugging Face ``config.json`` as genie-build reads it: the one reader of its dimensions, RoPE and head size, for
-every family genie-build knows and both layouts transformers writes (transformers 4: ``rope_theta`` and
-``rope_scaling`` at the top level; transformers 5: ``rope_parameters``). The export, the plans, the estimate, the
-calibrators, the Genie config and check-bundle all read a config.json through it.
+"""A Hugging Face ``config.json`` as genie-build reads it: the one reader of its dimensions, RoPE, head size and the
+tensors it implies, for every family :mod:`genie_build.families` registers and both layouts transformers writes
+(transformers 4: ``rope_theta`` and ``rope_scaling`` at the top level; transformers 5: ``rope_parameters``). The
+export, the plans, the estimate, the calibrators, the Genie config and check-bundle all read a config.json through
+it.
 """
 
 from __future__ import annotations
@@ -9,18 +10,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from genie_build.conventions import EMBED_WEIGHT, FINAL_NORM_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.errors import GenieBuildError
+from genie_build.families import FAMILIES, Family, family_of
 from genie_build.fileio import is_json_int, is_json_number, read_json
 
-__all__ = ["SHAPED_MODEL_TYPES", "ModelShape", "Rope", "head_dim", "load_hf_config", "read_model_shape", "read_rope",
-           "rope_kind"]
+__all__ = ["ModelShape", "Rope", "StoredTensor", "head_dim", "load_hf_config", "read_model_shape", "read_rope",
+           "rope_kind", "stored_tensors", "supported_text"]
 
 MAX_HF_CONFIG_BYTES = 16 * 1024**2  # a config.json is a few kB
-# Families whose decoder layers the shape reader names and sizes (the estimate also takes Mistral's, which is
-# Llama's layer).
-SHAPED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,13 @@ def load_hf_config(path: str | os.PathLike[str]) -> dict:
     return config
 
 
-def head_dim(hf_config: dict, where: str | os.PathLike[str]) -> int:
-    """``head_dim`` if the config gives it, else ``hidden_size // num_attention_heads``."""
+def head_dim(hf_config: Mapping[str, Any], where: str | os.PathLike[str]) -> int:
+    """``head_dim`` if the config gives it, else transformers' default for the family (Qwen3: 128), else
+    ``hidden_size // num_attention_heads``."""
     explicit = hf_config.get("head_dim")
+    if explicit is None:
+        family = family_of(hf_config.get("model_type"))
+        explicit = family.defaults.get("head_dim") if family else None
     if is_json_int(explicit) and explicit > 0:
         return explicit
     hidden, heads = hf_config.get("hidden_size"), hf_config.get("num_attention_heads")
@@ -82,14 +86,37 @@ def read_rope(hf_config: dict, where: str | os.PathLike[str]) -> Rope:
     if len(set(thetas.values())) > 1 or not all(is_json_number(v) and v > 0 for v in thetas.values()):
         raise GenieBuildError(where, f"rope theta must be one positive number, got {thetas}")
     scaled = next((value for value in described.values() if rope_kind(value) != "default"), None)
+    if scaled is not None and rope_kind(scaled) == "longrope":
+        scaled = _longrope_parameters(scaled, hf_config, where)
     return Rope(theta=next(iter(thetas.values())), scaling=scaled)
+
+
+def _longrope_parameters(scaling: dict[str, Any], hf_config: Mapping[str, Any], where: str | os.PathLike[str]
+                         ) -> dict[str, Any]:
+    """LongRoPE's parameters as transformers completes them: ``original_max_position_embeddings`` from the top level
+    (Phi-3's configs state it there), ``factor`` as max_position_embeddings over it when not given.
+
+    Raises:
+        GenieBuildError: no original_max_position_embeddings, or no factor and no max_position_embeddings.
+    """
+    completed = dict(scaling)
+    original = completed.setdefault("original_max_position_embeddings",
+                                    hf_config.get("original_max_position_embeddings"))
+    limit = hf_config.get("max_position_embeddings")
+    if not (is_json_int(original) and original > 1):
+        raise GenieBuildError(where, f"longrope needs original_max_position_embeddings, got {original!r}")
+    if completed.get("factor") is None:
+        if not (is_json_int(limit) and limit > 0):
+            raise GenieBuildError(where, "longrope without factor needs max_position_embeddings")
+        completed["factor"] = limit / original
+    return completed
 
 
 @dataclass(frozen=True)
 class ModelShape:
     """A decoder's dimensions and the optional weights of its layers, as its ``config.json`` states them."""
 
-    model_type: str
+    family: Family
     layers: int
     hidden: int
     intermediate: int
@@ -98,33 +125,83 @@ class ModelShape:
     head_dim: int
     vocab: int
     tied: bool          # the LM head is the embedding table (the export writes it as its own copy)
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool       # a norm on each head's queries and keys (Qwen3)
+    biases: frozenset[str]   # the projections (module paths) that have a bias
+
+    @property
+    def model_type(self) -> str:
+        return self.family.model_type
+
+    def width(self, name: str) -> int:
+        """A :data:`genie_build.families.Width` of this model."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"hidden": self.hidden, "q": q, "kv": kv, "inter": self.intermediate, "qkv": q + 2 * kv,
+                "gate_up": 2 * self.intermediate}[name]
+
+
+def supported_text() -> str:
+    """The families the export builds, for a refusal."""
+    return ", ".join(f"{family.model_type} ({family.architecture})" for family in FAMILIES.values())
 
 
 def read_model_shape(config: Mapping[str, Any], where: str | os.PathLike[str]) -> ModelShape:
-    """The shape of a Qwen2, Llama, Mistral or Qwen3 ``config.json`` (either transformers layout).
+    """The shape of a ``config.json`` of a registered family (either transformers layout).
 
     Raises:
         GenieBuildError: another model type, or a dimension that is missing or not a positive integer (named).
     """
     model_type = config.get("model_type")
-    if model_type not in SHAPED_MODEL_TYPES:
-        raise GenieBuildError(where, f"model_type {model_type!r} is not supported "
-                                     f"(supported: {', '.join(SHAPED_MODEL_TYPES)})")
+    family = family_of(model_type)
+    if family is None:
+        raise GenieBuildError(where, f"model_type {model_type!r} is not supported (supported: {supported_text()})")
     keys = {"layers": "num_hidden_layers", "hidden": "hidden_size", "intermediate": "intermediate_size",
             "heads": "num_attention_heads", "vocab": "vocab_size"}
     dims = {field_: _positive_int(config, key, where) for field_, key in keys.items()}
     kv_heads = (_positive_int(config, "num_key_value_heads", where) if config.get("num_key_value_heads") is not None
                 else dims["heads"])
-    attention_bias = bool(config.get("attention_bias", False))
-    return ModelShape(model_type=model_type, **dims, kv_heads=kv_heads, head_dim=head_dim(dict(config), where),
-                      tied=bool(config.get("tie_word_embeddings", False)),
-                      qkv_bias=model_type == "qwen2" or attention_bias,
-                      o_bias=model_type != "qwen2" and attention_bias, mlp_bias=bool(config.get("mlp_bias", False)),
-                      qk_norm=model_type == "qwen3")
+    biases = frozenset(projection.module for projection in family.projections
+                       if projection.bias is True or (isinstance(projection.bias, str)
+                                                      and bool(config.get(projection.bias, False))))
+    return ModelShape(family=family, **dims, kv_heads=kv_heads, head_dim=head_dim(config, where),
+                      tied=bool(config.get("tie_word_embeddings", family.defaults.get("tie_word_embeddings", False))),
+                      biases=biases)
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A tensor a checkpoint of this shape stores, as transformers stores it (a Linear weight ``[out, in]``), the
+    piece that uses it (0 = embedding, i + 1 = layer i, L + 1 = head) and what it is."""
+
+    name: str
+    shape: tuple[int, ...]
+    piece: int
+    kind: Literal["embedding", "linear", "bias", "norm", "lm_head"]
+
+
+def _layer_tensors(shape: ModelShape, layer: int) -> list[StoredTensor]:
+    """The tensors of decoder layer ``layer``: its projections (and their biases), its norms."""
+    prefix, piece = f"model.layers.{layer}", layer + 1
+    tensors = []
+    for projection in shape.family.projections:
+        fan_in, fan_out = shape.width(projection.fan_in), shape.width(projection.fan_out)
+        tensors.append(StoredTensor(f"{prefix}.{projection.module}.weight", (fan_out, fan_in), piece, "linear"))
+        if projection.module in shape.biases:
+            tensors.append(StoredTensor(f"{prefix}.{projection.module}.bias", (fan_out,), piece, "bias"))
+    norms = [(norm, shape.hidden) for norm in ("input_layernorm", "post_attention_layernorm")]
+    if shape.family.qk_norm:
+        norms += [(f"self_attn.{norm}", shape.head_dim) for norm in ("q_norm", "k_norm")]
+    return tensors + [StoredTensor(f"{prefix}.{norm}.weight", (width,), piece, "norm") for norm, width in norms]
+
+
+def stored_tensors(shape: ModelShape) -> list[StoredTensor]:
+    """Every tensor a checkpoint of ``shape`` stores, in model order (a tied checkpoint stores no LM head)."""
+    head = shape.layers + 1
+    tensors = [StoredTensor(EMBED_WEIGHT, (shape.vocab, shape.hidden), 0, "embedding")]
+    for layer in range(shape.layers):
+        tensors += _layer_tensors(shape, layer)
+    tensors.append(StoredTensor(FINAL_NORM_WEIGHT, (shape.hidden,), head, "norm"))
+    if not shape.tied:
+        tensors.append(StoredTensor(LM_HEAD_WEIGHT, (shape.vocab, shape.hidden), head, "lm_head"))
+    return tensors
 
 
 def _positive_int(config: Mapping[str, Any], key: str, where: str | os.PathLike[str]) -> int:

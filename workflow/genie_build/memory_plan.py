@@ -1,9 +1,10 @@
 """Memory plan: will one variant's context binaries fit the device? Guidance, not a guarantee.
 
-The input is a list of (part, weight_bytes, file_bytes) sizes, measured from the compiled binaries today;
-a later stage may predict them from shapes alone and feed the same functions (``basis="predicted"``).
-The limits come from vendor documentation; nobody has published the exact rule the device applies (the field
-report: an 11-part build failed to map its last contexts where a 6-part build of the same total worked).
+The input is a list of (part, weight_bytes, file_bytes) sizes, measured from the compiled binaries or predicted
+from shapes alone (``basis="predicted"``), and each context's buffers for the load model
+(:mod:`genie_build.load_model`), which predicts the session and address range every context maps to and which do
+not map. The size limits come from vendor documentation; the load model is a hypothesis fitted to the field
+report (an 11-part build failed to map its last contexts where a 6-part build of the same total worked).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from genie_build import fileio
+from genie_build import fileio, load_report
+from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.errors import GenieBuildError
+from genie_build.load_model import Buffer, ContextLoad, LoadPlan, measured_contexts, place_contexts
 from genie_build.sizes import AccountRecord, read_record
 
 __all__ = ["DEFAULT_MAX_CONTEXT_BYTES", "DEFAULT_MAX_SESSION_BYTES", "MIB", "MemoryLimits", "MemoryPlan",
@@ -41,15 +44,15 @@ SOURCES = {
              "build of the same total loaded and ran with use-mmap and weight sharing.",
 }
 
-DISCLAIMER = ("This plan is guidance from vendor documentation, not a guarantee. The device's real limit depends "
-              "on the SoC, the QAIRT version, use-mmap, the IO and spill-fill buffers and how many contexts share "
-              "a session; nobody has published the exact rule. The field report saw an 11-part build fail to map "
-              "its last contexts on the phone where a 6-part build of the same total worked.")
+DISCLAIMER = ("This plan is guidance, not a guarantee. Its size checks follow vendor documentation; its load model is "
+              "a hypothesis of a device nobody building this could run, fitted to two observations of one phone: "
+              "an 11-part Qwen2.5-7B bundle mapped its first 7 contexts and failed to map contexts 8, 9 and 10, "
+              "and a 6-part bundle of the same total mapped all of them (docs/memory-plan.md).")
 
 _BASES = ("measured", "predicted")
 # Which SOURCES each check rests on.
 _CHECK_SOURCES = {"context_size": ("AIHM", "HTPDOC"), "session_total": ("HTPDOC", "FIELD"),
-                  "context_count": ("FIELD",)}
+                  "context_count": ("FIELD",), "load": ("HTPDOC", "FIELD")}
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class MemoryLimits:
 
 @dataclass(frozen=True)
 class MemoryWarning:
-    check: str              # "context_size" | "session_total" | "context_count"
+    check: str              # "context_size" | "session_total" | "context_count" | "load"
     part: int | None        # the part, for a per-context check
     value: int
     limit: int
@@ -88,6 +91,9 @@ class MemoryPlan:
     parts: tuple[PartSize, ...]         # sorted by part
     limits: MemoryLimits
     warnings: tuple[MemoryWarning, ...]
+    load: LoadPlan
+    remedies: tuple[str, ...] = ()      # what would make a failing plan map, beside the runtime options
+    cpu_table_bytes: int = 0            # bundle.embedding: lut -- the embedding table, on the CPU (0: in part 1)
 
     @property
     def num_contexts(self) -> int:
@@ -121,29 +127,38 @@ def part_sizes_from_records(records: Sequence[AccountRecord], variant: str) -> t
 
 
 def plan_measured_memory(record_paths: Sequence[str | os.PathLike[str]], variant: str, limits: MemoryLimits,
-                         json_path: str | os.PathLike[str], md_path: str | os.PathLike[str]) -> MemoryPlan:
-    """The ``memory-plan`` stage: ``variant``'s parts as accounted (``sizes.read_record``) against ``limits``,
-    written by :func:`write_memory_plan`.
+                         json_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
+                         png_path: str | os.PathLike[str], load: LoadParams = HTP_LOAD,
+                         cpu_table_bytes: int = 0) -> MemoryPlan:
+    """The ``memory-plan`` stage: ``variant``'s parts as accounted (``sizes.read_record``) against ``limits`` and
+    the load model under ``load``, written by :func:`write_memory_plan`; ``cpu_table_bytes``: the embedding table the
+    CPU maps instead of part 1's context (whose records are then not given).
 
     Raises:
         GenieBuildError: a bad record, no record of ``variant``, or what :func:`plan_memory` raises.
     """
     records = [read_record(path) for path in record_paths]
-    plan = plan_memory(part_sizes_from_records(records, variant), variant, limits)
-    write_memory_plan(plan, json_path, md_path)
+    plan = plan_memory(part_sizes_from_records(records, variant), variant, limits,
+                       contexts=measured_contexts([record for record in records if record.variant == variant]),
+                       load=load, cpu_table_bytes=cpu_table_bytes)
+    write_memory_plan(plan, json_path, md_path, png_path)
     return plan
 
 
 def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = MemoryLimits(),
-                basis: str = "measured") -> MemoryPlan:
-    """Check one variant's parts against the limits; every warning is also logged.
+                basis: str = "measured", *, contexts: Sequence[ContextLoad] | None = None, load: LoadParams = HTP_LOAD,
+                remedies: Sequence[str] = (), cpu_table_bytes: int = 0) -> MemoryPlan:
+    """Check one variant's parts against the limits and place its ``contexts`` (one per part, in load order)
+    by the load model under ``load`` (``contexts`` None: each maps its weights alone, its file size where the
+    weights are unknown); every warning is also logged.
 
     A context binary's size on disk stands for what loading it takes (weights plus the graph data it
     holds), so both the per-context and the per-session checks use file bytes; weight bytes are reported
     beside them.
 
     Raises:
-        GenieBuildError: no parts, a part given twice, a negative size, or an unknown ``basis``.
+        GenieBuildError: no parts, a part given twice, a negative size, an unknown ``basis``, or contexts that
+            are not the parts'.
     """
     if basis not in _BASES:
         raise GenieBuildError("basis", f"{basis!r} is not one of {_BASES}")
@@ -156,7 +171,14 @@ def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = 
     for size in parts:
         if size.weight_bytes < 0 or size.file_bytes < 0:
             raise GenieBuildError("--records", f"part {size.part} of variant {variant!r} has negative sizes {size}")
-    plan = MemoryPlan(variant=variant, basis=basis, parts=parts, limits=limits, warnings=())
+    if contexts is None:
+        contexts = [ContextLoad(size.part, (Buffer("shared weights", size.weight_bytes or size.file_bytes,
+                                                   "measured"),)) for size in parts]
+    if sorted(context.part for context in contexts) != [size.part for size in parts]:
+        raise GenieBuildError("--records", f"the load model's contexts {[c.part for c in contexts]} are not the "
+                                           f"parts {[size.part for size in parts]} of variant {variant!r}")
+    plan = MemoryPlan(variant=variant, basis=basis, parts=parts, limits=limits, warnings=(),
+                      load=place_contexts(contexts, load), remedies=tuple(remedies), cpu_table_bytes=cpu_table_bytes)
     plan = replace(plan, warnings=_check(plan))
     for warning in plan.warnings:
         log.warning("memory plan %s: %s", variant, warning.message)
@@ -172,6 +194,7 @@ def memory_plan_json(plan: MemoryPlan) -> dict:
         "guidance_only": True,
         "disclaimer": DISCLAIMER,
         "num_contexts": plan.num_contexts,
+        "embedding": {"layout": "lut" if plan.cpu_table_bytes else "graph", "cpu_table_bytes": plan.cpu_table_bytes},
         "parts": [asdict(part) for part in plan.parts],
         "largest_part": asdict(largest),
         "total_weight_bytes": plan.total_weight_bytes,
@@ -184,6 +207,7 @@ def memory_plan_json(plan: MemoryPlan) -> dict:
             "max_contexts": {"value": plan.limits.max_contexts, "sources": list(_CHECK_SOURCES["context_count"])},
         },
         "warnings": [asdict(warning) for warning in plan.warnings],
+        "load": load_report.load_plan_json(plan.load),
         "sources": SOURCES,
     }
 
@@ -206,6 +230,8 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
           f"{100 * p.file_bytes / limits.max_context_bytes:.1f}% |" for p in plan.parts),
         f"| **total** | **{total_weights}** | **{_mib(plan.total_file_bytes)}** | |",
         "",
+        _embedding_line(plan),
+        "",
         "Mapped weights are the weight bytes each binary holds; with weight sharing the prompt and token graphs "
         "map them once (\"unknown\": the toolchain cannot read the weight section back). "
         "1 MiB = 1,048,576 bytes.",
@@ -223,6 +249,8 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
         _check_row(plan, "context_count", "number of contexts", str(plan.num_contexts),
                    "none" if limits.max_contexts is None else str(limits.max_contexts)),
         "",
+        *load_report.load_plan_markdown(plan.load, plan.remedies),
+        "",
         "## Warnings",
         "",
         *([f"- {warning.message} [{', '.join(warning.sources)}]" for warning in plan.warnings] or ["None."]),
@@ -234,10 +262,12 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_memory_plan(plan: MemoryPlan, json_path: str | os.PathLike[str], md_path: str | os.PathLike[str]) -> None:
-    """Write ``memory_plan.json`` and ``memory_plan.md`` atomically."""
+def write_memory_plan(plan: MemoryPlan, json_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
+                      png_path: str | os.PathLike[str]) -> None:
+    """Write ``memory_plan.json``, ``memory_plan.md`` and ``memory_plan.png`` (the sessions drawn) atomically."""
     fileio.write_json(json_path, memory_plan_json(plan))
     fileio.write_text(md_path, memory_plan_markdown(plan))
+    fileio.write_bytes(png_path, load_report.load_plan_png(plan.load, plan.variant))
 
 
 def _check(plan: MemoryPlan) -> tuple[MemoryWarning, ...]:
@@ -261,6 +291,9 @@ def _check(plan: MemoryPlan) -> tuple[MemoryWarning, ...]:
             "context_count", None, plan.num_contexts, limits.max_contexts, _CHECK_SOURCES["context_count"],
             f"{plan.num_contexts} contexts is over the configured maximum of {limits.max_contexts}; "
             f"fewer, larger parts may map where many small ones fail"))
+    warnings.extend(MemoryWarning("load", context.part, context.charge, plan.load.params.usable_bytes,
+                                  _CHECK_SOURCES["load"], f"part {context.part} will not map: {context.reason}")
+                    for context in plan.load.failing)
     return tuple(warnings)
 
 
@@ -270,6 +303,14 @@ def _check_row(plan: MemoryPlan, check: str, name: str, value: str, limit: str) 
     status = "**over**" if failed else ("not set" if limit == "none" else "ok")
     sources = ", ".join(_CHECK_SOURCES[check])
     return f"| {name} | {value} | {limit} | {status} | {sources} |"
+
+
+def _embedding_line(plan: MemoryPlan) -> str:
+    if plan.cpu_table_bytes:
+        return (f"The embedding is a table on the CPU (`bundle.embedding: lut`): {_mib(plan.cpu_table_bytes)} MiB "
+                "the CPU maps from the bundle's file, outside the HTP sessions below; the contexts are the parts "
+                "after it.")
+    return "The embedding is part 1's context (`bundle.embedding: graph`), mapped into an HTP session like the others."
 
 
 def _weights_mib(size: int) -> str:

@@ -23,7 +23,7 @@ from genie_build.encodings import (Encodings, TensorEncoding, check_kv_cache_tie
                                    validate_against_model, write_encodings)
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import read_graph_tensors
-from genie_build.quantize import copy_kv_input_encodings, shared_token_tensors, token_encodings
+from genie_build.calibrate_unit import copy_kv_input_encodings, shared_token_tensors, token_encodings
 
 __all__ = ["merge_unit_encodings", "write_part_encodings"]
 
@@ -90,7 +90,7 @@ def write_part_encodings(units: Sequence[tuple[CalibrationUnit, str | os.PathLik
 
     Raises:
         GenieBuildError: no units, units of several parts, or the problems of :func:`merge_unit_encodings`,
-            :func:`genie_build.quantize.shared_token_tensors` and :func:`genie_build.encodings.
+            :func:`genie_build.calibrate_unit.shared_token_tensors` and :func:`genie_build.encodings.
             validate_against_model`; with ``kv_cache_tied``, a cache output whose encoding is not its input's.
     """
     if not units or len({unit.part for unit, _ in units}) != 1:

@@ -20,15 +20,16 @@ import onnx
 
 from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
 from genie_build.boundaries import find_boundaries
-from genie_build.conventions import part_label
+from genie_build.chipsets import HTP_LOAD, LoadParams
+from genie_build.conventions import part_label, piece_names
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
                                     check_shared_initializers, initializer_specs, load_graph)
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
 
-__all__ = ["MIB", "initializer_pieces", "model_pieces", "plan_by_max_part_bytes", "plan_by_num_parts", "plan_graphs",
-           "plan_split", "quantized_bytes", "weighed_pieces"]
+__all__ = ["MIB", "NUM_PARTS_KEY", "initializer_pieces", "model_pieces", "plan_by_max_part_bytes", "plan_by_num_parts",
+           "plan_graphs", "plan_split", "quantized_bytes", "weighed_pieces"]
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
 log = logging.getLogger(__name__)
@@ -45,10 +46,12 @@ _FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 # ------------------------------------------------------------------------------------------- pieces
 
 def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str | os.PathLike[str], *,
-               num_parts: int | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
-               boundaries: Sequence[str] | None = None, check_weights: bool = True) -> Plan:
+               num_parts: int | str | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
+               boundaries: Sequence[str] | None = None, check_weights: bool = True,
+               load: LoadParams = HTP_LOAD) -> Plan:
     """The plan stage: check the two graphs, find their boundaries, weigh the pieces with the prompt graph's
-    encodings, choose the parts (``num_parts``, or the fewest of at most ``max_part_bytes``) and write ``out``.
+    encodings, choose the parts (``num_parts``, the fewest of at most ``max_part_bytes``, or with ``num_parts``
+    "auto" the fewest that map under ``load``) and write ``out``.
 
     The graphs' encodings are checked against each other by the encodings stage
     (:func:`genie_build.encodings.check_graphs_consistent`), not here.
@@ -65,7 +68,7 @@ def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str 
     plan = plan_graphs(prompt_path, token_path,
                        lambda model, found: model_pieces(model, read_encodings(encodings_path), found),
                        num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                       boundaries=boundaries, check_weights=check_weights)
+                       boundaries=boundaries, check_weights=check_weights, load=load)
     write_plan(out, plan)
     for part in plan.parts:
         log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
@@ -73,16 +76,19 @@ def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str 
 
 
 def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
-                weigh: Callable[[onnx.ModelProto, tuple[str, ...]], list[Piece]], *, num_parts: int | None = None,
-                max_part_bytes: int | None = None, embedding_alone: bool = True,
-                boundaries: Sequence[str] | None = None, check_weights: bool = True) -> Plan:
+                weigh: Callable[[onnx.ModelProto, tuple[str, ...]], list[Piece]], *,
+                num_parts: int | str | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
+                boundaries: Sequence[str] | None = None, check_weights: bool = True,
+                load: LoadParams = HTP_LOAD, activation_bits: int = 16) -> Plan:
     """The plan of a prompt/token graph pair whose pieces ``weigh`` weighs (given the prompt graph, loaded without
     its weights, and its boundaries): the checks and planning of :func:`plan_split`, however the bytes are known.
+    ``num_parts`` "auto" (with ``max_part_bytes`` as a bound) is :func:`genie_build.auto_split.auto_plan` under
+    ``load``, the graph's IO at ``activation_bits``.
 
     Raises:
         GenieBuildError: as :func:`plan_split`.
     """
-    if (num_parts is None) == (max_part_bytes is None):
+    if (num_parts is None) == (max_part_bytes is None) and num_parts != "auto":
         raise GenieBuildError("plan", "give exactly one of num_parts and max_part_bytes")
     prompt, token = load_graph(prompt_path), load_graph(token_path)
     check_external_data(prompt, prompt_path)
@@ -95,8 +101,14 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
         raise GenieBuildError(token_path, f"the token graph's boundaries {list(token_boundaries)} differ from the "
                                           f"prompt graph's {list(found)}; set {BOUNDARIES_KEY}")
     pieces = weigh(prompt, found)
-    plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
-            else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    if num_parts == "auto":
+        # imported here: auto_split plans with this module's planners
+        from genie_build.auto_split import auto_plan, io_dims_from_graph
+        plan = auto_plan(pieces, embedding_alone, io_dims_from_graph(prompt, activation_bits, prompt_path), load,
+                         max_part_bytes)
+    else:
+        plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
+                else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
     return dataclasses.replace(plan, **_graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
 
 
@@ -157,11 +169,11 @@ def weighed_pieces(specs: Mapping[str, InitializerSpec], owners: Mapping[str, fr
         size = quantized_bytes(specs[name], encodings.get(name))
         for index in piece_indices:
             totals[index] += size
-    num_layers = len(boundaries) - 1
-    return [Piece("embedding", "embedding", totals[0], output_boundary=boundaries[0]),
-            *(Piece(f"layer_{layer}", "layer", totals[layer + 1], layer, boundaries[layer + 1])
-              for layer in range(num_layers)),
-            Piece("head", "head", totals[-1])]
+    names = piece_names(len(boundaries) - 1)
+    return [Piece(names[0], "embedding", totals[0], output_boundary=boundaries[0]),
+            *(Piece(names[layer + 1], "layer", totals[layer + 1], layer, boundaries[layer + 1])
+              for layer in range(len(boundaries) - 1)),
+            Piece(names[-1], "head", totals[-1])]
 
 
 def initializer_pieces(model: onnx.ModelProto, boundaries: Sequence[str]) -> dict[str, frozenset[int]]:
@@ -253,15 +265,15 @@ def plan_by_num_parts(pieces: Sequence[Piece], num_parts: int, embedding_alone: 
     Raises:
         GenieBuildError: ``num_parts`` is outside the feasible range (stated in the message).
     """
-    fixed, units = _planning_units(pieces, embedding_alone)
-    most = len(fixed) + len(units)
+    fixed, blocks = _planning_blocks(pieces, embedding_alone)
+    most = len(fixed) + len(blocks)
     if not 2 <= num_parts <= most:
         alone = "with the embedding alone in part 1" if embedding_alone else "with the embedding joining layer 0"
         feasible = f"feasible: 2..{most}" if most >= 2 else "no split is possible: it needs 2 parts"
         raise GenieBuildError(NUM_PARTS_KEY, f"{num_parts} parts requested, but this model of {len(pieces) - 2} "
-                                             f"layer(s) {alone} has {most} indivisible unit(s); {feasible}")
-    groups = _balanced_groups([_unit_bytes(unit) for unit in units], num_parts - len(fixed))
-    parts = [*fixed, *(tuple(piece for index in group for piece in units[index]) for group in groups)]
+                                             f"layer(s) {alone} has {most} indivisible block(s); {feasible}")
+    groups = _balanced_groups([_block_bytes(block) for block in blocks], num_parts - len(fixed))
+    parts = [*fixed, *(tuple(piece for index in group for piece in blocks[index]) for group in groups)]
     return _make_plan(pieces, parts, embedding_alone, mode="num_parts", max_part_bytes=None)
 
 
@@ -270,33 +282,33 @@ def plan_by_max_part_bytes(pieces: Sequence[Piece], max_bytes: int, embedding_al
     :func:`plan_by_num_parts`.
 
     Raises:
-        GenieBuildError: ``max_bytes`` is below the largest indivisible unit (named, with its size and the
+        GenieBuildError: ``max_bytes`` is below the largest indivisible block (named, with its size and the
             smallest feasible budget), or the model cannot be split in 2.
     """
-    fixed, units = _planning_units(pieces, embedding_alone)
-    largest = max((*fixed, *units), key=_unit_bytes)
-    if _unit_bytes(largest) > max_bytes:
+    fixed, blocks = _planning_blocks(pieces, embedding_alone)
+    largest = max((*fixed, *blocks), key=_block_bytes)
+    if _block_bytes(largest) > max_bytes:
         raise GenieBuildError(MAX_PART_KEY, f"a part limit of {_size_text(max_bytes)} is below the largest "
-                                            f"indivisible piece, {'+'.join(p.name for p in largest)} "
-                                            f"({_size_text(_unit_bytes(largest))}); feasible: "
-                                            f"{MAX_PART_KEY} >= {math.ceil(_unit_bytes(largest) / MIB * 100) / 100}")
-    num_parts = max(2, len(fixed) + _greedy_group_count([_unit_bytes(unit) for unit in units], max_bytes))
+                                            f"indivisible block, {'+'.join(p.name for p in largest)} "
+                                            f"({_size_text(_block_bytes(largest))}); feasible: "
+                                            f"{MAX_PART_KEY} >= {math.ceil(_block_bytes(largest) / MIB * 100) / 100}")
+    num_parts = max(2, len(fixed) + _greedy_group_count([_block_bytes(block) for block in blocks], max_bytes))
     plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
     return dataclasses.replace(plan, mode="max_part_mb", max_part_bytes=max_bytes)
 
 
-def _planning_units(pieces: Sequence[Piece], embedding_alone: bool
+def _planning_blocks(pieces: Sequence[Piece], embedding_alone: bool
                     ) -> tuple[list[tuple[Piece, ...]], list[tuple[Piece, ...]]]:
-    """(parts fixed in advance, units to balance). A unit never splits: the head joins the last layer,
+    """(parts fixed in advance, blocks to balance). A block never splits: the head joins the last layer,
     and without ``embedding_alone`` the embedding joins layer 0."""
     _check_pieces(pieces)
     embedding, layers, head = pieces[0], list(pieces[1:-1]), pieces[-1]
-    units: list[tuple[Piece, ...]] = [(layer,) for layer in layers]
-    units[-1] = (*units[-1], head)
+    blocks: list[tuple[Piece, ...]] = [(layer,) for layer in layers]
+    blocks[-1] = (*blocks[-1], head)
     if embedding_alone:
-        return [(embedding,)], units
-    units[0] = (embedding, *units[0])
-    return [], units
+        return [(embedding,)], blocks
+    blocks[0] = (embedding, *blocks[0])
+    return [], blocks
 
 
 def _check_pieces(pieces: Sequence[Piece]) -> None:
@@ -309,8 +321,8 @@ def _check_pieces(pieces: Sequence[Piece]) -> None:
         raise ValueError(f"negative piece size in {pieces}")
 
 
-def _unit_bytes(unit: Sequence[Piece]) -> int:
-    return sum(piece.bytes for piece in unit)
+def _block_bytes(block: Sequence[Piece]) -> int:
+    return sum(piece.bytes for piece in block)
 
 
 def _balanced_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
@@ -325,7 +337,7 @@ def _balanced_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
        least sum of squared group sums (the most even); ties go to the split whose earlier groups are fuller.
 
     Returns:
-        The unit indices of each group.
+        The indices (into ``sizes``) of each group.
     """
     low, high = max(sizes), sum(sizes)
     while low < high:
@@ -377,7 +389,7 @@ def _make_plan(pieces: Sequence[Piece], parts: Sequence[tuple[Piece, ...]], embe
             index=index, label=part_label(index, len(parts)), pieces=tuple(piece.name for piece in part),
             first_layer=min(layers, default=None), last_layer=max(layers, default=None),
             input_boundary=parts[index - 2][-1].output_boundary if index > 1 else None,
-            output_boundary=part[-1].output_boundary, estimated_bytes=_unit_bytes(part)))
+            output_boundary=part[-1].output_boundary, estimated_bytes=_block_bytes(part)))
     return Plan(num_parts=len(parts), parts=tuple(part_plans), num_layers=len(pieces) - 2,
                 boundaries=tuple(piece.output_boundary for piece in pieces[:-1]), embedding_alone=embedding_alone,
                 mode=mode, max_part_bytes=max_part_bytes, pieces=tuple(pieces))

@@ -26,7 +26,7 @@ PlanMode = Literal["num_parts", "max_part_mb"]
 
 @dataclass(frozen=True)
 class Piece:
-    """An indivisible unit of the model for planning: the embedding, one decoder layer, or the head
+    """The smallest element of the model a plan places: the embedding, one decoder layer, or the head
     (final norm + LM head). ``bytes`` is its weight size after quantization (from shapes + encodings).
     ``output_boundary`` is the residual tensor it hands to the next piece (None for the head)."""
 
@@ -105,9 +105,10 @@ PLAN_SCHEMA = {
 _PLAN_VALIDATOR = jsonschema.Draft202012Validator(PLAN_SCHEMA)
 
 
-def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
-    """Write ``plan.json`` atomically; the same plan always gives the same bytes."""
-    write_json(path, dataclasses.asdict(plan))
+def write_plan(path: str | os.PathLike[str], plan: Plan, *, unless_same: bool = False) -> bool:
+    """Write ``plan.json`` atomically; the same plan always gives the same bytes (``unless_same``:
+    :func:`genie_build.fileio.write_json`)."""
+    return write_json(path, dataclasses.asdict(plan), unless_same=unless_same)
 
 
 def read_plan(path: str | os.PathLike[str]) -> Plan:

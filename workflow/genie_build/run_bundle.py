@@ -32,20 +32,22 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
-from genie_build.conventions import (INPUT_IDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
+from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
                                      graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_json
-from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, load_tokenizer
+from genie_build.embedding_table import TableEncoding, dequantize_rows
+from genie_build.fileio import read_json, resolve_inside
+from genie_build.families import FAMILIES
+from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
-__all__ = ["Generation", "GraphSession", "HostRun", "KVCache", "LoadedBundle", "PARTS_REFERENCE", "Runner",
-           "generate", "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner",
-           "read_graph_file", "run_bundle", "unsplit_tokens"]
+__all__ = ["EmbeddingLookup", "Generation", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache", "LoadedBundle",
+           "PARTS_REFERENCE", "Runner", "embedding_lookup", "generate", "graph_ar_cl_of", "host_rope", "host_run",
+           "load_bundle", "make_runner", "read_graph_file", "run_bundle", "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
@@ -68,8 +70,9 @@ class GraphSession:
         return dict(zip(names, self.session.run(names, {**feed, **self.weights})))
 
 
-# Genie rope-types the host run computes tables for (conventions.rope_tables).
-HOST_ROPE_TYPES = ("default", "llama3")
+# Genie rope-types the host run computes tables for (conventions.rope_tables): those the registered families carry.
+HOST_ROPE_TYPES = ("default", *sorted({GENIE_ROPE_TYPES[kind] for family in FAMILIES.values()
+                                       for kind in family.rope_kinds if kind != "default"}))
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,20 @@ class Runner:
     head_dim: int
     rope_theta: float
     rope_scaling: Mapping[str, Any] | None = None  # HF llama3 parameters when Genie's config scales RoPE
+    embedding: EmbeddingLookup | None = None  # the bundle's CPU table, when part 1 is not a graph
+
+
+@dataclass(frozen=True)
+class EmbeddingLookup:
+    """The bundle's embedding table (``dialog.embedding``, type lut) as Genie reads it: the stored codes, mmapped,
+    and how to read them back."""
+
+    codes: np.ndarray  # [n_vocab, n_embd]
+    encoding: TableEncoding
+
+    def vectors(self, tokens: Sequence[int]) -> np.ndarray:
+        """``inputs_embeds`` ``[1, len(tokens), n_embd]``: each token's row, dequantized."""
+        return dequantize_rows(self.codes[np.asarray(tokens, dtype=np.int64)], self.encoding)[np.newaxis]
 
 
 @dataclass(frozen=True)
@@ -113,7 +130,7 @@ class Generation:
 
 
 def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float,
-                rope_scaling: Mapping[str, Any] | None = None) -> Runner:
+                rope_scaling: Mapping[str, Any] | None = None, embedding: EmbeddingLookup | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the AR each graph takes.
 
     The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
@@ -141,7 +158,7 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
         raise GenieBuildError("bundle", f"parts offer different graphs: ARs {sorted(map(sorted, ars))}, "
                                         f"CLs {sorted(context_lengths)}")
     return Runner(parts=tuple(sessions), context_length=context_lengths.pop(), head_dim=head_dim,
-                  rope_theta=rope_theta, rope_scaling=rope_scaling)
+                  rope_theta=rope_theta, rope_scaling=rope_scaling, embedding=embedding)
 
 
 def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
@@ -158,9 +175,30 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     engine = dialog["engine"]
     rope = host_rope(engine, bundle / GENIE_CONFIG_NAME)
     parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
-    return LoadedBundle(runner=make_runner(parts, **rope),
+    return LoadedBundle(runner=make_runner(parts, **rope, embedding=embedding_lookup(bundle, dialog)),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
+
+
+def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
+    """The checked bundle's embedding table, mmapped (None when the embedding is part 1's graph).
+
+    Raises:
+        GenieBuildError: a table the host run does not read (a callback, or a datatype other than ufixed8/16 and
+            float32).
+    """
+    block = dialog.get("embedding")
+    if block is None:
+        return None
+    bits = {"float32": 32, "ufixed8": 8, "ufixed16": 16}.get(block.get("datatype"))
+    if block.get("type") != "lut" or bits is None:
+        raise GenieBuildError(bundle / GENIE_CONFIG_NAME, f"the host run reads lut tables of float32, ufixed8 or "
+                                                          f"ufixed16, not {block.get('type')!r} {block.get('datatype')!r}")
+    quant = block.get("quant-param", {})
+    encoding = TableEncoding(bits, float(quant.get("scale", 1.0)), int(quant.get("offset", 0)))
+    path = resolve_inside(bundle / block["lut-path"], [bundle])
+    codes = np.memmap(path, dtype=encoding.dtype, mode="r", shape=(dialog["context"]["n-vocab"], block["size"]))
+    return EmbeddingLookup(codes, encoding)
 
 
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
@@ -293,7 +331,10 @@ def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mappin
     """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
-    runner = make_runner(parts, **host_rope(dialog["engine"], config_path))
+    # parts that start at inputs_embeds (a bundle whose part 1 is its table) look tokens up in the bundle's table
+    takes_embeddings = any(INPUTS_EMBEDS in {t.name for t in graph.model.graph.input} for graph in parts[0].values())
+    runner = make_runner(parts, **host_rope(dialog["engine"], config_path),
+                         embedding=embedding_lookup(Path(bundle_dir), dialog) if takes_embeddings else None)
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 
@@ -329,8 +370,10 @@ def _step(runner: Runner, cache: KVCache, rope: tuple[np.ndarray, np.ndarray], t
         raise GenieBuildError("prompt", f"a chunk of {ar} tokens at position {past_len} does not fit the "
                                         f"context length {runner.context_length}")
     positions = slice(past_len, past_len + ar)
-    feed = {INPUT_IDS: np.array([list(tokens) + [0] * (ar - count)], dtype=np.int32),
-            MASK: causal_mask(ar, runner.context_length, past_len),
+    padded = list(tokens) + [0] * (ar - count)
+    first = {INPUTS_EMBEDS: runner.embedding.vectors(padded)} if runner.embedding is not None \
+        else {INPUT_IDS: np.array([padded], dtype=np.int32)}
+    feed = {**first, MASK: causal_mask(ar, runner.context_length, past_len),
             POS_COS: rope[0][:, :, positions], POS_SIN: rope[1][:, :, positions]}
     for part in runner.parts:
         graph = part[ar]

@@ -5,7 +5,7 @@ The pieces (embedding, each decoder layer, the head) are weighed as the calibrat
 (:func:`genie_build.recipes.precision_of`, AIMET's rule per weight) and balanced into parts by the same planner
 as a split (:mod:`genie_build.plan`). A checkpoint's part labels are therefore known when the workflow is parsed,
 and every part is exported, calibrated and converted as its own job. With the plan come the calibration chain's
-units (:mod:`genie_build.calibration_units`); :mod:`genie_build.plan_check` re-plans from the real encodings after
+units (:mod:`genie_build.calibration_units`); :mod:`genie_build.check_plan` re-plans from the real encodings after
 calibration and refuses a plan that they would cut differently.
 
 Also here, for the workflow's input functions: which checkpoint tensors each part reads
@@ -18,16 +18,19 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 from pathlib import Path
 
+from genie_build.auto_split import AUTO, io_dims_from_hf_config, plan_request
 from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, write_units
-from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
+from genie_build.chipsets import HTP_LOAD, LoadParams
+from genie_build.conventions import piece_names
 from genie_build.errors import GenieBuildError
-from genie_build.hf_checkpoint import CONFIG_NAME, INDEX_NAME, tensor_files
+from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, INDEX_NAME, stored_name, tensor_files,
+                                       weight_files)
 from genie_build.hf_config import load_hf_config, read_model_shape
-from genie_build.plan import MIB, plan_by_max_part_bytes, plan_by_num_parts, plan_graphs, weighed_pieces
+from genie_build.plan import MIB, plan_graphs, weighed_pieces
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
 from genie_build.precision import weight_encoding
 from genie_build.recipes import precision_of, recipe_named
@@ -40,21 +43,23 @@ log = logging.getLogger(__name__)
 
 
 def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int,
-                        num_parts: int | None = None, max_part_bytes: int | None = None,
-                        embedding_alone: bool = True) -> Plan:
+                        num_parts: int | str | None = None, max_part_bytes: int | None = None,
+                        embedding_alone: bool = True, load: LoadParams = HTP_LOAD) -> Plan:
     """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
-    exported with prompt AR ``ar`` and context ``context``.
+    exported with prompt AR ``ar`` and context ``context`` (``num_parts`` "auto": the fewest parts that map under
+    ``load``).
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
             config key).
     """
-    if (num_parts is None) == (max_part_bytes is None):
+    if (num_parts is None) == (max_part_bytes is None) and num_parts != AUTO:
         raise GenieBuildError("split", "give exactly one of num_parts and max_part_mb")
     model = weights_from_hf_config(config_path)
     pieces = _weighed(model, recipe)
-    plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
-            else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    dims = io_dims_from_hf_config(config_path, precision_of(recipe_named(recipe)).activations, ar, context)
+    plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
+                        dims=dims, load=load)
     return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=context)
 
 
@@ -76,25 +81,26 @@ def _float_bytes(model: ModelWeights) -> dict[str, int]:
     for weight in model.weights:
         for piece in weight.pieces:
             totals[piece] += 4 * math.prod(weight.spec.shape)
-    names = ["embedding", *(f"layer_{i}" for i in range(model.num_layers)), "head"]
-    return dict(zip(names, totals))
+    return dict(zip(piece_names(model.num_layers), totals))
 
 
-def part_tensor_names(config_path: str | os.PathLike[str], part: PartPlan) -> list[str]:
-    """The checkpoint tensors a part's export reads: its pieces' weights, the embedding table for the LM head of a
-    tied checkpoint (which stores no ``lm_head.weight``)."""
+def part_tensor_names(config_path: str | os.PathLike[str], part: PartPlan, stored: Collection[str] = ()
+                      ) -> list[str]:
+    """The checkpoint tensors a part's export reads: its pieces' weights, for the LM head of a tied checkpoint the
+    embedding table unless ``stored`` (the checkpoint's tensor names) holds its own ``lm_head.weight``
+    (:func:`genie_build.hf_checkpoint.stored_name`)."""
     model = weights_from_hf_config(config_path)
     tied = read_model_shape(load_hf_config(config_path), config_path).tied
-    pieces = {name: index for index, name in enumerate(
-        ["embedding", *(f"layer_{i}" for i in range(model.num_layers)), "head"])}
+    pieces = {name: index for index, name in enumerate(piece_names(model.num_layers))}
     wanted = {pieces[name] for name in part.pieces}
     names = [weight.spec.name for weight in model.weights if weight.pieces & wanted]
-    return [EMBED_WEIGHT if tied and name == LM_HEAD_WEIGHT else name for name in names]
+    return list(dict.fromkeys(stored_name(name, tied, stored) for name in names))
 
 
 def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> list[Path]:
-    """The checkpoint files a part's export depends on: its ``config.json``, the shard index (if any), and the
-    safetensors files holding the part's tensors, so a changed shard re-exports only the parts it feeds.
+    """The weights files a part's export depends on beside what its graphs take of ``config.json``
+    (:mod:`genie_build.graph_config`): the shard index (if any) and the safetensors files holding the part's
+    tensors, so a changed shard re-exports only the parts it feeds.
 
     Raises:
         GenieBuildError: the checkpoint lacks one of the part's tensors (naming it and the file looked in).
@@ -102,17 +108,20 @@ def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> lis
     root = Path(checkpoint)
     holders = tensor_files(root)
     files = []
-    for name in part_tensor_names(root / CONFIG_NAME, part):
+    read = weight_files(root)
+    for name in part_tensor_names(root / CONFIG_NAME, part, holders):
         if name not in holders:
-            where = root / INDEX_NAME if (root / INDEX_NAME).is_file() else next(iter(set(holders.values())), root)
-            raise GenieBuildError(where, f"has no tensor {name!r}, which part {part.label} needs")
+            raise GenieBuildError(read[0], f"has no tensor {name!r}, which part {part.label} needs")
         files.append(holders[name])
-    index = [root / INDEX_NAME] if (root / INDEX_NAME).is_file() else []
-    return [root / CONFIG_NAME, *index, *sorted(set(files))]
+        if name + FP8_SCALE_SUFFIX in holders:   # an FP8 weight's block scales
+            files.append(holders[name + FP8_SCALE_SUFFIX])
+    index = [read[0]] if read[0].name == INDEX_NAME else []
+    return [*index, *sorted(set(files))]
 
 
 def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], *, recipe: str, ar: int,
-                    context: int, unit_memory_mb: int) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                    context: int, unit_memory_mb: int,
+                    load: LoadParams = HTP_LOAD) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
     recipe, the export's AR and context and the calibration budget: what the workflow computes when it is
     parsed, and what the ``plan-hf`` command writes down.
@@ -127,7 +136,7 @@ def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any
     plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context,
                                num_parts=split.get("num_parts"),
                                max_part_bytes=None if max_mb is None else int(max_mb * MIB),
-                               embedding_alone=split.get("embedding_alone", True))
+                               embedding_alone=split.get("embedding_alone", True), load=load)
     return plan, calibration_units(plan, piece_float_bytes(config_path), unit_memory_mb)
 
 
@@ -152,7 +161,8 @@ def _write(plan: Plan, units: tuple[CalibrationUnit, ...], out_plan: str | os.Pa
 def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
                             split: Mapping[str, Any], out_plan: str | os.PathLike[str],
                             out_units: str | os.PathLike[str], *, recipe: str, unit_memory_mb: int,
-                            check_weights: bool = True) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                            check_weights: bool = True,
+                            load: LoadParams = HTP_LOAD) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The ``plan`` command for float graphs without encodings: the pair's plan, its pieces weighed by the named
     recipe's rule from the prompt graph's weight shapes (:func:`genie_build.weight_inventory.weights_from_onnx`),
     and the calibration chain's units; both written.
@@ -171,7 +181,8 @@ def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str
     plan = plan_graphs(prompt_path, token_path, weigh, num_parts=split.get("num_parts"),
                        max_part_bytes=None if max_mb is None else int(max_mb * MIB),
                        embedding_alone=split.get("embedding_alone", True), boundaries=split.get("boundaries"),
-                       check_weights=check_weights)
+                       check_weights=check_weights, load=load,
+                       activation_bits=precision_of(recipe_named(recipe)).activations)
     units = calibration_units(plan, _float_bytes(weighed["model"]), unit_memory_mb)
     _write(plan, units, out_plan, out_units)
     return plan, units

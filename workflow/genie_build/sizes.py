@@ -8,6 +8,7 @@ by hand that ``weights_packing`` passed to the CLI was silently ignored: 672.6 M
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import math
@@ -19,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from genie_build import conventions, fileio
 from genie_build.errors import GenieBuildError
-from genie_build.quality import Quality, read_quality
+from genie_build.evaluation_table import Quality, read_quality
 from genie_build.toolchains import get_toolchain
-from genie_build.toolchains.base import AppliedOptions, BinaryInfo
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, TensorInfo
 
 __all__ = ["AccountRecord", "GraphCount", "QUALITY_COLUMNS", "TABLE_COLUMNS", "account_binary", "account_part",
            "build_size_table", "check_part_graphs", "read_record", "size_chart_png", "size_table_from_records",
@@ -37,7 +38,7 @@ NO_EFFECT_MIN_REDUCTION = 0.01
 
 TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "recipe", "bytes", "weight_bytes",
                  "reduction_vs_baseline", "top1_agreement", "mean_kl", "perplexity", "flag")
-# A variant's quality against the float model (genie_build.quality), the same on each of its rows; empty where the
+# A variant's quality against the float model (genie_build.evaluation_table), the same on each of its rows; empty where the
 # variant was not evaluated.
 QUALITY_COLUMNS = {"top1_agreement": "top1_agreement", "mean_kl": "mean_kl", "perplexity": "variant_perplexity"}
 _QUALITY_ROWS = (("top-1 agreement", "top1_agreement", "{:.1%}"), ("mean KL (nats)", "mean_kl", "{:.3g}"),
@@ -50,11 +51,14 @@ _REQUIRED_TYPES: dict[str, type] = {"part": int, "variant": str, "toolchain": st
 
 @dataclass(frozen=True)
 class GraphCount:
-    """A graph of an accounted binary and how many IO tensors it has."""
+    """A graph of an accounted binary: how many IO tensors it has, their bytes, and of those the KV cache
+    inputs' (0 in records written before they were counted)."""
 
     name: str
     inputs: int
     outputs: int
+    io_bytes: int = 0
+    kv_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,7 @@ class AccountRecord:
         return {"part": self.part, "variant": self.variant, "toolchain": self.toolchain,
                 "tool_version": self.tool_version, "binary": self.binary, "bytes": self.bytes,
                 "weight_bytes": self.weight_bytes,
-                "graphs": [{"name": graph.name, "inputs": graph.inputs, "outputs": graph.outputs}
-                           for graph in self.graphs],
+                "graphs": [dataclasses.asdict(graph) for graph in self.graphs],
                 "io_tensors": self.io_tensors, "requested": dict(self.requested), "applied": self.applied.to_dict()}
 
     @classmethod
@@ -120,9 +123,36 @@ def account_binary(info: BinaryInfo, part: int, variant: str, requested: dict) -
     return AccountRecord(
         part=part, variant=variant, toolchain=info.toolchain, tool_version=info.tool_version, binary=info.path,
         bytes=info.file_bytes, weight_bytes=info.weight_bytes,
-        graphs=tuple(GraphCount(graph.name, len(graph.inputs), len(graph.outputs)) for graph in info.graphs),
+        graphs=tuple(_graph_count(graph) for graph in info.graphs),
         io_tensors=sum(len(graph.inputs) + len(graph.outputs) for graph in info.graphs),
         requested=dict(requested), applied=info.applied_options)
+
+
+def _graph_count(graph: GraphInfo) -> GraphCount:
+    """A graph's IO tensor counts and bytes (0 bytes, said in the log, when a tensor's size cannot be told: the
+    memory plan then marks the graph's IO as not known)."""
+    sizes = [(tensor, _tensor_bytes(tensor)) for tensor in (*graph.inputs, *graph.outputs)]
+    unknown = [tensor.name for tensor, size in sizes if size is None]
+    if unknown:
+        log.warning("graph %s: IO tensors of unknown dtype (%s): its IO bytes are not counted", graph.name,
+                    ", ".join(unknown))
+        return GraphCount(graph.name, len(graph.inputs), len(graph.outputs))
+    return GraphCount(graph.name, len(graph.inputs), len(graph.outputs), io_bytes=sum(size for _, size in sizes),
+                      kv_bytes=sum(size for tensor, size in sizes[:len(graph.inputs)]
+                                   if conventions.KV_TENSOR.match(tensor.name)))
+
+
+def _tensor_bytes(tensor: TensorInfo) -> int | None:
+    """A tensor's bytes as the binary stores it: at its quantized bitwidth where it has one; None for a dtype numpy
+    does not know."""
+    if tensor.quant is not None and tensor.quant.bitwidth:
+        return math.prod(tensor.shape) * -(-tensor.quant.bitwidth // 8)
+    import numpy as np  # here: ``account`` starts without numpy (and runs in the QAIRT SDK's Python env)
+
+    try:
+        return math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
+    except TypeError:
+        return None
 
 
 def account_part(toolchain: str, binary: str | os.PathLike[str], part_label: str, variant: str,
@@ -206,7 +236,7 @@ def _no_effect_reasons(record: AccountRecord, baseline_record: AccountRecord,
 def _unapplied_graph_options(requested: dict[str, Any], applied: AppliedOptions) -> list[str]:
     """The O level and VTCM size the binary reports per graph (``{graph: value}``, from the SDK's
     qnn-context-binary-utility) against the requested ones. ``vtcm_mb`` 0 asks for the device's maximum, which
-    is not known here; the utility's VTCM unit is not documented, so MB and bytes both count as shown."""
+    is not known here; the utility's VTCM figure is in no documented measure, so MB and bytes both count as shown."""
     reasons = []
     levels, wanted_level = applied.optimization_type, requested.get("optimization_type")
     if isinstance(levels, dict) and wanted_level is not None:
@@ -221,7 +251,8 @@ def _unapplied_graph_options(requested: dict[str, Any], applied: AppliedOptions)
 
 def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict: bool = False,
                      min_reduction: float = NO_EFFECT_MIN_REDUCTION,
-                     quality: Mapping[str, Quality] | None = None) -> pd.DataFrame:
+                     quality: Mapping[str, Quality] | None = None,
+                     unmapped: Mapping[str, Mapping[int, str]] | None = None) -> pd.DataFrame:
     """The tidy A/B table: one row per part and variant, baseline variant first within each part.
 
     Args:
@@ -230,12 +261,13 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
         strict: raise on a flagged row instead of only logging it.
         min_reduction: a packed binary must be at least this fraction smaller than the baseline's.
         quality: evaluated variants' quality against the float model (``evaluate``'s reports).
+        unmapped: variant -> part -> why the memory plan's load model predicts the part will not map.
 
     Returns:
         Columns :data:`TABLE_COLUMNS`; ``recipe`` is the recipe of the variant's encodings (empty: the source's);
         ``reduction_vs_baseline`` is ``1 - bytes / baseline bytes``; the quality columns are the variant's
         (:data:`QUALITY_COLUMNS`, NaN where it was not evaluated); ``flag`` is empty or the reasons an option
-        showed no effect.
+        showed no effect and the part will not map on the device.
 
     Raises:
         GenieBuildError: no records, unknown baseline, a duplicate part, variants covering different
@@ -246,7 +278,7 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
 
     by_key = _index_records(records, baseline)
     variant_order = _variant_order(records, baseline)
-    quality = quality or {}
+    quality, unmapped = quality or {}, unmapped or {}
     unknown = sorted(set(quality) - set(variant_order))
     if unknown:
         raise GenieBuildError("--quality", f"reports of variants without binaries: {', '.join(unknown)}")
@@ -261,7 +293,9 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
             "reduction_vs_baseline": _reduction(record.bytes, baseline_record.bytes),
             **{column: getattr(evaluated, field) if evaluated else math.nan
                for column, field in QUALITY_COLUMNS.items()},
-            "flag": "; ".join(_no_effect_reasons(record, baseline_record, min_reduction)),
+            "flag": "; ".join([*_no_effect_reasons(record, baseline_record, min_reduction),
+                               *([f"will not map on the device (memory plan): {unmapped[variant][part]}"]
+                                 if part in unmapped.get(variant, {}) else [])]),
         })
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
         {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64",
@@ -283,12 +317,12 @@ def size_table_markdown(table: pd.DataFrame) -> str:
     non-baseline variant, a totals row; flagged cells carry a footnote."""
     baseline = table["baseline"].iloc[0]
     variants = list(dict.fromkeys(table["variant"]))
-    unit, scale = _size_unit(int(table["bytes"].max()))
+    symbol, scale = _size_symbol(int(table["bytes"].max()))
     wide = table.pivot(index="part", columns="variant", values="bytes")
     flags = table.set_index(["part", "variant"])["flag"]
     others = [variant for variant in variants if variant != baseline]
 
-    header = ["part", *(f"{variant} ({unit})" for variant in variants), *(f"{v} vs {baseline}" for v in others)]
+    header = ["part", *(f"{variant} ({symbol})" for variant in variants), *(f"{v} vs {baseline}" for v in others)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     footnotes: list[str] = []
     for part in wide.index:
@@ -320,7 +354,7 @@ def size_table_markdown(table: pd.DataFrame) -> str:
     intro = [
         f"# Context binary sizes against `{baseline}`",
         "",
-        f"Bytes on disk of each part's context binary, read back from the binary (1 {unit} = {scale:,} bytes). "
+        f"Bytes on disk of each part's context binary, read back from the binary (1 {symbol} = {scale:,} bytes). "
         f"Reduction = 1 - size / size of the `{baseline}` binary for the same part; "
         f"a flagged cell is an option that was requested but shows no effect."
         + (" Top-1 agreement, mean KL and perplexity: each evaluated variant against the float model on held-out "
@@ -343,7 +377,7 @@ def size_chart_png(table: pd.DataFrame) -> bytes:
     baseline = table["baseline"].iloc[0]
     variants = list(dict.fromkeys(table["variant"]))
     parts = sorted(set(table["part"]))
-    unit, scale = _size_unit(int(table["bytes"].max()))
+    symbol, scale = _size_symbol(int(table["bytes"].max()))
     width = 0.8 / len(variants)
 
     figure = Figure(figsize=(max(6.0, 1.0 + 0.9 * len(parts) * len(variants) ** 0.5), 4.0), dpi=100)
@@ -356,13 +390,13 @@ def size_chart_png(table: pd.DataFrame) -> bytes:
         axes.bar(offsets, rows["bytes"] / scale, width, color=f"C{index}",
                  hatch=["//" if flag else "" for flag in rows["flag"]])
         handles.append(Patch(color=f"C{index}",
-                             label=f"{variant}: total {_format_size(int(rows['bytes'].sum()), scale)} {unit}"))
+                             label=f"{variant}: total {_format_size(int(rows['bytes'].sum()), scale)} {symbol}"))
     if table["flag"].astype(bool).any():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="flagged: no effect"))
     axes.legend(handles=handles)
     axes.set_xticks(range(len(parts)), [str(part) for part in parts])
     axes.set_xlabel("part")
-    axes.set_ylabel(f"context binary size ({unit})")
+    axes.set_ylabel(f"context binary size ({symbol})")
     axes.set_title(f"Context binary size per part (baseline: {baseline})")
     figure.tight_layout()
     buffer = io.BytesIO()
@@ -382,17 +416,31 @@ def write_size_table(table: pd.DataFrame, csv_path: str | os.PathLike[str], md_p
 def size_table_from_records(record_paths: Sequence[str | os.PathLike[str]], baseline: str,
                             csv_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
                             png_path: str | os.PathLike[str], *, strict: bool = False,
-                            quality_reports: Sequence[str | os.PathLike[str]] = ()) -> pd.DataFrame:
+                            quality_reports: Sequence[str | os.PathLike[str]] = (),
+                            memory_plan: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     """The ``size-table`` stage: the records' table (:func:`build_size_table`) in its three renderings, with the
-    quality of the variants ``quality_reports`` evaluated.
+    quality of the variants ``quality_reports`` evaluated and the parts ``memory_plan`` (``memory_plan.json``)
+    predicts will not map flagged.
 
     Raises:
-        GenieBuildError: a bad record or report, or what :func:`build_size_table` raises (nothing is written then).
+        GenieBuildError: a bad record, report or memory plan, or what :func:`build_size_table` raises (nothing is
+            written then).
     """
     quality = dict(read_quality(path) for path in quality_reports)
-    table = build_size_table([read_record(path) for path in record_paths], baseline, strict=strict, quality=quality)
+    table = build_size_table([read_record(path) for path in record_paths], baseline, strict=strict, quality=quality,
+                             unmapped=None if memory_plan is None else _unmapped_parts(memory_plan))
     write_size_table(table, csv_path, md_path, png_path)
     return table
+
+
+def _unmapped_parts(path: str | os.PathLike[str]) -> dict[str, dict[int, str]]:
+    """variant -> part -> reason, of the contexts a ``memory_plan.json`` predicts will not map."""
+    plan = fileio.read_json(path)
+    try:
+        return {plan["variant"]: {context["part"]: context["reason"] for context in plan["load"]["contexts"]
+                                  if not context["maps"]}}
+    except (KeyError, TypeError):
+        raise GenieBuildError(path, "is not a memory plan with a load section (memory-plan writes one)") from None
 
 
 def _index_records(records: Sequence[AccountRecord], baseline: str) -> dict[tuple[int, str], AccountRecord]:
@@ -442,7 +490,7 @@ def _reduction(size: int, baseline_size: int) -> float:
     return 1.0 - size / baseline_size
 
 
-def _size_unit(largest_bytes: int) -> tuple[str, int]:
+def _size_symbol(largest_bytes: int) -> tuple[str, int]:
     """MB like the field report; kB when every binary is under 1 MB (the tiny demo), so cells are not 0.0."""
     return ("MB", 1_000_000) if largest_bytes >= 1_000_000 else ("kB", 1_000)
 

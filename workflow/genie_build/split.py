@@ -152,7 +152,7 @@ def _plan_parts(model: onnx.ModelProto, plan: Plan, where: Path) -> list[PartSpe
 
 
 def cut_graph(model: onnx.ModelProto, labels: Sequence[str], cuts: Sequence[str], where: Path) -> list[PartSpec]:
-    """The pieces of a graph cut at ``cuts`` (tensor names, in data-flow order; ``len(labels) - 1`` of them), each
+    """The subgraphs of a graph cut at ``cuts`` (tensor names, in data-flow order; ``len(labels) - 1`` of them), each
     labelled, with their inputs, outputs and nodes as :func:`_plan_parts` describes a part's.
 
     Raises:

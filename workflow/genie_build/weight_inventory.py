@@ -1,7 +1,7 @@
 """What the plans and the estimate know of a model before any weight is read: every weight's name, declared shape
 and role (a precision recipe picks its bits by role), and the pieces (embedding, layer i, head) that use it.
 
-From an HF ``config.json`` (Qwen2, Llama, Mistral or Qwen3) the weights are named and shaped as
+From an HF ``config.json`` of a family :mod:`genie_build.families` registers, the weights are named and shaped as
 ``docs/conventions.md`` says and as the export writes them. From an ONNX graph loaded without its external data,
 every float initializer of rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph
 constants, which the size model counts per layer as the conventions' graph has them, so that a graph and its
@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from genie_build.boundaries import find_boundaries
-from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, FINAL_NORM_WEIGHT, LM_HEAD_WEIGHT,
-                                     layer_output)
-from genie_build.hf_config import load_hf_config, read_model_shape
+from genie_build.conventions import EMBEDDING_BOUNDARY, LM_HEAD_WEIGHT, layer_output
+from genie_build.hf_config import load_hf_config, read_model_shape, stored_tensors
 from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
 from genie_build.plan import initializer_pieces
 
@@ -62,41 +61,26 @@ class ModelWeights:
 
 
 def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
-    """The weights of a Qwen2, Llama, Mistral or Qwen3 ``config.json`` as the export writes them: named and shaped
-    as ``docs/conventions.md`` says, with a tied LM head written as its own ``lm_head.weight`` (the export unties
-    it, because Genie bundles quantize the table and the head differently).
+    """The weights of a ``config.json`` of a registered family as the export writes them: the checkpoint's tensors
+    (:func:`genie_build.hf_config.stored_tensors`) with each Linear weight as ``[in, out]`` (the MatMul the
+    conventions' graph has) and a tied LM head written as its own ``lm_head.weight`` (the export unties it,
+    because Genie bundles quantize the table and the head differently).
 
     Raises:
         GenieBuildError: the file is unreadable, or the model is not one :func:`read_model_shape` reads.
     """
     where = os.fspath(path)
     shape = read_model_shape(load_hf_config(path), where)
-    hidden, inter = shape.hidden, shape.intermediate
-    q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    head_piece = shape.layers + 1
+    roles: dict[str, Role] = {"embedding": "embedding", "linear": "layers", "bias": "float", "norm": "float",
+                              "lm_head": "lm_head"}
 
     def weight(name: str, dims: tuple[int, ...], role: Role, piece: int) -> Weight:
         return Weight(InitializerSpec(name, dims, "float32", math.prod(dims) * 4), role, frozenset({piece}))
 
-    weights = [weight(EMBED_WEIGHT, (shape.vocab, hidden), "embedding", 0)]
-    for i in range(shape.layers):
-        prefix, piece = f"model.layers.{i}", i + 1
-        projections = (("self_attn.q_proj", hidden, q_width, shape.qkv_bias),
-                       ("self_attn.k_proj", hidden, kv_width, shape.qkv_bias),
-                       ("self_attn.v_proj", hidden, kv_width, shape.qkv_bias),
-                       ("self_attn.o_proj", q_width, hidden, shape.o_bias),
-                       ("mlp.gate_proj", hidden, inter, shape.mlp_bias), ("mlp.up_proj", hidden, inter, shape.mlp_bias),
-                       ("mlp.down_proj", inter, hidden, shape.mlp_bias))
-        for module, fan_in, fan_out, bias in projections:
-            weights.append(weight(f"{prefix}.{module}.weight", (fan_in, fan_out), "layers", piece))
-            if bias:
-                weights.append(weight(f"{prefix}.{module}.bias", (fan_out,), "float", piece))
-        norms = [(norm, hidden) for norm in ("input_layernorm", "post_attention_layernorm")]
-        if shape.qk_norm:
-            norms += [(f"self_attn.{norm}", shape.head_dim) for norm in ("q_norm", "k_norm")]
-        weights += [weight(f"{prefix}.{norm}.weight", (width,), "float", piece) for norm, width in norms]
-    weights.append(weight(FINAL_NORM_WEIGHT, (hidden,), "float", head_piece))
-    weights.append(weight(LM_HEAD_WEIGHT, (hidden, shape.vocab), "lm_head", head_piece))
+    weights = [weight(tensor.name, tensor.shape[::-1] if tensor.kind in ("linear", "lm_head") else tensor.shape,
+                      roles[tensor.kind], tensor.piece) for tensor in stored_tensors(shape)]
+    if shape.tied:
+        weights.append(weight(LM_HEAD_WEIGHT, (shape.hidden, shape.vocab), "lm_head", shape.layers + 1))
     boundaries = (EMBEDDING_BOUNDARY, *(layer_output(i) for i in range(shape.layers)))
     return ModelWeights(tuple(weights), boundaries)
 

@@ -8,13 +8,34 @@ BUNDLE_DIR = f"{OUT}/genie_bundle"
 BUNDLE = f"{BUNDLE_DIR}/manifest.json"
 # No bundle of a model whose whole-model checks failed: the graphs' shared weights (whole graphs), Genie's IO
 # contract (a checkpoint exported part by part), the plan against the encodings the chain calibrated.
+# The memory plan among them: with report.strict, a plan whose contexts will not all map publishes no bundle.
 BUNDLE_CHECKS = [f"{OUT}/contract_check.json" if SOURCE_KIND == "hf" else f"{OUT}/model_check.json",
-                 *([f"{OUT}/plan_check.json"] if CALIBRATION_CHAIN else [])]
+                 *([f"{OUT}/plan_check.json"] if CALIBRATION_CHAIN else []), f"{OUT}/memory_plan.json"]
 
 
-rule assemble_bundle:
+# bundle.embedding: lut -- the table Genie reads on the CPU, from part 1's graph and encodings (no convert or compile
+# of part 1 for the bundle).
+rule embedding_table:
     input:
-        binaries=lambda wc: variant_part_files(f"{OUT}/compiled/{{variant}}/part_{{part}}.bin", [BUNDLE_VARIANT]),
+        unpack(embedding_part_files),
+    output:
+        table=EMBEDDING_TABLE,
+        description=f"{EMBEDDING_TABLE}.json",
+    params:
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/embedding_table.log",
+    benchmark:
+        f"{OUT}/benchmarks/embedding_table.tsv"
+    shell:
+        "{params.python} -m genie_build embedding-table --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        " --out {output.table:q} > {log:q} 2>&1"
+
+
+rule bundle:
+    input:
+        binaries=lambda wc: [f"{OUT}/compiled/{BUNDLE_VARIANT}/part_{label}.bin" for label in bundle_part_labels()],
+        table=[EMBEDDING_TABLE] if EMBEDDING_LUT else [],
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
         checks=BUNDLE_CHECKS,
@@ -25,19 +46,26 @@ rule assemble_bundle:
         toolchain=config["variants"][BUNDLE_VARIANT]["toolchain"],
         chipset=config["target"]["chipset"],
         context_size=config["bundle"].get("context_size") or 0,  # 0: the compiled context length
-        # The bundle's own variant only: another variant's options do not change the bundle.
-        config_used=json.dumps({**config, "variants": {BUNDLE_VARIANT: config["variants"][BUNDLE_VARIANT]}},
-                               sort_keys=True),
+        share_resources=config["bundle"]["share_resources"],
+        # a lambda: a param that is an empty list vanishes
+        table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
+        # The bundle's own variant only: another variant's options do not change the bundle; nor does the
+        # calibration's memory budget (the chain's encodings are the same whatever its units).
+        config_used=json.dumps({**config, "variants": {BUNDLE_VARIANT: config["variants"][BUNDLE_VARIANT]},
+                                "quantize": {key: value for key, value in config["quantize"].items()
+                                             if key != "unit_memory_mb"}}, sort_keys=True),
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
-        f"{OUT}/logs/assemble_bundle.log",
+        f"{OUT}/logs/bundle.log",
     benchmark:
-        f"{OUT}/benchmarks/assemble_bundle.tsv"
+        f"{OUT}/benchmarks/bundle.tsv"
     shell:
         "{params.python} -m genie_build bundle --out-dir {params.bundle_dir:q} --model-name {params.model:q} --binaries {input.binaries:q}"
         " --toolchain {params.toolchain:q} --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q}"
-        " --chipset {params.chipset:q} --context-size {params.context_size} --config-json {params.config_used:q} > {log:q} 2>&1"
+        " --chipset {params.chipset:q} --context-size {params.context_size}"
+        " --share-resources {params.share_resources} {params.table:q} --config-json {params.config_used:q}"
+        " > {log:q} 2>&1"
 
 
 # The bundle job checks the bundle before it publishes it; this job records the check (warnings too) and verifies the
@@ -114,7 +142,7 @@ if not CALIBRATION_CHAIN:
             " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
 
 
-rule host_run:
+rule run_bundle:
     input:
         manifest=BUNDLE,
         check=f"{OUT}/bundle_check.json",
@@ -122,15 +150,15 @@ rule host_run:
     output:
         f"{OUT}/host_run.json",
     params:
-        prompt="What is 2+3? Explain briefly.",
+        prompt=HOST_PROMPT,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
         if CALIBRATION_CHAIN else ["--compare-with", input.reference[0]],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
-        f"{OUT}/logs/host_run.log",
+        f"{OUT}/logs/run_bundle.log",
     benchmark:
-        f"{OUT}/benchmarks/host_run.tsv"
+        f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
         "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
         " {params.compare:q} --out {output:q} > {log:q} 2>&1"

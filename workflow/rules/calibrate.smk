@@ -2,7 +2,8 @@
 # demo.calibrator: aimet): aimet-onnx calibrates one unit (consecutive pieces of one part, as many as
 # quantize.unit_memory_mb holds) at a time, fed the residual stream the unit before it stored, so every encoding
 # equals a whole-model calibration's (docs/quantize.md). A part's encodings are merged as soon as its last unit is
-# done, so its converts start while later units still calibrate. Each recipe the variants name has a chain of its
+# done, so its converts start while later units still calibrate. The units read the calibration text's token ids
+# (rules/tokens.smk), only the windows they use. Each recipe the variants name has a chain of its
 # own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
 # export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
 # plan (a checkpoint of Snakemake's).
@@ -12,35 +13,36 @@ CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
 rule calibrate_unit:
     input:
         unpack(unit_inputs),
-        tokenizer=SOURCE["tokenizer"],
-        hf_config=SOURCE["hf_config"],
-        corpus=config["quantize"]["corpus"],
+        graph_config=GRAPH_CONFIG,
+        tokens=tokens_of("calibration"),
     output:
-        encodings=f"{CALIBRATION}/unit_{{unit}}.encodings.json",
-        boundary=f"{CALIBRATION}/unit_{{unit}}.boundary.npy",
+        encodings=f"{CALIBRATION}/{{unit}}.encodings.json",
+        boundary=f"{CALIBRATION}/{{unit}}.boundary.npy",
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), unit_named(wc.unit).part)),
         boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
         num_samples=config["quantize"]["num_samples"],
+        calibrator=config["quantize"]["calibrator"],
         ar=CHAIN_AR,
         context=CHAIN_CONTEXT,
         python=PYTHON,
     wildcard_constraints:
-        unit=r"\d+_of_\d+",
+        unit=UNIT_LABEL_PATTERN,
     # the chain is the build's longest path: its units go first, on most of the cores (aimet-onnx's session)
     priority: CHAIN_FIRST
     threads: CHAIN_THREADS
     resources:
         mem_mb=lambda wc: predicted_peak_mb(unit_named(wc.unit).float_bytes),
     log:
-        f"{OUT}/logs/calibrate_unit/{{recipe}}/unit_{{unit}}.log",
+        f"{OUT}/logs/calibrate_unit/{{recipe}}/{{unit}}.log",
     benchmark:
-        f"{OUT}/benchmarks/calibrate_unit/{{recipe}}/unit_{{unit}}.tsv"
+        f"{OUT}/benchmarks/calibrate_unit/{{recipe}}/{{unit}}.tsv"
     shell:
         "{params.python} -m genie_build calibrate-unit --part-graph {input.part_graph:q}"
         " --part-units-json {params.part_units:q} --unit {wildcards.unit} {params.boundary_in:q}"
-        " --hf-config {input.hf_config:q} --tokenizer {input.tokenizer:q} --corpus {input.corpus:q}"
-        " --recipe {wildcards.recipe:q} --num-samples {params.num_samples:q} --ar {params.ar:q} --context {params.context:q}"
+        " --hf-config {input.graph_config:q} --tokens {input.tokens:q}"
+        " --recipe {wildcards.recipe:q} --num-samples {params.num_samples:q}"
+        " --calibrator {params.calibrator:q} --ar {params.ar:q} --context {params.context:q}"
         " --out-encodings {output.encodings:q} --out-boundary {output.boundary:q} > {log:q} 2>&1"
 
 

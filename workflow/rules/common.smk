@@ -12,12 +12,17 @@ from snakemake.exceptions import WorkflowError
 
 from genie_build import conventions, genie_contract, onnx_graph
 from genie_build.config import calibration_chain, source_kind, validate_config
-from genie_build.demo import shape_config
+from genie_build.calibrate import DEFAULT_NUM_SAMPLES as BUILTIN_NUM_SAMPLES
+from genie_build.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
 from genie_build.errors import GenieBuildError
-from genie_build.calibration_units import part_units, predicted_peak_mb, read_units
-from genie_build.hf_checkpoint import weight_files as _hf_weight_files
+from genie_build.calibration_units import part_units, predicted_peak_mb, read_units, write_units
+from genie_build.chipsets import load_params
+from genie_build.conventions import PART_LABEL_PATTERN, UNIT_LABEL_PATTERN
+from genie_build.graph_config import write_graph_config
+from genie_build.hf_checkpoint import check_checkpoint, weight_files as _hf_weight_files
 from genie_build.shape_plan import part_weight_files, piece_float_bytes, plan_checkpoint
-from genie_build.plan_file import read_plan
+from genie_build.plan_file import read_plan, write_plan
+from genie_build.tokens import check_tokenizer
 from genie_build.toolchains import SDK_TOOLCHAINS, Converter, converter_pattern, toolchain_version
 
 
@@ -45,6 +50,11 @@ CALIBRATION_CHAIN = calibration_chain(config)
 # Every job runs `{params.python} -m genie_build <command>`, with the interpreter running Snakemake (the project venv)
 # or for the qairt toolchain's jobs the interpreter of toolchains.qairt.python (a QAIRT build box's).
 PYTHON = shlex.quote(sys.executable)
+# The load model's device parameters the config overrides (report.load), for the memory plan and split auto.
+LOAD_JSON = json.dumps(config["report"]["load"], sort_keys=True)
+# The plan reads them only for split.num_parts auto: another chipset does not replan a fixed split.
+PLAN_LOAD_ARGS = (["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON]
+                  if config["split"].get("num_parts") == "auto" else [])
 
 
 def toolchain_of(variant):
@@ -152,13 +162,25 @@ elif SOURCE_KIND == "files":
     GRAPH_DIMS = {graph: dims for graph, (_, dims) in _user_graphs.items()}
 
 # A checkpoint's plan and calibration chain come from its config.json alone, so the part and unit labels are known
-# now, and each part is exported, calibrated and converted by jobs of its own (rules/export.smk, calibrate.smk).
+# now, and each part is exported, calibrated and converted by jobs of its own (rules/export.smk, calibrate.smk). Its
+# tokenizer is checked against vocab_size now, the logits' width of every part it exports. Once every check passed,
+# the plan, the units and the fields of config.json the graphs are made of (genie_build.graph_config) are written
+# down, each only when it changes, so Snakemake sees them unchanged: a budget that leaves the units as they were
+# reruns nothing, and a key only the bundle reads (eos_token_id) rebuilds the bundle alone, as the export, the
+# calibration and the tokenizing depend on that file, not on config.json. Elsewhere config.json is what they read.
+GRAPH_CONFIG = f"{OUT}/graph_config.json" if SOURCE_KIND == "hf" else SOURCE.get("hf_config")
 if SOURCE_KIND == "hf":
-    try:
+    try:  # the checkpoint against its config.json first: a model the export cannot build is refused before any job
+        check_checkpoint(CHECKPOINT, ar=_ar, context=_cl)
         PLAN, UNITS = plan_checkpoint(SOURCE["hf_config"], config["split"], recipe=config["quantize"]["recipe"],
-                                      ar=_ar, context=_cl, unit_memory_mb=config["quantize"]["unit_memory_mb"])
+                                      ar=_ar, context=_cl, unit_memory_mb=config["quantize"]["unit_memory_mb"],
+                                      load=load_params(config["target"]["chipset"], config["report"]["load"]))
         PIECE_FLOAT_BYTES = piece_float_bytes(SOURCE["hf_config"])
         PART_WEIGHT_FILES = {part.label: [str(p) for p in part_weight_files(CHECKPOINT, part)] for part in PLAN.parts}
+        check_tokenizer(SOURCE["tokenizer"], SOURCE["hf_config"])
+        write_plan(f"{OUT}/plan.json", PLAN, unless_same=True)
+        write_units(f"{OUT}/calibration_units.json", UNITS, unless_same=True)
+        write_graph_config(SOURCE["hf_config"], GRAPH_CONFIG)
     except GenieBuildError as exc:
         _config_error("model.hf_checkpoint", str(exc))
     PARTS = {part.label: part for part in PLAN.parts}
@@ -204,7 +226,7 @@ CALIBRATED_RECIPES = sorted({recipe_of(v) for v in config["variants"]} - {None})
 
 wildcard_constraints:
     graph="|".join(GRAPHS),
-    part=r"\d+_of_\d+",
+    part=PART_LABEL_PATTERN,
     variant="|".join(map(re.escape, config["variants"])),
     converter="|".join(map(re.escape, CONVERTERS)),
     recipe="|".join(map(re.escape, CALIBRATED_RECIPES)) or "(?!)",
@@ -223,8 +245,8 @@ def graph_part_files(graph):
     merely because the plan was rewritten). Each .onnx carries its .data file's SHA-1 (ONNX external-data
     ``checksum``), so it changes with the part's weights, and Snakemake need not hash GBs of weights to see that."""
     def part_files(wildcards):
-        plan = read_plan(checkpoints.plan_split.get().output.plan)
-        parts = checkpoints.split_model.get(graph=graph).output.parts
+        plan = read_plan(checkpoints.plan.get().output.plan)
+        parts = checkpoints.split.get(graph=graph).output.parts
         return [f"{parts}/part_{part.label}.onnx" for part in plan.parts]
     return part_files
 
@@ -243,9 +265,9 @@ def part_labels():
     """
     if SOURCE_KIND == "hf":
         return list(PARTS)
-    plan = read_plan(checkpoints.plan_split.get().output.plan)
+    plan = read_plan(checkpoints.plan.get().output.plan)
     for graph in GRAPHS:
-        checkpoints.split_model.get(graph=graph)
+        checkpoints.split.get(graph=graph)
     if not CALIBRATION_CHAIN:
         checkpoints.slice_encodings.get()
     return [part.label for part in plan.parts]
@@ -254,7 +276,7 @@ def part_labels():
 def part_graph(graph, label):
     """One part's graph, named after the split checkpoint (if any) has run: see :func:`graph_part_files`."""
     if SOURCE_KIND != "hf":
-        checkpoints.split_model.get(graph=graph)
+        checkpoints.split.get(graph=graph)
     return PART_ONNX.format(graph=graph, part=label)
 
 
@@ -318,17 +340,47 @@ def part_files(pattern, **fields):
     return [pattern.format(part=label, **fields) for label in part_labels()]
 
 
-def converted_part_files(variant):
-    """The converted files of every part (prompt, token, in part order) of ``variant``'s converter."""
+def converted_part_files(variant, labels):
+    """The converted files of the parts ``labels`` (prompt, token, in part order) of ``variant``'s converter."""
     converter = converter_of(variant)
-    return [path for label in part_labels() for graph in GRAPHS for path in converted_files(converter, graph, label)]
+    return [path for label in labels for graph in GRAPHS for path in converted_files(converter, graph, label)]
+
+
+# The demo's model was trained on the King James Version (resources/training_corpus.txt), so its prompt is from it.
+HOST_PROMPT = config["bundle"]["host_prompt"] or (
+    "And Moses said unto the LORD" if SOURCE_KIND == "demo" else "What is 2+3? Explain briefly.")
+
+
+# bundle.embedding: lut -- part 1 (the embedding alone) becomes a table on the CPU, not a context binary of the bundle;
+# the part after it takes the embedding vectors as inputs_embeds.
+EMBEDDING_LUT = config["bundle"]["embedding"] == "lut"
+EMBEDDING_TABLE = f"{OUT}/embedding/embedding_table.bin"
+
+
+def takes_embeddings(wildcards):
+    """The convert option of the part after the embedding table (none in the graph layout)."""
+    return ["--takes-embeddings"] if EMBEDDING_LUT and conventions.parse_part_label(wildcards.part)[0] == 2 else []
+
+
+def bundle_part_labels():
+    """The parts whose context binaries go into the bundle: all, or with the table all but part 1."""
+    labels = part_labels()
+    return labels[1:] if EMBEDDING_LUT else labels
+
+
+def embedding_part_files(wildcards):
+    """Part 1 of the prompt graph (which carries its weights' SHA-1, as for its convert job) and its encodings (of
+    the bundle variant's recipe): the table's source."""
+    label = part_labels()[0]
+    return {"onnx": PART_ONNX.format(graph="prompt", part=label),
+            "encodings": part_encodings_of("prompt", recipe_of(BUNDLE_VARIANT)).format(part=label)}
 
 
 def host_run_reference(wildcards):
     """What a host run compares the bundle's tokens with (rules/bundle.smk): the unsplit model compiled alike, or for
     a model calibrated part by part, which has no whole encodings, the parts' converted graphs."""
-    if CALIBRATION_CHAIN:
-        return converted_part_files(BUNDLE_VARIANT)
+    if CALIBRATION_CHAIN:  # with the table, the parts after it (the host run looks tokens up in the bundle's table)
+        return converted_part_files(BUNDLE_VARIANT, bundle_part_labels())
     return [f"{OUT}/unsplit/model.bin"]
 
 
@@ -375,7 +427,7 @@ CALIBRATION = f"{OUT}/calibration/{{recipe}}"
 def chain_units():
     if SOURCE_KIND == "hf":
         return UNITS
-    return read_units(checkpoints.plan_split.get().output.units)
+    return read_units(checkpoints.plan.get().output.units)
 
 
 def unit_named(label):
@@ -398,7 +450,7 @@ def unit_inputs(wildcards):
     before = unit_before(wildcards.unit)
     calibration = CALIBRATION.format(recipe=wildcards.recipe)
     return {"part_graph": part_graph("prompt", unit_named(wildcards.unit).part),
-            "boundary": [f"{calibration}/unit_{before.label}.boundary.npy"] if before else []}
+            "boundary": [f"{calibration}/{before.label}.boundary.npy"] if before else []}
 
 
 def previous_unit(wildcards):
@@ -408,10 +460,28 @@ def previous_unit(wildcards):
 
 def part_encodings_inputs(wildcards):
     previous, calibration = previous_unit(wildcards), CALIBRATION.format(recipe=wildcards.recipe)
-    return {"units": [f"{calibration}/unit_{unit.label}.encodings.json"
+    return {"units": [f"{calibration}/{unit.label}.encodings.json"
                       for unit in part_units(chain_units(), wildcards.part)],
-            "previous": [f"{calibration}/unit_{previous.label}.encodings.json"] if previous else [],
+            "previous": [f"{calibration}/{previous.label}.encodings.json"] if previous else [],
             "prompt_graph": part_graph("prompt", wildcards.part), "token_graph": part_graph("token", wildcards.part)}
+
+
+# The texts rules/tokens.smk tokenizes, each with the tokens its readers need at least: the calibration's windows
+# (a text is never repeated to fill them), one evaluation window and the token after it.
+TOKENS = f"{OUT}/tokens/{{text}}.npy"
+if SOURCE_KIND != "estimate":
+    _prompt_ar = GRAPH_DIMS["prompt"][0]
+    _windows = config["quantize"]["num_samples"]
+    TEXTS = {
+        "calibration": {"path": config["quantize"]["corpus"], "needed": _windows * _prompt_ar,
+                        "use": f"calibration (quantize.num_samples: {_windows} windows of {_prompt_ar} tokens)"},
+        "evaluation": {"path": config["evaluate"]["text"], "needed": _prompt_ar + 1,
+                       "use": f"evaluation (one window of {_prompt_ar} tokens and the token after it)"},
+    }
+
+
+def tokens_of(text):
+    return TOKENS.format(text=text)
 
 
 # Target 'evaluate' (evaluate.smk): a binary of another toolchain runs only on the device.
@@ -419,6 +489,19 @@ EVALUATION = f"{OUT}/evaluation"
 FLOAT_LOGITS = f"{EVALUATION}/float_logits.npy"
 EVALUATED_VARIANTS = [variant for variant in config["variants"] if toolchain_of(variant) == "reference"]
 EVALUATION_PART_FACTOR = 1.25
+
+
+def calibration_seen(recipe):
+    """What the calibration of a variant's encodings saw, for its evaluation report (docs/evaluate.md)."""
+    ar = GRAPH_DIMS["prompt"][0]
+    if CALIBRATION_CHAIN:
+        windows = config["quantize"]["num_samples"]
+        return {"calibrator": f"aimet-onnx {config['quantize']['calibrator']}", "recipe": recipe, "windows": windows,
+                "tokens": windows * ar, "text": os.path.basename(config["quantize"]["corpus"])}
+    if SOURCE_KIND == "demo":   # the builtin calibrator: seeded random feeds of each graph (genie_build.calibrate)
+        return {"calibrator": "builtin min-max", "windows": BUILTIN_NUM_SAMPLES, "tokens": BUILTIN_NUM_SAMPLES * ar,
+                "text": "random token ids and KV caches"}
+    return {"calibrator": "the model's own encodings (model.encodings)"}
 
 
 def evaluation_mem_mb(wildcards):

@@ -22,6 +22,7 @@ rule convert_part_reference:
     params:
         graph_name=graph_name_of,
         float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
+        takes_embeddings=takes_embeddings,
         tool_version=toolchain_version("reference"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -35,7 +36,7 @@ rule convert_part_reference:
     shell:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain reference"
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
-        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
+        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
         " --out {output.onnx:q} > {log:q} 2>&1"
 
 

@@ -27,7 +27,7 @@ checkpoint slice_encodings:
         token_parts_dir=directory_of("token_parts"),
         python=PYTHON,
     shell:
-        "{params.python} -m genie_build slice-model-encodings"
+        "{params.python} -m genie_build slice-encodings"
         " --prompt-model {input.prompt_model:q} --prompt-encodings {input.prompt_encodings:q}"
         " --prompt-parts-dir {params.prompt_parts_dir:q} --prompt-out-dir {output.slices:q}/prompt"
         " --token-model {input.token_model:q} --token-encodings {input.token_encodings:q}"

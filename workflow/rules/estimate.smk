@@ -1,7 +1,7 @@
 # The shape-only estimate: the plan, A/B size table and memory plan predicted from the model's shapes and a
 # precision (the config's 'precision' section, or quantize.recipe's when the build calibrates), without weights,
-# encodings or a compile
-# (docs/field-report-comparison.md). Target: 'estimate'.
+# encodings or a compile (docs/field-report-comparison.md), with the load model's verdict on which contexts will map
+# (docs/memory-plan.md). Target: 'estimate'.
 # An estimate-only config (model.hf_config, no ONNX paths, e.g. config/qwen2_5_7b_6parts.yaml) runs this target alone.
 
 PREDICTED = f"{OUT}/predicted"
@@ -28,13 +28,19 @@ rule estimate_sizes:
         md=f"{PREDICTED}/size_table.md",
         png=f"{PREDICTED}/size_table.png",
         memory_json=f"{PREDICTED}/memory_plan.json",
-        memory_md=f"{PREDICTED}/memory_plan.md",
+        memory_md=report(f"{PREDICTED}/memory_plan.md", caption="../report/memory_plan.rst", category="Estimate"),
+        memory_png=report(f"{PREDICTED}/memory_plan.png", caption="../report/memory_plan.rst", category="Estimate"),
     params:
         source="--hf-config" if ESTIMATE_CONFIG else "--onnx",
         split=json.dumps(config["split"], sort_keys=True),
         precision=ESTIMATE_PRECISION,
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
+        chipset=config["target"]["chipset"],
+        embedding=config["bundle"]["embedding"],
+        load=LOAD_JSON,
+        # the export's AR and CL, for a config.json; a graph carries its own
+        dims=["--ar", config["export"]["ar"], "--context", config["export"]["context"]] if ESTIMATE_CONFIG else [],
         out_dir=directory_of("plan"),
         python=PYTHON,
     log:
@@ -45,6 +51,7 @@ rule estimate_sizes:
         "{params.python} -m genie_build estimate {params.source} {input.model:q} --split-json {params.split:q}"
         " {params.precision:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
+        " {params.dims:q} --chipset {params.chipset:q} --embedding {params.embedding:q} --load-json {params.load:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 

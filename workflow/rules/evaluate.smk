@@ -6,7 +6,7 @@
 rule evaluate_float:
     input:
         float_parts=lambda wc: [part_graph("prompt", label) for label in part_labels()],
-        text=config["evaluate"]["text"],
+        tokens=tokens_of("evaluation"),
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
     output:
@@ -21,7 +21,7 @@ rule evaluate_float:
     benchmark:
         f"{OUT}/benchmarks/evaluate_float.tsv"
     shell:
-        "{params.python} -m genie_build evaluate-float --float-parts {input.float_parts:q} --text {input.text:q}"
+        "{params.python} -m genie_build evaluate-float --float-parts {input.float_parts:q} --tokens {input.tokens:q}"
         " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --max-windows {params.max_windows:q}"
         " --out {output:q} > {log:q} 2>&1"
 
@@ -31,7 +31,7 @@ rule evaluate_variant:
         binaries=lambda wc: part_files(f"{OUT}/compiled/{wc.variant}/part_{{part}}.bin"),
         encodings=lambda wc: part_files(part_encodings_of("prompt", recipe_of(wc.variant))),
         float_logits=FLOAT_LOGITS,
-        text=config["evaluate"]["text"],
+        tokens=tokens_of("evaluation"),
         tokenizer=SOURCE["tokenizer"],
         hf_config=SOURCE["hf_config"],
     output:
@@ -40,6 +40,8 @@ rule evaluate_variant:
         mem_mb=evaluation_mem_mb,
     params:
         max_windows=config["evaluate"]["max_windows"],
+        weights_only=["--weights-only"] if config["evaluate"]["weights_only"] else [],
+        calibration=lambda wc: json.dumps(calibration_seen(recipe_of(wc.variant)), sort_keys=True),
         python=PYTHON,
     wildcard_constraints:
         variant="|".join(map(re.escape, EVALUATED_VARIANTS)) or "(?!)",
@@ -49,9 +51,9 @@ rule evaluate_variant:
         f"{OUT}/benchmarks/evaluate_variant/{{variant}}.tsv"
     shell:
         "{params.python} -m genie_build evaluate --variant {wildcards.variant:q} --binaries {input.binaries:q}"
-        " --encodings {input.encodings:q} --float-logits {input.float_logits:q} --text {input.text:q}"
+        " --encodings {input.encodings:q} --float-logits {input.float_logits:q} --tokens {input.tokens:q}"
         " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --max-windows {params.max_windows:q}"
-        " --out {output:q} > {log:q} 2>&1"
+        " {params.weights_only:q} --calibration-json {params.calibration:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule evaluation_table:
@@ -63,7 +65,8 @@ rule evaluation_table:
         csv=f"{OUT}/evaluation.csv",
         png=report(f"{OUT}/evaluation.png", caption="../report/evaluation.rst", category="Sizes"),
     params:
-        bounds=[f"--{key.replace('_', '-')}={config['report'][key]}" for key in ("min_top1_agreement", "max_mean_kl")
+        bounds=[f"--{key.replace('_', '-')}={config['report'][key]}" for key in ("min_top1_agreement", "max_mean_kl",
+                                                                                   "max_clipped_share")
                 if config["report"][key] is not None],
         strict=config["report"]["strict"],
         python=PYTHON,

@@ -1,34 +1,12 @@
-# A Hugging Face checkpoint (model.hf_checkpoint), part by part: the plan from config.json (made when the workflow is
-# parsed, written down here), one export job per part reading only the safetensors files that hold its tensors, and
-# the checks a whole graph would have had: Genie's IO contract on the parts together, and each part against the
-# checkpoint's transformers modules. Only included when model.hf_checkpoint is set.
-
-rule plan_hf:
-    input:
-        hf_config=SOURCE["hf_config"],
-    output:
-        plan=f"{OUT}/plan.json",
-        units=f"{OUT}/calibration_units.json",
-    params:
-        split=json.dumps(config["split"], sort_keys=True),
-        recipe=config["quantize"]["recipe"],
-        ar=config["export"]["ar"],
-        context=config["export"]["context"],
-        unit_memory_mb=config["quantize"]["unit_memory_mb"],
-        python=PYTHON,
-    log:
-        f"{OUT}/logs/plan_hf.log",
-    benchmark:
-        f"{OUT}/benchmarks/plan_hf.tsv"
-    shell:
-        "{params.python} -m genie_build plan-hf --hf-config {input.hf_config:q} --split-json {params.split:q}"
-        " --recipe {params.recipe:q} --ar {params.ar:q} --context {params.context:q}"
-        " --unit-memory-mb {params.unit_memory_mb:q} --out-plan {output.plan:q} --out-units {output.units:q} > {log:q} 2>&1"
-
+# A Hugging Face checkpoint (model.hf_checkpoint), part by part: the plan from config.json (made and written down
+# when the workflow is parsed, rules/common.smk), one export job per part reading only the safetensors files that
+# hold its tensors, and the checks a whole graph would have had: Genie's IO contract on the parts together, and each
+# part against the checkpoint's transformers modules. Only included when model.hf_checkpoint is set.
 
 rule export_part:
     input:
-        weights=lambda wc: PART_WEIGHT_FILES[wc.part],  # config.json, the index, the shards holding the part's tensors
+        graph_config=GRAPH_CONFIG,   # what its graphs take of config.json, read from the checkpoint
+        weights=lambda wc: PART_WEIGHT_FILES[wc.part],  # the index, the shards holding the part's tensors
     output:
         prompt=f"{EXPORTED}/prompt.onnx",
         token=f"{EXPORTED}/token.onnx",
@@ -83,6 +61,7 @@ rule verify_parts:
     input:
         plan=f"{OUT}/plan.json",
         parts=lambda wc: part_files(f"{EXPORTED}/{{graph}}.onnx", graph=wc.graph),
+        graph_config=GRAPH_CONFIG,
         weights=sorted({path for paths in PART_WEIGHT_FILES.values() for path in paths}),
     output:
         f"{OUT}/verify/{{graph}}.json",

@@ -1,7 +1,8 @@
-# Read every binary back, then the A/B size table, its chart and the memory plan.
+# Read every binary back, then the A/B size table, its chart and the memory plan (the load model's verdict on the
+# bundled variant: with report.strict, a context that will not map fails the build before the bundle is assembled).
 
 
-rule account_part:
+rule account:
     input:
         binary=f"{OUT}/compiled/{{variant}}/part_{{part}}.bin",
     output:
@@ -12,9 +13,9 @@ rule account_part:
         python=lambda wc: python_for(toolchain_of(wc.variant)),
     group: GROUP_PER_PART
     log:
-        f"{OUT}/logs/account_part/{{variant}}/part_{{part}}.log",
+        f"{OUT}/logs/account/{{variant}}/part_{{part}}.log",
     benchmark:
-        f"{OUT}/benchmarks/account_part/{{variant}}/part_{{part}}.tsv"
+        f"{OUT}/benchmarks/account/{{variant}}/part_{{part}}.tsv"
     shell:
         "{params.python} -m genie_build account --toolchain {params.toolchain:q} --binary {input.binary:q}"
         " --part-label {wildcards.part} --variant {wildcards.variant}"
@@ -25,6 +26,7 @@ rule size_table:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
         quality=size_table_quality,
+        memory_plan=f"{OUT}/memory_plan.json",
     output:
         csv=report(f"{OUT}/size_table.csv", caption="../report/size_table.rst", category="Sizes"),
         md=f"{OUT}/size_table.md",
@@ -40,18 +42,27 @@ rule size_table:
         f"{OUT}/benchmarks/size_table.tsv"
     shell:
         "{params.python} -m genie_build size-table --records {input.records:q} --baseline {params.baseline:q}"
-        " --strict {params.strict} {params.quality:q}"
+        " --strict {params.strict} {params.quality:q} --memory-plan {input.memory_plan:q}"
         " --csv {output.csv:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"
 
 
 rule memory_plan:
     input:
-        records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", [config["bundle"]["variant"]]),
+        # the bundle's contexts: with the embedding table, the parts after it, and the table beside them
+        records=lambda wc: [f"{OUT}/sizes/{config['bundle']['variant']}/part_{label}.json"
+                           for label in bundle_part_labels()],
+        table=[EMBEDDING_TABLE] if EMBEDDING_LUT else [],
     output:
         json=f"{OUT}/memory_plan.json",
         md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),
+        png=report(f"{OUT}/memory_plan.png", caption="../report/memory_plan.rst", category="Memory plan"),
     params:
         variant=config["bundle"]["variant"],
+        chipset=config["target"]["chipset"],
+        load=LOAD_JSON,
+        strict=config["report"]["strict"],
+        # a lambda: a param that is an empty list vanishes
+        table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
         python=PYTHON,
@@ -62,4 +73,5 @@ rule memory_plan:
     shell:
         "{params.python} -m genie_build memory-plan --records {input.records:q} --variant {params.variant:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
-        " --json {output.json:q} --md {output.md:q} > {log:q} 2>&1"
+        " --chipset {params.chipset:q} --load-json {params.load:q} --strict {params.strict} {params.table:q}"
+        " --json {output.json:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"

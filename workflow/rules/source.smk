@@ -2,7 +2,14 @@
 # light built-in calibrator; with demo.calibrator: aimet, the calibration chain of rules/calibrate.smk makes them).
 # Only used when config.model names no files of its own.
 
-rule generate_demo_model:
+# The demo's own shape is the trained model's (resources/demo_model.safetensors, scripts/train_demo.py); another
+# shape gets random weights.
+DEMO_WEIGHTS = [TRAINED_WEIGHTS] if is_trained_shape(DemoShape(**shape_config(config["demo"]))) else []
+
+
+rule generate_demo:
+    input:
+        weights=DEMO_WEIGHTS,
     output:
         prompt=f"{SRC}/prompt.onnx",
         prompt_data=f"{SRC}/prompt.onnx.data",
@@ -12,17 +19,18 @@ rule generate_demo_model:
     params:
         out_dir=directory_of("prompt"),
         shape=json.dumps(shape_config(config["demo"]), sort_keys=True),
+        weights=lambda wc, input: ["--weights", *input.weights] if input.weights else [],
         python=PYTHON,
     log:
-        f"{OUT}/logs/generate_demo_model.log",
+        f"{OUT}/logs/generate_demo.log",
     benchmark:
-        f"{OUT}/benchmarks/generate_demo_model.tsv"
+        f"{OUT}/benchmarks/generate_demo.tsv"
     shell:
         "{params.python} -m genie_build generate-demo --out-dir {params.out_dir:q} --shape-json {params.shape:q}"
-        " > {log:q} 2>&1"
+        " {params.weights:q} > {log:q} 2>&1"
 
 
-rule train_demo_tokenizer:
+rule train_tokenizer:
     input:
         corpus="resources/tokenizer_corpus.txt",
     output:
@@ -31,16 +39,16 @@ rule train_demo_tokenizer:
         vocab=config["demo"]["vocab"],
         python=PYTHON,
     log:
-        f"{OUT}/logs/train_demo_tokenizer.log",
+        f"{OUT}/logs/train_tokenizer.log",
     benchmark:
-        f"{OUT}/benchmarks/train_demo_tokenizer.tsv"
+        f"{OUT}/benchmarks/train_tokenizer.tsv"
     shell:
         "{params.python} -m genie_build train-tokenizer --corpus {input.corpus:q} --vocab {params.vocab} --out {output:q} > {log:q} 2>&1"
 
 
 if not CALIBRATION_CHAIN:
 
-    rule calibrate_demo_encodings:
+    rule calibrate:
         input:
             prompt=f"{SRC}/prompt.onnx",
             prompt_data=f"{SRC}/prompt.onnx.data",
@@ -53,9 +61,9 @@ if not CALIBRATION_CHAIN:
         params:
             python=PYTHON,
         log:
-            f"{OUT}/logs/calibrate_demo_encodings.log",
+            f"{OUT}/logs/calibrate.log",
         benchmark:
-            f"{OUT}/benchmarks/calibrate_demo_encodings.tsv"
+            f"{OUT}/benchmarks/calibrate.tsv"
         shell:
             "{params.python} -m genie_build calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
             " --out-prompt {output.prompt:q} --out-token {output.token:q}"

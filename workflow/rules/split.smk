@@ -61,7 +61,7 @@ PLAN_WEIGHING = ({"units": f"{OUT}/calibration_units.json"} if CALIBRATION_CHAIN
                  else {"prompt_encodings": SOURCE["prompt_encodings"]})
 
 
-checkpoint plan_split:
+checkpoint plan:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
@@ -72,23 +72,24 @@ checkpoint plan_split:
         **(PLAN_WEIGHING if CALIBRATION_CHAIN else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
+        load=PLAN_LOAD_ARGS,
         weighing=lambda wc, input, output: (
             ["--recipe", config["quantize"]["recipe"], "--unit-memory-mb", str(config["quantize"]["unit_memory_mb"]),
              "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.prompt_encodings]),
         python=PYTHON,
     log:
-        f"{OUT}/logs/plan_split.log",
+        f"{OUT}/logs/plan.log",
     benchmark:
-        f"{OUT}/benchmarks/plan_split.tsv"
+        f"{OUT}/benchmarks/plan.tsv"
     shell:
         "{params.python} -m genie_build plan --prompt {input.prompt:q} --token {input.token:q}"
-        " {params.weighing:q} --split-json {params.split:q}"
+        " {params.weighing:q} --split-json {params.split:q} {params.load:q}"
         " --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
 # A checkpoint per graph: after it runs, Snakemake compares each part's bytes with what the next jobs last saw,
 # so only parts whose bytes changed are converted again. The two graphs split side by side.
-checkpoint split_model:
+checkpoint split:
     input:
         plan=f"{OUT}/plan.json",
         model=lambda wc: SOURCE[f"{wc.graph}_onnx"],
@@ -97,9 +98,9 @@ checkpoint split_model:
         parts=directory(f"{OUT}/parts/{{graph}}"),
     priority: CRITICAL_PATH
     log:
-        f"{OUT}/logs/split_model/{{graph}}.log",
+        f"{OUT}/logs/split/{{graph}}.log",
     benchmark:
-        f"{OUT}/benchmarks/split_model/{{graph}}.tsv"
+        f"{OUT}/benchmarks/split/{{graph}}.tsv"
     params:
         python=PYTHON,
     shell:

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from genie_build.bundle import assemble_bundle, runtime_tool_versions
-from genie_build.cli_args import json_object
+from genie_build.cli_args import boolean, json_object
 from genie_build.toolchains import TOOLCHAINS
 
 __all__ = ["register_parser", "run"]
@@ -28,6 +28,11 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--chipset", required=True, help="target chipset, e.g. SM8750")
     parser.add_argument("--context-size", type=int,
                         help="dialog.context.size (default, or 0: the compiled context length)")
+    parser.add_argument("--share-resources", nargs="?", const=True, default=False, type=boolean,
+                        help="bundle.share_resources: groupContext share_resources with allow-async-init "
+                             "(also --share-resources true/false)")
+    parser.add_argument("--embedding-table", type=Path, metavar="BIN",
+                        help="bundle.embedding: lut: the table (with BIN.json beside it); --binaries are then parts 2..N")
     parser.add_argument("--config-json", default="{}", metavar="JSON",
                         help="the workflow config as a JSON object, recorded in manifest.json")
     parser.add_argument("--out-dir", required=True, type=Path, help="the bundle directory to (re)create")
@@ -37,5 +42,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     assemble_bundle(args.out_dir, args.binaries, args.toolchain, args.hf_config, args.tokenizer, args.chipset,
                     args.context_size or None, json_object(args.config_json, "--config-json"), runtime_tool_versions(),
-                    model_name=args.model_name)
+                    model_name=args.model_name, share_resources=args.share_resources,
+                    embedding_table=args.embedding_table)
     return 0

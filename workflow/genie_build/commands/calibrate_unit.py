@@ -1,13 +1,13 @@
 """``calibrate-unit``: one unit of the calibration chain, carved from its part's prompt graph, quantized by a
-recipe (w4a16, w4a16-lpbq, w8a16) and calibrated by aimet-onnx on text through the model's tokenizer, fed the
-residual stream the unit before it stored (:func:`genie_build.quantize.calibrate_unit`, docs/quantize.md)."""
+recipe (w4a16, w4a16-lpbq, w8a16) and calibrated by aimet-onnx on the calibration text's token ids, fed the
+residual stream the unit before it stored (:func:`genie_build.calibrate_unit.calibrate_unit`, docs/quantize.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from genie_build import quantize as stage
+from genie_build import calibrate_unit as stage
 from genie_build.calibration_units import units_from_dicts
 from genie_build.cli_args import positive_int
 from genie_build.errors import GenieBuildError
@@ -21,14 +21,15 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                    description=stage.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part-graph", required=True, help="the prompt graph of the unit's part")
     parser.add_argument("--part-units-json", required=True, help="the units of that part, as the units file lists them")
-    parser.add_argument("--unit", required=True, help="the unit's label, e.g. 03_of_17")
+    parser.add_argument("--unit", required=True, help="the unit's label, e.g. u03_of_17")
     parser.add_argument("--boundary-in", help="the residual stream the unit before it stored (.npy); not for the first")
     parser.add_argument("--hf-config", required=True, help="the model's config.json (RoPE)")
-    parser.add_argument("--tokenizer", required=True, help="the model's tokenizer.json")
-    parser.add_argument("--corpus", required=True, help="calibration text (UTF-8)")
+    parser.add_argument("--tokens", required=True, help="the calibration text's token ids (what tokenize-text wrote)")
     parser.add_argument("--recipe", required=True, choices=sorted(RECIPES), help="docs/quantize.md")
     parser.add_argument("--num-samples", required=True, type=int,
                         help="calibration windows of the prompt graph's AR tokens (at least 1)")
+    parser.add_argument("--calibrator", default=stage.DEFAULT_CALIBRATOR, choices=sorted(stage.CALIBRATORS),
+                        help="how the activations' grids are chosen (docs/quantize.md, Calibrators)")
     parser.add_argument("--ar", required=True, type=positive_int, help="the prompt graph's AR")
     parser.add_argument("--context", required=True, type=positive_int, help="the context length CL")
     parser.add_argument("--out-encodings", required=True, help="the unit's encodings (AIMET 1.0.0 .json)")
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         raise GenieBuildError("--part-units-json", f"not valid JSON: {exc}") from None
     stage.calibrate_unit(args.part_graph, units, args.unit, args.out_encodings, args.out_boundary,
-                         hf_config_path=args.hf_config, tokenizer_path=args.tokenizer, corpus_path=args.corpus,
-                         recipe=args.recipe, num_samples=args.num_samples, ar=args.ar, context=args.context,
-                         boundary_in=args.boundary_in)
+                         hf_config_path=args.hf_config, tokens_path=args.tokens, recipe=args.recipe,
+                         num_samples=args.num_samples, ar=args.ar, context=args.context,
+                         boundary_in=args.boundary_in, calibrator=args.calibrator)
     return 0

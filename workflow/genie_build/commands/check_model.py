@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.onnx_graph import check_model
+from genie_build.check_model import check_model
 
 __all__ = ["register_parser", "run"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 
 __all__ = ["register_parser", "run"]
@@ -20,12 +21,39 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--float-bitwidth", required=True, type=int, choices=(16, 32),
                         help="float width of tensors without an integer encoding")
     parser.add_argument("--out", required=True, type=Path, help="the converted graph (.onnx or .dlc)")
+    parser.add_argument("--takes-embeddings", action="store_true",
+                        help="the first part after an embedding table (bundle.embedding: lut, reference toolchain): "
+                             "its hidden-state input becomes inputs_embeds, the input Genie feeds from the table")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     toolchain = get_toolchain(args.toolchain)
     toolchain.check_available()
+    extra = {}
+    if args.takes_embeddings:
+        if args.toolchain != "reference":
+            raise GenieBuildError("--takes-embeddings", f"only the reference toolchain renames graph inputs, not "
+                                                        f"{args.toolchain}")
+        extra["input_names"] = {_hidden_state_input(args.onnx): "inputs_embeds"}
     toolchain.convert(args.onnx, args.encodings, args.out, graph_name=args.graph_name,
-                      float_bitwidth=args.float_bitwidth)
+                      float_bitwidth=args.float_bitwidth, **extra)
     return 0
+
+
+def _hidden_state_input(onnx_path: Path) -> str:
+    """The one input of a part that is neither fed by Genie nor a cache entry: the previous part's hidden states.
+
+    Raises:
+        GenieBuildError: none, or several.
+    """
+    from genie_build.conventions import KV_TENSOR
+    from genie_build.genie_contract import FED_INPUTS
+    from genie_build.onnx_graph import graph_io, load_graph
+
+    names = [spec.name for spec in graph_io(load_graph(onnx_path)).inputs
+             if spec.name not in FED_INPUTS and not KV_TENSOR.match(spec.name)]
+    if len(names) != 1:
+        raise GenieBuildError(onnx_path, f"a part after the embedding table has one hidden-state input; this one "
+                                         f"has {len(names)}: {names}")
+    return names[0]

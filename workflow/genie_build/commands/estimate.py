@@ -3,15 +3,16 @@ config.json or an ONNX graph read without its weights, plus a precision (bits pe
 the named quantization recipe the build calibrates by. Takes seconds, even for 7B.
 
 Writes into ``--out-dir`` (``results/{model}/predicted/``): ``plan.json``, ``estimate.json``,
-``size_table.{csv,md,png}`` and ``memory_plan.{json,md}``.
+``size_table.{csv,md,png}`` and ``memory_plan.{json,md,png}`` (the load model's verdict on the bundled variant).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from genie_build.cli_args import add_split_options, json_object, positive_float, split_options
-from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
+from genie_build.cli_args import (add_load_options, add_split_options, json_object, load_params, positive_float,
+                                 positive_int, split_options)
+from genie_build.estimate import EMBEDDING_LAYOUTS, MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
 from genie_build.precision import Precision, precision_from_dict, read_precision
@@ -43,6 +44,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="memory plan: per context binary, MiB (default %(default)s)")
     parser.add_argument("--max-session-mb", type=positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
                         help="memory plan: per HTP session, MiB (default %(default)s)")
+    parser.add_argument("--ar", type=positive_int, default=128,
+                        help="with --hf-config: the export's prompt AR (default %(default)s)")
+    parser.add_argument("--context", type=positive_int, default=4096,
+                        help="with --hf-config: the export's context length CL (default %(default)s)")
+    parser.add_argument("--embedding", choices=EMBEDDING_LAYOUTS, default="graph",
+                        help="bundle.embedding: the embedding as part 1's context (graph) or a CPU table (lut), "
+                             "which the memory plan leaves out of the HTP sessions (default %(default)s)")
+    add_load_options(parser)
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
     return parser
 
@@ -57,5 +66,6 @@ def run(args: argparse.Namespace) -> int:
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB))
     estimate_to_dir(args.out_dir, precision, split_options(args), hf_config=args.hf_config, onnx=args.onnx,
-                    memory_variant=args.memory_variant, limits=limits)
+                    ar=args.ar, context_length=args.context, load=load_params(args),
+                    memory_variant=args.memory_variant, limits=limits, embedding=args.embedding)
     return 0

@@ -24,10 +24,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out.resolve() in {path.resolve() for path in (*args.float_parts, args.text)}:
+    if args.out.resolve() in {path.resolve() for path in (*args.float_parts, args.tokens)}:
         raise GenieBuildError(args.out, "is one of the inputs; write the logits elsewhere")
-    windows, ar, vocab = write_float_logits(args.float_parts, args.out, text_path=args.text,
-                                            tokenizer_path=args.tokenizer, rope=rope_of(args),
-                                            max_windows=args.max_windows)
+    windows, ar, vocab = write_float_logits(args.float_parts, args.out, tokens_path=args.tokens,
+                                            rope=rope_of(args), max_windows=args.max_windows)
     print(f"float model: {windows} windows of {ar} tokens, vocabulary {vocab}")
     return 0

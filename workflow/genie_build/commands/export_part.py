@@ -1,5 +1,5 @@
-"""``export-part``: one part of a Hugging Face checkpoint (Qwen2/Qwen2.5, Llama, Qwen3) as Genie's prompt (AR-N)
-and token (AR-1) ONNX graphs sharing one weights file, from the part's tensors only (docs/export.md)."""
+"""``export-part``: one part of a Hugging Face checkpoint (a family :mod:`genie_build.families` registers) as Genie's
+prompt (AR-N) and token (AR-1) ONNX graphs sharing one weights file, from the part's tensors only (docs/export.md)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         parser.add_argument(f"--{spec.name.replace('_', '-')}", dest=spec.name, type=kind, default=spec.default,
                             choices=WEIGHT_DTYPES if spec.name == "weight_dtype" else None,
                             help=f"(default {spec.default})")
+    parser.add_argument("--weights", help="the trained model's safetensors file (the demo's own shape only; default: "
+                                          "random weights)")
     parser.add_argument("--shape-json", help='the same fields as one JSON object (the config\'s demo section, as '
                                              'the workflow passes it), e.g. \'{"layers": 2, "ar": 8}\'')
     return parser
@@ -32,8 +34,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     shape = DemoShape(**{**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(DemoShape)},
                          **_shape_fields(args.shape_json)})
-    generate_demo(shape, args.out_dir)
-    logger.info("wrote the demo model %s to %s", shape, args.out_dir)
+    generate_demo(shape, args.out_dir, args.weights)
+    logger.info("wrote the demo model %s to %s (%s weights)", shape, args.out_dir,
+                args.weights or "random")
     return 0
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.cli_args import positive_float, positive_int
+from genie_build.cli_args import add_load_options, add_strict_option, load_params, positive_float, positive_int
+from genie_build.errors import GenieBuildError
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
                                      plan_measured_memory)
 
@@ -25,11 +26,28 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="warn above this many contexts (default: no limit)")
     parser.add_argument("--json", required=True, type=Path, help="memory_plan.json")
     parser.add_argument("--md", required=True, type=Path, help="memory_plan.md")
+    parser.add_argument("--png", required=True, type=Path, help="memory_plan.png (the sessions drawn)")
+    parser.add_argument("--embedding-table", type=Path, metavar="BIN",
+                        help="bundle.embedding: lut: the embedding table (BIN.json beside it), on the CPU; --records "
+                             "are then the parts after it")
+    add_load_options(parser)
+    add_strict_option(parser, "context that will not map")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     limits = MemoryLimits(max_context_bytes=round(args.max_context_mb * MIB),
                           max_session_bytes=round(args.max_session_mb * MIB), max_contexts=args.max_contexts)
-    plan_measured_memory(args.records, args.variant, limits, args.json, args.md)
+    table = 0
+    if args.embedding_table is not None:
+        from genie_build.embedding_table import read_table_file, table_bytes  # numpy: only a table's plan pays it
+
+        described = read_table_file(args.embedding_table)
+        table = table_bytes(described.n_vocab, described.n_embd, described.encoding.bitwidth)
+    plan = plan_measured_memory(args.records, args.variant, limits, args.json, args.md, args.png,
+                                load=load_params(args), cpu_table_bytes=table)
+    if args.strict and not plan.load.maps:
+        failing = plan.load.failing
+        raise GenieBuildError(args.json, f"report.strict: part {failing[0].part} of {args.variant!r} will not map "
+                                         f"({failing[0].reason})" + (f" and {len(failing) - 1} more" if len(failing) > 1 else ""))
     return 0

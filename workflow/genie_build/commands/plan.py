@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.cli_args import add_split_options, positive_int, split_options
+from genie_build.cli_args import add_load_options, add_split_options, load_params, positive_int, split_options
 from genie_build.errors import GenieBuildError
 from genie_build.plan import MIB, plan_split
 from genie_build.recipes import RECIPES
@@ -22,7 +22,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--token", required=True, help="token graph (AR = 1) .onnx, same weights")
     weighing = parser.add_mutually_exclusive_group(required=True)
     weighing.add_argument("--encodings-prompt", help="AIMET encodings of the prompt graph (weigh the pieces; "
-                                                     "slice-encodings checks the graphs agree)")
+                                                     "slice-graph-encodings checks the graphs agree)")
     weighing.add_argument("--recipe", choices=sorted(RECIPES),
                           help="no encodings yet: weigh the pieces as this recipe will quantize them")
     parser.add_argument("--unit-memory-mb", type=positive_int,
@@ -32,6 +32,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--skip-weight-check", action="store_true",
                         help="do not compare the graphs' shared weights (the workflow runs check-model for that, "
                              "once per model change, not once per encodings change)")
+    add_load_options(parser)  # for num_parts auto
     parser.add_argument("--out", required=True, help="plan.json to write")
     return parser
 
@@ -43,10 +44,11 @@ def run(args: argparse.Namespace) -> int:
             raise GenieBuildError("--recipe", "needs --unit-memory-mb and --out-units (the calibration units)")
         from genie_build.shape_plan import write_float_graphs_plan
         write_float_graphs_plan(args.prompt, args.token, split, args.out, args.out_units, recipe=args.recipe,
-                                unit_memory_mb=args.unit_memory_mb, check_weights=not args.skip_weight_check)
+                                unit_memory_mb=args.unit_memory_mb, check_weights=not args.skip_weight_check,
+                                load=load_params(args))
         return 0
     plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=split["num_parts"],
                max_part_bytes=None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB),
                embedding_alone=split["embedding_alone"], boundaries=split["boundaries"],
-               check_weights=not args.skip_weight_check)
+               check_weights=not args.skip_weight_check, load=load_params(args))
     return 0

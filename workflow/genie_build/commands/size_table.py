@@ -20,6 +20,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     add_strict_option(parser, "option")
     parser.add_argument("--quality", nargs="+", type=Path, default=(),
                         help="evaluate's reports: the evaluated variants' quality columns")
+    parser.add_argument("--memory-plan", type=Path, default=None,
+                        help="memory_plan.json: flag the parts its load model predicts will not map")
     parser.add_argument("--csv", required=True, type=Path, help="size_table.csv (tidy)")
     parser.add_argument("--md", required=True, type=Path, help="size_table.md (for people)")
     parser.add_argument("--png", required=True, type=Path, help="size_table.png (bar chart)")
@@ -28,5 +30,5 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     size_table_from_records(args.records, args.baseline, args.csv, args.md, args.png, strict=args.strict,
-                            quality_reports=args.quality)
+                            quality_reports=args.quality, memory_plan=args.memory_plan)
     return 0

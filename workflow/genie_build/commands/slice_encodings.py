@@ -1,5 +1,5 @@
-"""``slice-encodings``: cut one graph's full AIMET encodings into one file per split part
-(:func:`genie_build.slice_encodings.slice_graph_encodings`)."""
+"""``slice-encodings``: cut both graphs' full AIMET encodings into one file per split part, in one run
+(:func:`genie_build.slice_encodings.slice_model_encodings`; the workflow's encodings stage)."""
 
 from __future__ import annotations
 
@@ -13,25 +13,26 @@ __all__ = ["register_parser", "run"]
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("slice-encodings", help="cut a graph's encodings into one file per part",
-                                   description=stage.__doc__)
-    parser.add_argument("--graph", required=True, choices=GRAPH_KINDS, help="which graph these encodings are for")
-    parser.add_argument("--model", required=True, type=Path, help="the full (unsplit) ONNX graph")
-    parser.add_argument("--encodings", required=True, type=Path, help="its AIMET encodings (0.6.1, 1.0.0, 2.0.0)")
-    parser.add_argument("--parts-dir", required=True, type=Path, help="directory holding part_*.onnx")
-    parser.add_argument("--out-dir", required=True, type=Path, help="directory to write the slices into")
-    other = parser.add_mutually_exclusive_group()
-    other.add_argument("--consistent-with", type=Path, metavar="ENCODINGS",
-                       help="the other graph's encodings: tensors in both must have identical encodings")
-    other.add_argument("--share-from", type=Path, metavar="ENCODINGS",
-                       help="the other graph's encodings: every tensor of it this graph has takes its encoding")
+    parser = subparsers.add_parser("slice-encodings", help="cut both graphs' encodings into one file per part",
+                                   description=__doc__)
+    for graph in GRAPH_KINDS:
+        parser.add_argument(f"--{graph}-model", required=True, type=Path, help=f"the full {graph} graph")
+        parser.add_argument(f"--{graph}-encodings", required=True, type=Path,
+                            help="its AIMET encodings (0.6.1, 1.0.0, 2.0.0)")
+        parser.add_argument(f"--{graph}-parts-dir", required=True, type=Path, help="directory holding its part_*.onnx")
+        parser.add_argument(f"--{graph}-out-dir", required=True, type=Path, help="directory to write its slices into")
+    parser.add_argument("--token-shares-prompt", action="store_true",
+                        help="the token graph takes the prompt graph's encoding for every tensor it has (otherwise "
+                             "tensors in both graphs must have identical encodings)")
     parser.add_argument("--kv-cache-tied", action="store_true",
                         help="a bundle will be built: each past_*_out must have its past_*_in's encoding (Genie)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    stage.slice_graph_encodings(args.graph, args.model, args.encodings, args.parts_dir, args.out_dir,
-                                consistent_with=args.consistent_with, share_from=args.share_from,
+    prompt, token = (stage.GraphSliceFiles(*(getattr(args, f"{graph}_{key}")
+                                             for key in ("model", "encodings", "parts_dir", "out_dir")))
+                     for graph in GRAPH_KINDS)
+    stage.slice_model_encodings(prompt, token, token_shares_prompt=args.token_shares_prompt,
                                 kv_cache_tied=args.kv_cache_tied)
     return 0

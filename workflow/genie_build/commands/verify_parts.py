@@ -1,5 +1,5 @@
 """``verify-parts``: each part of a model exported part by part, run in onnxruntime and chained, against the
-checkpoint's transformers modules on the same inputs (:func:`genie_build.verify_export.verify_parts`)."""
+checkpoint's transformers modules on the same inputs (:func:`genie_build.verify_parts.verify_parts`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     try:  # torch only here
-        from genie_build.verify_export import verify_parts
+        from genie_build.verify_parts import verify_parts
     except ImportError as exc:
         raise GenieBuildError("verify-parts", f"needs torch and transformers ({HF_EXTRA_HINT}): {exc}") from None
     plan = read_plan(args.plan)

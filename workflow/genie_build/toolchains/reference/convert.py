@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,8 @@ from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, Encodings, TensorE
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, WeightLayout, check_external_data, external_data,
-                                    graph_io, load_graph, model_tensors, read_graph_tensors, require_finite)
+                                    graph_io, load_graph, model_tensors, read_graph_tensors, require_finite,
+                                    subgraphs)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, load_external_bytes,
                                                      metadata_json, read_initializer, set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
@@ -84,8 +86,12 @@ class _Converted:
 
 
 def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
-                  out_path: str | os.PathLike[str], *, graph_name: str, float_bitwidth: int) -> None:
+                  out_path: str | os.PathLike[str], *, graph_name: str, float_bitwidth: int,
+                  input_names: Mapping[str, str] | None = None) -> None:
     """Write the converted model to ``out_path`` and its weights to ``out_path + ".data"`` (atomically).
+
+    ``input_names`` renames graph inputs (old -> new) in the converted model and its IO encodings: the first part of
+    a bundle whose embedding is a CPU table takes the embedding output as ``inputs_embeds``, the name Genie feeds.
 
     Raises:
         GenieBuildError: a bad argument, an unreadable model or encodings file, encodings that do not fit
@@ -127,6 +133,7 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
     _replace_weights(model.graph, initializers, rebuilds)
     _drop_exporter_annotations(model.graph)
+    _rename_inputs(model.graph, io_encodings, dict(input_names or {}), onnx_path)
     model.graph.name = graph_name
     set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
     set_metadata_json(model, IO_ENCODINGS_KEY, io_encodings)
@@ -159,6 +166,39 @@ def _inline_stored_tensors(model: onnx.ModelProto, onnx_path: Path) -> None:
             load_external_bytes(stored, onnx_path)
         if stored.tensor.data_type in FLOAT_TYPES:
             require_finite(numpy_helper.to_array(stored.tensor), stored.what, onnx_path)
+
+
+def _rename_inputs(graph: onnx.GraphProto, io_encodings: dict[str, dict], renames: dict[str, str],
+                   onnx_path: Path) -> None:
+    """Rename graph inputs (and their uses and IO encodings) in place.
+
+    Raises:
+        GenieBuildError: an old name that is not a graph input, or a new name already in the graph.
+    """
+    if not renames:
+        return
+    inputs = {value.name for value in graph.input}
+    taken = inputs | {output for node in graph.node for output in node.output} | {t.name for t in graph.initializer}
+    for old, new in renames.items():
+        if old not in inputs:
+            raise GenieBuildError(onnx_path, f"cannot rename input {old!r} to {new!r}: the graph has no such input "
+                                             f"(inputs: {', '.join(sorted(inputs))})")
+        if new in taken:
+            raise GenieBuildError(onnx_path, f"cannot rename input {old!r} to {new!r}: {new!r} is already a tensor")
+    for value in [*graph.input, *graph.value_info]:
+        value.name = renames.get(value.name, value.name)
+    _rename_uses(graph, renames)
+    for old, new in renames.items():
+        if old in io_encodings:
+            io_encodings[new] = io_encodings.pop(old)
+
+
+def _rename_uses(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
+    """Every node input named in ``renames``, subgraphs included (they may read an outer tensor by name)."""
+    for node in graph.node:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        for subgraph in subgraphs(node):
+            _rename_uses(subgraph, renames)
 
 
 def _drop_exporter_annotations(graph: onnx.GraphProto) -> None:

@@ -1,4 +1,4 @@
-"""The AIMET driver (genie_build.quantize) against aimet-onnx itself, on Genie-shaped graph pairs calibrated whole
+"""The AIMET driver (genie_build.calibrate_unit) against aimet-onnx itself, on Genie-shaped graph pairs calibrated whole
 (tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
 
 A graph pair is a fixture parameter (:data:`PAIRS`: a name -> a function writing ``prompt.onnx``, ``token.onnx``,
@@ -33,9 +33,10 @@ from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, 
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import fake_quantize_activations
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.quantize import (FeedShape, corpus_token_ids, feed_shape, kv_cache_io, lm_head_weight, recipe_sim,
+from genie_build.calibrate_unit import (FeedShape, feed_shape, kv_cache_io, lm_head_weight, recipe_sim,
                                   session_outputs, text_forward_pass)
 from genie_build.recipes import LPBQ_BLOCK_SIZE, RECIPES
+from genie_build.tokens import text_token_ids
 
 pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
@@ -184,7 +185,7 @@ def text_feeds(pair: Path) -> list[dict[str, np.ndarray]]:
     import onnxruntime as ort
 
     shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
-    ids = corpus_token_ids(CORPUS, pair / "tokenizer.json", shape.vocab)
+    ids = text_token_ids(CORPUS, pair / "tokenizer.json")
     recorder = Recorder(ort.InferenceSession(str(pair / "prompt.onnx"), providers=["CPUExecutionProvider"]))
     text_forward_pass(shape, ids, 4)(recorder)
     return [recorder.feeds[0], recorder.feeds[3]]
@@ -326,6 +327,30 @@ def test_a_changed_recipe_or_corpus_changes_the_encodings(pair, quantized, tmp_p
     assert again == base   # the same inputs give the same encodings
 
 
+@pytest.mark.parametrize("pair", ["demo"], indirect=True)
+def test_each_calibrator_reaches_aimets_activation_quantizers_and_leaves_the_matmul_weights_min_max(pair):
+    """quantize.calibrator sets the activation quantizers' scheme: percentile's grids lie within min-max's (the
+    windows' extremes; AIMET takes the percentile from a histogram, whose bins leave up to 0.3% over), and cut
+    tensors with rare outliers by more than 1%; TF-enhanced's differ; the MatMul weights' encodings are min-max's."""
+    from genie_build.calibrate_unit import CALIBRATORS, calibrate_prompt, text_forward_pass
+
+    shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
+    ids = text_token_ids(CORPUS, pair / "tokenizer.json")
+    calibrated = {calibrator: calibrate_prompt(pair / "prompt.onnx", RECIPES["w8a16"],
+                                               text_forward_pass(shape, ids, NUM_SAMPLES), calibrator)
+                  for calibrator in CALIBRATORS}
+    base = calibrated["min-max"]
+    assert all(enc.params == base.params for enc in calibrated.values())
+
+    def width(encoding) -> float:
+        return encoding.scale[0] * (2 ** encoding.bitwidth - 1)
+
+    names = sorted(base.activations)
+    ratios = [width(calibrated["percentile"].activations[name]) / width(base.activations[name]) for name in names]
+    assert max(ratios) < 1.01 and sum(ratio < 0.99 for ratio in ratios) >= len(names) // 10
+    assert sum(calibrated["tf-enhanced"].activations[name] != base.activations[name] for name in names) > len(names) // 2
+
+
 # --- the calibration feeds -------------------------------------------------------------------------------------
 
 class RecordingSession:
@@ -348,12 +373,12 @@ class RecordingSession:
             out_dims = list(dims)
             out_dims[axis] = self.shape.ar
             new.append(np.full(out_dims, call, np.float32))
-        return [np.zeros((1, self.shape.ar, self.shape.vocab), np.float32), *new]
+        return [np.zeros((1, self.shape.ar, 1), np.float32), *new]   # the logits: never read
 
 
 def test_each_window_sees_the_cache_the_windows_before_it_wrote(pair):
     shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
-    ids = corpus_token_ids(CORPUS, pair / "tokenizer.json", shape.vocab)
+    ids = text_token_ids(CORPUS, pair / "tokenizer.json")
     session = RecordingSession(shape)
     text_forward_pass(shape, ids, NUM_SAMPLES)(session)
     per_sequence = (shape.context - shape.ar) // shape.ar + 1
@@ -391,7 +416,7 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
 
 def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
     from genie_build.demo import DemoShape, generate_demo
-    from genie_build.quantize import calibrate_prompt
+    from genie_build.calibrate_unit import calibrate_prompt
 
     generate_demo(DemoShape(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=96, vocab=300, context=8, ar=2),
                   tmp_path)

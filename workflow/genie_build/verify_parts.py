@@ -1,7 +1,7 @@
 """The verify stage of a model exported part by part: each part's graph, run in onnxruntime, against the
 checkpoint's own transformers modules run in torch on the same inputs.
 
-There is no whole graph to compare the parts with (:mod:`genie_build.verify` does that for a split), so the
+There is no whole graph to compare the parts with (:mod:`genie_build.verify_split` does that for a split), so the
 reference is the model itself: the parts run chained on one feed as Genie feeds a step (a causal mask with cached
 entries before the window, the RoPE tables of those positions, random past keys and values), and every output of
 every part (the residual stream at its cut, its new KV entries, the logits) is compared with what the same
@@ -24,12 +24,12 @@ import numpy as np
 
 from genie_build.conventions import INPUT_IDS, MASK, POS_COS, POS_SIN, causal_mask, graph_ar, kv_name, rope_tables
 from genie_build.errors import GenieBuildError
-from genie_build.export import GraphPieces, ExportShape, export_shape, piece_outputs
+from genie_build.export import GraphSpan, ExportShape, export_shape, piece_outputs
 from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import CONFIG_NAME, read_checkpoint
 from genie_build.hf_config import read_rope
 from genie_build.plan_file import Plan
-from genie_build.verify import run_graph
+from genie_build.verify_split import run_graph
 
 __all__ = ["TOLERANCE", "PartCheck", "verify_parts"]
 
@@ -67,9 +67,9 @@ def verify_parts(checkpoint_dir: str | os.PathLike[str], plan: Plan, kind: str,
     values = _step_feed(checkpoint.config, checkpoint.directory / CONFIG_NAME, shape, kind, seed)
     checks = []
     for part, graph in zip(plan.parts, graphs, strict=True):
-        pieces = GraphPieces.of_part(part)
-        inputs, _ = pieces.io_names()
-        expected = piece_outputs(checkpoint, pieces, {name: values[name] for name in inputs})
+        span = GraphSpan.of_part(part)
+        inputs, _ = span.io_names()
+        expected = piece_outputs(checkpoint, span, {name: values[name] for name in inputs})
         actual = run_graph(Path(graph), values)
         for name, value in expected.items():
             check = PartCheck(part.label, name, float(np.max(np.abs(actual[name] - value))),

@@ -11,7 +11,11 @@ chain at a time (:func:`calibrate_unit`, the ``calibrate-unit`` command), or a w
    and outputs 8-bit symmetric, each layer's ``_in`` and ``_out`` tied to one quantizer (with the Concat that joins
    them), the LM head weight 8-bit per channel (in the graph that has the head), and the second input of every
    MatMul (the attention's K and V) 8-bit symmetric.
-3. ``compute_encodings`` runs the calibration windows (:func:`text_forward_pass`) on the sim's session (weights
+3. The activations' grids are chosen by ``quantize.calibrator`` (:data:`CALIBRATORS`): ``min-max`` (the range the
+   windows reached, AIMET's default), ``tf-enhanced`` (AIMET's SQNR search over the windows' histogram, which may
+   clip rare outliers) or ``percentile`` (the :data:`PERCENTILE` th percentile of each end); the MatMul weights
+   stay min-max (the embedding table and norm weights, which AIMET quantizes as activations, follow it).
+4. ``compute_encodings`` runs the calibration windows (:func:`text_forward_pass`) on the sim's session (weights
    fake-quantized, activations observed in float, so a unit fed the stream its predecessor produced sees what it
    would see inside the whole model), then the encodings are exported (AIMET 1.0.0).
 
@@ -42,17 +46,17 @@ from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS
                                      rope_tables)
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, read_text
-from genie_build.genie_config import load_tokenizer
+from genie_build.fileio import atomic_open
 from genie_build.hf_config import head_dim, load_hf_config, read_rope
 from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
+from genie_build.tokens import read_tokens
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
 
-__all__ = ["FeedShape", "ForwardPass", "calibrate_prompt", "calibrate_unit", "calibration_windows",
-           "copy_kv_input_encodings", "corpus_token_ids", "feed_shape", "genie_feed", "kv_cache_io", "lm_head_weight",
+__all__ = ["CALIBRATORS", "DEFAULT_CALIBRATOR", "FeedShape", "ForwardPass", "PERCENTILE", "calibrate_prompt", "calibrate_unit", "calibration_windows",
+           "copy_kv_input_encodings", "feed_shape", "genie_feed", "kv_cache_io", "lm_head_weight",
            "recipe_sim", "require_aimet", "session_outputs", "shared_token_tensors", "text_forward_pass",
            "token_encodings", "windows"]
 
@@ -62,8 +66,11 @@ ACTIVATION_TYPE = "int16"
 HTP_CONFIG = "htp_v79"
 WEIGHT_OP_TYPES = ("Gemm", "MatMul", "Conv")
 AIMET_OUTPUT_SUFFIX = "_updated"
-MAX_CORPUS_BYTES = 1024**3   # calibration needs a few windows of text; a larger file is a mistake
 _PASS_THROUGH = ("Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
+# quantize.calibrator -> aimet-onnx's quant scheme of the activation quantizers (docs/quantize.md, "Calibrators")
+CALIBRATORS = {"min-max": "min_max", "tf-enhanced": "tf_enhanced", "percentile": "percentile"}
+DEFAULT_CALIBRATOR = "min-max"
+PERCENTILE = 99.99
 
 ForwardPass = Callable[[Any], None]   # runs calibration feeds through an onnxruntime session
 
@@ -129,7 +136,8 @@ def require_aimet(where: str = "quantize") -> tuple[Any, Any]:
     return quantsim, llm_configurator
 
 
-def calibrate_prompt(prompt_path: str | Path, recipe: Recipe, forward_pass: ForwardPass) -> Encodings:
+def calibrate_prompt(prompt_path: str | Path, recipe: Recipe, forward_pass: ForwardPass,
+                     calibrator: str = DEFAULT_CALIBRATOR) -> Encodings:
     """The whole prompt graph quantized by ``recipe`` and AIMET's LLM recipe, calibrated by ``forward_pass``: the
     reference the chain of units is compared with (the workflow calibrates unit by unit, :func:`calibrate_unit`).
 
@@ -145,7 +153,7 @@ def calibrate_prompt(prompt_path: str | Path, recipe: Recipe, forward_pass: Forw
     lm_head = lm_head_weight(graph.graph, path)
     kv_io = kv_cache_io(graph.graph)
     del graph
-    return _calibrated(onnx.load(path), recipe, lm_head, kv_io, path, forward_pass)
+    return _calibrated(onnx.load(path), recipe, lm_head, kv_io, path, forward_pass, calibrator)
 
 
 def _check_float32(model: onnx.ModelProto, path: Path) -> None:
@@ -155,10 +163,10 @@ def _check_float32(model: onnx.ModelProto, path: Path) -> None:
 
 
 def _calibrated(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] | None, kv_io: Mapping[str, str],
-                where: Path, forward_pass: ForwardPass) -> Encodings:
+                where: Path, forward_pass: ForwardPass, calibrator: str = DEFAULT_CALIBRATOR) -> Encodings:
     """``model``'s encodings: a sim set up by :func:`recipe_sim`, calibrated by ``forward_pass``, exported."""
     with tempfile.TemporaryDirectory(prefix="genie-build-aimet-") as scratch:
-        sim = recipe_sim(model, recipe, lm_head, kv_io, where, Path(scratch) / "sim")
+        sim = recipe_sim(model, recipe, lm_head, kv_io, where, Path(scratch) / "sim", calibrator)
         del model
         sim.compute_encodings(forward_pass)
         sim.export(scratch, "graph", encoding_version="1.0.0", export_model=False)
@@ -166,7 +174,7 @@ def _calibrated(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str]
 
 
 def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] | None, kv_io: Mapping[str, str],
-               where: Path, scratch: Path) -> Any:
+               where: Path, scratch: Path, calibrator: str = DEFAULT_CALIBRATOR) -> Any:
     """An uncalibrated ``QuantizationSimModel`` of ``model`` set up by ``recipe`` and AIMET's LLM recipe
     (``scratch``: where AIMET keeps the weights of a model too large for one protobuf).
 
@@ -189,7 +197,27 @@ def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] 
         llm_configurator._set_lm_head_to_8b(sim, lm_head[1])
     llm_configurator._tie_quantizers_for_kv_cache(sim, dict(kv_io))
     llm_configurator._set_matmul_second_input_to_8b(sim)
+    _set_calibrator(sim, calibrator)
     return sim
+
+
+def _set_calibrator(sim: Any, calibrator: str) -> None:
+    """Give every activation quantizer ``calibrator``'s quant scheme (after the recipe's steps, which rebuild the
+    quantizers they change); the MatMul weights' quantizers keep min-max."""
+    if calibrator not in CALIBRATORS:
+        raise GenieBuildError("quantize.calibrator", f"{calibrator!r} is not one of {sorted(CALIBRATORS)}")
+    if calibrator == DEFAULT_CALIBRATOR:
+        return
+    from aimet_onnx.common.defs import QuantScheme
+
+    scheme = QuantScheme.from_str(CALIBRATORS[calibrator])
+    quantizers = {id(quantizer): quantizer for name in sim.activation_names
+                  if (quantizer := sim.qc_quantize_op_dict.get(name)) is not None}   # tied ones once
+    for quantizer in quantizers.values():
+        quantizer.set_quant_scheme(scheme)
+        if calibrator == "percentile":
+            # aimet-onnx has no public setter; its tensor quantizer takes the percentile of each end
+            quantizer._tensor_quantizer.setPercentileValue(PERCENTILE)
 
 
 def _set_lpbq(quantsim: Any, sim: Any, excluded: set[str], path: Path) -> None:
@@ -258,7 +286,6 @@ class FeedShape:
     head_dim: int
     ids_dtype: np.dtype | None              # None: the graph takes no input_ids
     caches: Mapping[str, tuple[int, ...]]   # past_*_in -> shape
-    vocab: int
     positions: bool = True                  # it takes attention_mask and the RoPE tables
     boundary: str | None = None             # the residual-stream input it takes instead of input_ids
 
@@ -301,42 +328,26 @@ def _feed_shape(model: onnx.ModelProto, dims: Mapping[str, tuple[int, ...]], hf_
     rope = read_rope(config, hf_config_path)   # either HF layout, as genie_config writes it for Genie
     theta, scaling = float(rope.theta), rope.scaling
     try:
-        rope_tables(2, theta, [0], scaling)
+        rope_tables(head_dim(config, hf_config_path), theta, [0], scaling)
     except (ValueError, KeyError) as exc:
         raise GenieBuildError(hf_config_path, f"RoPE scaling {scaling}: {exc}") from None
-    logits = next((value for value in model.graph.output if value.name == LOGITS), None)
-    vocab = logits.type.tensor_type.shape.dim[-1].dim_value if logits is not None else int(config["vocab_size"])
     types = {value.name: value.type.tensor_type.elem_type for value in model.graph.input}
     return FeedShape(ar=ar, context=context, rope_theta=theta, rope_scaling=scaling,
                      head_dim=2 * dims[POS_COS][3] if POS_COS in dims else head_dim(config, hf_config_path),
                      ids_dtype=onnx.helper.tensor_dtype_to_np_dtype(types[INPUT_IDS]) if INPUT_IDS in types else None,
-                     caches={name: shape for name, shape in dims.items() if KV_TENSOR.match(name)}, vocab=vocab,
+                     caches={name: shape for name, shape in dims.items() if KV_TENSOR.match(name)},
                      positions=MASK in dims, boundary=boundary if boundary in dims else None)
 
 
-def corpus_token_ids(corpus_path: str | Path, tokenizer_path: str | Path, vocab: int) -> np.ndarray:
-    """The corpus as token ids of the model's tokenizer (Hugging Face ``tokenizers``); both files read as regular
-    files of bounded size.
+def windows(ids: np.ndarray, ar: int, count: int) -> Iterator[np.ndarray]:
+    """``count`` consecutive windows of ``ar`` tokens from the start of ``ids``.
 
     Raises:
-        GenieBuildError: a file is missing, unreadable or too large, the corpus has no tokens, or an id is outside
-            the model's vocabulary.
+        GenieBuildError: fewer than ``count * ar`` ids (a text is never repeated to fill its windows).
     """
-    text = read_text(corpus_path, max_bytes=MAX_CORPUS_BYTES)
-    ids = np.asarray(load_tokenizer(tokenizer_path).encode(text, add_special_tokens=False).ids, dtype=np.int64)
-    if ids.size == 0:
-        raise GenieBuildError(corpus_path, "the calibration text gives no tokens")
-    if ids.max() >= vocab:
-        raise GenieBuildError(tokenizer_path, f"token id {int(ids.max())} is outside the model's vocabulary "
-                                              f"of {vocab}")
-    return ids
-
-
-def windows(ids: np.ndarray, ar: int, count: int) -> Iterator[np.ndarray]:
-    """``count`` consecutive windows of ``ar`` tokens, the text read again from its start if it runs out."""
-    needed = ar * count
-    stream = np.resize(ids, needed) if ids.size < needed else ids[:needed]
-    yield from stream.reshape(count, ar)
+    if ids.size < ar * count:
+        raise GenieBuildError("calibration text", f"has {ids.size} tokens, {count} windows of {ar} need {ar * count}")
+    yield from np.asarray(ids[:ar * count]).reshape(count, ar)
 
 
 def calibration_windows(ids: np.ndarray, ar: int, context: int, count: int) -> Iterator[tuple[np.ndarray, int]]:
@@ -423,22 +434,25 @@ def _write_new_entries(cache: np.ndarray, new: np.ndarray, name: str, past_len: 
 # --- the chain: one unit at a time ---------------------------------------------------------------------------
 
 def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], label: str, out_encodings: str | Path,
-                   out_boundary: str | Path, *, hf_config_path: str | Path, tokenizer_path: str | Path,
-                   corpus_path: str | Path, recipe: str, num_samples: int, ar: int, context: int,
-                   boundary_in: str | Path | None = None) -> Encodings:
+                   out_boundary: str | Path, *, hf_config_path: str | Path, tokens_path: str | Path, recipe: str,
+                   num_samples: int, ar: int, context: int, boundary_in: str | Path | None = None,
+                   calibrator: str = DEFAULT_CALIBRATOR) -> Encodings:
     """The ``calibrate-unit`` command: unit ``label`` of the chain, one of its part's ``units``
     (:mod:`genie_build.calibration_units`), carved from the part's prompt graph, quantized by ``recipe`` and
     AIMET's LLM recipe, and
-    calibrated on ``num_samples`` windows of the corpus, fed the residual stream the unit before it stored
+    calibrated on ``num_samples`` windows of the calibration text's ids (``tokens_path``: what ``tokenize-text``
+    wrote; only those windows are read), fed the residual stream the unit before it stored
     (``boundary_in``); writes its encodings and its own output stream (``out_boundary``: ``[windows, 1, AR,
     hidden]`` float32, empty for the last unit, whose output is the logits).
 
     Raises:
         GenieBuildError: a bad recipe or sample count, a unit the chain does not have, a boundary file of another
-            shape than the windows need, or the problems of :func:`_unit_graph`, :func:`corpus_token_ids` and
-            :func:`calibrate_prompt`.
+            shape than the windows need, or the problems of :func:`_unit_graph`,
+            :func:`genie_build.tokens.read_tokens` and :func:`calibrate_prompt`.
     """
     chosen = recipe_named(recipe)
+    if calibrator not in CALIBRATORS:
+        raise GenieBuildError("--calibrator", f"{calibrator!r} is not one of {sorted(CALIBRATORS)}")
     if num_samples < 1:
         raise GenieBuildError("--num-samples", f"must be at least 1, got {num_samples}")
     part_path = Path(part_graph)
@@ -448,7 +462,7 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     model = _unit_graph(part_path, units, label)
     shape = _unit_feed_shape(model, part_path, Path(hf_config_path), ar=ar, context=context,
                              boundary=unit.input_boundary)
-    ids = corpus_token_ids(corpus_path, tokenizer_path, shape.vocab)
+    ids = read_tokens(tokens_path, num_samples * ar)
     streamed = None if shape.boundary is None else _read_boundary(boundary_in, num_samples, ar)
     require_aimet("calibrate-unit")  # after the inputs are read: importing aimet-onnx takes seconds, a bad input not
     logger.info("unit %s: %s of part %s, %d windows of %d tokens", label, "+".join(unit.pieces), unit.part,
@@ -461,7 +475,7 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     forward_pass = text_forward_pass(shape, ids, num_samples, boundary_in=streamed, collect=unit.output_boundary,
                                      collected=collected)
     encodings = _calibrated(model, chosen, _find_lm_head(model.graph), kv_cache_io(model.graph), part_path,
-                            forward_pass)
+                            forward_pass, calibrator)
     write_encodings(out_encodings, encodings)
     _write_boundary(out_boundary, np.stack(collected) if collected else np.zeros((0,), np.float32))
     logger.info("unit %s: %d activation and %d param encodings", label, len(encodings.activations),
@@ -482,7 +496,7 @@ def _unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) 
     specs = cut_graph(model, labels, [unit.output_boundary for unit in units[:-1]], part_graph)
     spec = specs[labels.index(label)]
     model = ensure_value_info(model, [*spec.inputs, *spec.outputs], part_graph)
-    return build_part(model, spec, f"unit_{label}")
+    return build_part(model, spec, label)
 
 
 def _read_boundary(path: str | Path | None, windows_count: int, ar: int) -> np.ndarray:

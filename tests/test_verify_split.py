@@ -17,7 +17,7 @@ from genie_build.conventions import find_parts
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.split import split_graph
-from genie_build.verify import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
+from genie_build.verify_split import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
 from demo_shapes import SMALL
 from tiny_decoder import make_plan
 

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from genie_build import cli
 from genie_build.errors import GenieBuildError
-from genie_build.tokenizer_train import (BOS_TOKEN_ID, EOS_TOKEN_ID, MIN_VOCAB, SPECIAL_TOKENS, reserved_token,
+from genie_build.train_tokenizer import (BOS_TOKEN_ID, EOS_TOKEN_ID, MIN_VOCAB, SPECIAL_TOKENS, reserved_token,
                                          train_tokenizer)
 
 CORPUS = Path(__file__).resolve().parents[1] / "resources" / "tokenizer_corpus.txt"

@@ -1,0 +1,302 @@
+"""The load model: page rounding and alignment, placement into sessions on hand-made sizes, the field report's two
+observations from the estimate and the parameter ranges docs/memory-plan.md states, split auto, the remedies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from genie_build import cli
+from genie_build.auto_split import VENDOR_CONTEXT_BYTES, auto_plan, io_dims_from_hf_config
+from genie_build.chipsets import HTP_LOAD, CHIPSETS, LoadParams, load_params
+from genie_build.errors import GenieBuildError
+from genie_build.estimate import estimate
+from genie_build.load_model import (ASSUMPTIONS, PAGE, Buffer, ContextLoad, alignment_of, estimated_contexts,
+                                    measured_contexts, page_round, place_contexts)
+from genie_build.precision import read_precision
+from genie_build.shape_plan import plan_checkpoint
+from genie_build.sizes import AccountRecord, GraphCount
+from genie_build.toolchains.base import AppliedOptions
+
+MIB = 1024 ** 2
+REPO = Path(__file__).resolve().parents[1]
+QWEN_7B = REPO / "config" / "hf" / "qwen2_5_7b_instruct.json"
+# small hand-made sessions: 64 MiB usable, budget 60 MiB, two of them
+SMALL = LoadParams(usable_bytes=64 * MIB, sessions=2, budget_bytes=60 * MIB, alignment="power_of_two", source="test")
+
+
+def weights(part: int, mib: float) -> ContextLoad:
+    return ContextLoad(part, (Buffer("shared weights", int(mib * MIB), "measured"),))
+
+
+def placed(plan) -> list[tuple[int, int | None, int | None, bool]]:
+    """(part, session, weights offset in MiB, maps) per context."""
+    return [(c.part, c.session, None if c.weights is None else c.weights.offset // MIB, c.maps) for c in plan.contexts]
+
+
+@pytest.mark.parametrize("size_mib, boundary_mib", [(1, 2), (2, 2), (3, 4), (334.15, 256), (336, 256), (512, 512),
+                                                     (522, 512), (1023, 1024), (1025, 1024), (2045, 1024)])
+def test_a_mapping_is_placed_on_the_largest_power_of_two_not_above_its_pages(size_mib, boundary_mib):
+    assert alignment_of(page_round(int(size_mib * MIB)), "power_of_two") == boundary_mib * MIB
+    assert alignment_of(page_round(int(size_mib * MIB)), "page") == PAGE
+
+
+def test_the_field_reports_failing_mapping_is_336_mib_of_pages():
+    assert page_round(int(334.15 * MIB)) == 352_321_536
+
+
+def test_contexts_that_fill_a_session_exactly_map():
+    """16 + 16 + 32 MiB end exactly at the 64 MiB usable: all map in session 0."""
+    plan = place_contexts([weights(1, 16), weights(2, 16), weights(3, 32)],
+                          dataclasses.replace(SMALL, budget_bytes=64 * MIB))
+    assert placed(plan) == [(1, 0, 0, True), (2, 0, 16, True), (3, 0, 32, True)]
+    assert plan.maps and plan.sessions_used == 1
+
+
+def test_one_page_more_than_a_session_holds_does_not_map_where_the_budget_keeps_it():
+    """The third context's 34 MiB go on a 32 MiB boundary: no hole below 64 MiB, and the loader stays (budget)."""
+    plan = place_contexts([weights(1, 16), weights(2, 16), weights(3, 34)],
+                          dataclasses.replace(SMALL, budget_bytes=100 * MIB))
+    assert placed(plan) == [(1, 0, 0, True), (2, 0, 16, True), (3, 0, None, False)]
+    assert "no 32 MiB-aligned hole of 34 MiB for its shared weights below 64 MiB in session 0" in plan.failing[0].reason
+
+
+def test_the_loader_moves_to_the_next_session_when_the_budget_is_spent():
+    plan = place_contexts([weights(1, 30), weights(2, 30), weights(3, 30)], SMALL)  # 60 MiB is at the budget
+    assert placed(plan) == [(1, 0, 0, True), (2, 0, 32, True), (3, 1, 0, True)]
+    assert plan.sessions_used == 2
+
+
+def test_alignment_leaves_holes_that_smaller_mappings_fill():
+    """8 MiB on a 4 MiB boundary leaves nothing; a 20 MiB on 16 MiB after it starts at 16; 2 MiB of IO fill 8-10."""
+    context = ContextLoad(2, (Buffer("shared weights", 20 * MIB, "measured"), Buffer("IO", 2 * MIB, "measured")))
+    plan = place_contexts([weights(1, 8), context], SMALL)
+    assert [(p.buffer.kind, p.offset // MIB) for p in plan.contexts[1].placed] == [("shared weights", 16), ("IO", 8)]
+
+
+def test_a_context_larger_than_a_session_is_refused_in_one_line():
+    plan = place_contexts([weights(1, 10), weights(2, 65)], SMALL)
+    refused = plan.contexts[1]
+    assert not refused.maps and refused.session is None
+    assert "\n" not in refused.reason
+    assert refused.reason == ("needs 66 MiB mapped, more than the 64 MiB usable in one session; a context cannot "
+                              "span sessions: split it")
+
+
+def test_no_session_left():
+    plan = place_contexts([weights(part, 40) for part in (1, 2, 3)], SMALL)
+    assert [c.maps for c in plan.contexts] == [True, True, False]
+    assert plan.failing[0].reason.startswith("no session left: all 2 sessions'")
+
+
+def test_a_failed_context_charges_nothing():
+    """Part 2 does not fit session 0's holes; part 3 is still charged against the same budget as if 2 never was."""
+    plan = place_contexts([weights(1, 40), weights(2, 40), weights(3, 10)],
+                          dataclasses.replace(SMALL, sessions=1, budget_bytes=200 * MIB))
+    assert [c.maps for c in plan.contexts] == [True, False, True]
+
+
+def test_measured_contexts_read_the_records_weights_and_io():
+    record = AccountRecord(1, "packed", "reference", 100 * MIB, 90 * MIB, {}, AppliedOptions(),
+                           graphs=(GraphCount("prompt", 5, 5, io_bytes=10 * MIB, kv_bytes=6 * MIB),
+                                   GraphCount("token", 5, 5, io_bytes=8 * MIB, kv_bytes=7 * MIB)))
+    unknown = AccountRecord(2, "packed", "qnn-cli", 50 * MIB, 0, {}, AppliedOptions())
+    first, second = measured_contexts([unknown, record])
+    assert [(b.kind, b.bytes // MIB, b.basis) for b in first.buffers] == [
+        ("shared weights", 90, "measured"), ("KV cache", 7, "measured"), ("IO", 5, "measured"),
+        ("spill-fill", 0, "not known"), ("op data", 0, "not known")]
+    assert second.buffers[0] == Buffer("shared weights (file size)", 50 * MIB, "measured")
+    assert second.buffers[1].basis == "not known"
+
+
+def test_every_assumption_has_a_source_and_a_mark():
+    assert {a.mark for a in ASSUMPTIONS} == {"documented", "measured by a third party", "inferred"}
+    assert all(a.source and a.text for a in ASSUMPTIONS)
+    assert all(chip.load.source for chip in CHIPSETS.values())
+
+
+def test_report_load_overrides_the_chipsets_parameters():
+    params = load_params("sm8750", {"usable_mb": 100, "sessions": None, "alignment": "page"})
+    assert (params.usable_bytes, params.sessions, params.alignment) == (100 * MIB, HTP_LOAD.sessions, "page")
+    with pytest.raises(GenieBuildError, match="unknown key 'usable'"):
+        load_params("SM8750", {"usable": 1})
+    with pytest.raises(GenieBuildError, match="sessions is 0; expected a positive number"):
+        load_params("SM8750", {"sessions": 0})
+
+
+# ------------------------------------------------------------------------------------------- the field report
+
+def _qwen_contexts(num_parts: int):
+    precision = read_precision(REPO / "config" / "qwen2_5_7b_11parts.yaml")
+    from genie_build.weight_inventory import weights_from_hf_config
+
+    result = estimate(weights_from_hf_config(QWEN_7B), precision, num_parts=num_parts)
+    dims = io_dims_from_hf_config(QWEN_7B, precision.activations, 128, 4096)
+    return estimated_contexts(result.plan.parts, [p.weight_bytes for p in result.parts if p.variant == "packed"],
+                              dims)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return {num_parts: _qwen_contexts(num_parts) for num_parts in (11, 6)}
+
+
+def observations(qwen, params: LoadParams) -> tuple[bool, bool]:
+    """(the 11-part plan maps contexts 1-7 and not 8-10, the 6-part plan maps all)."""
+    eleven = [c.maps for c in place_contexts(qwen[11], params).contexts]
+    return all(eleven[:7]) and not any(eleven[7:10]), place_contexts(qwen[6], params).maps
+
+
+def test_the_chosen_parameters_reproduce_both_observations(qwen):
+    eleven = place_contexts(qwen[11], HTP_LOAD)
+    assert [c.part for c in eleven.failing] == [8, 9, 10]
+    assert [c.session for c in eleven.contexts] == [0] * 10 + [1]
+    assert place_contexts(qwen[6], HTP_LOAD).maps
+
+
+@pytest.mark.parametrize("field, low, high", [("budget_bytes", 3032, 3569), ("usable_bytes", 3742, 4175)])
+def test_the_ranges_docs_state_are_where_both_observations_hold(qwen, field, low, high):
+    """docs/memory-plan.md, "What the two observations bound": inside the range both hold, a MiB outside not."""
+    def holds(mib: int) -> bool:
+        return observations(qwen, dataclasses.replace(HTP_LOAD, **{field: mib * MIB})) == (True, True)
+
+    assert holds(low) and holds(high) and holds((low + high) // 2)
+    assert not holds(low - 1) and not holds(high + 1)
+
+
+def test_one_session_or_page_alignment_cannot_explain_the_report(qwen):
+    assert observations(qwen, dataclasses.replace(HTP_LOAD, sessions=1)) == (True, False)
+    assert observations(qwen, dataclasses.replace(HTP_LOAD, alignment="page")) == (False, True)
+
+
+def test_the_estimated_io_of_the_six_part_bundle_is_near_what_genie_allocated(qwen):
+    """The field report's 6-part run: "Allocated total size = 162038272 across 12 buffers"."""
+    io = sum(b.bytes for c in qwen[6] for b in c.buffers if b.kind in ("KV cache", "IO"))
+    assert sum(1 for c in qwen[6] for b in c.buffers if b.kind in ("KV cache", "IO")) == 12
+    assert io == pytest.approx(162_038_272, rel=0.10)
+
+
+# ------------------------------------------------------------------------------------------- auto
+
+def test_auto_on_qwen_7b_picks_the_fewest_parts_that_map_under_3_gib():
+    from genie_build.shape_plan import plan_from_hf_config
+
+    plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto")
+    assert plan.num_parts == 3
+    two = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts=2)
+    assert max(part.estimated_bytes for part in two.parts) > VENDOR_CONTEXT_BYTES
+    bounded = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto",
+                                  max_part_bytes=1100 * MIB)
+    fewest = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, max_part_bytes=1100 * MIB)
+    assert bounded.num_parts == fewest.num_parts > 3
+    assert max(part.estimated_bytes for part in bounded.parts) <= 1100 * MIB
+
+
+def small_config(tmp_path: Path, model_type: str) -> Path:
+    """A checkpoint's config.json (the plan reads nothing else): Qwen2.5-7B's keys at a toy size."""
+    config = {**json.loads(QWEN_7B.read_text()), "model_type": model_type, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+    path = tmp_path / "ckpt" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_auto_refuses_when_no_part_count_maps(tmp_path):
+    config = small_config(tmp_path, "qwen2")
+    tiny = LoadParams(usable_bytes=2 * MIB, sessions=1, budget_bytes=2 * MIB, alignment="page", source="test")
+    with pytest.raises(GenieBuildError, match=r"^split\.num_parts: auto: no part count from 2 to \d+ keeps"):
+        plan_checkpoint(config, {"num_parts": "auto"}, recipe="w4a16", ar=8, context=64, unit_memory_mb=2000,
+                        load=tiny)
+
+
+def test_auto_on_a_checkpoint_is_the_plan_of_the_count_it_names(tmp_path):
+    config = small_config(tmp_path, "llama")
+    auto, _ = plan_checkpoint(config, {"num_parts": "auto"}, recipe="w4a16", ar=8, context=64, unit_memory_mb=2000)
+    fixed, _ = plan_checkpoint(config, {"num_parts": auto.num_parts}, recipe="w4a16", ar=8, context=64,
+                               unit_memory_mb=2000)
+    assert auto.num_parts == 2 and auto.parts == fixed.parts
+
+
+def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
+    """4 layers on two 40 MiB sessions: 2 parts do not map (the layers' 32 MiB sit on a 32 MiB boundary), 3 do."""
+    from genie_build.plan_file import Piece
+
+    pieces = [Piece("embedding", "embedding", 4 * MIB, output_boundary="b0"),
+              *(Piece(f"layer_{i}", "layer", 8 * MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(4)),
+              Piece("head", "head", 4 * MIB)]
+    dims = io_dims_from_hf_config(QWEN_7B, 16, 1, 2)  # IO of a few KiB: weights decide
+    params = LoadParams(usable_bytes=40 * MIB, sessions=2, budget_bytes=40 * MIB, alignment="power_of_two",
+                        source="test")
+    plan = auto_plan(pieces, True, dims, params)
+    contexts = estimated_contexts(plan.parts, [p.estimated_bytes for p in plan.parts], dims)
+    assert place_contexts(contexts, params).maps
+    for fewer in range(2, plan.num_parts):
+        from genie_build.plan import plan_by_num_parts
+        smaller = plan_by_num_parts(pieces, fewer, True)
+        assert not place_contexts(estimated_contexts(smaller.parts, [p.estimated_bytes for p in smaller.parts], dims),
+                                  params).maps
+
+
+# ------------------------------------------------------------------------------------------- the commands
+
+def _record(tmp_path: Path, part: int, mib: int) -> str:
+    path = tmp_path / f"part_{part}.json"
+    path.write_text(json.dumps({"part": part, "variant": "packed", "toolchain": "reference", "bytes": mib * MIB,
+                                "weight_bytes": mib * MIB, "requested": {}, "applied": {}}))
+    return str(path)
+
+
+def _memory_plan(tmp_path: Path, *extra: str) -> int:
+    records = [_record(tmp_path, part, mib) for part, mib in ((1, 30), (2, 30), (3, 30))]
+    return cli.main(["memory-plan", "--records", *records, "--variant", "packed", "--json",
+                     str(tmp_path / "m.json"), "--md", str(tmp_path / "m.md"), "--png", str(tmp_path / "m.png"),
+                     "--load-json", json.dumps({"usable_mb": 64, "budget_mb": 60, "sessions": 1}), *extra])
+
+
+def test_memory_plan_command_tables_and_draws_a_failing_context(tmp_path, caplog):
+    assert _memory_plan(tmp_path) == 0
+    markdown = (tmp_path / "m.md").read_text()
+    assert "**1 of 3 contexts will not map** (parts 3)" in markdown
+    assert "| 2 | 0 | 32 | 30 on 16 | 0 | 30 | yes | maps in session 0, ending at 62 MiB |" in markdown
+    assert "| 3 | - | - | - | - | 30 | **no** | no session left" in markdown
+    assert "**part count**" not in markdown and "**embedding as a CPU table**" in markdown
+    assert "part 3 will not map: no session left" in caplog.text
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["load"]["maps"] is False and [c["maps"] for c in data["load"]["contexts"]] == [True, True, False]
+    assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_memory_plan_command_with_strict_fails_on_a_context_that_will_not_map(tmp_path, capsys):
+    assert _memory_plan(tmp_path, "--strict", "true") != 0
+    assert "report.strict: part 3 of 'packed' will not map (no session left" in capsys.readouterr().err
+
+
+def test_size_table_flags_the_parts_the_memory_plan_says_will_not_map(tmp_path, capsys):
+    assert _memory_plan(tmp_path) == 0
+    records = [str(tmp_path / f"part_{part}.json") for part in (1, 2, 3)]
+    out = {suffix: str(tmp_path / f"t.{suffix}") for suffix in ("csv", "md", "png")}
+    args = ["size-table", "--records", *records, "--baseline", "packed", "--memory-plan", str(tmp_path / "m.json"),
+            "--csv", out["csv"], "--md", out["md"], "--png", out["png"]]
+    assert cli.main(args) == 0
+    assert "part 3, `packed`: will not map on the device (memory plan): no session left" in Path(out["md"]).read_text()
+    assert cli.main([*args, "--strict", "true"]) != 0
+    assert "will not map on the device" in capsys.readouterr().err
+
+
+def test_accounting_counts_each_graphs_io_bytes_and_says_when_it_cannot(caplog):
+    from genie_build.sizes import account_binary
+    from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
+
+    kv = TensorInfo("past_key_0_in", (1, 2, 16, 56), "float32", QuantInfo("uint8", bitwidth=8))
+    hidden = TensorInfo("hidden", (1, 8, 64), "float16")
+    odd = TensorInfo("odd", (4,), "QNN_DATATYPE_STRING")
+    info = BinaryInfo("p.bin", 10, 5, (GraphInfo("prompt", (kv, hidden), (hidden,)), GraphInfo("token", (odd,), ())),
+                      "reference", "1")
+    prompt, token = account_binary(info, 1, "packed", {}).graphs
+    assert (prompt.io_bytes, prompt.kv_bytes) == (2 * 16 * 56 + 2 * 2 * 8 * 64, 2 * 16 * 56)
+    assert (token.io_bytes, token.kv_bytes) == (0, 0)
+    assert "graph token: IO tensors of unknown dtype (odd)" in caplog.text

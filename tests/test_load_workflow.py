@@ -1,0 +1,106 @@
+"""The load model where a user meets it: the field report's two Qwen2.5-7B plans through the 'estimate' target, a
+demo build whose plan will not map (a warning and a flag; with report.strict no bundle), and split.num_parts auto
+on the demo and on a checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+
+pytestmark = pytest.mark.workflow
+
+
+
+def load_json_yaml(path):
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+    workdir = copy_workflow(tmp_path_factory.mktemp("field_report"))
+    for num_parts in (11, 6):
+        run_snakemake(workdir, "estimate", "--configfile", f"config/qwen2_5_7b_{num_parts}parts.yaml")
+    return workdir
+
+
+@pytest.mark.parametrize("num_parts, failing", [(11, [8, 9, 10]), (6, [])])
+def test_the_field_reports_plans_through_the_estimate_target(estimated, num_parts, failing):
+    """11 parts: contexts 1-7 map, 8-10 do not (the field report's log); 6 parts of the same total: all map."""
+    predicted = estimated / "results" / f"qwen2_5_7b_{num_parts}parts" / "predicted"
+    load = load_json(predicted / "memory_plan.json")["load"]
+    assert [context["part"] for context in load["contexts"] if not context["maps"]] == failing
+    assert load["maps"] is (not failing)
+    markdown = (predicted / "memory_plan.md").read_text()
+    table = (predicted / "size_table.md").read_text()
+    log = (estimated / "results" / f"qwen2_5_7b_{num_parts}parts" / "logs" / "estimate_sizes.log").read_text()
+    for part in failing:
+        assert f"| {part} | 0 | - | - | - |" in markdown
+        assert f"part {part} will not map: no 256 MiB-aligned hole of 336 MiB for its shared weights" in log
+        assert f"part {part}, `packed`: will not map on the device (memory plan)" in table
+    if failing:
+        # the remedy the model can compute: the fewest parts that map
+        assert "- **part count**: 3 parts map under the same model" in markdown
+    else:
+        assert "will not map" not in log and "### Remedies" not in markdown
+    assert (predicted / "memory_plan.png").read_bytes().startswith(b"\x89PNG")
+
+
+def _demo(workdir, name: str, **sections) -> object:
+    return write_config(workdir, {**SMALL_DEMO, "model": {"name": "demo"}, **sections}, name=name)
+
+
+def test_a_build_whose_plan_will_not_map_warns_and_with_strict_publishes_no_bundle(tmp_path):
+    """One session of 14 MiB: the demo's contexts take a 2 MiB page for each buffer they map (the embedding's
+    weights and IO, each layer part's weights, KV cache and IO as read back), 4 + 6 + 6 MiB, so the third finds no
+    session left."""
+    workdir = copy_workflow(tmp_path)
+    tiny = {"usable_mb": 14, "sessions": 1, "budget_mb": 14}
+    out = workdir / "results" / "demo"
+
+    strict = run_snakemake(workdir, config_file=_demo(workdir, "strict.yaml", report={"strict": True, "load": tiny}),
+                           check=False)
+    assert strict.returncode != 0
+    assert "report.strict: part 3 of 'packed' will not map (no session left" in (out / "logs" / "memory_plan.log").read_text()
+    assert not (out / "genie_bundle").exists()
+
+    run_snakemake(workdir, config_file=_demo(workdir, "warn.yaml", report={"load": tiny}))
+    log = (out / "logs" / "memory_plan.log").read_text()
+    assert "WARNING" in log and "part 3 will not map: no session left" in log
+    assert "part 3, `packed`: will not map on the device (memory plan)" in (out / "size_table.md").read_text()
+    assert "**1 of 3 contexts will not map** (parts 3)" in (out / "memory_plan.md").read_text()
+    assert (out / "genie_bundle" / "manifest.json").is_file()
+
+
+def test_auto_on_the_demo_splits_into_the_fewest_parts_that_map(tmp_path):
+    """The small demo's contexts are a few pages: 2 parts map, in the build's plan and the estimate's alike; on a
+    device of one 8 MiB session no count does, and the plan says so in one line."""
+    workdir = copy_workflow(tmp_path)
+    config = _demo(workdir, "auto.yaml", split={"num_parts": "auto"})
+    # targets before --configfile, which takes every path after it
+    run_snakemake(workdir, "results/demo/plan.json", "estimate", "--configfile", str(config))
+    assert load_json(workdir / "results" / "demo" / "plan.json")["num_parts"] == 2
+    assert load_json(workdir / "results" / "demo" / "predicted" / "plan.json")["num_parts"] == 2
+    assert load_json(workdir / "results" / "demo" / "predicted" / "memory_plan.json")["load"]["maps"] is True
+
+    narrow = _demo(workdir, "narrow.yaml", split={"num_parts": "auto"},
+                   report={"load": {"usable_mb": 8, "sessions": 1, "budget_mb": 8}})
+    result = run_snakemake(workdir, "results/demo/plan.json", "--configfile", str(narrow), check=False)
+    assert result.returncode != 0
+    assert "split.num_parts: auto: no part count from 2 to" in (workdir / "results" / "demo" / "logs" /
+                                                                "plan.log").read_text()
+
+
+@pytest.mark.hf
+def test_auto_is_the_default_split_of_a_checkpoint(tmp_path):
+    pytest.importorskip("torch", reason="the checkpoint is written with torch")
+    import hf_checkpoints
+
+    workdir = copy_workflow(tmp_path)
+    hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2", layers=3)
+    config = write_config(workdir, {"model": {"name": "ckpt", "hf_checkpoint": "checkpoint"},
+                                    "export": {"ar": 8, "context": 64}})
+    assert "num_parts" not in load_json_yaml(config)["split"]  # the default config leaves it unset
+    result = run_snakemake(workdir, "-n", config_file=config)
+    assert "part=1_of_2" in result.stdout and "part=2_of_2" in result.stdout and "_of_3" not in result.stdout

@@ -1,0 +1,115 @@
+"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GB (and
+``split.max_part_mb`` when set) and which all map under the load model (:mod:`genie_build.load_model`).
+
+Also the one place a split request (a count, ``auto`` or a largest part) becomes a plan, and the readers of the IO
+dimensions the load model sizes a context's IO tensors by: from an HF ``config.json`` with the export's AR and CL,
+or from a prompt graph loaded without its weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import onnx
+
+from genie_build.chipsets import LoadParams
+from genie_build.conventions import kv_name
+from genie_build.errors import GenieBuildError
+from genie_build.hf_config import load_hf_config, read_model_shape
+from genie_build.load_model import IoDims, estimated_contexts, place_contexts
+from genie_build.onnx_graph import ar_and_context_length, graph_io
+from genie_build.plan import MIB, NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.plan_file import Piece, Plan
+
+__all__ = ["AUTO", "VENDOR_CONTEXT_BYTES", "auto_plan", "io_dims_from_graph", "io_dims_from_hf_config",
+           "plan_request"]
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+# "It is recommended that clients limit the heap required for a single context binary to be under 3 GB" (Qualcomm
+# QNN HTP backend manual 80-63442-10, "Multiple cDSP Sessions"); the manual's "4 GB" session is 2**32 bytes, so GiB.
+VENDOR_CONTEXT_BYTES = 3 * 1024 ** 3
+
+
+def io_dims_from_hf_config(path: str | os.PathLike[str], activation_bits: int, ar: int, context_length: int) -> IoDims:
+    """The IO dimensions of an HF ``config.json``'s graphs as the export writes them at ``ar`` and ``context_length``.
+
+    Raises:
+        GenieBuildError: the config is not one the export reads.
+    """
+    shape = read_model_shape(load_hf_config(path), path)
+    return IoDims(hidden=shape.hidden, kv_width=shape.kv_heads * shape.head_dim, head_dim=shape.head_dim,
+                  intermediate=shape.intermediate, vocab=shape.vocab, ar=ar, context_length=context_length,
+                  activation_bytes=-(-activation_bits // 8))
+
+
+def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str | os.PathLike[str]) -> IoDims:
+    """The IO dimensions of a prompt graph (docs/conventions.md, Graph IO): AR and CL as Genie reads them, the KV
+    cache from ``past_key_0_in`` (``[1, n_kv, D, past]``), the vocabulary from ``logits``; the width from the
+    embedding table (the 2-D weight with a vocabulary-sized dim) and the widest activation from the other weights.
+
+    Raises:
+        GenieBuildError: Genie could not read AR and CL, or the graph has no ``logits`` output of rank 3.
+    """
+    dims = ar_and_context_length(model)
+    io = graph_io(model)
+    logits = next((spec for spec in io.outputs if spec.name == "logits" and len(spec.shape) == 3), None)
+    if dims is None or logits is None or not isinstance(logits.shape[2], int):
+        raise GenieBuildError(where, "the load model needs AR and CL readable by Genie and a [1, AR, vocab] logits")
+    vocab = logits.shape[2]
+    key = next((spec for spec in io.inputs if spec.name == kv_name("key", 0, "in")), None)
+    kv_heads, head_dim = (key.shape[1], key.shape[2]) if key is not None else (0, 0)
+    matrices = [tuple(tensor.dims) for tensor in model.graph.initializer if len(tensor.dims) == 2]
+    hidden = next((min(dims_) for dims_ in matrices if vocab in dims_), max(map(min, matrices), default=0))
+    intermediate = max((max(dims_) for dims_ in matrices if vocab not in dims_), default=hidden)
+    return IoDims(hidden=hidden, kv_width=kv_heads * head_dim, head_dim=head_dim, intermediate=intermediate,
+                  vocab=vocab, ar=dims[0], context_length=dims[1], activation_bytes=-(-activation_bits // 8))
+
+
+def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,
+              max_part_bytes: int | None = None) -> Plan:
+    """The plan with the fewest parts whose contexts (their weights as the planner weighs them, their IO at
+    ``dims``) each need less than :data:`VENDOR_CONTEXT_BYTES`, whose parts are each at most ``max_part_bytes``,
+    and which all map under ``load``.
+
+    Raises:
+        GenieBuildError: no part count does (naming the counts tried and the parameters).
+    """
+    num_parts, last = 2, None
+    while True:
+        try:
+            plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
+        except GenieBuildError:
+            break       # past the most parts this model can be cut into
+        contexts = estimated_contexts(plan.parts, [part.estimated_bytes for part in plan.parts], dims)
+        if (all(context.charge < VENDOR_CONTEXT_BYTES for context in contexts)
+                and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
+                and place_contexts(contexts, load).maps):
+            log.info("split.num_parts auto: %d parts, the fewest that map", num_parts)
+            return plan
+        last, num_parts = num_parts, num_parts + 1
+    limit = "" if max_part_bytes is None else f", at most {max_part_bytes / MIB:,.0f} MiB a part"
+    raise GenieBuildError(NUM_PARTS_KEY, f"auto: no part count from 2 to {last} keeps every context under 3 GiB"
+                                         f"{limit} and maps in {load.sessions} sessions of "
+                                         f"{load.usable_bytes / MIB:,.0f} MiB; give num_parts")
+
+
+def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_part_bytes: int | None,
+                 embedding_alone: bool, dims: IoDims | None = None, load: LoadParams | None = None) -> Plan:
+    """The plan a split request asks for: ``num_parts`` parts, the fewest of at most ``max_part_bytes`` each, or
+    (``num_parts`` :data:`AUTO`, with ``max_part_bytes`` as an extra bound) :func:`auto_plan` under ``dims`` and
+    ``load``.
+
+    Raises:
+        GenieBuildError: an infeasible request (from the planner or :func:`auto_plan`).
+    """
+    if num_parts == AUTO:
+        if dims is None or load is None:
+            raise ValueError("num_parts auto needs the IO dimensions and the load parameters")
+        return auto_plan(pieces, embedding_alone, dims, load, max_part_bytes)
+    if num_parts is not None:
+        return plan_by_num_parts(pieces, num_parts, embedding_alone)
+    return plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone)

@@ -1,0 +1,163 @@
+"""A text as the model's token ids, tokenized once (the ``tokenize-text`` command) for every job that reads it.
+
+The calibration chain's units and the evaluation read the ids file (a ``.npy`` of int32, :func:`read_tokens`),
+mapped, taking only the windows they use, so their memory does not grow with the text. Tokenizing is the one step
+that holds the whole text: it holds the text, its ids and one chunk's encoding (:func:`text_token_ids`), and it
+checks what every reader would otherwise find too late: that the text fills the windows asked (no text is repeated
+to fill them), and that every id lies within ``config.json``'s ``vocab_size`` (an embedding lookup past it is no
+error message but a crash).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_open, is_json_int, read_text, regular_file_size
+from genie_build.genie_config import load_tokenizer
+from genie_build.hf_config import load_hf_config
+
+__all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_tokenizer", "chunk_starts", "read_tokens",
+           "text_token_ids", "tokenize_text", "vocab_size"]
+
+# A few windows of text are used: a larger file is a mistake
+MAX_TEXT_BYTES = 64 * 1024**2
+TOKEN_DTYPE = np.dtype("<i4")
+CHUNK_CHARS = 1 << 20
+SEAM_CHARS = 1 << 10   # far more than a pre-tokenizer looks around a character
+SEAM_TRIES = 8
+
+
+def vocab_size(hf_config_path: str | os.PathLike[str]) -> int:
+    """``config.json``'s ``vocab_size``.
+
+    Raises:
+        GenieBuildError: the config is unreadable or its ``vocab_size`` is not a positive integer.
+    """
+    vocab = load_hf_config(hf_config_path).get("vocab_size")
+    if not (is_json_int(vocab) and vocab > 0):
+        raise GenieBuildError(hf_config_path, f"vocab_size must be a positive integer, got {vocab!r}")
+    return vocab
+
+
+def beyond_vocabulary(tokenizer_path: str | os.PathLike[str], width: int) -> str | None:
+    """What is wrong when the tokenizer's highest id (added tokens too) is not below ``width``, else None: a token
+    past the model's logits can be neither fed nor produced."""
+    vocabulary = load_tokenizer(tokenizer_path).get_vocab(with_added_tokens=True)
+    token, token_id = max(vocabulary.items(), key=lambda item: item[1], default=("", -1))
+    if token_id < width:
+        return None
+    return f"token {token!r} has id {token_id}, beyond the model's {width} logits (ids 0..{width - 1})"
+
+
+def check_tokenizer(tokenizer_path: str | os.PathLike[str], hf_config_path: str | os.PathLike[str]) -> None:
+    """Every id of the tokenizer within ``config.json``'s ``vocab_size``: what a checkpoint's export makes the
+    logits' width, so this runs before any export.
+
+    Raises:
+        GenieBuildError: naming the tokenizer and its highest token, or a file that cannot be read.
+    """
+    vocab = vocab_size(hf_config_path)
+    problem = beyond_vocabulary(tokenizer_path, vocab)
+    if problem is not None:
+        raise GenieBuildError(tokenizer_path, f"{problem}, the vocab_size of {os.fspath(hf_config_path)}")
+
+
+def text_token_ids(text_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str]) -> np.ndarray:
+    """The text as token ids (Hugging Face ``tokenizers``, no special tokens added: windows are cut anywhere in the
+    text), int32, tokenized a chunk at a time (:func:`chunk_starts`), so that memory holds the text and its ids and
+    one chunk's encoding (a whole text's encoding holds about 300 bytes a token).
+
+    Raises:
+        GenieBuildError: a file that is missing, unreadable, not UTF-8 or larger than :data:`MAX_TEXT_BYTES`.
+    """
+    tokenizer = load_tokenizer(tokenizer_path)
+    text = read_text(text_path, max_bytes=MAX_TEXT_BYTES)
+    starts = [*chunk_starts(text, tokenizer), len(text)]
+    chunks = [_ids(tokenizer, text[start:end]) for start, end in zip(starts, starts[1:])]
+    return np.concatenate(chunks) if chunks else np.zeros(0, TOKEN_DTYPE)
+
+
+def chunk_starts(text: str, tokenizer: Tokenizer) -> list[int]:
+    """Where the text's chunks of about :data:`CHUNK_CHARS` characters start: each cut just before a line break (or
+    a space, in a text of long lines) where the tokenizer gives the text around it, :data:`SEAM_CHARS` on each side,
+    the tokens of its two sides, so the chunks' tokens are the whole text's (a byte-level BPE and a ``Metaspace``
+    one, which marks the start of its input, both have such cuts). Where none is found, the text is one chunk."""
+    starts = [0]
+    while len(text) - starts[-1] > CHUNK_CHARS:
+        cut = _seam(text, tokenizer, starts[-1] + CHUNK_CHARS)
+        if cut is None:
+            return [0]
+        starts.append(cut)
+    return starts
+
+
+def _seam(text: str, tokenizer: Tokenizer, after: int) -> int | None:
+    candidates = [position for separator in ("\n", " ") for position in _positions(text, separator, after)]
+    for cut in candidates:
+        left, right = text[max(0, cut - SEAM_CHARS):cut], text[cut:cut + SEAM_CHARS]
+        if right and np.array_equal(_ids(tokenizer, left + right),
+                                    np.concatenate([_ids(tokenizer, left), _ids(tokenizer, right)])):
+            return cut
+    return None
+
+
+def _positions(text: str, separator: str, after: int) -> list[int]:
+    """The first :data:`SEAM_TRIES` positions of ``separator`` at or after ``after``."""
+    found: list[int] = []
+    position = text.find(separator, after)
+    while position >= 0 and len(found) < SEAM_TRIES:
+        found.append(position)
+        position = text.find(separator, position + 1)
+    return found
+
+
+def _ids(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    return np.array(tokenizer.encode(text, add_special_tokens=False).ids, dtype=TOKEN_DTYPE)
+
+
+def tokenize_text(text_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str],
+                  hf_config_path: str | os.PathLike[str], out: str | os.PathLike[str], *, needed: int,
+                  use: str) -> int:
+    """The ``tokenize-text`` command: the text's ids into ``out`` (``.npy``, int32), checked to fill ``needed``
+    tokens (``use``: what needs them, for the message) and to lie within ``config.json``'s ``vocab_size``.
+
+    Returns:
+        The number of tokens.
+
+    Raises:
+        GenieBuildError: the problems of :func:`text_token_ids`, a text of fewer than ``needed`` tokens (naming the
+            text, its count and the count needed), or an id beyond the vocabulary (naming the tokenizer).
+    """
+    vocab = vocab_size(hf_config_path)
+    ids = text_token_ids(text_path, tokenizer_path)
+    if ids.size < needed:
+        raise GenieBuildError(text_path, f"has {ids.size} tokens, {use} needs {needed}: give a longer text")
+    if ids.size and int(ids.max()) >= vocab:
+        raise GenieBuildError(tokenizer_path, f"gives {os.fspath(text_path)} token id {int(ids.max())}, beyond the "
+                                              f"vocab_size {vocab} of {os.fspath(hf_config_path)}")
+    with atomic_open(out) as handle:
+        np.save(handle, ids, allow_pickle=False)
+    return int(ids.size)
+
+
+def read_tokens(path: str | os.PathLike[str], count: int | None = None) -> np.ndarray:
+    """The first ``count`` ids (None: all) of a file :func:`tokenize_text` wrote, mapped: only the ids used are read.
+
+    Raises:
+        GenieBuildError: not such a file, or one of fewer than ``count`` ids (it was written for other settings).
+    """
+    regular_file_size(path)   # a regular file, not a link out of the results or a device
+    try:
+        ids = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise GenieBuildError(path, f"not a token ids file: {exc}") from None
+    if ids.dtype != TOKEN_DTYPE or ids.ndim != 1:
+        raise GenieBuildError(path, f"holds {ids.dtype} of {ids.ndim} dimensions, not int32 token ids")
+    if count is not None and ids.size < count:
+        raise GenieBuildError(path, f"holds {ids.size} token ids, {count} are needed: it was written for other "
+                                    "settings (rebuild it)")
+    return ids[:count]
