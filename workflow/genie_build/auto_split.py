@@ -34,16 +34,23 @@ AUTO = "auto"
 VENDOR_CONTEXT_BYTES = 3 * 1024 ** 3
 
 
-def io_dims_from_hf_config(path: str | os.PathLike[str], activation_bits: int, ar: int, context_length: int) -> IoDims:
-    """The IO dimensions of an HF ``config.json``'s graphs as the export writes them at ``ar`` and ``context_length``.
+def io_dims_from_hf_config(path: str | os.PathLike[str], activation_bits: int, ar: int,
+                           context_lengths: int | Sequence[int]) -> IoDims:
+    """The IO dimensions of an HF ``config.json``'s graphs as the export writes them at ``ar`` and each of
+    ``context_lengths`` (one or several).
 
     Raises:
         GenieBuildError: the config is not one the export reads.
     """
     shape = read_model_shape(load_hf_config(path), path)
     return IoDims(hidden=shape.hidden, kv_width=shape.kv_heads * shape.head_dim, head_dim=shape.head_dim,
-                  intermediate=shape.intermediate, vocab=shape.vocab, ar=ar, context_length=context_length,
-                  activation_bytes=-(-activation_bits // 8))
+                  intermediate=shape.intermediate, vocab=shape.vocab, ar=ar,
+                  context_lengths=_lengths(context_lengths), activation_bytes=-(-activation_bits // 8))
+
+
+def _lengths(context_lengths: int | Sequence[int]) -> tuple[int, ...]:
+    """One context length or several, as the ascending tuple :class:`IoDims` holds."""
+    return (context_lengths,) if isinstance(context_lengths, int) else tuple(sorted(context_lengths))
 
 
 def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str | os.PathLike[str]) -> IoDims:
@@ -66,7 +73,7 @@ def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str 
     hidden = next((min(dims_) for dims_ in matrices if vocab in dims_), max(map(min, matrices), default=0))
     intermediate = max((max(dims_) for dims_ in matrices if vocab not in dims_), default=hidden)
     return IoDims(hidden=hidden, kv_width=kv_heads * head_dim, head_dim=head_dim, intermediate=intermediate,
-                  vocab=vocab, ar=dims[0], context_length=dims[1], activation_bytes=-(-activation_bits // 8))
+                  vocab=vocab, ar=dims[0], context_lengths=(dims[1],), activation_bytes=-(-activation_bits // 8))
 
 
 def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,

@@ -28,7 +28,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
 
 __all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
-           "calibration_chain", "load_config", "read_schema", "source_kind", "validate_config"]
+           "calibration_chain", "context_lengths", "load_config", "read_schema", "source_kind", "validate_config"]
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -103,6 +103,9 @@ def _fill_defaults(validator_class: type) -> type:
                     instance[name] = copy.deepcopy(subschema["default"])
                 elif isinstance(instance.get(name), str):
                     instance[name] = _scalar_from_text(instance[name], subschema)
+                elif isinstance(instance.get(name), list) and "items" in subschema:  # demo='{context: [128, 256]}'
+                    instance[name] = [_scalar_from_text(item, subschema["items"]) if isinstance(item, str) else item
+                                      for item in instance[name]]
         yield from check_properties(validator, properties, instance, schema)
 
     return validators.extend(validator_class, {"properties": properties_with_defaults})
@@ -232,6 +235,14 @@ def calibration_chain(config: Mapping[str, Any]) -> bool:
             or (kind == "demo" and calibrator == "aimet"))
 
 
+def context_lengths(section: Mapping[str, Any]) -> tuple[int, ...]:
+    """The context lengths of a ``demo`` or ``export`` section, ascending: its ``context``, one or a list. The graphs
+    at the largest are the ones calibrated, evaluated and split by the plan; those at the others share their weights
+    and encodings (docs/context-lengths.md)."""
+    context = section["context"]
+    return tuple(sorted(context)) if isinstance(context, list) else (context,)
+
+
 DEFAULT_NUM_PARTS = 6
 
 
@@ -271,11 +282,24 @@ def _check_cross_fields(config: dict, where: str) -> None:
                               "float32 weights only (a weight reaching its op through a Cast stays unquantized)")
     if config["bundle"]["embedding"] == "lut":
         _check_embedding_table(config, where)
-    if source_kind(config) == "demo":  # the demo is built: its sizes must make a model
-        try:
-            DemoShape(**shape_config(config["demo"]))
-        except GenieBuildError as exc:  # where is "demo.<field>"
-            raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
+    if source_kind(config) == "demo":  # the demo is built: its sizes must make a model at every length
+        for length in context_lengths(config["demo"]):
+            try:
+                DemoShape(**{**shape_config(config["demo"]), "context": length})
+            except GenieBuildError as exc:  # where is "demo.<field>"
+                raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
+    _check_user_lengths(config["model"], where)
+
+
+def _check_user_lengths(model: Mapping[str, Any], where: str) -> None:
+    """One prompt graph per token graph: a list of either pairs with a list of the other, one per length."""
+    graphs = {key: model[key] for key in ("prompt_onnx", "token_onnx") if key in model}
+    counts = {key: len(value) if isinstance(value, list) else None for key, value in graphs.items()}
+    if len(set(counts.values())) > 1:
+        raise GenieBuildError(_key(where, ("model", "token_onnx")),
+                              "give as many token graphs as prompt graphs, one of each per context length (got "
+                              + ", ".join(f"{key}: {'one path' if n is None else f'{n} paths'}"
+                                          for key, n in counts.items()) + ")")
 
 
 def _check_embedding_table(config: dict, where: str) -> None:

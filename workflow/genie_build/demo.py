@@ -24,7 +24,7 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from genie_build.conventions import (EMBED_WEIGHT, GRAPH_KINDS, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS, MASK, POS_COS,
-                                     POS_SIN, causal_mask, kv_name, rope_tables, unsplit_graph_name)
+                                     POS_SIN, causal_mask, kv_name, length_graph_key, rope_tables, unsplit_graph_name)
 from genie_build.conventions import graph_ar as _kind_ar
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
@@ -41,7 +41,7 @@ from genie_build.hf_config import read_model_shape, read_rope, rope_kind
 from genie_build.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 
 __all__ = ["DemoShape", "EXTERNAL_DATA_ALIGNMENT", "TRAINED_SHAPE", "TRAINED_WEIGHTS", "TensorSpec", "WEIGHT_DTYPES",
-           "example_inputs", "generate_demo", "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config",
+           "example_inputs", "generate_demo", "generate_demo_length", "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config",
            "is_trained_shape", "shape_from_hf_config"]
 
 OPSET = 17
@@ -460,8 +460,12 @@ def hf_config(shape: DemoShape) -> dict:
 
 
 def shape_config(section: dict) -> dict:
-    """The keys of the config's ``demo`` section that are :class:`DemoShape` fields (``calibrator`` is not)."""
-    return {spec.name: section[spec.name] for spec in fields(DemoShape) if spec.name in section}
+    """The keys of the config's ``demo`` section that are :class:`DemoShape` fields (``calibrator`` is not), its
+    context the largest of its lengths."""
+    shape = {spec.name: section[spec.name] for spec in fields(DemoShape) if spec.name in section}
+    if isinstance(shape.get("context"), list):
+        shape["context"] = max(shape["context"])
+    return shape
 
 
 def shape_from_hf_config(config: dict, ar: int, where: str = "config.json") -> DemoShape:
@@ -515,3 +519,36 @@ def generate_demo(shape: DemoShape, out_dir: str | Path, weights: str | Path | N
         with atomic_open(out_dir / f"{kind}.onnx") as handle:
             handle.write(_model_proto(builder, shape, kind, weights).SerializeToString())
     write_json(out_dir / "config.json", hf_config(shape))
+
+
+def generate_demo_length(shape: DemoShape, out_dir: str | Path, context: int) -> dict[str, Path]:
+    """Write the prompt and token graphs at another context length beside :func:`generate_demo`'s (``shape.context``
+    the largest): ``prompt_cl{context}.onnx`` and ``token_cl{context}.onnx``, whose weights are the base graphs'
+    own entries in their data files, so no weight is written again and the base files are left as they are.
+
+    Raises:
+        GenieBuildError: ``context`` not below ``shape.context`` or not above the AR, or a base graph missing or
+            holding other weights than this shape's.
+    """
+    out_dir = Path(out_dir)
+    if not shape.ar < context < shape.context:
+        raise GenieBuildError("--context", f"{context} must lie between the AR {shape.ar} and the largest context "
+                                           f"length {shape.context}")
+    at_length = replace(shape, context=context)
+    written = {}
+    for kind in GRAPH_KINDS:
+        base_path = out_dir / f"{kind}.onnx"
+        if not base_path.is_file():
+            raise GenieBuildError(base_path, "missing: generate the demo at its largest context length first")
+        builder = _build_graph(at_length, kind)
+        base = {tensor.name: tensor for tensor in onnx.load(base_path, load_external_data=False).graph.initializer}
+        missing = [spec.name for spec in builder.weights if spec.name not in base
+                   or tuple(base[spec.name].dims) != spec.dims]
+        if missing:
+            raise GenieBuildError(base_path, f"does not hold this shape's weight {missing[0]!r} "
+                                             f"({len(missing)} of {len(builder.weights)} differ)")
+        weights = [base[spec.name] for spec in builder.weights]
+        written[kind] = out_dir / f"{length_graph_key(kind, context)}.onnx"
+        with atomic_open(written[kind]) as handle:
+            handle.write(_model_proto(builder, at_length, kind, weights).SerializeToString())
+    return written

@@ -50,7 +50,8 @@ from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
 __all__ = ["EMBEDDING_LAYOUTS", "Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
-           "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "stored_size"]
+           "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "graphs_per_part",
+           "stored_size"]
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +149,14 @@ def stored_size(spec: InitializerSpec, encoding: TensorEncoding | None, float_bi
                                     else spec.dtype), 1)
 
 
-def container_overhead(pieces: Sequence[Piece], table_entries: int) -> int:
-    """Bytes of a part's container beyond its weight section: header and graph structures (the overhead
-    model of the module docstring)."""
+def container_overhead(pieces: Sequence[Piece], table_entries: int, graphs: int = GRAPHS_PER_PART) -> int:
+    """Bytes of a part's container beyond its weight section: header and the structures of its ``graphs`` (the
+    overhead model of the module docstring)."""
     layers = sum(piece.kind == "layer" for piece in pieces)
     per_graph = (GRAPH_BYTES + (LAYER_PART_GRAPH_BYTES if layers else 0) + LAYER_GRAPH_BYTES * layers
                  + EMBEDDING_GRAPH_BYTES * any(piece.kind == "embedding" for piece in pieces)
                  + HEAD_GRAPH_BYTES * any(piece.kind == "head" for piece in pieces))
-    return GRAPHS_PER_PART * per_graph + TABLE_ENTRY_BYTES * table_entries
+    return graphs * per_graph + TABLE_ENTRY_BYTES * table_entries
 
 
 def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str | None = None,
@@ -171,6 +172,7 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
     """
     if num_parts is None and max_part_bytes is None:
         raise ValueError("give num_parts or max_part_bytes")
+    graphs = graphs_per_part(dims)
     encodings = {weight.spec.name: weight_encoding(weight, precision) for weight in model.weights}
     # Sized by the planner's own rule, so the predicted plan is the one the workflow makes from encodings
     # of this precision.
@@ -189,11 +191,16 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
         for variant in PREDICTED_VARIANTS:
             sizes = [stored_size(weight.spec, encodings[weight.spec.name], precision.float_bitwidth,
                                  variant.weights_packing) for weight in weights]
-            copies = 1 if variant.weight_sharing_enabled else GRAPHS_PER_PART
+            copies = 1 if variant.weight_sharing_enabled else graphs
             weight_bytes = copies * (sum(size.bytes for size in sizes) + constants)
-            overhead = container_overhead(held_pieces, copies * sum(size.tensors for size in sizes))
+            overhead = container_overhead(held_pieces, copies * sum(size.tensors for size in sizes), graphs)
             parts.append(PartEstimate(part.index, variant.name, weight_bytes, weight_bytes + overhead))
     return Estimate(plan, tuple(parts))
+
+
+def graphs_per_part(dims: IoDims | None) -> int:
+    """A part's graphs: its prompt and token graphs at each context length (one length without ``dims``)."""
+    return GRAPHS_PER_PART * (len(dims.context_lengths) if dims is not None else 1)
 
 
 # ------------------------------------------------------------------------------------------- outputs
@@ -230,7 +237,8 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
                                                   f"{[variant.name for variant in PREDICTED_VARIANTS]}")
     write_plan(out / "plan.json", result.plan)
     write_json(out / "estimate.json", {
-        "source": source, "precision": dataclasses.asdict(precision), "graphs_per_part": GRAPHS_PER_PART,
+        "source": source, "precision": dataclasses.asdict(precision), "graphs_per_part": graphs_per_part(dims),
+        "context_lengths": list(dims.context_lengths),
         "variant_set": VARIANT_SET, "variants": [dataclasses.asdict(variant) for variant in PREDICTED_VARIANTS],
         "overhead_model": {"graph_bytes": GRAPH_BYTES, "layer_part_graph_bytes": LAYER_PART_GRAPH_BYTES,
                            "embedding_graph_bytes": EMBEDDING_GRAPH_BYTES, "layer_graph_bytes": LAYER_GRAPH_BYTES,
@@ -280,7 +288,8 @@ def _part_count_remedy(plan: Plan, dims: IoDims, load: LoadParams, on_htp: froze
 
 def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split: dict, *,
                     hf_config: str | os.PathLike[str] | None = None, onnx: str | os.PathLike[str] | None = None,
-                    ar: int | None = None, context_length: int | None = None, load: LoadParams = HTP_LOAD,
+                    ar: int | None = None, context_length: int | Sequence[int] | None = None,
+                    load: LoadParams = HTP_LOAD,
                     memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits(),
                     embedding: str = "graph") -> Estimate:
     """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the

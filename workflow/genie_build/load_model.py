@@ -169,9 +169,14 @@ class IoDims:
     intermediate: int
     vocab: int
     ar: int                  # the prompt graph's tokens per call
-    context_length: int
+    context_lengths: tuple[int, ...]   # every length a part's graphs are compiled at, ascending
     activation_bytes: int
     kv_bytes: int = 1
+
+    @property
+    def context_length(self) -> int:
+        """The largest length: the KV cache's (Genie keeps one buffer and reshapes it for a shorter graph)."""
+        return self.context_lengths[-1]
 
 
 # ------------------------------------------------------------------------------------------- the rules
@@ -258,16 +263,17 @@ def _map_into(context: ContextLoad, charge: int, session: int, taken: list[tuple
 
 def estimated_contexts(parts: Sequence[PartPlan], weight_bytes: Sequence[int], dims: IoDims) -> tuple[ContextLoad, ...]:
     """Each part's buffers predicted from shapes: its weights as the estimate stores them (``weight_bytes``, in
-    ``parts``' order), its graphs' IO tensors at the prompt AR and at AR 1, the KV cache at each graph's CL (shared
-    by the two graphs), and a spill-fill buffer of its prompt graph's largest activation."""
+    ``parts``' order), its graphs' IO tensors at the prompt AR and at AR 1 at every context length, the KV cache at
+    the largest CL (shared by all its graphs), and a spill-fill buffer of its prompt graph's largest activation."""
     contexts = []
     for part, weights in zip(parts, weight_bytes, strict=True):
         layers = sum(piece.startswith("layer_") for piece in part.pieces)
         embedding, head = "embedding" in part.pieces, "head" in part.pieces
         kv, io = 0, 0
-        for ar in (dims.ar, 1):  # the prompt graph, then the token graph's one token per call
-            kv = max(kv, layers * 2 * dims.kv_width * (dims.context_length - ar) * dims.kv_bytes)
-            io += _graph_io_bytes(ar, layers, embedding, head, dims)
+        for cl in dims.context_lengths:
+            for ar in (dims.ar, 1):  # the prompt graph, then the token graph's one token per call
+                kv = max(kv, layers * 2 * dims.kv_width * (cl - ar) * dims.kv_bytes)
+                io += _graph_io_bytes(ar, cl, layers, embedding, head, dims)
         widest = max(dims.hidden, dims.intermediate if layers else 0, dims.vocab if head else 0)
         contexts.append(ContextLoad(part.index, (
             Buffer("shared weights", weights, "estimated"), Buffer("KV cache", kv, "estimated"),
@@ -276,7 +282,7 @@ def estimated_contexts(parts: Sequence[PartPlan], weight_bytes: Sequence[int], d
     return tuple(contexts)
 
 
-def _graph_io_bytes(ar: int, layers: int, embedding: bool, head: bool, dims: IoDims) -> int:
+def _graph_io_bytes(ar: int, cl: int, layers: int, embedding: bool, head: bool, dims: IoDims) -> int:
     """A graph's IO besides the KV cache input (docs/conventions.md, Graph IO): input_ids or the residual stream
     in, the residual stream or logits out, the mask, the RoPE tables and the new KV entries of its layers."""
     act = dims.activation_bytes
@@ -284,7 +290,7 @@ def _graph_io_bytes(ar: int, layers: int, embedding: bool, head: bool, dims: IoD
     total = ar * INPUT_IDS_BYTES if embedding else hidden_state
     total += ar * dims.vocab * act if head else hidden_state
     if layers:
-        total += ar * dims.context_length * act + 2 * ar * (dims.head_dim // 2) * act
+        total += ar * cl * act + 2 * ar * (dims.head_dim // 2) * act
         total += layers * 2 * dims.kv_width * ar * dims.kv_bytes
     return total
 

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from pathlib import Path
 
@@ -42,12 +42,12 @@ __all__ = ["part_tensor_names", "part_weight_files", "piece_float_bytes", "plan_
 log = logging.getLogger(__name__)
 
 
-def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int,
+def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int | Sequence[int],
                         num_parts: int | str | None = None, max_part_bytes: int | None = None,
                         embedding_alone: bool = True, load: LoadParams = HTP_LOAD) -> Plan:
     """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
-    exported with prompt AR ``ar`` and context ``context`` (``num_parts`` "auto": the fewest parts that map under
-    ``load``).
+    exported with prompt AR ``ar`` and context ``context``, one length or several (``num_parts`` "auto": the fewest
+    parts that map under ``load``, with the IO of every length's graphs); the plan's context length is the largest.
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
@@ -60,7 +60,7 @@ def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar:
     dims = io_dims_from_hf_config(config_path, precision_of(recipe_named(recipe)).activations, ar, context)
     plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
                         dims=dims, load=load)
-    return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=context)
+    return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
 
 
 def _weighed(model: ModelWeights, recipe: str) -> list[Piece]:
@@ -120,7 +120,7 @@ def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> lis
 
 
 def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], *, recipe: str, ar: int,
-                    context: int, unit_memory_mb: int,
+                    context: int | Sequence[int], unit_memory_mb: int,
                     load: LoadParams = HTP_LOAD) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
     recipe, the export's AR and context and the calibration budget: what the workflow computes when it is

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 NO_EFFECT_MIN_REDUCTION = 0.01
 
 TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "recipe", "bytes", "weight_bytes",
-                 "reduction_vs_baseline", "top1_agreement", "mean_kl", "perplexity", "flag")
+                 "graphs", "graph_bytes", "reduction_vs_baseline", "top1_agreement", "mean_kl", "perplexity", "flag")
 # A variant's quality against the float model (genie_build.evaluation_table), the same on each of its rows; empty where the
 # variant was not evaluated.
 QUALITY_COLUMNS = {"top1_agreement": "top1_agreement", "mean_kl": "mean_kl", "perplexity": "variant_perplexity"}
@@ -265,6 +265,8 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
 
     Returns:
         Columns :data:`TABLE_COLUMNS`; ``recipe`` is the recipe of the variant's encodings (empty: the source's);
+        ``graphs`` counts the binary's graphs and ``graph_bytes`` is what it holds besides its weights (its graphs,
+        with every context length's; -1 where the toolchain cannot tell the weights' bytes);
         ``reduction_vs_baseline`` is ``1 - bytes / baseline bytes``; the quality columns are the variant's
         (:data:`QUALITY_COLUMNS`, NaN where it was not evaluated); ``flag`` is empty or the reasons an option
         showed no effect and the part will not map on the device.
@@ -289,7 +291,8 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
         rows.append({
             "part": part, "variant": variant, "baseline": baseline, "toolchain": record.toolchain,
             "tool_version": record.tool_version, "recipe": record.requested.get("recipe") or "",
-            "bytes": record.bytes, "weight_bytes": record.weight_bytes,
+            "bytes": record.bytes, "weight_bytes": record.weight_bytes, "graphs": len(record.graphs),
+            "graph_bytes": record.bytes - record.weight_bytes if record.weight_bytes else -1,
             "reduction_vs_baseline": _reduction(record.bytes, baseline_record.bytes),
             **{column: getattr(evaluated, field) if evaluated else math.nan
                for column, field in QUALITY_COLUMNS.items()},
@@ -298,7 +301,8 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
                                  if part in unmapped.get(variant, {}) else [])]),
         })
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).astype(
-        {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "reduction_vs_baseline": "float64",
+        {"part": "int64", "bytes": "int64", "weight_bytes": "int64", "graphs": "int64", "graph_bytes": "int64",
+         "reduction_vs_baseline": "float64",
          **{column: "float64" for column in QUALITY_COLUMNS}})
     _report_flags(table, by_key, strict)
     return table
@@ -364,8 +368,23 @@ def size_table_markdown(table: pd.DataFrame) -> str:
         "Variants: " + "; ".join(f"`{v}`: {per_variant.at[v, 'toolchain']} {per_variant.at[v, 'tool_version']}".rstrip()
                                  for v in variants) + ".",
         "",
+        *_graphs_line(table, variants, symbol, scale),
     ]
     return "\n".join(intro + lines + ([""] + footnotes if footnotes else [])) + "\n"
+
+
+def _graphs_line(table: pd.DataFrame, variants: Sequence[str], symbol: str, scale: int) -> list[str]:
+    """What the graphs cost beside the weights (several context lengths add graphs, not weights)."""
+    counts = sorted(set(table["graphs"]) - {0})
+    known = table[table["graph_bytes"] >= 0]
+    if not counts or known.empty:
+        return []
+    per_variant = known.groupby("variant")[["graph_bytes", "bytes"]].sum()
+    shares = "; ".join(f"`{v}` {_format_size(int(per_variant.at[v, 'graph_bytes']), scale)} of "
+                       f"{_format_size(int(per_variant.at[v, 'bytes']), scale)} {symbol}"
+                       for v in variants if v in per_variant.index)
+    return [f"Graphs per context binary: {', '.join(map(str, counts))}; what they take besides the weights, which "
+            f"they share: {shares}.", ""]
 
 
 def size_chart_png(table: pd.DataFrame) -> bytes:

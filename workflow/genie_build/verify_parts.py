@@ -52,17 +52,18 @@ class PartCheck:
 
 
 def verify_parts(checkpoint_dir: str | os.PathLike[str], plan: Plan, kind: str,
-                 graphs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, seed: int = 0
-                 ) -> list[PartCheck]:
-    """Run the ``kind`` graphs of the plan's parts (``graphs``, in part order) chained on one Genie feed and
-    compare every output with transformers' modules; write the report to ``out``.
+                 graphs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, context: int | None = None,
+                 seed: int = 0) -> list[PartCheck]:
+    """Run the ``kind`` graphs of the plan's parts (``graphs``, in part order, at context length ``context``, by
+    default the plan's) chained on one Genie feed and compare every output with transformers' modules; write the
+    report to ``out``.
 
     Raises:
         GenieBuildError: an output beyond the tolerance (naming the part's graph, the output and the difference),
             or a graph onnxruntime cannot run.
     """
     checkpoint = read_checkpoint(checkpoint_dir)
-    shape = export_shape(checkpoint.config, plan.graph_ar["prompt"], plan.context_length,
+    shape = export_shape(checkpoint.config, plan.graph_ar["prompt"], context or plan.context_length,
                          checkpoint.directory / CONFIG_NAME)
     values = _step_feed(checkpoint.config, checkpoint.directory / CONFIG_NAME, shape, kind, seed)
     checks = []

@@ -11,7 +11,7 @@ import threading
 from snakemake.exceptions import WorkflowError
 
 from genie_build import conventions, genie_contract, onnx_graph
-from genie_build.config import calibration_chain, source_kind, validate_config
+from genie_build.config import calibration_chain, context_lengths, source_kind, validate_config
 from genie_build.calibrate import DEFAULT_NUM_SAMPLES as BUILTIN_NUM_SAMPLES
 from genie_build.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
 from genie_build.errors import GenieBuildError
@@ -41,6 +41,8 @@ def _config_error(key, problem):
 MODEL = config["model"]["name"]
 OUT = f"results/{MODEL}"
 SRC = f"{OUT}/source"
+# The graphs at the largest context length, which the plan, the calibration, the evaluation and the unsplit reference
+# read; the others (LENGTH_GRAPHS, below) are split or exported beside them and share their weights and encodings.
 GRAPHS = conventions.GRAPH_KINDS
 # Where the graphs come from: the generated demo, a Hugging Face checkpoint the workflow exports (rules/export.smk),
 # the user's own files (model.prompt_onnx and the other paths), or none: an estimate-only config.
@@ -107,28 +109,50 @@ def _user_encodings(graph):
     return encodings if isinstance(encodings, str) else encodings[graph]
 
 
-def _read_user_graph(graph):
+def _read_user_graph(kind, path):
     """A user's graph at parse time (structure only, no weights): its external data files, every stored tensor checked
     before any job (onnx_graph.check_external_data: inside the model's folder, regular files, ranges), and (AR, CL)."""
-    path = SOURCE[f"{graph}_onnx"]
     try:
         model = onnx_graph.load_graph(path)
         data_files = [str(p) for p in onnx_graph.external_data_files(model, path)]
     except GenieBuildError as exc:
-        _config_error(f"model.{graph}_onnx", str(exc))
+        _config_error(f"model.{kind}_onnx", str(exc))
     dims = onnx_graph.ar_and_context_length(model)
     if dims is None:  # the graph names carry AR and CL, so not even bundle.enabled: false can build this graph
         io = onnx_graph.graph_io(model)
-        violations = genie_contract.model_violations({graph: (io.inputs, io.outputs)})[1]
-        _config_error(f"model.{graph}_onnx", f"{path}: Genie cannot read AR and CL from this graph: "
+        violations = genie_contract.model_violations({kind: (io.inputs, io.outputs)})[1]
+        _config_error(f"model.{kind}_onnx", f"{path}: Genie cannot read AR and CL from this graph: "
                       + "; ".join(map(str, violations)))
     return data_files, dims
 
 
+def _user_graphs_by_length():
+    """The user's graphs of each kind by context length, each read (:func:`_read_user_graph`): one path, or a list of
+    one per length, the prompt and token graphs at the same lengths."""
+    graphs = {}
+    for kind in GRAPHS:
+        paths = config["model"][f"{kind}_onnx"]
+        graphs[kind] = {}
+        for path in paths if isinstance(paths, list) else [paths]:
+            data_files, dims = _read_user_graph(kind, path)
+            if dims[1] in graphs[kind]:
+                _config_error(f"model.{kind}_onnx", f"{path} and {graphs[kind][dims[1]][0]} are both at context "
+                                                    f"length {dims[1]}: give one graph per length")
+            graphs[kind][dims[1]] = (path, data_files, dims)
+    if set(graphs["prompt"]) != set(graphs["token"]):
+        _config_error("model.token_onnx", f"the token graphs' context lengths {sorted(graphs['token'])} are not the "
+                                          f"prompt graphs' {sorted(graphs['prompt'])}")
+    ars = {dims[0] for _, _, dims in graphs["prompt"].values()}
+    if len(ars) > 1:
+        _config_error("model.prompt_onnx", f"the prompt graphs take different ARs {sorted(ars)}: give one AR")
+    return graphs
+
+
 if SOURCE_KIND == "files":
+    _user_graphs = _user_graphs_by_length()
+    CONTEXT_LENGTHS = tuple(sorted(_user_graphs["prompt"]))
     SOURCE = {
-        "prompt_onnx": config["model"]["prompt_onnx"],
-        "token_onnx": config["model"]["token_onnx"],
+        **{f"{graph}_onnx": _user_graphs[graph][CONTEXT_LENGTHS[-1]][0] for graph in GRAPHS},
         "tokenizer": config["model"]["tokenizer"],
         "hf_config": config["model"]["hf_config"],
     }
@@ -151,15 +175,33 @@ else:  # the demo's generated files
 # SOURCE_DATA: the weights; a changed weight must rerun what reads the graph even when the .onnx is unchanged.
 # GRAPH_DIMS: (AR, CL) of each graph, which the QNN graph names carry.
 # The demo's and the export's (AR, CL) are the config's: their graphs do not exist yet when the workflow is parsed.
+# LENGTH_GRAPHS: the graphs at the other context lengths, key (prompt_cl512) -> (kind, CL); GRAPH_KIND: the kind of
+# every graph key; BUNDLE_GRAPHS: every graph a part's context binary holds (docs/context-lengths.md).
 GENERATED_AR_CL = {"demo": config["demo"], "hf": config["export"]}
 if SOURCE_KIND in GENERATED_AR_CL:
-    _ar, _cl = (GENERATED_AR_CL[SOURCE_KIND][key] for key in ("ar", "context"))
-    SOURCE_DATA = {graph: [f"{SRC}/{graph}.onnx.data"] for graph in GRAPHS}
-    GRAPH_DIMS = {"prompt": (_ar, _cl), "token": (1, _cl)}
+    CONTEXT_LENGTHS = context_lengths(GENERATED_AR_CL[SOURCE_KIND])
+    _ar, _cl = GENERATED_AR_CL[SOURCE_KIND]["ar"], CONTEXT_LENGTHS[-1]
+if SOURCE_KIND in ("demo", "hf", "files"):
+    LENGTH_GRAPHS = {conventions.length_graph_key(kind, cl): (kind, cl)
+                     for cl in CONTEXT_LENGTHS[:-1] for kind in GRAPHS}
+else:
+    LENGTH_GRAPHS = {}
+GRAPH_KIND = {**{graph: graph for graph in GRAPHS}, **{key: kind for key, (kind, _) in LENGTH_GRAPHS.items()}}
+BUNDLE_GRAPHS = tuple(GRAPH_KIND)
+if SOURCE_KIND in GENERATED_AR_CL:
+    GRAPH_DIMS = {key: (conventions.graph_ar(kind, _ar), cl) for key, (kind, cl) in
+                  {"prompt": ("prompt", _cl), "token": ("token", _cl), **LENGTH_GRAPHS}.items()}
+    # the graphs at other lengths read the weights the demo wrote for those at the largest
+    SOURCE_DATA = {key: [f"{SRC}/{kind}.onnx.data"] for key, kind in GRAPH_KIND.items()}
+    if SOURCE_KIND == "demo":
+        SOURCE.update({f"{key}_onnx": f"{SRC}/{key}.onnx" for key in LENGTH_GRAPHS})
 elif SOURCE_KIND == "files":
-    _user_graphs = {graph: _read_user_graph(graph) for graph in GRAPHS}
-    SOURCE_DATA = {graph: data_files for graph, (data_files, _) in _user_graphs.items()}
-    GRAPH_DIMS = {graph: dims for graph, (_, dims) in _user_graphs.items()}
+    _by_key = {key: _user_graphs[kind][cl] for key, (kind, cl) in
+               {"prompt": ("prompt", CONTEXT_LENGTHS[-1]), "token": ("token", CONTEXT_LENGTHS[-1]),
+                **LENGTH_GRAPHS}.items()}
+    SOURCE.update({f"{key}_onnx": path for key, (path, _, _) in _by_key.items()})
+    SOURCE_DATA = {key: data_files for key, (_, data_files, _) in _by_key.items()}
+    GRAPH_DIMS = {key: dims for key, (_, _, dims) in _by_key.items()}
 
 # A checkpoint's plan and calibration chain come from its config.json alone, so the part and unit labels are known
 # now, and each part is exported, calibrated and converted by jobs of its own (rules/export.smk, calibrate.smk). Its
@@ -171,9 +213,10 @@ elif SOURCE_KIND == "files":
 GRAPH_CONFIG = f"{OUT}/graph_config.json" if SOURCE_KIND == "hf" else SOURCE.get("hf_config")
 if SOURCE_KIND == "hf":
     try:  # the checkpoint against its config.json first: a model the export cannot build is refused before any job
-        check_checkpoint(CHECKPOINT, ar=_ar, context=_cl)
+        for _length in CONTEXT_LENGTHS:
+            check_checkpoint(CHECKPOINT, ar=_ar, context=_length)
         PLAN, UNITS = plan_checkpoint(SOURCE["hf_config"], config["split"], recipe=config["quantize"]["recipe"],
-                                      ar=_ar, context=_cl, unit_memory_mb=config["quantize"]["unit_memory_mb"],
+                                      ar=_ar, context=CONTEXT_LENGTHS, unit_memory_mb=config["quantize"]["unit_memory_mb"],
                                       load=load_params(config["target"]["chipset"], config["report"]["load"]))
         PIECE_FLOAT_BYTES = piece_float_bytes(SOURCE["hf_config"])
         PART_WEIGHT_FILES = {part.label: [str(p) for p in part_weight_files(CHECKPOINT, part)] for part in PLAN.parts}
@@ -213,7 +256,7 @@ def part_encodings_of(graph, recipe):
 def converter_encodings(wildcards):
     """The part encodings a convert job reads: of its converter's recipe."""
     recipe = Converter.named(wildcards.converter).recipe
-    return part_encodings_of(wildcards.graph, recipe).format(part=wildcards.part)
+    return part_encodings_of(GRAPH_KIND[wildcards.graph], recipe).format(part=wildcards.part)
 
 
 def variant_json(variant):
@@ -225,7 +268,7 @@ CALIBRATED_RECIPES = sorted({recipe_of(v) for v in config["variants"]} - {None})
 
 
 wildcard_constraints:
-    graph="|".join(GRAPHS),
+    graph="|".join(sorted(BUNDLE_GRAPHS, key=len, reverse=True)),
     part=PART_LABEL_PATTERN,
     variant="|".join(map(re.escape, config["variants"])),
     converter="|".join(map(re.escape, CONVERTERS)),
@@ -266,7 +309,7 @@ def part_labels():
     if SOURCE_KIND == "hf":
         return list(PARTS)
     plan = read_plan(checkpoints.plan.get().output.plan)
-    for graph in GRAPHS:
+    for graph in BUNDLE_GRAPHS:
         checkpoints.split.get(graph=graph)
     if not CALIBRATION_CHAIN:
         checkpoints.slice_encodings.get()
@@ -282,7 +325,7 @@ def part_graph(graph, label):
 
 def graph_name_for(graph, label):
     """The QNN graph name of one part of one graph, e.g. 'prompt_ar32_cl256_01_of_06'."""
-    return conventions.graph_name(graph, *GRAPH_DIMS[graph], *conventions.parse_part_label(label))
+    return conventions.graph_name(GRAPH_KIND[graph], *GRAPH_DIMS[graph], *conventions.parse_part_label(label))
 
 
 def unsplit_graph_name(graph):
@@ -294,7 +337,8 @@ def contract_checks(wildcards):
     """check-contract's checks from the config: the demo's or the export's (AR, CL), Genie's context size, whether
     a bundle is built (without one, violations are recorded, not errors)."""
     expected = GENERATED_AR_CL.get(SOURCE_KIND, {})
-    return json.dumps({"expect_ar": expected.get("ar"), "expect_context": expected.get("context"),
+    # the graphs it checks are those at the largest length
+    return json.dumps({"expect_ar": expected.get("ar"), "expect_context": CONTEXT_LENGTHS[-1] if expected else None,
                        "context_size": config["bundle"].get("context_size"),
                        "report_only": not config["bundle"]["enabled"]}, sort_keys=True)
 
@@ -313,14 +357,14 @@ def converted_files(converter, graph, label):
 def converted_graphs(wildcards):
     """The compile's inputs: each graph (named by the graph kind) and its data files."""
     converter = converter_of(wildcards.variant)
-    files = {graph: converted_files(converter, graph, wildcards.part) for graph in GRAPHS}
+    files = {graph: converted_files(converter, graph, wildcards.part) for graph in BUNDLE_GRAPHS}
     return {**{graph: paths[0] for graph, paths in files.items()},
             **{f"{graph}_data": paths[1:] for graph, paths in files.items()}}
 
 
 def graph_items(names, input):
     """``NAME=PATH`` of each graph for compile's --graph (quoted item by item with :q)."""
-    return [f"{names[graph]}={input[graph]}" for graph in GRAPHS]
+    return [f"{name}={input[graph]}" for graph, name in names.items()]
 
 
 def directory_of(name):
@@ -389,7 +433,7 @@ def final_outputs(wildcards):
         raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
                             "'estimate' target: snakemake estimate --cores 1 --configfile <file>")
     return [
-        *(f"{OUT}/verify/{graph}.json" for graph in GRAPHS),
+        *(f"{OUT}/verify/{graph}.json" for graph in BUNDLE_GRAPHS),
         f"{OUT}/size_table.csv",
         f"{OUT}/size_table.md",
         f"{OUT}/size_table.png",

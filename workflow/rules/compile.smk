@@ -1,4 +1,4 @@
-# Compile each part's prompt and token graphs into one context binary per variant.
+# Compile each part's prompt and token graphs, at every context length, into one context binary per variant.
 
 
 rule compile_part:
@@ -7,7 +7,7 @@ rule compile_part:
     output:
         f"{OUT}/compiled/{{variant}}/part_{{part}}.bin",
     params:
-        graphs=lambda wc, input: graph_items({graph: graph_name_for(graph, wc.part) for graph in GRAPHS}, input),
+        graphs=lambda wc, input: graph_items({graph: graph_name_for(graph, wc.part) for graph in BUNDLE_GRAPHS}, input),
         toolchain=lambda wc: toolchain_of(wc.variant),
         options=lambda wc: variant_json(wc.variant),
         chipset=config["target"]["chipset"],

@@ -40,7 +40,7 @@ rule estimate_sizes:
         embedding=config["bundle"]["embedding"],
         load=LOAD_JSON,
         # the export's AR and CL, for a config.json; a graph carries its own
-        dims=["--ar", config["export"]["ar"], "--context", config["export"]["context"]] if ESTIMATE_CONFIG else [],
+        dims=["--ar", config["export"]["ar"], "--context", *context_lengths(config["export"])] if ESTIMATE_CONFIG else [],
         out_dir=directory_of("plan"),
         python=PYTHON,
     log:

@@ -16,7 +16,7 @@ rule export_part:
         part=part_json,
         num_parts=PLAN.num_parts,
         ar=config["export"]["ar"],
-        context=config["export"]["context"],
+        context=CONTEXT_LENGTHS[-1],
         out_dir=directory_of("prompt"),
         python=PYTHON,
     resources:
@@ -29,6 +29,39 @@ rule export_part:
     shell:
         "{params.python} -m genie_build export-part --checkpoint {params.checkpoint:q} --part-json {params.part:q}"
         " --num-parts {params.num_parts:q} --ar {params.ar:q} --context {params.context:q} --out-dir {params.out_dir:q}"
+        " > {log:q} 2>&1"
+
+
+# A part's graphs at another context length (export.context a list): a job per part and length, beside the part's
+# graphs at the largest, whose weights file they read, so that adding a length re-exports and recalibrates nothing.
+rule export_length:
+    input:
+        graph_config=GRAPH_CONFIG,
+        weights=lambda wc: PART_WEIGHT_FILES[wc.part],
+        prompt=f"{EXPORTED}/prompt.onnx",   # the graphs at the largest length, whose weight entries these share
+        token=f"{EXPORTED}/token.onnx",
+        data=f"{EXPORTED}/weights.onnx.data",
+    output:
+        prompt=f"{EXPORTED}/prompt_cl{{length}}.onnx",
+        token=f"{EXPORTED}/token_cl{{length}}.onnx",
+    wildcard_constraints:
+        length=r"\d+",
+    params:
+        checkpoint=CHECKPOINT,
+        part=part_json,
+        num_parts=PLAN.num_parts,
+        ar=config["export"]["ar"],
+        out_dir=directory_of("prompt"),
+        python=PYTHON,
+    resources:
+        mem_mb=lambda wc: int(1.25 * part_float_mb(wc.part) + 1000),  # as export_part's: it loads the part's modules
+    log:
+        f"{OUT}/logs/export_length/part_{{part}}_cl{{length}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/export_length/part_{{part}}_cl{{length}}.tsv"
+    shell:
+        "{params.python} -m genie_build export-length --checkpoint {params.checkpoint:q} --part-json {params.part:q}"
+        " --num-parts {params.num_parts:q} --ar {params.ar:q} --context {wildcards.length} --out-dir {params.out_dir:q}"
         " > {log:q} 2>&1"
 
 
@@ -67,6 +100,8 @@ rule verify_parts:
         f"{OUT}/verify/{{graph}}.json",
     params:
         checkpoint=CHECKPOINT,
+        kind=lambda wc: GRAPH_KIND[wc.graph],
+        context=lambda wc: GRAPH_DIMS[wc.graph][1],
         python=PYTHON,
     priority: LONG_CHECKS
     resources:
@@ -77,4 +112,4 @@ rule verify_parts:
         f"{OUT}/benchmarks/verify_parts/{{graph}}.tsv"
     shell:
         "{params.python} -m genie_build verify-parts --checkpoint {params.checkpoint:q} --plan {input.plan:q}"
-        " --graph {wildcards.graph} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"
+        " --graph {params.kind} --context {params.context} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"

@@ -30,6 +30,30 @@ rule generate_demo:
         " {params.weights:q} > {log:q} 2>&1"
 
 
+# The graphs at the other context lengths (demo.context a list): a job per length, reading the weights of those at
+# the largest, so that adding a length leaves them, and what was calibrated from them, as they are.
+rule generate_demo_length:
+    input:
+        prompt=f"{SRC}/prompt.onnx",
+        token=f"{SRC}/token.onnx",
+    output:
+        prompt=f"{SRC}/prompt_cl{{length}}.onnx",
+        token=f"{SRC}/token_cl{{length}}.onnx",
+    wildcard_constraints:
+        length=r"\d+",
+    params:
+        out_dir=directory_of("prompt"),
+        shape=json.dumps(shape_config(config["demo"]), sort_keys=True),
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/generate_demo_length/cl{{length}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/generate_demo_length/cl{{length}}.tsv"
+    shell:
+        "{params.python} -m genie_build generate-demo-length --out-dir {params.out_dir:q} --shape-json {params.shape:q}"
+        " --context {wildcards.length} > {log:q} 2>&1"
+
+
 rule train_tokenizer:
     input:
         corpus="resources/tokenizer_corpus.txt",

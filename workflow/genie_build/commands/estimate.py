@@ -46,8 +46,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="memory plan: per HTP session, MiB (default %(default)s)")
     parser.add_argument("--ar", type=positive_int, default=128,
                         help="with --hf-config: the export's prompt AR (default %(default)s)")
-    parser.add_argument("--context", type=positive_int, default=4096,
-                        help="with --hf-config: the export's context length CL (default %(default)s)")
+    parser.add_argument("--context", type=positive_int, nargs="+", default=[4096],
+                        help="with --hf-config: the export's context length CL, or several (default %(default)s)")
     parser.add_argument("--embedding", choices=EMBEDDING_LAYOUTS, default="graph",
                         help="bundle.embedding: the embedding as part 1's context (graph) or a CPU table (lut), "
                              "which the memory plan leaves out of the HTP sessions (default %(default)s)")

@@ -10,7 +10,7 @@ from genie_build.cli_args import json_object
 from genie_build.demo import WEIGHT_DTYPES, DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 
-__all__ = ["register_parser", "run"]
+__all__ = ["register_parser", "run", "shape_from_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +32,18 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = DemoShape(**{**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(DemoShape)},
-                         **_shape_fields(args.shape_json)})
+    shape = shape_from_args(args)
     generate_demo(shape, args.out_dir, args.weights)
     logger.info("wrote the demo model %s to %s (%s weights)", shape, args.out_dir,
                 args.weights or "random")
     return 0
+
+
+def shape_from_args(args: argparse.Namespace) -> DemoShape:
+    """The shape of the options and ``--shape-json`` (its fields first); a parser without a field's option takes
+    the field's default."""
+    return DemoShape(**{**{spec.name: getattr(args, spec.name, spec.default) for spec in dataclasses.fields(DemoShape)},
+                        **_shape_fields(args.shape_json)})
 
 
 def _shape_fields(text: str | None) -> dict:

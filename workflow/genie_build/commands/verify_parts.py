@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from genie_build.cli_args import positive_int
 from genie_build.conventions import GRAPH_KINDS
 from genie_build.errors import GenieBuildError
 from genie_build.plan_file import read_plan
@@ -20,6 +21,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--plan", required=True, help="plan.json")
     parser.add_argument("--graph", required=True, choices=GRAPH_KINDS, help="which graph of the parts")
     parser.add_argument("--parts", required=True, nargs="+", help="that graph of every part, in part order")
+    parser.add_argument("--context", type=positive_int,
+                        help="the parts' context length CL, when not the plan's (a graph at another length)")
     parser.add_argument("--out", required=True, help="the report (JSON)")
     return parser
 
@@ -32,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
     plan = read_plan(args.plan)
     if len(args.parts) != plan.num_parts:
         raise GenieBuildError(args.plan, f"{plan.num_parts} parts, {len(args.parts)} graphs given")
-    verify_parts(args.checkpoint, plan, args.graph, args.parts, args.out)
+    verify_parts(args.checkpoint, plan, args.graph, args.parts, args.out, context=args.context)
     return 0
