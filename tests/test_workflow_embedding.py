@@ -5,7 +5,6 @@ user's own ONNX export."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import build_reference_bundle
-from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
 
@@ -26,19 +25,13 @@ USER_MODEL = {"prompt_onnx": "exports/prompt.onnx", "token_onnx": "exports/token
               "tokenizer": "exports/tokenizer.json", "hf_config": "exports/config.json"}
 
 
-def _rules(result) -> list[tuple[str, str]]:
-    """(rule, wildcards) of every job a run ran."""
-    jobs = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", result.stdout + result.stderr, re.MULTILINE)
-    return [(rule, (re.search(r"^    wildcards: (.*)$", body, re.MULTILINE) or [None, ""])[1]) for rule, body in jobs]
-
-
 def _both_layouts(workdir: Path, overrides: dict, model: str) -> tuple[dict, dict, list[tuple[str, str]]]:
     """Build with the graph layout, then switch to the table: both host runs and the jobs the switch ran."""
     run_snakemake(workdir, config_file=write_config(workdir, overrides, name="graph.yaml"))
     graph_run = load_json(workdir / "results" / model / "host_run.json")
     lut = {**overrides, "bundle": {**overrides.get("bundle", {}), "embedding": "lut"}}
     switched = run_snakemake(workdir, "-p", config_file=write_config(workdir, lut, name="lut.yaml"))
-    return graph_run, load_json(workdir / "results" / model / "host_run.json"), _rules(switched)
+    return graph_run, load_json(workdir / "results" / model / "host_run.json"), jobs_run(switched)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,12 @@ def output_mtimes(workdir: Path, model: str = "demo") -> dict[str, int]:
 
 def changed_since(before: dict[str, int], after: dict[str, int]) -> set[str]:
     return {path for path, mtime in after.items() if before.get(path) != mtime}
+
+
+def jobs_run(result: subprocess.CompletedProcess) -> list[tuple[str, str]]:
+    """(rule, wildcards) of every job a run printed (``snakemake -p``)."""
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", result.stdout + result.stderr, re.MULTILINE)
+    return [(rule, (re.search(r"^    wildcards: (.*)$", body, re.MULTILINE) or [None, ""])[1]) for rule, body in jobs]
 
 
 def load_json(path: Path):

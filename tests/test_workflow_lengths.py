@@ -1,0 +1,103 @@
+"""Several context lengths as a user meets them: a build at one length, then the same build with a shorter length
+added -- only the new graphs and the bundle's side run (nothing is regenerated, recalibrated or re-split), every
+part's binary holds both lengths' graphs with its weights stored once, and the host run starts on the short graphs,
+moves up when the cache fills, and gives the single-length bundle's tokens. On the demo and on the user's own ONNX
+export."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from genie_build.toolchains.reference.container_format import read_header
+from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
+
+pytestmark = pytest.mark.workflow
+
+SHORT, LONG = 16, 64      # the small demo's AR is 8: its prompt fills 16 in one or two chunks, the generation goes on
+# what may run when a length is added: the new graphs, their parts, and every part's binaries and what reads them
+LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "convert_part_reference", "compile_part", "account",
+               "size_table", "memory_plan", "bundle", "check_bundle", "run_bundle", "all"}
+
+
+def _sizes(out: Path) -> dict[str, dict]:
+    return {path.name: load_json(path) for path in sorted((out / "sizes" / "packed").glob("*.json"))}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The small demo at one length, then with a second, shorter one added."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("wf"))
+    out = workdir / "results" / "demo"
+    run_snakemake(workdir, config_file=write_config(workdir, SMALL_DEMO, name="one.yaml"))
+    single = {"host_run": load_json(out / "host_run.json"), "sizes": _sizes(out),
+              "encodings": (out / "source" / "prompt.encodings.json").stat().st_mtime_ns}
+    two = {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "context": [SHORT, LONG]}}
+    added = run_snakemake(workdir, "-p", config_file=write_config(workdir, two, name="two.yaml"))
+    return workdir, single, jobs_run(added)
+
+
+def test_adding_a_length_regenerates_recalibrates_and_resplits_nothing(demo):
+    workdir, single, ran = demo
+    assert {rule for rule, _ in ran} <= LENGTH_SIDE, ran
+    assert sorted(wildcards for rule, wildcards in ran if rule == "split") == [f"graph=prompt_cl{SHORT}",
+                                                                             f"graph=token_cl{SHORT}"]
+    assert (workdir / "results" / "demo" / "source" / "prompt.encodings.json").stat().st_mtime_ns == single["encodings"]
+    # the second run is complete: a third has nothing to do
+    again = run_snakemake(workdir, config_file=workdir / "two.yaml")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
+    workdir, single, _ = demo
+    out = workdir / "results" / "demo"
+    bundle = out / "genie_bundle"
+    dialog = load_json(bundle / "genie_config.json")["dialog"]
+    assert dialog["context"]["size"] == LONG
+    for index, name in enumerate(dialog["engine"]["model"]["binary"]["ctx-bins"], start=1):
+        graphs = sorted(graph["name"] for graph in read_header(bundle / name)["graphs"])
+        assert graphs == sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for kind, ar in (("prompt", 8), ("token", 1))
+                                for cl in (SHORT, LONG)), graphs
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    for name, record in _sizes(out).items():
+        before = single["sizes"][name]
+        assert record["weight_bytes"] == before["weight_bytes"], name      # no weight stored twice
+        assert len(record["graphs"]) == 2 * len(before["graphs"]) == 4
+        assert record["bytes"] > before["bytes"]                           # the graphs themselves
+    table = pd.read_csv(out / "size_table.csv")
+    assert set(table["graphs"]) == {4} and (table["graph_bytes"] > 0).all()
+    assert "Graphs per context binary: 4" in (out / "size_table.md").read_text()
+    memory = load_json(out / "memory_plan.json")
+    assert memory["load"]["maps"] is True
+
+
+def test_the_host_run_switches_up_and_gives_the_single_length_tokens(demo):
+    workdir, single, _ = demo
+    run = load_json(workdir / "results" / "demo" / "host_run.json")
+    assert run["new_ids"] == run["reference_ids"] == single["host_run"]["new_ids"]
+    lengths = [graph["cl"] for graph in run["graphs_run"]]
+    assert lengths[0] == SHORT and lengths[-1] == LONG and lengths == sorted(lengths), run["graphs_run"]
+
+
+def test_the_users_onnx_graphs_one_per_length_make_the_same_bundle(demo, tmp_path_factory):
+    workdir, single, _ = demo
+    source = workdir / "results" / "demo" / "source"
+    user = copy_workflow(tmp_path_factory.mktemp("wf"))
+    (user / "exports").mkdir()
+    for path in source.iterdir():
+        shutil.copy2(path, user / "exports" / path.name)
+    model = {"name": "mine",
+             "prompt_onnx": [f"exports/prompt_cl{SHORT}.onnx", "exports/prompt.onnx"],
+             "token_onnx": ["exports/token.onnx", f"exports/token_cl{SHORT}.onnx"],   # any order: read by their CL
+             "encodings": {"prompt": "exports/prompt.encodings.json", "token": "exports/token.encodings.json"},
+             "tokenizer": "exports/tokenizer.json", "hf_config": "exports/config.json"}
+    run_snakemake(user, config_file=write_config(user, {"model": model, "split": {"num_parts": 3}}))
+    out = user / "results" / "mine"
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    records = _sizes(out)
+    assert records and all(len(record["graphs"]) == 4 for record in records.values())
+    run = load_json(out / "host_run.json")   # the user's prompt, not the demo's
+    assert run["new_ids"] == run["reference_ids"] and len(run["new_ids"]) == 16
