@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from genie_build import cli
+from genie_build.check_model import check_model
 from genie_build.config import context_lengths, validate_config
 from genie_build.conventions import length_graph_key
 from genie_build.demo import example_inputs, generate_demo, generate_demo_length
@@ -165,6 +166,26 @@ def test_the_command_writes_the_graphs_of_one_length(demo_dir):
     finally:
         for kind in ("prompt", "token"):
             (demo_dir / f"{length_graph_key(kind, 32)}.onnx").unlink(missing_ok=True)
+
+
+def test_check_model_refuses_a_graph_at_another_length_with_other_weights(demo_dir, tmp_path):
+    """Weights that differ would be stored twice in each binary: the user's export is refused before any split."""
+    written = generate_demo_length(BASE, demo_dir, SHORT)
+    try:
+        summary = check_model(str(demo_dir / "prompt.onnx"), str(demo_dir / "token.onnx"), tmp_path / "ok.json",
+                              [(kind, str(path)) for kind, path in written.items()])
+        stored = [ref for ref in _external(demo_dir / "prompt.onnx").values() if ref[0] != "inline"]
+        assert set(summary["lengths"].values()) == {len(stored)} and stored
+        other = tmp_path / "other"
+        generate_demo(dataclasses.replace(BASE, seed=1), other)
+        generate_demo_length(dataclasses.replace(BASE, seed=1), other, SHORT)
+        with pytest.raises(GenieBuildError, match=r"prompt_cl24\.onnx: \d+ weight\(s\) differ from .*same shape"):
+            check_model(str(demo_dir / "prompt.onnx"), str(demo_dir / "token.onnx"), tmp_path / "bad.json",
+                        [("prompt", str(other / "prompt_cl24.onnx"))])
+        assert not (tmp_path / "bad.json").exists()
+    finally:
+        for path in written.values():
+            path.unlink()
 
 
 # --- counted: the load model's buffers, the estimate ---------------------------------------------------------

@@ -36,7 +36,8 @@ rule check_model:
     input:
         prompt=SOURCE["prompt_onnx"],
         token=SOURCE["token_onnx"],
-        weights=SOURCE_DATA["prompt"] + SOURCE_DATA["token"],
+        weights=sorted({path for graph in BUNDLE_GRAPHS for path in SOURCE_DATA[graph]}),
+        lengths=[SOURCE[f"{key}_onnx"] for key in LENGTH_GRAPHS],  # the graphs at other lengths: their kind's weights
         plan=f"{OUT}/plan.json",
     output:
         f"{OUT}/model_check.json",
@@ -46,9 +47,12 @@ rule check_model:
     benchmark:
         f"{OUT}/benchmarks/check_model.tsv"
     params:
+        lengths=[arg for key, (kind, _) in LENGTH_GRAPHS.items()
+                 for arg in ("--length-graph", f"{kind}={SOURCE[f'{key}_onnx']}")],
         python=PYTHON,
     shell:
-        "{params.python} -m genie_build check-model --prompt {input.prompt:q} --token {input.token:q} --out {output:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build check-model --prompt {input.prompt:q} --token {input.token:q}"
+        " {params.lengths:q} --out {output:q} > {log:q} 2>&1"
 
 
 # A checkpoint, so that a plan rewritten with the same bytes does not force a new split. The plan reads the

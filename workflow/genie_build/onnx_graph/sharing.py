@@ -1,4 +1,5 @@
-"""Weights the prompt and token graphs share by name: the same tensor in both (shape, dtype and value)."""
+"""Weights graphs share by name: the same tensor in the prompt and token graphs, and in the graphs of one kind at
+every context length (shape, dtype and value)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph.model import dtype_name, load_graph
 from genie_build.onnx_graph.values import scan_tensor
 
-__all__ = ["check_shared_initializers"]
+__all__ = ["check_same_weights", "check_shared_initializers"]
 
 _MAX_LISTED_DIFFERENCES = 3
 
@@ -55,14 +56,42 @@ def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: s
                                           "(export both with the same exporter settings)")
 
 
+def check_same_weights(base_path: str | os.PathLike[str], other_path: str | os.PathLike[str]) -> int:
+    """Check that every weight (initializer stored as external data) of a graph at another context length is the
+    same tensor in the graph of its kind at the largest (``base_path``): the context binary stores a weight once for
+    all lengths only when name, shape, dtype and bytes agree, so one that differs would be stored twice. Inline
+    constants may differ (a shape at the graph's own length). Returns the number of weights checked.
+
+    Raises:
+        GenieBuildError: naming ``other_path``, a weight missing from the base graph or what differs.
+    """
+    base, other = load_graph(base_path), load_graph(other_path)
+    base_tensors = {tensor.name: tensor for tensor in base.graph.initializer}
+    weights = [tensor for tensor in other.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    missing = [tensor.name for tensor in weights if tensor.name not in base_tensors]
+    if missing:
+        raise GenieBuildError(other_path, f"{len(missing)} weight(s) are not in {base_path}, e.g. {missing[0]!r}: "
+                                          "the graphs at every context length must hold the same weights")
+    differences = [f"{tensor.name!r} {difference}" for tensor in weights if (difference := _tensor_difference(
+        base_tensors[tensor.name], tensor, scan_tensor(base_tensors[tensor.name], base_path, digest=True),
+        scan_tensor(tensor, other_path, digest=True), ("graph at the largest length", "graph")))]
+    if differences:
+        raise GenieBuildError(other_path, f"{len(differences)} weight(s) differ from {base_path}'s: "
+                                          + "; ".join(differences[:_MAX_LISTED_DIFFERENCES])
+                                          + ". The graphs at every context length must hold the same weights")
+    return len(weights)
+
+
 def _tensor_difference(prompt: onnx.TensorProto, token: onnx.TensorProto, prompt_digest: str | None,
-                       token_digest: str | None) -> str | None:
-    """How two same-named tensors differ (prompt value first), or None when they are identical."""
+                       token_digest: str | None, graphs: tuple[str, str] = ("prompt graph", "token graph")
+                       ) -> str | None:
+    """How two same-named tensors differ (the first graph's value first), or None when they are identical."""
+    first, second = graphs
     if list(prompt.dims) != list(token.dims):
-        return f"has shape {list(prompt.dims)} in the prompt graph but {list(token.dims)} in the token graph"
+        return f"has shape {list(prompt.dims)} in the {first} but {list(token.dims)} in the {second}"
     if prompt.data_type != token.data_type:
-        return (f"has dtype {dtype_name(prompt.data_type)} in the prompt graph "
-                f"but {dtype_name(token.data_type)} in the token graph")
+        return (f"has dtype {dtype_name(prompt.data_type)} in the {first} "
+                f"but {dtype_name(token.data_type)} in the {second}")
     if prompt_digest != token_digest:
         return f"has the same shape {list(prompt.dims)} and dtype but different values"
     return None
