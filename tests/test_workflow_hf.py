@@ -22,7 +22,7 @@ import shutil
 import numpy as np
 import pytest
 
-from workflow_helpers import (copy_workflow, load_json, output_mtimes, run_snakemake, scale_encoding,
+from workflow_helpers import (copy_workflow, jobs_run, load_json, output_mtimes, run_snakemake, scale_encoding,
                               stated_axes_encodings, write_config)
 
 pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
@@ -57,15 +57,9 @@ def _log(result) -> str:
     return result.stdout + result.stderr
 
 
-def _ran(result) -> list[tuple[str, str]]:
-    """(rule, wildcards) of every job a run or dry run lists."""
-    jobs = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", _log(result), re.MULTILINE)
-    return [(rule, (re.search(r"^    wildcards: (.*)$", body, re.MULTILINE) or [None, ""])[1]) for rule, body in jobs]
-
-
 def _planned(workdir, config) -> set[str]:
     """The rules a dry run would run."""
-    return {rule for rule, _ in _ran(run_snakemake(workdir, "-n", config_file=config))}
+    return {rule for rule, _ in jobs_run(run_snakemake(workdir, "-n", config_file=config))}
 
 
 LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
@@ -88,7 +82,7 @@ def _build(family, tmp_path_factory):
         hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB", layers=3,
                                        **BUILD_KEYS.get(family, {}))
         config = _config(root)
-        ran = {rule for rule, _ in _ran(run_snakemake(root, "-p", config_file=config))}
+        ran = {rule for rule, _ in jobs_run(run_snakemake(root, "-p", config_file=config))}
         assert {"tokenize_text", "export_part", "calibrate_unit", "part_encodings", "check_plan", "verify_parts"} <= ran
         _BUILDS[family] = family, root, config
     return _BUILDS[family]
@@ -155,7 +149,7 @@ def test_only_what_changed_reruns(tmp_path_factory):
     data[-1] ^= 0x01  # the last weight's last byte: the file stays a valid safetensors file
     shard.write_bytes(bytes(data))
     result = run_snakemake(workdir, "-p", config_file=config)
-    jobs = _ran(result)
+    jobs = jobs_run(result)
     assert {wildcards for rule, wildcards in jobs if rule == "export_part"} == {"part=3_of_3"}
     assert {wildcards for rule, wildcards in jobs if rule == "calibrate_unit"} == {"recipe=w4a16, unit=u3_of_3"}
     exported = output_mtimes(workdir, MODEL)
@@ -182,7 +176,7 @@ def test_a_key_only_the_bundle_reads_rebuilds_the_bundle_and_a_budget_of_the_sam
     before = output_mtimes(workdir, MODEL)
     hf_config = workdir / "checkpoint" / "config.json"
     hf_config.write_text(json.dumps({**json.loads(hf_config.read_text()), "eos_token_id": 0}))
-    jobs = {rule for rule, _ in _ran(run_snakemake(workdir, "-p", config_file=budget))}
+    jobs = {rule for rule, _ in jobs_run(run_snakemake(workdir, "-p", config_file=budget))}
     assert jobs == {"check_contract", "bundle", "check_bundle", "all"}
     after = output_mtimes(workdir, MODEL)
     assert not {path for path in before if after[path] != before[path]
@@ -201,7 +195,7 @@ def test_a_short_text_or_a_token_past_the_vocabulary_is_one_line_before_any_unit
                                    workdir / "checkpoint" / "tokenizer.json").size
     result = run_snakemake(workdir, config_file=_config(workdir, "long.yaml", num_samples=100_000), check=False)
     assert result.returncode != 0
-    assert {rule for rule, _ in _ran(result)} == {"tokenize_text"}
+    assert {rule for rule, _ in jobs_run(result)} == {"tokenize_text"}
     last = (workdir / f"{OUT}/logs/tokenize_text/calibration.log").read_text().strip().splitlines()[-1]
     assert last == (f"genie-build: error: resources/calibration_corpus.txt: has {corpus_tokens} tokens, calibration "
                     f"(quantize.num_samples: 100000 windows of {AR} tokens) needs {100_000 * AR}: give a longer text")
@@ -214,7 +208,7 @@ def test_a_short_text_or_a_token_past_the_vocabulary_is_one_line_before_any_unit
     text = workdir / "resources" / "evaluation_text.txt"
     text.write_text("<|past|>" + text.read_text(encoding="utf-8"), encoding="utf-8")
     result = run_snakemake(workdir, "evaluate", "--configfile", str(_config(workdir)), check=False)
-    assert result.returncode != 0 and not _ran(result)
+    assert result.returncode != 0 and not jobs_run(result)
     assert ("config model.hf_checkpoint: checkpoint/tokenizer.json: token '<|past|>' has id 320, beyond the model's "
             "320 logits (ids 0..319), the vocab_size of checkpoint/config.json") in _log(result)
     assert "Traceback" not in _log(result)
@@ -232,7 +226,7 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
                                     "variants": {"w8a16": {"recipe": "w8a16", "weights_packing": True},
                                                  "lpbq": {"recipe": "w4a16-lpbq", "weights_packing": True}}},
                           name="recipes.yaml")
-    jobs = _ran(run_snakemake(workdir, "all", "evaluate", "--configfile", str(config)))
+    jobs = jobs_run(run_snakemake(workdir, "all", "evaluate", "--configfile", str(config)))
     calibrated = {wildcards.split(",")[0] for rule, wildcards in jobs if rule == "calibrate_unit"}
     assert calibrated == {"recipe=w8a16", "recipe=w4a16-lpbq"}
     assert not {rule for rule, _ in jobs} & {"export_part", "verify_parts"}
@@ -334,7 +328,7 @@ def test_the_embedding_as_a_table_reexports_and_recalibrates_nothing_and_gives_t
                                  "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
                                  "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False},
                                  "bundle": {"embedding": "lut"}}, name="lut.yaml")
-    ran = {rule for rule, _ in _ran(run_snakemake(workdir, "-p", config_file=lut))}
+    ran = {rule for rule, _ in jobs_run(run_snakemake(workdir, "-p", config_file=lut))}
     assert "embedding_table" in ran and not ran & {"export_part", "calibrate_unit", "part_encodings"}, ran
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")["dialog"]
     assert genie["engine"]["model"]["binary"]["ctx-bins"] == ["hf_part_2_of_3.bin", "hf_part_3_of_3.bin"]
@@ -342,3 +336,38 @@ def test_the_embedding_as_a_table_reexports_and_recalibrates_nothing_and_gives_t
     lut_run = load_json(workdir / f"{OUT}/host_run.json")
     assert lut_run["new_ids"] == lut_run["reference_ids"] == graph_run["new_ids"]
     run_snakemake(workdir, config_file=config)  # back to the graph layout for any test after this one
+
+
+def test_a_second_context_length_exports_only_its_graphs_and_the_host_run_switches_to_the_same_tokens(
+        tmp_path_factory):
+    """On the Qwen2 build: export.context [32, 64] exports each part's graphs at 32 beside those at 64 (no export
+    of those, no calibration), each binary holds both, and the host run starts at 32, moves to 64 and gives the
+    single-length bundle's tokens."""
+    _, workdir, config = _build("qwen2", tmp_path_factory)
+    run_snakemake(workdir, config_file=config)  # up to date after the tests before this one
+    single = load_json(workdir / f"{OUT}/host_run.json")
+    two = write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
+                                 "export": {"ar": AR, "context": [32, CONTEXT]}, "split": {"num_parts": NUM_PARTS},
+                                 "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False}},
+                       name="lengths.yaml")
+    try:
+        ran = jobs_run(run_snakemake(workdir, "-p", config_file=two))
+        rules = {rule for rule, _ in ran}
+        assert not rules & {"export_part", "calibrate_unit", "part_encodings", "tokenize_text"}, ran
+        assert sorted(wildcards for rule, wildcards in ran if rule == "export_length") == [
+            f"part={index}_of_3, length=32" for index in (1, 2, 3)]
+        assert {wildcards for rule, wildcards in ran if rule == "verify_parts"} == {"graph=prompt_cl32",
+                                                                                   "graph=token_cl32"}
+        out = workdir / OUT
+        for index in (1, 2, 3):
+            part = out / "parts" / f"part_{index}_of_3"
+            assert sorted(path.name for path in part.glob("*.onnx.data")) == ["weights.onnx.data"]
+            record = load_json(out / "sizes" / "packed" / f"part_{index}_of_3.json")
+            assert len(record["graphs"]) == 4
+        assert load_json(out / "bundle_check.json")["errors"] == 0
+        run = load_json(out / "host_run.json")
+        assert run["new_ids"] == run["reference_ids"] == single["new_ids"]
+        lengths = [graph["cl"] for graph in run["graphs_run"]]
+        assert lengths[0] == 32 and lengths[-1] == CONTEXT, run["graphs_run"]
+    finally:
+        run_snakemake(workdir, config_file=config)  # back to one length for any test after this one
