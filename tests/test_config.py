@@ -106,7 +106,7 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
     (changed(bundle={"graph_switching": True, "share_resources": True}),
      "config bundle.graph_switching: true cannot go with bundle.share_resources: true (the HTP backend does not "
      "switch graphs of contexts that share resources): unset one"),
-    (changed(bundle={"graph_switching": "yes"}), "config bundle.graph_switching: 'yes' is not of type 'boolean'"),
+    (changed(bundle={"graph_switching": 3}), "config bundle.graph_switching: 3 is not of type 'boolean'"),
     (["model"], "config: must be a mapping of keys to values, got ['model']"),
     ({}, "config: 'variants' is a required property"),
 ])
