@@ -14,7 +14,8 @@ from genie_build.cli import main
 from genie_build.conventions import graph_name, part_label
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
-from genie_build.run_bundle import GraphRun, choose_graph, generate, host_run, load_bundle, run_bundle
+from genie_build.run_bundle import (GraphRun, choose_graph, generate, host_run, load_bundle, make_runner, run_bundle,
+                                    unsplit_tokens)
 from genie_build.toolchains.reference.container import read_graphs
 
 LENGTHS = (TINY_DEMO["context"], 2 * TINY_DEMO["context"])
@@ -77,7 +78,22 @@ def bundles(build: ReferenceBuild, tmp_path_factory: pytest.TempPathFactory) -> 
     together = {index: [item for cl in LENGTHS for item in converted[cl][index]] for index in range(1, NUM_PARTS + 1)}
     hf_config = top / "config.json"
     return {"lengths": _bundle(root, "lengths", together, build, hf_config),
-            "largest": _bundle(root, "largest", converted[LENGTHS[-1]], build, hf_config)}
+            "largest": _bundle(root, "largest", converted[LENGTHS[-1]], build, hf_config),
+            "unsplit": _unsplit(top, encodings.parent, root / "unsplit")}
+
+
+def _unsplit(source: Path, encodings: Path, out: Path) -> Path:
+    """The whole model at the largest length only, converted with the whole encodings, as one container."""
+    graphs = []
+    for kind, ar in (("prompt", AR), ("token", 1)):
+        name, converted = f"{kind}_ar{ar}_cl{LENGTHS[-1]}", out / f"{kind}.onnx"
+        _cli("convert", "--toolchain", "reference", "--onnx", source / f"{kind}.onnx",
+             "--encodings", encodings / f"{kind}.encodings.json", "--graph-name", name,
+             "--float-bitwidth", VARIANT["float_bitwidth"], "--out", converted)
+        graphs += ["--graph", f"{name}={converted}"]
+    _cli("compile", "--toolchain", "reference", *graphs, "--variant-json", json.dumps(VARIANT),
+         "--chipset", "SM8750", "--out", out / "model.bin")
+    return out / "model.bin"
 
 
 def test_every_part_offers_both_lengths(bundles: dict[str, Path]) -> None:
@@ -111,26 +127,33 @@ def test_a_short_generation_stays_on_the_smallest_length(bundles: dict[str, Path
 
 
 def test_the_unsplit_reference_may_hold_only_the_largest_length(bundles: dict[str, Path]) -> None:
-    """The largest bundle's parts chained as one run compare with the lengths' bundle (what unsplit_tokens runs)."""
-    from genie_build.run_bundle import _reference_tokens
-
-    config = json.loads((bundles["largest"] / "genie_config.json").read_text())
-    parts = [read_graphs(bundles["largest"] / name) for name in config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]]
-    prompt_ids = list(range(40, 40 + LENGTHS[0] - 2))
-    assert _reference_tokens(bundles["lengths"], parts, prompt_ids, 2 * AR) == \
-        generate(load_bundle(bundles["lengths"]).runner, prompt_ids, 2 * AR)
+    prompt_ids = load_bundle(bundles["lengths"]).tokenizer.encode(PROMPT).ids
+    new = LENGTHS[0] + AR - len(prompt_ids)
+    assert unsplit_tokens(bundles["lengths"], bundles["unsplit"], prompt_ids, new) == \
+        generate(load_bundle(bundles["lengths"]).runner, prompt_ids, new)
+    result = host_run(bundles["lengths"], PROMPT, new, compare_with=bundles["unsplit"])
+    assert result.reference_ids == result.generation.new_ids
+    assert [run.cl for run in result.generation.graph_runs][-1] == LENGTHS[1]
 
 
 def test_parts_offering_different_lengths_are_refused(bundles: dict[str, Path]) -> None:
-    from genie_build.run_bundle import make_runner
-
     config = json.loads((bundles["lengths"] / "genie_config.json").read_text())
     names = config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
     parts = [read_graphs(bundles["lengths"] / name) for name in names]
     parts[1] = {name: graph for name, graph in parts[1].items() if f"_cl{LENGTHS[0]}_" not in name}
-    with pytest.raises(GenieBuildError, match=r"parts offer different graphs \(AR, CL\)") as error:
+    both, largest = ([(ar, cl) for ar in (1, AR) for cl in lengths] for lengths in (LENGTHS, LENGTHS[1:]))
+    with pytest.raises(GenieBuildError) as error:
         make_runner(parts, head_dim=8, rope_theta=10000.0)
-    assert "\n" not in str(error.value)
+    assert str(error.value) == (f"bundle: parts offer different graphs (AR, CL): part 1 {sorted(both)}, "
+                                f"part 2 {sorted(largest)}")
+
+
+def test_a_part_with_two_graphs_of_one_ar_and_cl_is_refused(bundles: dict[str, Path]) -> None:
+    config = json.loads((bundles["lengths"] / "genie_config.json").read_text())
+    ctx_bin = bundles["lengths"] / config["dialog"]["engine"]["model"]["binary"]["ctx-bins"][1]
+    twin = read_graphs(ctx_bin)[graph_name("token", 1, LENGTHS[0], 2, NUM_PARTS)]
+    with pytest.raises(GenieBuildError, match=rf"^twin: part 1 has two graphs with AR 1 and CL {LENGTHS[0]}$"):
+        make_runner([{**read_graphs(ctx_bin), "twin": twin}], head_dim=8, rope_theta=10000.0)
 
 
 @pytest.mark.parametrize(("past_len", "widest", "at_least", "expected"), [

@@ -4,11 +4,11 @@ The prompt is processed in chunks of the prompt graphs' AR (the last chunk padde
 through every part in order; then the token graphs (AR 1) decode one token at a time, greedily. A bundle whose
 parts hold their graphs at several context lengths runs each step as Genie does (:func:`choose_graph`): at the
 smallest CL that holds it, moving up a length, never down, when the cache outgrows the current one, the cache
-carried over. The host
-keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values
-``[1, n_kv, len, D]``, valid entries first. A graph with AR ``a`` and context ``CL`` sees the first
-``CL - a`` cache columns and an additive mask hiding the empty ones (``MASK_MIN``); it returns only the
-``a`` new entries, of which the host appends the real ones (not the padding).
+carried over (docs/host-run.md). The host keeps the KV cache (docs/conventions.md): per layer, keys
+``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``, valid entries first, in one buffer of the
+largest CL. A graph with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask
+hiding the empty ones (``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real
+ones (not the padding).
 
 The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
 reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
@@ -183,10 +183,12 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
                 raise GenieBuildError(name, f"part {index} has two graphs with AR {ar} and CL {cl}")
             by_graph[ar, cl] = _graph_session(graph)
         sessions.append(by_graph)
-    offered = {frozenset(by_graph) for by_graph in sessions}
-    if len(offered) != 1:
-        raise GenieBuildError("bundle", "parts offer different graphs (AR, CL): "
-                                        + "; ".join(str(sorted(graphs)) for graphs in sorted(map(sorted, offered))))
+    if not sessions:
+        raise GenieBuildError("bundle", "has no parts")
+    odd = next((index for index, by_graph in enumerate(sessions, start=1) if set(by_graph) != set(sessions[0])), None)
+    if odd is not None:
+        raise GenieBuildError("bundle", f"parts offer different graphs (AR, CL): part 1 {sorted(sessions[0])}, "
+                                        f"part {odd} {sorted(sessions[odd - 1])}")
     return Runner(graphs=tuple(sessions), head_dim=head_dim, rope_theta=rope_theta, rope_scaling=rope_scaling,
                   embedding=embedding)
 
@@ -233,14 +235,15 @@ def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
 
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
-    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time.
+    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time, each step at the
+    smallest context length that holds it (:func:`choose_graph`).
 
     Args:
         runner: the model's parts.
         prompt_ids: the prompt's token ids (at least one).
         max_new_tokens: how many tokens to generate at most.
         eos_ids: generation stops after one of these.
-        context_size: tokens the run may hold (default: the compiled context length).
+        context_size: tokens the run may hold (default: the largest compiled context length).
 
     Returns:
         The new token ids (an end-of-sequence token included when one stopped the run).
