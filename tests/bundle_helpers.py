@@ -75,12 +75,14 @@ def part_graph(name: str, index: int, num_parts: int, ar: int, cl: int, *, hidde
 
 
 def synthetic_infos(model: str = "demo", num_parts: int = 3, *, cl: int = 256, prompt_ar: int = 32,
-                    padded: bool = True, **dims: int) -> dict[str, BinaryInfo]:
-    """BinaryInfo per bundle ctx-bin name, for a model split into ``num_parts`` parts."""
+                    padded: bool = True, cls: tuple[int, ...] | None = None, **dims: int) -> dict[str, BinaryInfo]:
+    """BinaryInfo per bundle ctx-bin name, for a model split into ``num_parts`` parts; each part holds the prompt
+    and token graphs at ``cl``, or at each of the context lengths ``cls``."""
     infos = {}
     for index in range(1, num_parts + 1):
         graphs = []
-        for kind, ar in (("prompt", prompt_ar), ("token", 1)):
+        for kind, ar, cl in [(kind, ar, length) for length in (cls or (cl,))
+                             for kind, ar in (("prompt", prompt_ar), ("token", 1))]:
             name = graph_name(kind, ar, cl, index, num_parts) if padded \
                 else f"{kind}_ar{ar}_cl{cl}_{index}_of_{num_parts}"
             graphs.append(part_graph(name, index, num_parts, ar, cl, **dims))

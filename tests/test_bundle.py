@@ -159,3 +159,15 @@ def test_check_bundle_withdraw_moves_a_failing_bundle_aside(build: ReferenceBuil
     assert not out.exists() and (tmp_path / "genie_bundle.rejected" / "manifest.json").exists()
     assert not (tmp_path / "check.json").exists()
     assert main(["check-bundle", str(assemble(build, out)), "--withdraw"]) == 0 and out.exists()
+
+
+@pytest.mark.parametrize("value, written", [(None, "unset"), ("true", True), ("false", False)])
+def test_graph_switching_reaches_genies_config_through_the_command(build: ReferenceBuild, tmp_path: Path,
+                                                                   value: str | None, written: object) -> None:
+    """bundle.graph_switching as bundle.smk passes it: absent (the key is not written), true or false."""
+    switch = [] if value is None else ["--graph-switching", value]
+    assert main(["bundle", "--binaries", *map(str, build.binaries), "--toolchain", "reference", "--model-name", "demo",
+                 "--hf-config", str(build.source / "config.json"), "--tokenizer", str(build.source / "tokenizer.json"),
+                 "--chipset", "SM8750", *switch, "--out-dir", str(tmp_path / "b")]) == 0
+    qnn_htp = json.loads((tmp_path / "b" / "genie_config.json").read_text())["dialog"]["engine"]["backend"]["QnnHtp"]
+    assert qnn_htp.get("enable-graph-switching", "unset") == written

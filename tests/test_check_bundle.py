@@ -552,3 +552,58 @@ def test_metadata_with_yaml_aliases_is_refused_before_it_is_walked(bundle: Path)
     (bundle / METADATA_NAME).write_text("\n".join(levels) + "\nmodel_files: {x: {inputs: *a8, outputs: *a8}}\n")
     assert finding_lines(check_bundle_command(bundle)) == [
         "error [graph-info] metadata.yaml: uses a YAML alias (*name): metadata.yaml must spell every entry out"]
+
+
+def test_parts_holding_their_graphs_at_several_context_lengths_pass(tmp_path: Path) -> None:
+    infos = synthetic_infos(cls=(128, 256))
+    assert {graph.name for graph in infos["demo_part_2_of_3.bin"].graphs} == {
+        "prompt_ar32_cl128_2_of_3", "token_ar1_cl128_2_of_3", "prompt_ar32_cl256_2_of_3", "token_ar1_cl256_2_of_3"}
+    assert check_bundle(write_bundle(tmp_path / "bundle", infos)) == []
+
+
+def test_a_part_missing_a_context_length_is_rejected(tmp_path: Path) -> None:
+    infos = synthetic_infos(cls=(128, 256))
+    part = infos["demo_part_2_of_3.bin"]
+    infos["demo_part_2_of_3.bin"] = dataclasses.replace(part, graphs=tuple(g for g in part.graphs
+                                                                            if "_cl128_" not in g.name))
+    found = errors(check_bundle(write_bundle(tmp_path / "bundle", infos)))
+    assert [(f.rule, f.message) for f in found] == [
+        ("graph-order", f"AR {ar}, CL 128: graphs in 2 of 3 ctx-bins; every part needs one") for ar in (1, 32)]
+
+
+def test_two_graphs_of_one_ar_and_cl_in_a_ctx_bin_are_rejected(tmp_path: Path) -> None:
+    infos = synthetic_infos(cls=(128, 256))
+    part = infos["demo_part_2_of_3.bin"]
+    twin = next(g for g in part.graphs if g.name == "token_ar1_cl128_2_of_3")
+    infos["demo_part_2_of_3.bin"] = dataclasses.replace(part, graphs=(*part.graphs, dataclasses.replace(
+        twin, name="token_ar1_cl128_2_of_3_copy")))
+    messages = [f.message for f in errors(check_bundle(write_bundle(tmp_path / "bundle", infos)))
+                if f.rule == "graph-order"]
+    assert messages == ["AR 1, CL 128: a ctx-bin holds more than one graph Genie reads as AR 1, CL 128 "
+                        "(token_ar1_cl128_2_of_3, token_ar1_cl128_2_of_3_copy); Genie stops with "
+                        "'duplicate graph found'"]
+
+
+@pytest.mark.parametrize("switching, severity", [(True, ["error"]), (False, []), (None, [])])
+def test_graph_switching_with_shared_resources_is_an_error(tmp_path: Path, switching, severity) -> None:
+    bundle = write_bundle(tmp_path / "bundle", synthetic_infos(cls=(128, 256)))
+    edit_json(bundle / "htp_backend_ext_config.json", lambda c: c.update(groupContext={"share_resources": True}))
+
+    def qnn_htp(config: dict) -> None:
+        section = config["dialog"]["engine"]["backend"]["QnnHtp"]
+        section["allow-async-init"] = True
+        if switching is not None:
+            section["enable-graph-switching"] = switching
+
+    edit_json(bundle / "genie_config.json", qnn_htp)
+    found = [f for f in check_bundle(bundle) if f.rule == "htp-extensions"]
+    assert [f.severity for f in found] == severity
+    assert all("groupContext.share_resources is true and so is QnnHtp enable-graph-switching" in f.message
+               for f in found)
+
+
+def test_graph_switching_must_be_a_bool(bundle: Path) -> None:
+    edit_json(bundle / "genie_config.json",
+              lambda c: c["dialog"]["engine"]["backend"]["QnnHtp"].update({"enable-graph-switching": "yes"}))
+    assert [(f.rule, f.message) for f in check_bundle(bundle)] == [
+        ("required-keys", "dialog.engine.backend.QnnHtp.enable-graph-switching must be bool, got 'yes'")]

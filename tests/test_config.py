@@ -63,6 +63,12 @@ def test_a_config_naming_only_its_variants_gets_every_other_section_from_the_def
     assert config["demo"]["layers"] == 8 and config["bundle"]["variant"] == "packed"
 
 
+@pytest.mark.parametrize("bundle", [{"graph_switching": True}, {"graph_switching": False, "share_resources": True},
+                                    {"share_resources": True}, {}])
+def test_graph_switching_goes_with_anything_but_shared_resources(bundle: dict) -> None:
+    assert validate_config(changed(bundle=bundle))["bundle"].get("graph_switching") == bundle.get("graph_switching")
+
+
 def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
     first = validate_config({"variants": {"packed": {}, "unpacked": {}}})
     first["model"]["name"] = "changed"
@@ -97,6 +103,10 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
                                                             "'prompt_onnx'"),
     (changed(variants={1: {}}), "config variants.1: key 1 is not a string; quote it"),
     (changed(demo={"": 1}), "config demo.'': unknown key (known: layers,"),
+    (changed(bundle={"graph_switching": True, "share_resources": True}),
+     "config bundle.graph_switching: true cannot go with bundle.share_resources: true (the HTP backend does not "
+     "switch graphs of contexts that share resources): unset one"),
+    (changed(bundle={"graph_switching": 3}), "config bundle.graph_switching: 3 is not of type 'boolean'"),
     (["model"], "config: must be a mapping of keys to values, got ['model']"),
     ({}, "config: 'variants' is a required property"),
 ])

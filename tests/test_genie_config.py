@@ -151,3 +151,17 @@ def test_every_typed_key_is_a_key_genie_knows() -> None:
     for where, section in GENIE_CONFIG_SECTIONS.items():
         known = section.mandatory | (section.optional or set(section.types))
         assert set(section.types) <= known, where
+
+
+@pytest.mark.parametrize("switching", [True, False])
+def test_graph_switching_is_written_only_when_set_and_passes_the_key_rules(tokenizer: Path, tmp_path: Path,
+                                                                          switching: bool) -> None:
+    unset = make_genie_config(demo_hf_config(), tokenizer, ["a.bin"], 256)
+    config = make_genie_config(demo_hf_config(), tokenizer, ["a.bin"], 256, graph_switching=switching)
+    qnn_htp = config["dialog"]["engine"]["backend"]["QnnHtp"]
+    assert "enable-graph-switching" not in unset["dialog"]["engine"]["backend"]["QnnHtp"]
+    assert qnn_htp == {**unset["dialog"]["engine"]["backend"]["QnnHtp"], "enable-graph-switching": switching}
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / GENIE_CONFIG_NAME).write_text(json.dumps(config))
+    assert [finding for finding in check_bundle(bundle) if finding.rule in KEY_RULES] == []

@@ -66,7 +66,8 @@ def test_kv_cache_gives_what_recomputing_without_it_gives(build: ReferenceBuild)
 
 def test_prompt_chunking_does_not_change_the_tokens(build: ReferenceBuild) -> None:
     runner = load_bundle(build.bundle).runner
-    token_only = dataclasses.replace(runner, parts=tuple({1: part[1]} for part in runner.parts))
+    token_only = dataclasses.replace(runner, graphs=tuple({(1, runner.context_length): part[1]}
+                                                          for part in runner.parts))
     prompt = list(range(40, 40 + 2 * TINY_DEMO["ar"] + 3))
     assert generate(runner, prompt, 8) == generate(token_only, prompt, 8)
 
@@ -112,12 +113,13 @@ def default_options_runner(containers: list[Path], like: Runner) -> Runner:
     options (constant folding), weights inline."""
     parts = []
     for path in containers:
-        by_ar = {}
+        by_graph = {}
         for name, model in load_container(path).items():
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            by_ar[int(re.search(r"_ar(\d+)_", name).group(1))] = GraphSession(session=session, weights={})
-        parts.append(by_ar)
-    return dataclasses.replace(like, parts=tuple(parts))
+            ar, cl = map(int, re.search(r"_ar(\d+)_cl(\d+)_", name).groups())
+            by_graph[ar, cl] = GraphSession(session=session, weights={})
+        parts.append(by_graph)
+    return dataclasses.replace(like, graphs=tuple(parts))
 
 
 def test_tokens_equal_those_of_default_session_options(build: ReferenceBuild) -> None:

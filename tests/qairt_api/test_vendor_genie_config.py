@@ -33,6 +33,15 @@ def test_our_genie_config_is_a_valid_qairt_genie_config(genie_models, tmp_path, 
     assert parsed.dialog.engine.model.positional_encoding.rope_dim == 8
 
 
+@pytest.mark.parametrize("switching", [True, False])
+def test_our_graph_switching_key_is_a_valid_qairt_genie_config(genie_models, tmp_path, switching):
+    ours = make_genie_config(demo_hf_config(), write_tokenizer(tmp_path / "tokenizer.json"),
+                             ["demo_part_1_of_2.bin", "demo_part_2_of_2.bin"], 256, graph_switching=switching)
+    parsed = genie_models.GenieConfig.model_validate(ours)
+    assert vendor_dump(parsed) == ours
+    assert ours["dialog"]["engine"]["backend"]["QnnHtp"]["enable-graph-switching"] is switching
+
+
 @pytest.mark.parametrize("rope_scaling", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
                                           {"rope_type": "linear", "factor": 2.0}])
 def test_rope_types_genie_knows_but_qairt_dev_does_not(genie_models, tmp_path, rope_scaling):

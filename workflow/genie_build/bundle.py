@@ -53,7 +53,7 @@ def ctx_bin_name(model_name: str, index: int, num_parts: int) -> str:
 def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os.PathLike[str]], toolchain: str,
                     hf_config_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str], chipset: str,
                     context_size: int | None, config_used: Mapping[str, Any], tool_versions: Mapping[str, str], *,
-                    model_name: str, share_resources: bool = False,
+                    model_name: str, share_resources: bool = False, graph_switching: bool | None = None,
                     embedding_table: str | os.PathLike[str] | None = None) -> Path:
     """Build the bundle at ``out_dir`` (replacing an old one only once the new one is complete).
 
@@ -68,6 +68,7 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
         config_used: the workflow config, recorded in the manifest.
         share_resources: ``bundle.share_resources``: the extension config's ``groupContext`` and Genie's
             ``allow-async-init`` (:mod:`genie_build.htp_extensions`).
+        graph_switching: ``bundle.graph_switching``: Genie's QnnHtp ``enable-graph-switching`` (None: not written).
         tool_versions: recorded in the manifest (see :func:`runtime_tool_versions`), with the version of the
             toolchain each ctx-bin says made it.
         model_name: prefix of the ctx-bin names.
@@ -96,7 +97,7 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
     infos = {name: _inspect(toolchain, Path(path)) for name, path in zip(names, binaries)}
     genie_config = make_genie_config(load_hf_config(hf_config_path), tokenizer_path, names,
                                      context_size or _compiled_context_length(infos), hf_config_path=hf_config_path,
-                                     share_resources=share_resources,
+                                     share_resources=share_resources, graph_switching=graph_switching,
                                      embedding=None if table is None else dialog_embedding(table.n_embd,
                                                                                            table.encoding))
     htp_config = make_htp_backend_ext_config(chipset, share_resources=share_resources)

@@ -62,7 +62,8 @@ RULES = {
     "tensor-dims": "kv-dim and pos-id-dim/rope-dim match the KV cache and RoPE tensors",
     "chipset": "soc_model and dsp_arch agree with the chipset table",
     "htp-extensions": "the extension config's context and groupContext keys are the HTP backend's, and "
-                      "groupContext.share_resources comes with allow-async-init (without it Genie ignores it)",
+                      "groupContext.share_resources comes with allow-async-init (without it Genie ignores it) and "
+                      "without enable-graph-switching (the HTP backend does not switch graphs of shared contexts)",
     "n-vocab": "n-vocab is at most the logits' width and the model's vocab_size (a smaller one is a warning), and "
                "every tokenizer id lies within the logits",
     "manifest": "manifest.json names files inside the bundle only, and their hashes match",
@@ -107,9 +108,11 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     if extensions is not None:
         findings += _check_chipset(bundle, extensions, chipset)
         htp_config = load_bundle_json(bundle, extensions)[0]
-        async_init = config_value(config, "dialog.engine.backend.QnnHtp.allow-async-init")
+        qnn_htp = "dialog.engine.backend.QnnHtp"
+        switches = (config_value(config, f"{qnn_htp}.allow-async-init"),
+                    config_value(config, f"{qnn_htp}.enable-graph-switching"))
         findings += [Finding("htp-extensions", severity, f"{extensions}: {message}") for severity, message in
-                     (share_resources_problems(htp_config, async_init) if isinstance(htp_config, dict) else ())]
+                     (share_resources_problems(htp_config, *switches) if isinstance(htp_config, dict) else ())]
     findings += _check_manifest(bundle) if manifest else []
     graphs, graph_findings = _load_graphs(bundle, ctx_bins)
     findings += graph_findings

@@ -282,6 +282,11 @@ def _check_cross_fields(config: dict, where: str) -> None:
                               "float32 weights only (a weight reaching its op through a Cast stays unquantized)")
     if config["bundle"]["embedding"] == "lut":
         _check_embedding_table(config, where)
+    if config["bundle"].get("graph_switching") is True and config["bundle"]["share_resources"]:
+        # the HTP manual: graph switching "can not be used together with QNN_HTP_CONTEXT_CONFIG_OPTION_SHARE_RESOURCES"
+        raise GenieBuildError(_key(where, ("bundle", "graph_switching")),
+                              "true cannot go with bundle.share_resources: true (the HTP backend does not switch "
+                              "graphs of contexts that share resources): unset one")
     if source_kind(config) == "demo":  # the demo is built: its sizes must make a model at every length
         for length in context_lengths(config["demo"]):
             try:

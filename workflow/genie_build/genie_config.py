@@ -203,7 +203,8 @@ GENIE_CONFIG_SECTIONS: dict[str, GenieSection] = {
               "rope-theta", "enable-graph-switching", "shared-engine", "graph-switching-lora-policy",
               "weight-shared-lora", "skip-lora-validation"),
         {"version": INT, "spill-fill-bufsize": NUMBER, "mmap-budget": NUMBER, "use-mmap": BOOL, "cpu-mask": STR,
-         "poll": BOOL, "pos-id-dim": INT, "kv-dim": INT, "allow-async-init": BOOL, "rope-theta": NUMBER}),
+         "poll": BOOL, "pos-id-dim": INT, "kv-dim": INT, "allow-async-init": BOOL, "rope-theta": NUMBER,
+         "enable-graph-switching": BOOL}),
     "dialog.engine.model": GenieSection(
         _keys("version", "type", "binary"),
         _keys("mask-type", "cross-attention", "library", "checkpoint", "positional-encoding", "draft-token-map",
@@ -233,7 +234,7 @@ BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],
                       context_size: int, *, hf_config_path: str | os.PathLike[str] = "config.json",
                       n_threads: int = DEFAULT_N_THREADS, share_resources: bool = False,
-                      embedding: Mapping[str, Any] | None = None) -> dict:
+                      graph_switching: bool | None = None, embedding: Mapping[str, Any] | None = None) -> dict:
     """The whole ``genie_config.json`` for a basic dialog over ``ctx_bins`` (bundle file names, part order).
 
     Args:
@@ -245,6 +246,8 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
         n_threads: ``engine.n-threads``.
         share_resources: initialize the contexts asynchronously (``allow-async-init``), the path on which Genie
             applies the extension config's ``groupContext`` (:mod:`genie_build.htp_extensions`).
+        graph_switching: ``bundle.graph_switching``: QnnHtp ``enable-graph-switching``; None: the key is not
+            written (Genie's default).
         embedding: ``dialog.embedding`` when the embedding is a CPU table
             (:func:`genie_build.embedding_table.dialog_embedding`); None: the embedding is part 1's graph.
 
@@ -264,6 +267,8 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
     rope = read_rope(hf_config, hf_config_path)
     qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
                                "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": share_resources}
+    if graph_switching is not None:
+        qnn_htp["enable-graph-switching"] = graph_switching
     model: dict[str, Any] = {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}
     model["positional-encoding"] = {"type": "rope", "rope-dim": kv_dim // 2, "rope-theta": _genie_theta(rope.theta)}
     if rope.scaling is not None:

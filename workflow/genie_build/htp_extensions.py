@@ -14,6 +14,9 @@ Genie applies the group options only on its asynchronous path: with ``allow-asyn
 contexts with ``contextCreateFromBinaryListAsync`` and the backend extensions' group configs (Genie SDK
 ``qnn-api/QnnApi.cpp``); with ``false`` it creates them one by one, so ``share_resources`` is inert (inferred from
 that source: the ChatApp pairs the option with ``allow-async-init: false``).
+
+Graph switching (Genie's ``QnnHtp.enable-graph-switching``, loading one context's graphs at a time) "can not be used
+together with QNN_HTP_CONTEXT_CONFIG_OPTION_SHARE_RESOURCES" (the HTP manual), so the two together are an error.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def group_context() -> dict[str, Any]:
     return {"share_resources": True}
 
 
-def share_resources_problems(htp_config: dict, allow_async_init: object) -> list[tuple[str, str]]:
+def share_resources_problems(htp_config: dict, allow_async_init: object,
+                             graph_switching: object = None) -> list[tuple[str, str]]:
     """(severity, message) for each problem of the extension config's ``context`` and ``groupContext`` sections,
-    given Genie's ``QnnHtp.allow-async-init``."""
+    given Genie's ``QnnHtp.allow-async-init`` and ``QnnHtp.enable-graph-switching``."""
     problems: list[tuple[str, str]] = []
     for name, known in (("context", CONTEXT_KEYS), ("groupContext", GROUP_CONTEXT_KEYS)):
         section = htp_config.get(name)
@@ -55,4 +59,7 @@ def share_resources_problems(htp_config: dict, allow_async_init: object) -> list
     if isinstance(group, dict) and group.get("share_resources") is True and allow_async_init is not True:
         problems.append(("warning", "groupContext.share_resources is true but QnnHtp allow-async-init is not: "
                                     "Genie then creates the contexts one by one and the group option has no effect"))
+    if isinstance(group, dict) and group.get("share_resources") is True and graph_switching is True:
+        problems.append(("error", "groupContext.share_resources is true and so is QnnHtp enable-graph-switching: "
+                                  "the HTP backend does not switch the graphs of contexts that share resources"))
     return problems

@@ -1,11 +1,14 @@
 """Run a reference bundle on the host the way Genie runs a bundle on the phone.
 
 The prompt is processed in chunks of the prompt graphs' AR (the last chunk padded at its end), each chunk
-through every part in order; then the token graphs (AR 1) decode one token at a time, greedily. The host
-keeps the KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values
-``[1, n_kv, len, D]``, valid entries first. A graph with AR ``a`` and context ``CL`` sees the first
-``CL - a`` cache columns and an additive mask hiding the empty ones (``MASK_MIN``); it returns only the
-``a`` new entries, of which the host appends the real ones (not the padding).
+through every part in order; then the token graphs (AR 1) decode one token at a time, greedily. A bundle whose
+parts hold their graphs at several context lengths runs each step as Genie does (:func:`choose_graph`): at the
+smallest CL that holds it, moving up a length, never down, when the cache outgrows the current one, the cache
+carried over (docs/host-run.md). The host keeps the KV cache (docs/conventions.md): per layer, keys
+``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``, valid entries first, in one buffer of the
+largest CL. A graph with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask
+hiding the empty ones (``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real
+ones (not the padding).
 
 The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
 reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
@@ -19,9 +22,10 @@ time. So the host run holds about one copy of the model's stored weights, plus o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,9 +49,10 @@ from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
-__all__ = ["EmbeddingLookup", "Generation", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache", "LoadedBundle",
-           "PARTS_REFERENCE", "Runner", "embedding_lookup", "generate", "graph_ar_cl_of", "host_rope", "host_run",
-           "load_bundle", "make_runner", "read_graph_file", "run_bundle", "unsplit_tokens"]
+__all__ = ["EmbeddingLookup", "Generation", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "choose_graph", "embedding_lookup", "generate",
+           "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
+           "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
@@ -77,17 +82,42 @@ HOST_ROPE_TYPES = ("default", *sorted({GENIE_ROPE_TYPES[kind] for family in FAMI
 
 @dataclass(frozen=True)
 class Runner:
-    """The parts of a model, each a runnable session per AR, and the RoPE geometry to feed them.
+    """The parts of a model, each a runnable session per graph (AR, CL), and the RoPE geometry to feed them.
 
-    ``parts[i][ar]`` runs part ``i`` (0-based) for ``ar`` new tokens; ``context_length`` is the compiled CL.
+    ``graphs[i][ar, cl]`` runs part ``i`` (0-based) for ``ar`` new tokens at context length ``cl``; every part
+    offers the same (AR, CL).
     """
 
-    parts: tuple[Mapping[int, GraphSession], ...]
-    context_length: int
+    graphs: tuple[Mapping[tuple[int, int], GraphSession], ...]
     head_dim: int
     rope_theta: float
     rope_scaling: Mapping[str, Any] | None = None  # HF llama3 parameters when Genie's config scales RoPE
     embedding: EmbeddingLookup | None = None  # the bundle's CPU table, when part 1 is not a graph
+
+    @property
+    def offered(self) -> frozenset[tuple[int, int]]:
+        """The (AR, CL) of every part's graphs."""
+        return frozenset(self.graphs[0])
+
+    @property
+    def context_length(self) -> int:
+        """The largest compiled CL: how many tokens the run may hold."""
+        return max(cl for _, cl in self.offered)
+
+    @property
+    def parts(self) -> tuple[Mapping[int, GraphSession], ...]:
+        """Each part's graphs at the largest CL, by AR (all the graphs of a bundle of one context length)."""
+        top = self.context_length
+        return tuple({ar: graph for (ar, cl), graph in part.items() if cl == top} for part in self.graphs)
+
+
+@dataclass(frozen=True)
+class GraphRun:
+    """Consecutive steps of a generation on one graph (AR, CL) of every part."""
+
+    ar: int
+    cl: int
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -122,6 +152,7 @@ class Generation:
     text: str
     prompt_seconds: float
     decode_seconds: float
+    graph_runs: tuple[GraphRun, ...] = ()  # in order: a new run at each switch of graph
 
     @property
     def tokens_per_second(self) -> float:
@@ -131,7 +162,7 @@ class Generation:
 
 def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float,
                 rope_scaling: Mapping[str, Any] | None = None, embedding: EmbeddingLookup | None = None) -> Runner:
-    """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the AR each graph takes.
+    """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the (AR, CL) each graph takes.
 
     The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
     graphs of a part that share a weight in the ctx-bin are fed one array. ``parts`` may be a generator, so
@@ -139,26 +170,27 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
 
     Raises:
         GenieBuildError: a graph whose AR or CL cannot be told (from its tensors or name), a part with two
-            graphs for one AR, or parts that do not all offer the same ARs and CL.
+            graphs for one (AR, CL), or parts that do not all offer the same (AR, CL).
     """
-    sessions, context_lengths = [], set()
+    sessions = []
     for index, graphs in enumerate(parts, start=1):
-        by_ar: dict[int, GraphSession] = {}
+        by_graph: dict[tuple[int, int], GraphSession] = {}
         for name, graph in graphs.items():
             ar, cl = graph_ar_cl_of(name, graph.model)
             if ar is None or cl is None:
                 raise GenieBuildError(name, f"part {index}: cannot tell the graph's AR and CL (got {ar}, {cl})")
-            if ar in by_ar:
-                raise GenieBuildError(name, f"part {index} has two graphs with AR {ar}")
-            context_lengths.add(cl)
-            by_ar[ar] = _graph_session(graph)
-        sessions.append(by_ar)
-    ars = {frozenset(by_ar) for by_ar in sessions}
-    if len(ars) != 1 or len(context_lengths) != 1:
-        raise GenieBuildError("bundle", f"parts offer different graphs: ARs {sorted(map(sorted, ars))}, "
-                                        f"CLs {sorted(context_lengths)}")
-    return Runner(parts=tuple(sessions), context_length=context_lengths.pop(), head_dim=head_dim,
-                  rope_theta=rope_theta, rope_scaling=rope_scaling, embedding=embedding)
+            if (ar, cl) in by_graph:
+                raise GenieBuildError(name, f"part {index} has two graphs with AR {ar} and CL {cl}")
+            by_graph[ar, cl] = _graph_session(graph)
+        sessions.append(by_graph)
+    if not sessions:
+        raise GenieBuildError("bundle", "has no parts")
+    odd = next((index for index, by_graph in enumerate(sessions, start=1) if set(by_graph) != set(sessions[0])), None)
+    if odd is not None:
+        raise GenieBuildError("bundle", f"parts offer different graphs (AR, CL): part 1 {sorted(sessions[0])}, "
+                                        f"part {odd} {sorted(sessions[odd - 1])}")
+    return Runner(graphs=tuple(sessions), head_dim=head_dim, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                  embedding=embedding)
 
 
 def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
@@ -203,14 +235,15 @@ def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
 
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
-    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time.
+    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time, each step at the
+    smallest context length that holds it (:func:`choose_graph`).
 
     Args:
         runner: the model's parts.
         prompt_ids: the prompt's token ids (at least one).
         max_new_tokens: how many tokens to generate at most.
         eos_ids: generation stops after one of these.
-        context_size: tokens the run may hold (default: the compiled context length).
+        context_size: tokens the run may hold (default: the largest compiled context length).
 
     Returns:
         The new token ids (an end-of-sequence token included when one stopped the run).
@@ -225,11 +258,11 @@ def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: 
     """Tokenize ``prompt``, generate greedily from the bundle and decode the new tokens."""
     loaded = load_bundle(bundle_dir)
     prompt_ids = loaded.tokenizer.encode(prompt).ids
-    new_ids, prompt_seconds, decode_seconds = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
-                                                              loaded.eos_ids, loaded.context_size)
+    new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
+                                                                    loaded.eos_ids, loaded.context_size)
     return Generation(prompt_ids=tuple(prompt_ids), new_ids=tuple(new_ids),
                       text=loaded.tokenizer.decode(list(new_ids)), prompt_seconds=prompt_seconds,
-                      decode_seconds=decode_seconds)
+                      decode_seconds=decode_seconds, graph_runs=runs)
 
 
 @dataclass(frozen=True)
@@ -247,7 +280,8 @@ class HostRun:
         generation = self.generation
         report = {"prompt": self.prompt, "prompt_ids": list(generation.prompt_ids),
                   "new_ids": list(generation.new_ids), "text": generation.text,
-                  "tokens_per_second": round(generation.tokens_per_second, 1)}
+                  "tokens_per_second": round(generation.tokens_per_second, 1),
+                  "graph_runs": [dataclasses.asdict(run) for run in generation.graph_runs]}
         if self.reference_ids is None:
             return report
         return {**report, "compared_with": self.compared_with, "reference_ids": list(self.reference_ids)}
@@ -339,44 +373,72 @@ def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mappin
                     context_size=dialog["context"]["size"])
 
 
+def choose_graph(offered: Collection[tuple[int, int]], past_len: int, *, widest: bool,
+                 at_least: int = 0) -> tuple[int, int]:
+    """The graph (AR, CL) Genie runs a step on after ``past_len`` tokens (KVManager's strategy): the smallest CL,
+    not below ``at_least`` (the current one: Genie never moves down during a dialog), whose widest AR (a prompt
+    chunk, ``widest``) or narrowest (a token) holds the step: ``past_len + AR <= CL``.
+
+    Raises:
+        GenieBuildError: no CL holds the step.
+    """
+    for cl in sorted({cl for _, cl in offered if cl >= at_least}):
+        ars = [ar for ar, length in offered if length == cl]
+        ar = max(ars) if widest else min(ars)
+        if past_len + ar <= cl:
+            return ar, cl
+    raise GenieBuildError("prompt", f"a {'prompt chunk' if widest else 'token'} at position {past_len} fits no "
+                                    f"graph (AR, CL) of {sorted(offered)}")
+
+
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
-                    context_size: int | None) -> tuple[list[int], float, float]:
+                    context_size: int | None) -> tuple[list[int], float, float, tuple[GraphRun, ...]]:
     limit = min(context_size or runner.context_length, runner.context_length)
     if not prompt_ids:
         raise GenieBuildError("prompt", "is empty after tokenization")
     if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > limit:
         raise GenieBuildError("max-new-tokens", f"the prompt's {len(prompt_ids)} tokens + {max_new_tokens} new "
                                                 f"tokens must fit the context size {limit} (and at least 1 new)")
+    # one buffer of the largest CL: each graph sees its first CL - AR slots, so a switch carries the cache over
     cache = KVCache(runner.context_length)
     # every position a graph can be fed (a padded chunk ends at most at the last slot)
     rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length), runner.rope_scaling)
+    runs: list[GraphRun] = []
+
+    def step(tokens: Sequence[int], ar: int, cl: int) -> np.ndarray:
+        if runs and (runs[-1].ar, runs[-1].cl) == (ar, cl):
+            runs[-1] = dataclasses.replace(runs[-1], steps=runs[-1].steps + 1)
+        else:
+            runs.append(GraphRun(ar, cl, 1))
+        return _step(runner, cache, rope, tokens, ar, cl)
+
+    def next_graph(widest: bool) -> tuple[int, int]:
+        return choose_graph(runner.offered, cache.length, widest=widest, at_least=runs[-1].cl if runs else 0)
+
     started = time.perf_counter()
-    prompt_ar = max(runner.parts[0])
-    for start in range(0, len(prompt_ids), prompt_ar):
-        logits = _step(runner, cache, rope, prompt_ids[start:start + prompt_ar], prompt_ar)
+    while cache.length < len(prompt_ids):
+        ar, cl = next_graph(widest=True)
+        logits = step(prompt_ids[cache.length:cache.length + ar], ar, cl)
     new_ids = [int(np.argmax(logits))]
     prompt_done = time.perf_counter()
     while len(new_ids) < max_new_tokens and new_ids[-1] not in eos_ids:
-        new_ids.append(int(np.argmax(_step(runner, cache, rope, new_ids[-1:], min(runner.parts[0])))))
-    return new_ids, prompt_done - started, time.perf_counter() - prompt_done
+        new_ids.append(int(np.argmax(step(new_ids[-1:], *next_graph(widest=False)))))
+    return new_ids, prompt_done - started, time.perf_counter() - prompt_done, tuple(runs)
 
 
 def _step(runner: Runner, cache: KVCache, rope: tuple[np.ndarray, np.ndarray], tokens: Sequence[int],
-          ar: int) -> np.ndarray:
-    """Run ``tokens`` (at most ``ar``, padded to ``ar``) through every part; append their KV; return the
-    logits of the last real token. ``rope`` holds the cos/sin tables of every position."""
+          ar: int, cl: int) -> np.ndarray:
+    """Run ``tokens`` (at most ``ar``, padded to ``ar``) through every part's graph (``ar``, ``cl``); append their
+    KV; return the logits of the last real token. ``rope`` holds the cos/sin tables of every position."""
     count, past_len = len(tokens), cache.length
-    if past_len > runner.context_length - ar:
-        raise GenieBuildError("prompt", f"a chunk of {ar} tokens at position {past_len} does not fit the "
-                                        f"context length {runner.context_length}")
     positions = slice(past_len, past_len + ar)
     padded = list(tokens) + [0] * (ar - count)
     first = {INPUTS_EMBEDS: runner.embedding.vectors(padded)} if runner.embedding is not None \
         else {INPUT_IDS: np.array([padded], dtype=np.int32)}
-    feed = {**first, MASK: causal_mask(ar, runner.context_length, past_len),
+    feed = {**first, MASK: causal_mask(ar, cl, past_len),
             POS_COS: rope[0][:, :, positions], POS_SIN: rope[1][:, :, positions]}
-    for part in runner.parts:
-        graph = part[ar]
+    for part in runner.graphs:
+        graph = part[ar, cl]
         inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
                   for node in graph.inputs()}
         outputs = graph.run(inputs)

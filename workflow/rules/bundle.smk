@@ -47,8 +47,10 @@ rule bundle:
         chipset=config["target"]["chipset"],
         context_size=config["bundle"].get("context_size") or 0,  # 0: the compiled context length
         share_resources=config["bundle"]["share_resources"],
-        # a lambda: a param that is an empty list vanishes
+        # a lambda: a param that is an empty list vanishes (unset graph_switching: Genie's config leaves the key out)
         table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
+        graph_switching=lambda wc: ([] if config["bundle"].get("graph_switching") is None
+                                    else ["--graph-switching", str(config["bundle"]["graph_switching"])]),
         # The bundle's own variant only: another variant's options do not change the bundle; nor does the
         # calibration's memory budget (the chain's encodings are the same whatever its units).
         config_used=json.dumps({**config, "variants": {BUNDLE_VARIANT: config["variants"][BUNDLE_VARIANT]},
@@ -64,7 +66,7 @@ rule bundle:
         "{params.python} -m genie_build bundle --out-dir {params.bundle_dir:q} --model-name {params.model:q} --binaries {input.binaries:q}"
         " --toolchain {params.toolchain:q} --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q}"
         " --chipset {params.chipset:q} --context-size {params.context_size}"
-        " --share-resources {params.share_resources} {params.table:q} --config-json {params.config_used:q}"
+        " --share-resources {params.share_resources} {params.graph_switching:q} {params.table:q} --config-json {params.config_used:q}"
         " > {log:q} 2>&1"
 
 

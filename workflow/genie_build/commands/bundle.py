@@ -31,6 +31,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--share-resources", nargs="?", const=True, default=False, type=boolean,
                         help="bundle.share_resources: groupContext share_resources with allow-async-init "
                              "(also --share-resources true/false)")
+    parser.add_argument("--graph-switching", type=boolean, metavar="{true,false}",
+                        help="bundle.graph_switching: Genie's QnnHtp enable-graph-switching (default: not written)")
     parser.add_argument("--embedding-table", type=Path, metavar="BIN",
                         help="bundle.embedding: lut: the table (with BIN.json beside it); --binaries are then parts 2..N")
     parser.add_argument("--config-json", default="{}", metavar="JSON",
@@ -43,5 +45,6 @@ def run(args: argparse.Namespace) -> int:
     assemble_bundle(args.out_dir, args.binaries, args.toolchain, args.hf_config, args.tokenizer, args.chipset,
                     args.context_size or None, json_object(args.config_json, "--config-json"), runtime_tool_versions(),
                     model_name=args.model_name, share_resources=args.share_resources,
+                    graph_switching=args.graph_switching,
                     embedding_table=args.embedding_table)
     return 0

@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.prompt}{generation.text}")
     print(f"prompt: {len(generation.prompt_ids)} tokens in {generation.prompt_seconds:.3f} s; generated "
           f"{len(generation.new_ids)} tokens, {generation.tokens_per_second:.1f} tokens/s; ids "
-          f"{list(generation.new_ids)}")
+          f"{list(generation.new_ids)}; graphs "
+          + ", ".join(f"AR {run.ar} CL {run.cl} x{run.steps}" for run in generation.graph_runs))
     if result.reference_ids is not None:
         print(f"equal to the tokens of {result.compared_with}")
     if args.out:
