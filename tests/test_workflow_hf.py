@@ -367,7 +367,7 @@ def test_a_second_context_length_exports_only_its_graphs_and_the_host_run_switch
         assert load_json(out / "bundle_check.json")["errors"] == 0
         run = load_json(out / "host_run.json")
         assert run["new_ids"] == run["reference_ids"] == single["new_ids"]
-        lengths = [graph["cl"] for graph in run["graphs_run"]]
-        assert lengths[0] == 32 and lengths[-1] == CONTEXT, run["graphs_run"]
+        lengths = [graph["cl"] for graph in run["graph_runs"]]
+        assert lengths[0] == 32 and lengths[-1] == CONTEXT, run["graph_runs"]
     finally:
         run_snakemake(workdir, config_file=config)  # back to one length for any test after this one

@@ -78,8 +78,8 @@ def test_the_host_run_switches_up_and_gives_the_single_length_tokens(demo):
     workdir, single, _ = demo
     run = load_json(workdir / "results" / "demo" / "host_run.json")
     assert run["new_ids"] == run["reference_ids"] == single["host_run"]["new_ids"]
-    lengths = [graph["cl"] for graph in run["graphs_run"]]
-    assert lengths[0] == SHORT and lengths[-1] == LONG and lengths == sorted(lengths), run["graphs_run"]
+    lengths = [graph["cl"] for graph in run["graph_runs"]]
+    assert lengths[0] == SHORT and lengths[-1] == LONG and lengths == sorted(lengths), run["graph_runs"]
 
 
 def test_the_users_onnx_graphs_one_per_length_make_the_same_bundle(demo, tmp_path_factory):
