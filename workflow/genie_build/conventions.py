@@ -40,9 +40,9 @@ __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FI
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
-           "graph_ar_cl", "graph_name", "kv_name", "layer_output", "parse_part_label", "part_file_name", "part_label",
-           "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text", "tensors_by_name", "unit_label",
-           "unsplit_graph_name"]
+           "graph_ar_cl", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
+           "part_file_name", "part_label", "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text",
+           "tensors_by_name", "unit_label", "unsplit_graph_name"]
 
 if TYPE_CHECKING:
     import numpy as np
@@ -152,6 +152,14 @@ def unsplit_graph_name(kind: str, ar: int, cl: int) -> str:
     if kind not in GRAPH_KINDS:
         raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
     return f"{kind}_ar{ar}_cl{cl}"
+
+
+def length_graph_key(kind: str, cl: int) -> str:
+    """``length_graph_key("prompt", 1024) == "prompt_cl1024"``: the key (and file stem) of a graph of ``kind`` at a
+    context length other than the bundle's base one, beside the base graph's key ``kind``."""
+    if kind not in GRAPH_KINDS:
+        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
+    return f"{kind}_cl{cl}"
 
 
 def graph_name(kind: str, ar: int, cl: int, index: int, num_parts: int) -> str:
