@@ -21,7 +21,8 @@ graphs have the IO, tensor names and graph names the split gives a part of the w
 (:mod:`genie_build.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
 graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped. The weights (HF
 names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) are written once, 4 KiB-aligned, to one
-data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`).
+data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`); the part's graphs at
+other context lengths refer to the same file (:mod:`genie_build.export_length`).
 
 A tied LM head is written as its own ``lm_head.weight`` (the embedding table's values): Genie bundles quantize the
 table and the head differently, and they sit in different parts.
