@@ -11,8 +11,8 @@ import re
 
 from genie_build.calibration_units import units_from_dicts
 from genie_build.conventions import (KV_TENSOR, PART_LABEL_PATTERN, PART_SUFFIX, UNIT_LABEL_PATTERN, graph_ar,
-                                     graph_ar_cl, graph_name, kv_name, parse_part_label, part_label, piece_names,
-                                     unit_label, unsplit_graph_name)
+                                     graph_ar_cl, graph_name, kv_name, length_graph_key, parse_part_label, part_label,
+                                     piece_names, unit_label, unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 
 
@@ -88,6 +88,12 @@ def test_graph_names_whole_and_split() -> None:
     assert PART_SUFFIX.search(graph_name("token", 1, 256, 3, 11)).groups() == ("03", "11")
     with pytest.raises(ValueError, match="graph kind"):
         unsplit_graph_name("decode", 1, 256)
+
+
+def test_a_graph_at_another_context_length_is_keyed_by_its_kind_and_length() -> None:
+    assert [length_graph_key(kind, 1024) for kind in ("prompt", "token")] == ["prompt_cl1024", "token_cl1024"]
+    with pytest.raises(ValueError, match="graph kind"):
+        length_graph_key("decode", 1024)
 
 
 def test_kv_names_are_what_the_kv_pattern_reads() -> None:

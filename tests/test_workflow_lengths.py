@@ -20,8 +20,8 @@ pytestmark = pytest.mark.workflow
 SHORT, LONG = 16, 64      # the small demo's AR is 8: its prompt fills 16 in one or two chunks, the generation goes on
 # what may run when a length is added: the new graphs, their parts, the check of their weights, and every part's
 # binaries and what reads them
-LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "check_model", "convert_part_reference", "compile_part", "account",
-               "size_table", "memory_plan", "bundle", "check_bundle", "run_bundle", "all"}
+LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "check_model", "convert_part_reference", "compile_part",
+               "account", "size_table", "memory_plan", "bundle", "check_bundle", "run_bundle", "all"}
 
 
 def _sizes(out: Path) -> dict[str, dict]:

@@ -40,9 +40,9 @@ __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FI
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
-           "graph_ar_cl", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label", "part_file_name", "part_label",
-           "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text", "tensors_by_name", "unit_label",
-           "unsplit_graph_name"]
+           "graph_ar_cl", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
+           "part_file_name", "part_label", "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text",
+           "tensors_by_name", "unit_label", "unsplit_graph_name"]
 
 if TYPE_CHECKING:
     import numpy as np

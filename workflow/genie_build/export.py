@@ -21,7 +21,8 @@ graphs have the IO, tensor names and graph names the split gives a part of the w
 (:mod:`genie_build.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
 graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped. The weights (HF
 names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) are written once, 4 KiB-aligned, to one
-data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`).
+data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`); the part's graphs at
+other context lengths refer to the same file (:mod:`genie_build.export_length`).
 
 A tied LM head is written as its own ``lm_head.weight`` (the embedding table's values): Genie bundles quantize the
 table and the head differently, and they sit in different parts.
@@ -67,7 +68,7 @@ from genie_build.sequence_split import split_without_sequences
 from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
 
 __all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphSpan", "dequantize_fp8", "export_checkpoint",
-           "export_part", "export_shape", "part_files", "part_modules", "piece_outputs"]
+           "export_part", "export_part_graphs", "export_shape", "part_files", "part_modules", "piece_outputs"]
 
 log = logging.getLogger(__name__)
 STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
@@ -75,6 +76,7 @@ PART_WEIGHTS_NAME = "weights.onnx.data"
 # What transformers raises for a config.json or checkpoint it cannot read (huggingface_hub's strict dataclasses
 # validate config fields, e.g. layer_types against num_hidden_layers, with an Exception of their own).
 _READ_ERRORS = (OSError, ValueError, TypeError, KeyError, StrictDataclassError)
+_DtypeShape = tuple[int, tuple[int, ...]]   # an initializer's ONNX dtype and shape
 
 
 @dataclass(frozen=True)
@@ -383,16 +385,31 @@ def export_part(checkpoint_dir: str | os.PathLike[str], part: PartPlan, out_dir:
             do not fit the model, or a file cannot be written.
     """
     checkpoint = check_checkpoint(checkpoint_dir, ar=ar, context=context)
+    graphs, data = part_files(out_dir)
+    return export_part_graphs(checkpoint, part, graphs, data, num_parts=num_parts, ar=ar, context=context)
+
+
+def export_part_graphs(checkpoint: Checkpoint, part: PartPlan, graphs: Mapping[str, Path], data: Path, *,
+                       num_parts: int, ar: int, context: int, base: tuple[Path, Mapping[str, onnx.TensorProto]]
+                       | None = None) -> ExportSummary:
+    """Export ``part``'s graphs at AR ``ar``, CL ``context`` to ``graphs`` (kind -> path) from the checked
+    ``checkpoint``, their weights written to ``data``; with ``base`` (a graph beside them and its initializers),
+    referring to that graph's weights in ``data`` instead, which is not written.
+
+    Raises:
+        GenieBuildError: as :func:`export_part`; a weight the graphs read that ``base`` lacks or has in another
+            dtype or shape (naming its graph).
+    """
     shape = export_shape(checkpoint.config, ar, context, checkpoint.directory / CONFIG_NAME)
     span = GraphSpan.of_part(part)
     log.info("part %s: %s (%d layer(s)); reading its tensors", part.label, "+".join(part.pieces), len(span.layers))
     module = part_modules(checkpoint, span)
-    log.info("part %s: %s loaded; exporting its prompt and token graphs", part.label, _span_text(span))
+    log.info("part %s: %s loaded; exporting its graphs at context %d", part.label, _span_text(span), context)
     names = {kind: graph_name(kind, graph_ar(kind, ar), context, part.index, num_parts) for kind in GRAPH_KINDS}
-    graphs, data = part_files(out_dir)
-    _export_graphs(module, shape, span, names, graphs, {kind: data for kind in GRAPH_KINDS})
-    return ExportSummary(checkpoint.model_type, shape, bool(checkpoint.config.get("tie_word_embeddings")),
-                         (data, *graphs.values()))
+    source, weights = base or (graphs["prompt"], None)
+    _export_graphs(module, shape, span, names, graphs, {kind: data for kind in GRAPH_KINDS}, source, weights)
+    files = tuple(graphs.values()) if base else (data, *graphs.values())
+    return ExportSummary(checkpoint.model_type, shape, bool(checkpoint.config.get("tie_word_embeddings")), files)
 
 
 def _span_text(span: GraphSpan) -> str:
@@ -434,7 +451,8 @@ def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathL
     names = {kind: unsplit_graph_name(kind, graph_ar(kind, ar), context) for kind in GRAPH_KINDS}
     with _staging(out) as staging:
         graphs = {kind: staging / f"{kind}.onnx" for kind in GRAPH_KINDS}
-        _export_graphs(wrapper, shape, span, names, graphs, {kind: _data_path(graphs[kind]) for kind in GRAPH_KINDS})
+        _export_graphs(wrapper, shape, span, names, graphs, {kind: _data_path(graphs[kind]) for kind in GRAPH_KINDS},
+                       graphs["prompt"])
         del wrapper, model
         check_shared_initializers(graphs["prompt"], graphs["token"])
         files = tuple(name for kind in GRAPH_KINDS for name in (f"{kind}.onnx.data", f"{kind}.onnx"))
@@ -444,18 +462,22 @@ def export_checkpoint(directory: str | os.PathLike[str], out_dir: str | os.PathL
 
 
 def _export_graphs(module: GenieIO, shape: ExportShape, span: GraphSpan, names: Mapping[str, str],
-                   graphs: Mapping[str, Path], data: Mapping[str, Path]) -> None:
+                   graphs: Mapping[str, Path], data: Mapping[str, Path], source: Path,
+                   weights: Mapping[str, onnx.TensorProto] | None = None) -> None:
     """Export the prompt and token graphs of ``module`` to ``graphs``, the prompt graph's weights written to
-    ``data["prompt"]`` and the token graph reading the same file, or a copy of it at ``data["token"]``."""
-    weights: dict[str, onnx.TensorProto] = {}
+    ``data["prompt"]`` and the token graph reading the same file, or a copy of it at ``data["token"]``; or, given
+    ``weights`` (those of the graph ``source``, stored in ``data["prompt"]``), both graphs referring to them."""
+    models = {}
     for kind in GRAPH_KINDS:
         model, program = _exported_graph(module, shape, kind, span, names[kind])
-        if kind == "prompt":
+        if weights is None:
             weights = _write_weights(program, data[kind])
         elif data[kind] != data["prompt"]:
             _copy_file(data["prompt"], data[kind])
+        _add_weights(model, weights, _initializer_types(program), data[kind].name, graphs[kind], source)
+        models[kind] = model
         del program
-        _add_weights(model, weights, data[kind].name, graphs[kind])
+    for kind, model in models.items():  # once both have their weights: a refused graph leaves neither written
         write_bytes(graphs[kind], model.SerializeToString(deterministic=True))
         check_part(graphs[kind])
         log.info("exported %s (%s): %d nodes, %d weights", graphs[kind], names[kind], len(model.graph.node),
@@ -524,20 +546,34 @@ def _external_tensor(name: str, array: np.ndarray, location: str, offset: int) -
     return tensor
 
 
-def _add_weights(model: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto], location: str, path: Path
-                 ) -> None:
-    """Give the graph the weights it reads, as the data file ``location`` beside it stores them."""
+def _initializer_types(program: Any) -> dict[str, _DtypeShape]:
+    return {name: (int(value.dtype), tuple(value.shape)) for name, value in program.model.graph.initializers.items()}
+
+
+def _add_weights(model: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto], types: Mapping[str, _DtypeShape],
+                 location: str, path: Path, source: Path) -> None:
+    """Give the graph the weights it reads (of the dtypes and shapes ``types`` says), as the data file ``location``
+    beside it stores them; ``weights`` are those of the graph ``source``."""
     read = {name for node in model.graph.node for name in node.input}
     produced = {name for node in model.graph.node for name in node.output} | {v.name for v in model.graph.input}
     needed = sorted(read - produced - {""})
     missing = [name for name in needed if name not in weights]
     if missing:
-        raise GenieBuildError(path, f"the graph reads weights the prompt graph does not have: {missing[:3]}")
+        raise GenieBuildError(source, f"has no weight(s) {missing[:3]} ({len(missing)} in all) that {path.name} reads")
+    for name in needed:
+        stored = (weights[name].data_type, tuple(weights[name].dims))
+        if stored != types[name]:
+            raise GenieBuildError(source, f"weight {name!r} is {_type_text(stored)}, {path.name} reads it as "
+                                          f"{_type_text(types[name])}")
     for name in weights:
         if name in read:
             tensor = model.graph.initializer.add()
             tensor.CopyFrom(weights[name])
             tensor.external_data[0].value = location
+
+
+def _type_text(dtype_shape: _DtypeShape) -> str:
+    return f"{onnx.TensorProto.DataType.Name(dtype_shape[0]).lower()} {list(dtype_shape[1])}"
 
 
 def _copy_file(source: Path, target: Path) -> None:

@@ -7,15 +7,22 @@ import argparse
 
 from genie_build.cli_args import json_object, positive_int
 from genie_build.errors import GenieBuildError
-from genie_build.plan_file import part_from_dict
+from genie_build.plan_file import PartPlan, part_from_dict
 
-__all__ = ["register_parser", "run"]
+__all__ = ["HF_EXTRA_HINT", "add_part_arguments", "part_argument", "register_parser", "run"]
 
 HF_EXTRA_HINT = "pip install --no-deps -r envs/requirements-hf.txt"
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("export-part", help=__doc__.splitlines()[0], description=__doc__)
+    add_part_arguments(parser, context_help="context length CL of both graphs",
+                       out_dir_help="folder for prompt.onnx, token.onnx and weights.onnx.data")
+    return parser
+
+
+def add_part_arguments(parser: argparse.ArgumentParser, *, context_help: str, out_dir_help: str) -> None:
+    """The arguments of a command exporting one part's graphs (``export-part``, ``export-length``)."""
     parser.add_argument("--checkpoint", required=True,
                         help="checkpoint directory: config.json, model.safetensors (or shards + "
                              "model.safetensors.index.json), tokenizer.json")
@@ -23,13 +30,16 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="the part, as plan.json lists it (index, label, pieces, layers, boundaries)")
     parser.add_argument("--num-parts", required=True, type=positive_int, help="parts in the plan (graph names)")
     parser.add_argument("--ar", type=positive_int, required=True, help="tokens per call of the prompt graph (AR)")
-    parser.add_argument("--context", type=positive_int, required=True, help="context length CL of both graphs")
-    parser.add_argument("--out-dir", required=True, help="folder for prompt.onnx, token.onnx and weights.onnx.data")
-    return parser
+    parser.add_argument("--context", type=positive_int, required=True, help=context_help)
+    parser.add_argument("--out-dir", required=True, help=out_dir_help)
+
+
+def part_argument(args: argparse.Namespace) -> PartPlan:
+    return part_from_dict(json_object(args.part_json, "--part-json"), "--part-json")
 
 
 def run(args: argparse.Namespace) -> int:
-    part = part_from_dict(json_object(args.part_json, "--part-json"), "--part-json")
+    part = part_argument(args)
     try:  # torch only here: the commands that do not export run without it
         from genie_build.export import export_part
     except ImportError as exc:
