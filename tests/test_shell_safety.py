@@ -35,7 +35,6 @@ UNQUOTED_ALLOWED = {
     "params.vocab": "integer (schema)",
     "params.max_context_mb": "number (schema)",
     "params.max_session_mb": "number (schema)",
-    "wildcards.graph": "constrained to prompt|token",
     "wildcards.part": r"constrained to \d+_of_\d+",
     "wildcards.unit": r"constrained to u\d+_of_\d+",
     "wildcards.variant": "constrained to the variant names, which the schema limits to [A-Za-z0-9_-]+",

@@ -77,8 +77,8 @@ def changed_since(before: dict[str, int], after: dict[str, int]) -> set[str]:
 
 
 def jobs_run(result: subprocess.CompletedProcess) -> list[tuple[str, str]]:
-    """(rule, wildcards) of every job a run printed (``snakemake -p``)."""
-    jobs = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", result.stdout + result.stderr, re.MULTILINE)
+    """(rule, wildcards) of every job a run printed (``snakemake -p``), checkpoints' too."""
+    jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n((?:    .*\n)*)", result.stdout + result.stderr, re.MULTILINE)
     return [(rule, (re.search(r"^    wildcards: (.*)$", body, re.MULTILINE) or [None, ""])[1]) for rule, body in jobs]
 
 

@@ -61,7 +61,7 @@ rule export_length:
         f"{OUT}/benchmarks/export_length/part_{{part}}_cl{{length}}.tsv"
     shell:
         "{params.python} -m genie_build export-length --checkpoint {params.checkpoint:q} --part-json {params.part:q}"
-        " --num-parts {params.num_parts:q} --ar {params.ar:q} --context {wildcards.length} --out-dir {params.out_dir:q}"
+        " --num-parts {params.num_parts:q} --ar {params.ar:q} --context {wildcards.length:q} --out-dir {params.out_dir:q}"
         " > {log:q} 2>&1"
 
 
@@ -112,4 +112,4 @@ rule verify_parts:
         f"{OUT}/benchmarks/verify_parts/{{graph}}.tsv"
     shell:
         "{params.python} -m genie_build verify-parts --checkpoint {params.checkpoint:q} --plan {input.plan:q}"
-        " --graph {params.kind} --context {params.context} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"
+        " --graph {params.kind:q} --context {params.context:q} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"

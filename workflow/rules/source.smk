@@ -51,7 +51,7 @@ rule generate_demo_length:
         f"{OUT}/benchmarks/generate_demo_length/cl{{length}}.tsv"
     shell:
         "{params.python} -m genie_build generate-demo-length --out-dir {params.out_dir:q} --shape-json {params.shape:q}"
-        " --context {wildcards.length} > {log:q} 2>&1"
+        " --context {wildcards.length:q} > {log:q} 2>&1"
 
 
 rule train_tokenizer:

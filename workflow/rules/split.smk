@@ -109,7 +109,7 @@ checkpoint split:
         kind=lambda wc: GRAPH_KIND[wc.graph],  # a graph at another context length is split as its kind
         python=PYTHON,
     shell:
-        "{params.python} -m genie_build split --plan {input.plan:q} --graph {params.kind} --model {input.model:q}"
+        "{params.python} -m genie_build split --plan {input.plan:q} --graph {params.kind:q} --model {input.model:q}"
         " --out-dir {output.parts:q} > {log:q} 2>&1"
 
 
