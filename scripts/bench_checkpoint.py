@@ -19,6 +19,8 @@ on this machine, every job measured (docs/large-models.md, "A 7B checkpoint").
 Usage::
 
     .venv-test/bin/python scripts/bench_checkpoint.py --work-dir bench/7b [--cores 2] [--report bench/7b.json]
+    .venv-test/bin/python scripts/bench_checkpoint.py --work-dir bench/7b-lengths --context 512 1024 2048 4096 \
+        --embedding lut --no-evaluate     # several context lengths and the embedding as a CPU table
     .venv-test/bin/python scripts/bench_checkpoint.py --generate DIR [--shape '{"layers": 2}']   # the checkpoint
 
 Needs the Hugging Face extra (envs/requirements-hf.txt) and about 70 GB of disk for the 7B shape.
@@ -53,18 +55,20 @@ QWEN_7B_CONFIG = REPO / "config" / "hf" / "qwen2_5_7b_instruct.json"
 WHOLE_PATH_SHAPE = {"layers": 7, "hidden": 2048, "intermediate": 8192, "heads": 16, "kv_heads": 4, "vocab": 32000}
 CHUNK = 1 << 24          # float32 values drawn at a time
 TARGET_PEAK = 12 * GB
-RULE_COMMANDS = {"plan_hf": "plan-hf", "export_part": "export-part", "calibrate_unit": "calibrate-unit",
+RULE_COMMANDS = {"plan_hf": "plan-hf", "export_part": "export-part", "export_length": "export-length",
+                 "calibrate_unit": "calibrate-unit", "embedding_table": "embedding-table",
                  "part_encodings": "part-encodings", "check_contract": "check-contract", "verify_parts": "verify-parts",
                  "check_plan": "check-plan", "convert_part": "convert", "compile_part": "compile",
                  "account": "account", "size_table": "size-table", "memory_plan": "memory-plan",
                  "bundle": "bundle", "check_bundle": "check-bundle", "estimate_sizes": "estimate",
                  "evaluate_float": "evaluate-float", "evaluate_variant": "evaluate",
                  "evaluation_table": "evaluation-table"}
-STAGES = {"export": ("export_part",), "calibration": ("calibrate_unit", "part_encodings"),
+STAGES = {"export": ("export_part",), "export of the other lengths": ("export_length",),
+          "calibration": ("calibrate_unit", "part_encodings"),
           "convert": ("convert_part",), "compile": ("compile_part",), "verification": ("verify_parts",),
           "evaluation": ("evaluate_float", "evaluate_variant", "evaluation_table"),
           "checks and tables": ("plan_hf", "check_contract", "check_plan", "account", "size_table",
-                                "memory_plan", "bundle", "check_bundle")}
+                                "memory_plan", "embedding_table", "bundle", "check_bundle")}
 
 
 # ------------------------------------------------------------------------------------------- the checkpoint
@@ -251,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--num-parts", type=int, default=6)
     parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--context", type=int, nargs="+", default=[4096],
+                        help="export.context: one length or several, e.g. 512 1024 2048 4096 (default %(default)s)")
+    parser.add_argument("--embedding", choices=("graph", "lut"), default="graph", help="bundle.embedding")
+    parser.add_argument("--no-evaluate", action="store_true", help="build the bundle only, not the 'evaluate' target")
+    parser.add_argument("--no-whole-path", action="store_true",
+                        help="skip the whole-model path's measurement (step 3)")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir.resolve()
     work.mkdir(parents=True)
     python = sys.executable
-    report: dict = {"shape": shape, "cores": args.cores, "num_parts": args.num_parts, "num_samples": args.num_samples}
+    report: dict = {"shape": shape, "cores": args.cores, "num_parts": args.num_parts, "num_samples": args.num_samples,
+                    "context": args.context, "embedding": args.embedding, "evaluated": not args.no_evaluate}
     try:
         seconds, status, peak = run_measured([python, __file__, "--generate", str(work / "checkpoint"),
                                               "--shape", json.dumps(shape)])
@@ -282,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         (workflow / "bench.yaml").write_text(json.dumps({
             "model": {"name": "qwen7b", "hf_checkpoint": str(work / "checkpoint")},
             "split": {"num_parts": args.num_parts}, "quantize": {"num_samples": args.num_samples},
-            "convert": {"keep": False}, "bundle": {"host_run": False}}))
+            "export": {"context": args.context}, "convert": {"keep": False},
+            "bundle": {"host_run": False, "embedding": args.embedding}}))
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-        command = [python, "-m", "snakemake", "all", "evaluate", "--cores", str(args.cores), "--configfile",
+        targets = ["all"] if args.no_evaluate else ["all", "evaluate"]
+        command = [python, "-m", "snakemake", *targets, "--cores", str(args.cores), "--configfile",
                    "config/config.yaml",
                    "bench.yaml", "--resources", f"mem_mb={int(total_mb * 0.9)}"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(workflow / "workflow")]),
@@ -315,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         if (out / "evaluation.md").exists():
             print("\n" + (out / "evaluation.md").read_text())
             report["evaluation"] = (out / "evaluation.md").read_text()
+        if args.no_whole_path:
+            return 0 if status == 0 else 1
         fp32 = 2 * size  # the bfloat16 checkpoint in float32, as both paths hold it
         ratios = whole_path_ratios(work, python)
         report["whole_model_path"] = {"ratios": ratios, "float32_bytes": fp32,
