@@ -45,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_large import RSS_HOOK, add_missing_benchmarks, subcommand  # noqa: E402
+from bench_large import RSS_HOOK, add_missing_benchmarks, finish, subcommand  # noqa: E402
 from workflow_helpers import copy_workflow  # noqa: E402
 
 GB = 1e9
@@ -336,11 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "predicted_peak_gb": {k: r * fp32 / GB for k, r in ratios.items()}}
         print("whole-model path here: " + ", ".join(f"{k} {r * fp32 / GB:.0f} GB" for k, r in ratios.items()))
     finally:
-        if args.report:
-            args.report.parent.mkdir(parents=True, exist_ok=True)
-            args.report.write_text(json.dumps(report, indent=1))
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        finish(report, args.report, work, args.keep)
     return 0 if report.get("workflow", {}).get("succeeded") else 1
 
 

@@ -258,6 +258,16 @@ def markdown(jobs: list[Job]) -> str:
 
 # ------------------------------------------------------------------------------------------- main
 
+def finish(report: dict, report_path: Path | None, work: Path, keep: bool) -> None:
+    """A benchmark's epilogue, whether it succeeded or not: its figures written (when asked), its work folder
+    deleted (unless kept)."""
+    if report_path:
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(json.dumps(report, indent=1))
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scratch", type=Path, required=True, help="work directory, created (must not exist)")

@@ -23,13 +23,14 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_large import finish  # noqa: E402
 
 AR, CONTEXT, NUM_SAMPLES, NUM_PARTS = 128, 512, 8, 3
 MB = 1_000_000
@@ -110,11 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             report.setdefault("ratios", []).append(ratios)
             print(f"unit {units[index].label}: time x{ratios['seconds']:.3f}, peak RSS x{ratios['peak_rss_mb']:.3f}")
     finally:
-        if args.report:
-            args.report.parent.mkdir(parents=True, exist_ok=True)
-            args.report.write_text(json.dumps(report, indent=1))
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        finish(report, args.report, work, args.keep)
     return 0
 
 

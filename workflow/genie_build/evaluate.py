@@ -34,10 +34,10 @@ from onnx import helper, numpy_helper
 from genie_build.conventions import INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, regular_file_size
+from genie_build.fileio import atomic_open
 from genie_build.evaluation_table import ClippedTensor, Clipping, Quality
 from genie_build.run_bundle import GraphSession, KVCache, graph_ar_cl_of, make_runner, read_graph_file
-from genie_build.tokens import read_tokens
+from genie_build.tokens import mapped_array, read_tokens
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
 __all__ = ["CLIP_STATS_SUFFIX", "ClipSums", "Window", "compare_logits", "fake_quantize_activations",
@@ -317,15 +317,7 @@ def _variant_graph(binary: str | os.PathLike[str], encodings: str | os.PathLike[
 
 def _read_float_logits(path: str | os.PathLike[str]) -> np.ndarray:
     """The float model's logits file, mapped (a window is read when it is compared)."""
-    regular_file_size(path)   # a regular file, not a link out of the results or a device
-    try:
-        logits = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise GenieBuildError(path, f"not a logits file: {exc}") from None
-    if logits.dtype != _LOGITS_DTYPE or logits.ndim != 3:
-        raise GenieBuildError(path, f"holds {logits.dtype} of {logits.ndim} dimensions, not float32 "
-                                    "[windows, AR, vocab] logits")
-    return logits
+    return mapped_array(path, "logits", _LOGITS_DTYPE, 3, "float32 [windows, AR, vocab] logits")
 
 
 def _widest(graphs: Mapping[str, ContainerGraph], where: str | os.PathLike[str]) -> ContainerGraph:

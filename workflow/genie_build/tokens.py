@@ -20,8 +20,8 @@ from genie_build.fileio import atomic_open, is_json_int, read_text, regular_file
 from genie_build.genie_config import load_tokenizer
 from genie_build.hf_config import load_hf_config
 
-__all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_tokenizer", "chunk_starts", "read_tokens",
-           "text_token_ids", "tokenize_text", "vocab_size"]
+__all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_tokenizer", "chunk_starts", "mapped_array",
+           "read_tokens", "text_token_ids", "tokenize_text", "vocab_size"]
 
 # A few windows of text are used: a larger file is a mistake
 MAX_TEXT_BYTES = 64 * 1024**2
@@ -144,19 +144,31 @@ def tokenize_text(text_path: str | os.PathLike[str], tokenizer_path: str | os.Pa
     return int(ids.size)
 
 
+def mapped_array(path: str | os.PathLike[str], kind: str, dtype: np.dtype, ndim: int, what: str) -> np.ndarray:
+    """A ``.npy`` file of ``kind`` the workflow wrote, mapped (nothing read until used), of ``dtype`` and ``ndim``
+    dimensions.
+
+    Raises:
+        GenieBuildError: not a regular ``.npy`` file, or one of another dtype or rank (``what`` says what it should
+            hold).
+    """
+    regular_file_size(path)   # a regular file, not a link out of the results or a device
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise GenieBuildError(path, f"not a {kind} file: {exc}") from None
+    if array.dtype != dtype or array.ndim != ndim:
+        raise GenieBuildError(path, f"holds {array.dtype} of {array.ndim} dimensions, not {what}")
+    return array
+
+
 def read_tokens(path: str | os.PathLike[str], count: int | None = None) -> np.ndarray:
     """The first ``count`` ids (None: all) of a file :func:`tokenize_text` wrote, mapped: only the ids used are read.
 
     Raises:
         GenieBuildError: not such a file, or one of fewer than ``count`` ids (it was written for other settings).
     """
-    regular_file_size(path)   # a regular file, not a link out of the results or a device
-    try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise GenieBuildError(path, f"not a token ids file: {exc}") from None
-    if ids.dtype != TOKEN_DTYPE or ids.ndim != 1:
-        raise GenieBuildError(path, f"holds {ids.dtype} of {ids.ndim} dimensions, not int32 token ids")
+    ids = mapped_array(path, "token ids", TOKEN_DTYPE, 1, "int32 token ids")
     if count is not None and ids.size < count:
         raise GenieBuildError(path, f"holds {ids.size} token ids, {count} are needed: it was written for other "
                                     "settings (rebuild it)")
