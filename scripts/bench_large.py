@@ -189,7 +189,7 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
     if rule == "convert_part":
         return f"part {part}", size(f"parts/{wildcards[1]}/part_{part}.onnx.data")
     if rule == "compile_part":
-        return f"part {part}, converted, both graphs", size(f"converted/*/*/part_{part}.onnx.data")
+        return f"part {part}, converted, both graphs", size(f"converted/*/part_{part}/*.onnx.data")
     if rule == "account":
         return f"{wildcards[0]} binary {part}", size(f"compiled/{wildcards[0]}/part_{part}.bin")
     if rule in ("bundle", "check_bundle"):

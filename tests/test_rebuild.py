@@ -63,7 +63,7 @@ def assert_rebuilt_exactly(changed, before, expected, may_change=()):
 
 def per_part(*labels, variant="*", stages=("converted", "compiled", "sizes")):
     """Patterns for one or more parts' per-part outputs (converted per graph, compiled and sized per variant)."""
-    patterns = {"converted": "converted/*/*/part_{}.*", "compiled": f"compiled/{variant}/part_{{}}.bin",
+    patterns = {"converted": "converted/*/part_{}/*", "compiled": f"compiled/{variant}/part_{{}}.bin",
                 "sizes": f"sizes/{variant}/part_{{}}.json"}
     return tuple(patterns[stage].format(label) for label in labels for stage in stages)
 

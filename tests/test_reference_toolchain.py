@@ -396,6 +396,54 @@ def test_converts_are_byte_identical(tiny, tmp_path):
     assert out.with_name(out.name + ".data").read_bytes() == first.with_name(first.name + ".data").read_bytes()
 
 
+def convert_sharing(tiny: dict, folder: Path, token_source: Path | None = None) -> dict[str, Path]:
+    """The prompt graph converted into ``folder``, and the token graph beside it sharing its weights."""
+    prompt, token = folder / "prompt.onnx", folder / "token.onnx"
+    REFERENCE.convert(tiny["sources"][PROMPT], tiny["encodings_path"], prompt, graph_name=PROMPT, float_bitwidth=16)
+    REFERENCE.convert(token_source or tiny["sources"][TOKEN], tiny["encodings_path"], token, graph_name=TOKEN,
+                      float_bitwidth=16, share_weights_with=prompt)
+    return {PROMPT: prompt, TOKEN: token}
+
+
+def external_locations(path: Path) -> dict[str, str]:
+    """Each external initializer of a converted graph -> the data file it points at."""
+    return {tensor.name: {entry.key: entry.value for entry in tensor.external_data}["location"]
+            for tensor in onnx.load(path, load_external_data=False).graph.initializer
+            if tensor.data_location == onnx.TensorProto.EXTERNAL}
+
+
+def test_a_graph_converted_sharing_weights_points_at_their_bytes_and_compiles_to_the_same_binary(tiny, tmp_path):
+    converted = convert_sharing(tiny, tmp_path / "part")
+    locations = external_locations(converted[TOKEN])
+    assert locations and set(locations.values()) == {"prompt.onnx.data"}
+    assert converted[TOKEN].with_name("token.onnx.data").stat().st_size == 0
+    feed = feeds(converted[TOKEN])
+    for shared, alone in zip(run(converted[TOKEN], feed), run(tiny["converted"][TOKEN], feed), strict=True):
+        assert np.array_equal(shared, alone)
+    for sharing in (False, True):
+        options = replace(OPTIONS, weight_sharing_enabled=sharing)
+        REFERENCE.compile(converted, tmp_path / "shared.bin", options)
+        assert (tmp_path / "shared.bin").read_bytes() == compile_to(tiny, tmp_path / "alone.bin", options).read_bytes()
+
+
+def test_a_weight_that_differs_from_the_shared_graphs_is_stored_in_the_graphs_own_data(tiny, tmp_path):
+    changed = "lm_head.weight"
+    token = onnx.load(tiny["sources"][TOKEN])
+    tensor = next(t for t in token.graph.initializer if t.name == changed)
+    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * np.float32(1.5), changed))
+    (tmp_path / "source").mkdir()
+    onnx.save(token, tmp_path / "source" / "token.onnx", save_as_external_data=True, location="token.onnx.data")
+    locations = external_locations(convert_sharing(tiny, tmp_path / "part", tmp_path / "source" / "token.onnx")[TOKEN])
+    assert locations.pop(f"{changed}_quantized") == "token.onnx.data"
+    assert set(locations.values()) == {"prompt.onnx.data"}
+
+
+def test_convert_shares_weights_only_with_a_graph_in_its_own_folder(tiny, tmp_path):
+    with pytest.raises(GenieBuildError, match="shares weights only with a graph in the output's folder"):
+        REFERENCE.convert(tiny["sources"][TOKEN], tiny["encodings_path"], tmp_path / "token.onnx", graph_name=TOKEN,
+                          float_bitwidth=16, share_weights_with=tiny["converted"][PROMPT])
+
+
 def test_compile_refuses_a_graph_given_under_another_name(tiny, tmp_path):
     with pytest.raises(GenieBuildError, match="--graph-name token_x") as caught:
         REFERENCE.compile({"token_x": tiny["converted"][TOKEN]}, tmp_path / "x.bin", OPTIONS)

@@ -68,6 +68,9 @@ def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
         assert record["weight_bytes"] == before["weight_bytes"], name      # no weight stored twice
         assert len(record["graphs"]) == 2 * len(before["graphs"]) == 4
         assert record["bytes"] > before["bytes"]                           # the graphs themselves
+    for folder in sorted((out / "converted").glob("*/part_*")):    # and once on disk before the compile
+        data = {path.name: path.stat().st_size for path in folder.glob("*.onnx.data")}
+        assert len(data) == 4 and data.pop("prompt.onnx.data") > 0 and set(data.values()) == {0}, (folder, data)
     table = pd.read_csv(out / "size_table.csv")
     assert set(table["graphs"]) == {4} and (table["graph_bytes"] > 0).all()
     assert "Graphs per context binary: 4" in (out / "size_table.md").read_text()

@@ -350,8 +350,15 @@ def graph_name_of(wildcards):
 def converted_files(converter, graph, label):
     """A converted graph's files: the reference converter's ONNX and its data (which the compile reads, so its
     input, also for temp() to keep it until then), or an SDK converter's DLC."""
-    path = f"{OUT}/converted/{converter}/{graph}/part_{label}"
+    path = f"{OUT}/converted/{converter}/part_{label}/{graph}"
     return [f"{path}{suffix}" for suffix in Converter.named(converter).suffixes]
+
+
+def shared_weights_graph(wildcards):
+    """The converted prompt graph of the part, whose data file the part's other graphs refer to (none for itself)."""
+    if wildcards.graph == "prompt":
+        return []
+    return converted_files(wildcards.converter, "prompt", wildcards.part)
 
 
 def converted_graphs(wildcards):

@@ -5,7 +5,10 @@
 # not make them again while the binaries are up to date.
 CONVERTED_FILE = (lambda path: path) if config["convert"]["keep"] else temp
 
-CONVERTED = f"{OUT}/converted/{{converter}}/{{graph}}/part_{{part}}"
+# A part's graphs in one folder: the reference converter's graphs other than the prompt graph refer to its data file
+# for the weights they share with it (the token graph's, every context length's), so a part's weights are on disk
+# once, not once per graph.
+CONVERTED = f"{OUT}/converted/{{converter}}/part_{{part}}/{{graph}}"
 # Rules eligible for between-workflow caching may not have benchmark:, so the job writes its own TSV.
 CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
 
@@ -14,6 +17,7 @@ rule convert_part_reference:
     input:
         onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
         encodings=converter_encodings,
+        shared=shared_weights_graph,
     output:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
         data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
@@ -23,6 +27,7 @@ rule convert_part_reference:
         graph_name=graph_name_of,
         float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
         takes_embeddings=takes_embeddings,
+        shared=lambda wc, input: ["--share-weights-with", input.shared[0]] if input.shared else [],
         tool_version=toolchain_version("reference"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -37,7 +42,7 @@ rule convert_part_reference:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain reference"
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
-        " --out {output.onnx:q} > {log:q} 2>&1"
+        " {params.shared:q} --out {output.onnx:q} > {log:q} 2>&1"
 
 
 rule convert_part_sdk:

@@ -24,6 +24,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--takes-embeddings", action="store_true",
                         help="the first part after an embedding table (bundle.embedding: lut, reference toolchain): "
                              "its hidden-state input becomes inputs_embeds, the input Genie feeds from the table")
+    parser.add_argument("--share-weights-with", type=Path,
+                        help="reference toolchain: a converted graph in --out's folder (the part's prompt graph) whose "
+                             "data file holds the weights this graph shares; they are not written again")
     return parser
 
 
@@ -36,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
             raise GenieBuildError("--takes-embeddings", f"only the reference toolchain renames graph inputs, not "
                                                         f"{args.toolchain}")
         extra["input_names"] = {_hidden_state_input(args.onnx): "inputs_embeds"}
+    if args.share_weights_with is not None:
+        if args.toolchain != "reference":
+            raise GenieBuildError("--share-weights-with", f"only the reference toolchain's graphs share a data file, "
+                                                          f"not {args.toolchain}'s")
+        extra["share_weights_with"] = args.share_weights_with
     toolchain.convert(args.onnx, args.encodings, args.out, graph_name=args.graph_name,
                       float_bitwidth=args.float_bitwidth, **extra)
     return 0

@@ -34,7 +34,8 @@ from google.protobuf.message import Error as ProtobufError
 from genie_build import __version__
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open, copy_range, open_regular
-from genie_build.onnx_graph import TensorSpec, check_external_data, graph_io, load_graph
+from genie_build.onnx_graph import (StoredTensor, TensorSpec, check_external_data, external_data, graph_io,
+                                    load_graph)
 from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
                                                                WEIGHT_SECTION_ALIGNMENT, Layout, padding, read_layout)
@@ -116,18 +117,28 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
     """Write every graph's initializers to ``sink``, one at a time; return the weight table."""
     entries: list[WeightEntry] = []
     stored: dict[tuple, int] = {}  # index in entries
+    # Graphs converted into one folder point at one data file for the weights they share: each byte range is read
+    # and hashed once, not once per graph (a part holds two graphs per context length).
+    digests: dict[tuple, str] = {}
     for graph in graphs:
         quantized = quantized_weights(graph.model)
         by_name = {tensor.name: tensor for tensor in graph.model.graph.initializer}
         for tensor in graph.model.graph.initializer:
-            values = read_initializer(tensor, graph.path)
+            region = _data_region(tensor, graph.path)
+            digest, values = digests.get(region), None
+            if digest is None:
+                values = read_initializer(tensor, graph.path)
+                digest = hashlib.sha256(_bytes_of(values)).hexdigest()
+                if region is not None:
+                    digests[region] = digest
             quantization = quantized.get(tensor.name)
-            key = (tensor.name, values.dtype.str, values.shape, quantization,
-                   hashlib.sha256(_bytes_of(values)).hexdigest())
+            key = (tensor.name, _numpy_dtype(tensor).str, tuple(tensor.dims), quantization, digest)
             if options.weight_sharing_enabled and key in stored:
                 index = stored[key]
                 entries[index] = dataclasses.replace(entries[index], graphs=(*entries[index].graphs, graph.name))
                 continue
+            if values is None:
+                values = read_initializer(tensor, graph.path)
             zero_point = None
             if quantization is not None:
                 zero_point = read_initializer(by_name[quantization.zero_point], graph.path)
@@ -140,6 +151,18 @@ def _write_weight_section(graphs: list[_Graph], sink: BinaryIO, options: Compile
                                        offset=sink.tell(), length=len(payload), quantization=quantization))
             sink.write(payload)
     return entries
+
+
+def _data_region(tensor: onnx.TensorProto, model_path: Path) -> tuple | None:
+    """Where an external tensor's bytes are: its data file's real path and range (None for an inline tensor)."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    ref = external_data(StoredTensor(f"initializer {tensor.name!r}", tensor), model_path)
+    return (str(ref.real_path), ref.offset, ref.length)
+
+
+def _numpy_dtype(tensor: onnx.TensorProto) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
 
 
 def stored_nbytes(shape: Sequence[int], dtype: str, packed: bool = False) -> int:

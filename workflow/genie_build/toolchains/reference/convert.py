@@ -25,7 +25,9 @@ The model records in its ``metadata_props`` (JSON values): :data:`QUANTIZED_WEIG
 ``weight``, ``bitwidth`` stored, ``encoding`` kind, channel ``axis``, ``block_size``, ``scale`` and
 ``zero_point`` tensor names), :data:`IO_ENCODINGS_KEY` (graph input/output -> its activation encoding) and
 :data:`FLOAT_BITWIDTH_KEY`. Tensors of 1 KiB and more go to ``<out>.data`` beside the output, 64-byte
-aligned; smaller ones stay inline.
+aligned; smaller ones stay inline. Given a converted graph in the same folder to share weights with (a part's
+prompt graph, for its token graph and its graphs at other context lengths), a tensor it holds with the same name
+and bytes is not written again: the initializer points at its data file.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, WeightLayout, check_external_data, external_data,
                                     graph_io, load_graph, model_tensors, read_graph_tensors, require_finite,
                                     subgraphs)
-from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset, load_external_bytes,
-                                                     metadata_json, read_initializer, set_metadata_json)
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
+                                                     load_external_bytes, metadata_json, read_initializer,
+                                                     set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
 from genie_build.toolchains.reference.records import Quantization
@@ -87,8 +90,12 @@ class _Converted:
 
 def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
                   out_path: str | os.PathLike[str], *, graph_name: str, float_bitwidth: int,
-                  input_names: Mapping[str, str] | None = None) -> None:
+                  input_names: Mapping[str, str] | None = None,
+                  share_weights_with: str | os.PathLike[str] | None = None) -> None:
     """Write the converted model to ``out_path`` and its weights to ``out_path + ".data"`` (atomically).
+
+    ``share_weights_with`` names a converted graph in ``out_path``'s folder: each converted tensor it stores with the
+    same name, dtype, shape and bytes is referred to in its data file rather than written again.
 
     ``input_names`` renames graph inputs (old -> new) in the converted model and its IO encodings: the first part of
     a bundle whose embedding is a CPU table takes the embedding output as ``inputs_embeds``, the name Genie feeds.
@@ -104,6 +111,10 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         raise GenieBuildError("graph_name", "must not be empty")
     if out_path.resolve() == onnx_path.resolve():
         raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
+    shared = None if share_weights_with is None else SharedWeights(share_weights_with)
+    if shared is not None and shared.folder != os.path.dirname(os.path.abspath(out_path)):
+        raise GenieBuildError(share_weights_with, f"shares weights only with a graph in the output's folder "
+                                                  f"{out_path.parent}")
     model = load_graph(onnx_path)
     check_external_data(model, onnx_path)
     model.ClearField("training_info")  # inference only: a device binary holds no training graphs
@@ -126,7 +137,9 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
                                              names.param_layouts.get(tensor.name), float_bitwidth, opset,
                                              os.fspath(encodings_path))
             del array  # a quantized table's codes are written while its float values are freed
-            initializers += [writer.add(name, stored) for name, stored in converted.tensors]
+            for name, stored in converted.tensors:
+                reused = None if shared is None else shared.find(name, stored)
+                initializers.append(writer.add(name, stored) if reused is None else reused)
             rebuilds.append((tensor.name, converted.nodes))
             if converted.quantization is not None:
                 quantized[converted.tensors[0][0]] = converted.quantization.to_dict()

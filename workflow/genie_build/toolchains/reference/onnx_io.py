@@ -11,10 +11,11 @@ import onnx
 from onnx import numpy_helper
 
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import StoredTensor, open_external_data
+from genie_build.fileio import COPY_CHUNK_BYTES
+from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 
-__all__ = ["ExternalDataWriter", "default_opset", "load_external_bytes", "metadata_json", "read_initializer",
-           "set_metadata_json"]
+__all__ = ["ExternalDataWriter", "SharedWeights", "default_opset", "load_external_bytes", "metadata_json",
+           "read_initializer", "set_metadata_json"]
 
 # Element types stored as little-endian numpy values of the same width, one per element.
 _PLAIN_NUMPY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
@@ -117,6 +118,50 @@ class ExternalDataWriter:
         for key, value in (("location", self._location), ("offset", str(offset)), ("length", str(data.nbytes))):
             tensor.external_data.add(key=key, value=value)
         return tensor
+
+
+class SharedWeights:
+    """The external tensors of a converted graph that another graph converted into the same folder points at
+    instead of storing them again: a part's graphs at every context length, and its token graph, hold the same
+    quantized weights as its prompt graph, and a copy each would put 2 x lengths times the part's weights on disk.
+
+    Args:
+        model_path: the converted graph (its data file beside it) whose tensors may be shared.
+
+    Raises:
+        GenieBuildError: an unreadable graph or data file.
+    """
+
+    def __init__(self, model_path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(model_path)
+        model = load_graph(self._path)
+        check_external_data(model, self._path)
+        self._tensors = {tensor.name: tensor for tensor in model.graph.initializer
+                         if tensor.data_location == onnx.TensorProto.EXTERNAL}
+
+    @property
+    def folder(self) -> str:
+        return os.path.dirname(os.path.abspath(self._path))
+
+    def find(self, name: str, array: np.ndarray) -> onnx.TensorProto | None:
+        """An initializer called ``name`` pointing at the shared graph's tensor of that name, if it holds exactly
+        ``array`` (dtype, shape and bytes); None otherwise. Compared a chunk at a time: no second copy of a weight
+        is held."""
+        tensor = self._tensors.get(name)
+        if (tensor is None or tuple(tensor.dims) != array.shape
+                or tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype)):
+            return None
+        wanted = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        with open_external_data(StoredTensor(f"initializer {name!r}", tensor), self._path) as (data, ref):
+            if ref.length != wanted.size:
+                return None
+            for start in range(0, ref.length, COPY_CHUNK_BYTES):
+                chunk = data.read(min(COPY_CHUNK_BYTES, ref.length - start))
+                if chunk != wanted[start:start + len(chunk)].tobytes():
+                    return None
+        shared = onnx.TensorProto()
+        shared.CopyFrom(tensor)
+        return shared
 
 
 def default_opset(model: onnx.ModelProto) -> int:
