@@ -1,5 +1,5 @@
-# genie-build: ONNX LLM (prompt + token graphs) + AIMET encodings -> weight-packed, weight-shared Genie bundle.
-# Data flow and file layout: README.md and docs/conventions.md.
+# genie-build: a model (the demo, ONNX graphs with or without encodings, a Hugging Face checkpoint) -> a weight-packed,
+# weight-shared Genie bundle and the A/B size table. Data flow and file layout: README.md and docs/conventions.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -12,49 +12,27 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/scheduling.smk"
+include: "workflow/rules/inputs.smk"
 
 
-# A checkpoint is exported and calibrated part by part; whole graphs (the demo's or the user's) are split, and their
-# encodings sliced. An estimate-only config has no graphs: the estimate's rules alone.
-if SOURCE_KIND == "hf":
+# The source's own rules: what makes its parts and their encodings (genie_build.sources: a checkpoint's export, or
+# the split of whole graphs; the slices of the source's encodings, or the calibration chain).
+for rules_file in SOURCE.rule_files:
 
-    include: "workflow/rules/export.smk"
-
-elif SOURCE_KIND in ("demo", "files"):
-    if SOURCE_KIND == "demo":
-
-        include: "workflow/rules/source.smk"
-
-    include: "workflow/rules/split.smk"
+    include: rules_file
 
 
-if SOURCE_KIND != "estimate":
-    if CALIBRATION_CHAIN:
-
-        include: "workflow/rules/calibrate.smk"
-
-    else:
-
-        include: "workflow/rules/encodings.smk"
-
-    include: "workflow/rules/tokens.smk"
-    include: "workflow/rules/convert.smk"
-    include: "workflow/rules/compile.smk"
-    include: "workflow/rules/sizes.smk"
-    include: "workflow/rules/bundle.smk"
-    include: "workflow/rules/evaluate.smk"
-
-
+include: "workflow/rules/check_contract.smk"
+include: "workflow/rules/tokens.smk"
+include: "workflow/rules/convert.smk"
+include: "workflow/rules/compile.smk"
+include: "workflow/rules/embedding.smk"
+include: "workflow/rules/sizes.smk"
+include: "workflow/rules/bundle.smk"
+include: "workflow/rules/host_run.smk"
+include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/estimate.smk"
-
-
-# Snakemake leaves a timer behind that would keep the finished process alive for up to a second.
-onsuccess:
-    cancel_rescheduling_timers()
-
-
-onerror:
-    cancel_rescheduling_timers()
 
 
 rule all:

@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -185,10 +186,11 @@ def collect_jobs(out: Path, rss_log: Path) -> list[Job]:
         with open(tsv, newline="") as handle:
             row = next(csv.DictReader(handle, delimiter="\t"))
         # the job's command: its outputs' paths name its wildcards as its benchmark's path does (after a '/': the
-        # packed variant's paths are not the unpacked one's)
+        # packed variant's paths are not the unpacked one's; before a '.': prompt's are not prompt_cl512's)
         command, key = RULE_COMMANDS.get(rule), "/".join(parts[1:])
         matching = [r for r in records if subcommand(r["argv"]) == command
-                    and (not key or any(f"/{key}" in value for option, value in zip(r["argv"], r["argv"][1:])
+                    and (not key or any(re.search(rf"/{re.escape(key)}(?:[./]|$)", value)
+                                        for option, value in zip(r["argv"], r["argv"][1:])
                                         if option.startswith("--out")))]
         peak = max((r["peak_rss_kib"] * 1024 for r in matching), default=None)
         jobs.append(Job(rule, wildcards, float(row["s"]), int(float(row["max_rss"]) * 2**20), peak))

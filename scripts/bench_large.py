@@ -186,8 +186,8 @@ def handled(out: Path, rule: str, wildcards: tuple[str, ...]) -> tuple[str, int]
         return f"{wildcards[0]} model", size(f"source/{wildcards[0]}.onnx.data")
     if rule == "slice_encodings":
         return "encodings, both graphs", size("source/*.encodings.json")
-    if rule == "convert_part":
-        return f"part {part}", size(f"parts/{wildcards[1]}/part_{part}.onnx.data")
+    if rule == "convert_part":   # wildcards: encodings, converter, part, graph
+        return f"part {wildcards[2]}", size(f"parts/part_{wildcards[2]}/{wildcards[3]}.onnx.data")
     if rule == "compile_part":
         return f"part {part}, converted, both graphs", size(f"converted/*/part_{part}/*.onnx.data")
     if rule == "account":

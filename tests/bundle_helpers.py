@@ -184,18 +184,18 @@ def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
          "--encodings-prompt", source / "prompt.encodings.json", "--num-parts", num_parts, "--out", root / "plan.json")
     for kind in ("prompt", "token"):
         _cli("split", "--plan", root / "plan.json", "--graph", kind, "--model", source / f"{kind}.onnx",
-             "--out-dir", root / "parts" / kind)
+             "--parts-dir", root / "parts")
         _cli("slice-graph-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
-             "--encodings", source / f"{kind}.encodings.json", "--parts-dir", root / "parts" / kind,
-             "--out-dir", root / "encodings" / kind)
+             "--encodings", source / f"{kind}.encodings.json", "--parts-dir", root / "parts",
+             "--out-dir", root / "encodings")
     binaries = []
     for index in range(1, num_parts + 1):
         label, graphs = part_label(index, num_parts), []
         for kind, ar in (("prompt", TINY_DEMO["ar"]), ("token", 1)):
             name = graph_name(kind, ar, TINY_DEMO["context"], index, num_parts)
             converted = root / "converted" / kind / f"part_{label}.onnx"
-            _cli("convert", "--toolchain", "reference", "--onnx", root / "parts" / kind / f"part_{label}.onnx",
-                 "--encodings", root / "encodings" / kind / f"part_{label}.encodings.json", "--graph-name", name,
+            _cli("convert", "--toolchain", "reference", "--onnx", root / "parts" / f"part_{label}" / f"{kind}.onnx",
+                 "--encodings", root / "encodings" / f"part_{label}" / f"{kind}.encodings.json", "--graph-name", name,
                  "--float-bitwidth", 16, "--out", converted)
             graphs += ["--graph", f"{name}={converted}"]
         binaries.append(root / "compiled" / f"part_{label}.bin")

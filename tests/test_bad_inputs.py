@@ -24,6 +24,7 @@ import pytest
 from onnx import numpy_helper
 
 from genie_build.encodings import read_encodings
+from genie_build.plan_file import read_plan
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from workflow_helpers import copy_workflow, run_snakemake, write_config
 
@@ -40,6 +41,11 @@ def genie_build(*args: object, cwd: Path) -> subprocess.CompletedProcess:
 def leftovers(directory: Path) -> list[Path]:
     """Temporary files or staging directories a writer left behind (fileio names them ``.<name>.*.tmp``)."""
     return sorted(path for path in directory.rglob(".*") if path.name.endswith((".tmp", ".old")))
+
+
+def files_under(directory: Path) -> list[Path]:
+    """Every file (hidden or not: a temporary, a split's ``.<graph>.*`` staging folder) under ``directory``."""
+    return sorted(path for path in directory.rglob("*") if not path.is_dir())
 
 
 # ------------------------------------------------------------------------------------------- bad inputs
@@ -70,7 +76,7 @@ def change_shared_weight(onnx_path: Path, change: Callable[[np.ndarray], np.ndar
 @dataclass(frozen=True)
 class Case:
     """A command line with one bad input: the error must name ``where``, match ``problem``, and leave nothing
-    at ``outputs``."""
+    at ``outputs`` (nor any other file in the output folder)."""
 
     args: tuple
     where: str
@@ -145,11 +151,16 @@ def impossible_split(build: ReferenceBuild, src: Path, out: Path) -> Case:
     return plan_case(src, out, "split.num_parts", r"99 parts requested.*feasible: 2\.\.3", num_parts=99)
 
 
+def part_labels(build: ReferenceBuild) -> list[str]:
+    return [part.label for part in read_plan(build.root / "plan.json").parts]
+
+
 def slice_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
     encodings = src / "prompt.encodings.json"
     return Case(("slice-graph-encodings", "--graph", "prompt", "--model", src / "prompt.onnx", "--encodings", encodings,
-                 "--parts-dir", build.root / "parts" / "prompt", "--out-dir", out / "encodings"),
-                str(where), problem, (out / "encodings",))
+                 "--parts-dir", build.root / "parts", "--out-dir", out / "encodings"),
+                str(where), problem,
+                tuple(out / "encodings" / f"part_{label}" / "prompt.encodings.json" for label in part_labels(build)))
 
 
 def encodings_name_unknown_tensors(build: ReferenceBuild, src: Path, out: Path) -> Case:
@@ -162,7 +173,9 @@ def encodings_name_unknown_tensors(build: ReferenceBuild, src: Path, out: Path) 
 
 def split_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
     return Case(("split", "--plan", build.root / "plan.json", "--graph", "token", "--model", src / "token.onnx",
-                 "--out-dir", out / "parts"), str(where), problem, (out / "parts",))
+                 "--parts-dir", out / "parts"), str(where), problem,
+                tuple(out / "parts" / f"part_{label}" / f"token.onnx{suffix}" for label in part_labels(build)
+                      for suffix in ("", ".data")))
 
 
 def split_with_truncated_data(build: ReferenceBuild, src: Path, out: Path) -> Case:
@@ -239,6 +252,7 @@ def test_command_fails_with_one_line_and_no_output(build: ReferenceBuild, tmp_pa
     assert re.search(case.problem, last.removeprefix(f"genie-build: error: {case.where}: ")), last
     assert [line for line in result.stderr.splitlines() if "error" in line.lower()] == [last]
     assert not any(path.exists() for path in case.outputs)
+    assert not out.exists() or files_under(out) == [], "a failed command left a file in the output folder"
     assert leftovers(tmp_path) == []
     assert {path: path.read_bytes() for path in src.iterdir()} == before, "an input was modified"
 

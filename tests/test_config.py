@@ -276,13 +276,14 @@ def test_an_estimate_only_config_is_not_held_to_the_demos_shape() -> None:
 
 
 def test_no_rule_file_decides_the_source_kind_from_the_model_keys() -> None:
-    """The workflow asks genie_build.config.source_kind, as the validator does."""
+    """The workflow asks the source object (genie_build.sources, which asks genie_build.config.source_kind, as the
+    validator does)."""
     files = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
     guessed = [f"{path.name}:{number}" for path in files
                for number, line in enumerate(path.read_text().splitlines(), 1)
                if re.search(r'"(prompt_onnx|hf_checkpoint|hf_config|encodings)" (not )?in config\["model"\]', line)]
     assert guessed == []
-    assert "SOURCE_KIND = source_kind(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "SOURCE = source_of(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
 
 
 def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:

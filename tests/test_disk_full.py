@@ -1,6 +1,10 @@
 """Disk full: a writer that cannot finish fails with one clear line, exits non-zero, and leaves the final path as
 it was -- absent, or holding the previous complete output -- never a truncated file a later run would trust.
 
+The split and the encodings slicer write files into folders other runs share (``parts/part_{label}/{graph}.onnx``,
+``encodings/part_{label}/{graph}.encodings.json``), so their promise is per file: every file that was there keeps
+its bytes, no new file appears, and nothing is left behind (no staging folder, no temporary file).
+
 Two ways to run out of room: ``RLIMIT_FSIZE`` (with SIGXFSZ ignored, write() fails with EFBIG "File too large")
 for every writer, and a 256 KiB tmpfs (ENOSPC) where mounting is permitted.
 """
@@ -37,12 +41,12 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
                  "--encodings-prompt", source / "prompt.encodings.json",
                  "--num-parts", 3, "--out", out],
         "split": ["split", "--plan", root / "plan.json", "--graph", "prompt", "--model", source / "prompt.onnx",
-                  "--out-dir", out],
+                  "--parts-dir", out],
         "slice-graph-encodings": ["slice-graph-encodings", "--graph", "prompt", "--model", source / "prompt.onnx",
-                            "--encodings", source / "prompt.encodings.json", "--parts-dir", root / "parts" / "prompt",
-                            "--out-dir", out],
-        "convert": ["convert", "--toolchain", "reference", "--onnx", root / "parts" / "prompt" / f"part_{label}.onnx",
-                    "--encodings", root / "encodings" / "prompt" / f"part_{label}.encodings.json",
+                                  "--encodings", source / "prompt.encodings.json", "--parts-dir", root / "parts",
+                                  "--out-dir", out],
+        "convert": ["convert", "--toolchain", "reference", "--onnx", root / "parts" / f"part_{label}" / "prompt.onnx",
+                    "--encodings", root / "encodings" / f"part_{label}" / "prompt.encodings.json",
                     "--graph-name", graph, "--float-bitwidth", 16, "--out", out],
         "compile": ["compile", "--toolchain", "reference",
                     "--graph", f"{graph}={root / 'converted' / 'prompt' / f'part_{label}.onnx'}",
@@ -56,10 +60,11 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
 
 
 def previous_output(build: ReferenceBuild, writer: str) -> Path:
-    """What the build wrote with the same command: the complete output a failed rerun must not damage."""
+    """What the build wrote with the same command: the complete output a failed rerun must not damage (for the split
+    and the slicer, the whole shared folder: the token graph's files beside the prompt graph's)."""
     label = "3_of_3"
-    return {"plan": build.root / "plan.json", "split": build.root / "parts" / "prompt",
-            "slice-graph-encodings": build.root / "encodings" / "prompt",
+    return {"plan": build.root / "plan.json", "split": build.root / "parts",
+            "slice-graph-encodings": build.root / "encodings",
             "convert": build.root / "converted" / "prompt" / f"part_{label}.onnx",
             "compile": build.root / "compiled" / f"part_{label}.bin", "bundle": build.bundle}[writer]
 
@@ -98,11 +103,16 @@ def assert_clean_failure(result: subprocess.CompletedProcess, out: Path, problem
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"genie-build: error: {out}") and last.endswith(f"cannot write: {problem}"), last
-    temporaries = [p for p in out.parent.rglob(".*") if p.name.endswith((".tmp", ".old"))]
-    assert temporaries == [], "a temporary file or staging directory was left behind"
+    # Every writer's temporaries are hidden (fileio's ``.<name>.*.tmp``/``.<name>.old``, the split's staging folder
+    # ``.<graph>.*`` inside the parts folder): nothing hidden may remain.
+    leftovers = sorted(p for p in out.parent.rglob(".*"))
+    assert leftovers == [], f"a temporary file or staging directory was left behind: {leftovers}"
 
 
 WRITERS = ["plan", "split", "slice-graph-encodings", "convert", "compile", "bundle"]
+# Writers into a folder other runs share, each file moved into place on its own: a failed run may leave the (empty)
+# folder, but no file in it.
+SHARED_FOLDER_WRITERS = {"split", "slice-graph-encodings"}
 
 
 @pytest.mark.parametrize("writer", WRITERS)
@@ -110,7 +120,10 @@ def test_file_too_large_leaves_no_output(build: ReferenceBuild, tmp_path: Path, 
     out = tmp_path / "out" / previous_output(build, writer).name
     result = run_limited(writer_args(build, writer, out), file_size_limit, tmp_path)
     assert_clean_failure(result, out, "File too large")
-    assert not out.exists()
+    if writer in SHARED_FOLDER_WRITERS:
+        assert snapshot(out) == {}, "a failed run left a file in the shared folder"
+    else:
+        assert not out.exists()
     assert not out.with_name(out.name + ".data").exists()
 
 
@@ -126,11 +139,14 @@ def test_file_too_large_keeps_the_previous_output_whole(build: ReferenceBuild, t
 
 def test_the_same_commands_succeed_without_the_limit(build: ReferenceBuild, tmp_path: Path) -> None:
     """The failures above come from the limit, not from the command lines."""
-    for writer in ("plan", "compile"):
+    for writer in ("plan", "split", "slice-graph-encodings", "compile"):
         out = tmp_path / writer / previous_output(build, writer).name
         result = run_limited(writer_args(build, writer, out), None, tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
-        assert snapshot(out) == snapshot(previous_output(build, writer))  # deterministic, and complete
+        expected = snapshot(previous_output(build, writer))
+        if writer in SHARED_FOLDER_WRITERS:   # the prompt graph's files of the shared folder
+            expected = {name: data for name, data in expected.items() if Path(name).name.startswith("prompt.")}
+        assert snapshot(out) == expected  # deterministic, and complete
 
 
 @pytest.fixture()
@@ -157,4 +173,8 @@ def test_no_space_left_on_device_leaves_the_small_disk_empty(build: ReferenceBui
     out = small_disk / previous_output(build, writer).name
     result = run_limited(writer_args(build, writer, out), None, small_disk.parent)
     assert_clean_failure(result, out, "No space left on device")
-    assert list(small_disk.iterdir()) == []
+    if writer in SHARED_FOLDER_WRITERS:
+        assert snapshot(small_disk) == {}, "a failed run left a file on the small disk"
+        assert [p for p in small_disk.iterdir() if p != out] == []
+    else:
+        assert list(small_disk.iterdir()) == []

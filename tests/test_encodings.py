@@ -1,8 +1,10 @@
-"""Tests for genie_build.encodings and the slice-graph-encodings command."""
+"""Tests for genie_build.encodings and the slice-graph-encodings and slice-encodings commands."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper
 
 from genie_build.cli import main
+from genie_build.conventions import part_encodings_path, part_graph_path
 from genie_build.encodings import (
     Encodings,
     TensorEncoding,
@@ -127,13 +130,16 @@ LABELS = ["1_of_3", "2_of_3", "3_of_3"]
 
 @pytest.fixture
 def three_parts(tmp_path: Path) -> dict[str, Path]:
-    """Full model, its encodings and a parts dir with part_{1,2,3}_of_3.onnx."""
+    """Full model, its encodings and a parts folder with part_{1,2,3}_of_3/{prompt,token}.onnx: the tiny model
+    serves as both graphs; ``out`` is the (absent) encodings folder both graphs' slices go into."""
     full = make_onnx(tmp_path / "prompt.onnx", [node for nodes in PART_NODES for node in nodes],
                      ["x", "cos"], ["logits"], {k: v for weights in PART_WEIGHTS for k, v in weights.items()})
     parts = tmp_path / "parts"
-    parts.mkdir()
     for label, nodes, (inputs, outputs), weights in zip(LABELS, PART_NODES, PART_IO, PART_WEIGHTS):
-        make_onnx(parts / f"part_{label}.onnx", nodes, inputs, outputs, weights)
+        for graph in ("prompt", "token"):
+            path = part_graph_path(parts, label, graph)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            make_onnx(path, nodes, inputs, outputs, weights)
     enc = Encodings(
         activations={name: act(name, scale=0.01 * (i + 1))
                      for i, name in enumerate(["x", "cos", "h1", "b1", "h2", "b2", "logits"])},
@@ -145,13 +151,27 @@ def three_parts(tmp_path: Path) -> dict[str, Path]:
     )
     encodings = tmp_path / "prompt.encodings.json"
     write_encodings(encodings, enc)
-    return {"model": full, "parts": parts, "encodings": encodings, "out": tmp_path / "out" / "prompt"}
+    return {"model": full, "parts": parts, "encodings": encodings, "out": tmp_path / "out"}
 
 
-def slice_cli(paths: dict[str, Path], *extra: str) -> int:
-    return main(["slice-graph-encodings", "--graph", "prompt", "--model", str(paths["model"]),
+def slice_cli(paths: dict[str, Path], *extra: str, graph: str = "prompt") -> int:
+    return main(["slice-graph-encodings", "--graph", graph, "--model", str(paths["model"]),
                  "--encodings", str(paths["encodings"]), "--parts-dir", str(paths["parts"]),
                  "--out-dir", str(paths["out"]), *extra])
+
+
+def slice_files(out: Path) -> dict[str, bytes]:
+    """Every file under ``out`` by its path there."""
+    return {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()}
+
+
+def listing(root: Path) -> list[str]:
+    """Every file and folder under ``root``, hidden ones (a temporary file or folder) included."""
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*")) if root.exists() else []
+
+
+def slice_names(*graphs: str) -> list[str]:
+    return sorted(f"part_{label}/{graph}.encodings.json" for label in LABELS for graph in graphs)
 
 
 # ------------------------------------------------------------------------------------------- read/write
@@ -475,7 +495,7 @@ def test_validate_checks_scale_counts_against_param_shapes(name: str, shape: tup
 # ------------------------------------------------------------------------------------------- slicing
 
 def test_part_tensor_names_reads_graph_io_nodes_and_initializers(three_parts: dict[str, Path]) -> None:
-    tensors, initializers = part_tensor_names(three_parts["parts"] / "part_2_of_3.onnx")
+    tensors, initializers = part_tensor_names(part_graph_path(three_parts["parts"], "2_of_3", "prompt"))
     assert tensors == {"b1", "cos", "W2", "h2", "b2"}
     assert initializers == {"W2"}
 
@@ -483,7 +503,7 @@ def test_part_tensor_names_reads_graph_io_nodes_and_initializers(three_parts: di
 def test_slices_keep_touched_activations_and_own_params_with_identical_boundaries(
         three_parts: dict[str, Path]) -> None:
     enc = read_encodings(three_parts["encodings"])
-    slices = {label: slice_encodings(enc, *part_tensor_names(three_parts["parts"] / f"part_{label}.onnx"))
+    slices = {label: slice_encodings(enc, *part_tensor_names(part_graph_path(three_parts["parts"], label, "prompt")))
               for label in LABELS}
     assert set(slices["1_of_3"].activations) == {"x", "cos", "h1", "b1"}
     assert set(slices["2_of_3"].activations) == {"cos", "b1", "h2", "b2"}
@@ -521,13 +541,12 @@ def test_graphs_consistent_requires_identical_shared_tensors() -> None:
 def test_command_writes_one_slice_per_part_and_reruns_byte_identical(three_parts: dict[str, Path]) -> None:
     assert slice_cli(three_parts) == 0
     out = three_parts["out"]
-    files = sorted(path.name for path in out.iterdir())
-    assert files == [f"part_{label}.encodings.json" for label in LABELS]
-    first = {name: (out / name).read_bytes() for name in files}
-    assert set(read_encodings(out / "part_3_of_3.encodings.json").params) == {"W3"}
+    assert listing(out) == sorted([f"part_{label}" for label in LABELS] + slice_names("prompt"))
+    first = slice_files(out)
+    assert set(read_encodings(part_encodings_path(out, "3_of_3", "prompt")).params) == {"W3"}
 
     assert slice_cli(three_parts) == 0
-    assert {name: (out / name).read_bytes() for name in files} == first
+    assert slice_files(out) == first
 
 
 def test_command_failure_leaves_nothing_behind(three_parts: dict[str, Path],
@@ -536,7 +555,7 @@ def test_command_failure_leaves_nothing_behind(three_parts: dict[str, Path],
     write_encodings(three_parts["encodings"], replace(enc, activations={**enc.activations, "ghost": act("ghost")}))
     assert slice_cli(three_parts) == 2
     assert "1 encodings name tensors the model does not have: activation 'ghost'" in capsys.readouterr().err
-    assert not three_parts["out"].parent.exists() or list(three_parts["out"].parent.iterdir()) == []
+    assert listing(three_parts["out"]) == []
 
 
 def test_command_checks_the_other_graphs_encodings(three_parts: dict[str, Path], tmp_path: Path,
@@ -550,40 +569,57 @@ def test_command_checks_the_other_graphs_encodings(three_parts: dict[str, Path],
     assert slice_cli(three_parts, "--consistent-with", str(token)) == 0
 
 
-def test_command_rejects_an_incomplete_parts_dir(three_parts: dict[str, Path],
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    (three_parts["parts"] / "part_2_of_3.onnx").unlink()
+def test_command_rejects_an_incomplete_set_of_parts(three_parts: dict[str, Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # the token graph's part 2 stays in that folder: only the prompt graph's own parts count
+    part_graph_path(three_parts["parts"], "2_of_3", "prompt").unlink()
     assert slice_cli(three_parts) == 2
-    assert "are not exactly parts 1_of_3, 2_of_3, 3_of_3" in capsys.readouterr().err
-    assert not three_parts["out"].exists()
+    assert "prompt parts 1_of_3, 3_of_3 are not exactly parts 1_of_3, 2_of_3, 3_of_3" in capsys.readouterr().err
+    assert listing(three_parts["out"]) == []
 
 
-def test_command_failing_midway_keeps_the_previous_output_whole(three_parts: dict[str, Path],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    assert slice_cli(three_parts) == 0
+def test_command_failing_midway_leaves_every_slice_whole(three_parts: dict[str, Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Each slice is written atomically: when the disk fills up during the prompt graph's second slice, that slice,
+    the ones not reached and the token graph's beside them are as they were, and no temporary file is left."""
+    assert slice_cli(three_parts) == 0 and slice_cli(three_parts, graph="token") == 0
     out = three_parts["out"]
-    before = {path.name: path.read_bytes() for path in out.iterdir()}
-    calls = []
+    before, names = slice_files(out), listing(out)
+    enc = read_encodings(three_parts["encodings"])   # recalibrated, so every prompt slice changes
+    write_encodings(three_parts["encodings"], replace(enc, activations={
+        name: replace(entry, scale=tuple(2 * scale for scale in entry.scale))
+        for name, entry in enc.activations.items()}))
+    synced = []
+    real_fsync = os.fsync
 
-    def write_then_fail(path: Path, enc: Encodings) -> None:
-        calls.append(path)
-        write_encodings(path, replace(enc, activations={}))
-        if len(calls) == 2:
-            raise GenieBuildError(path, "disk full")
+    def fsync_fails_on_the_second_file(fd: int) -> None:
+        synced.append(fd)
+        if len(synced) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
 
-    monkeypatch.setattr("genie_build.slice_encodings.write_encodings", write_then_fail)
+    monkeypatch.setattr(os, "fsync", fsync_fails_on_the_second_file)
     assert slice_cli(three_parts) == 2
-    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
-    assert [path.name for path in out.parent.iterdir()] == ["prompt"]  # no staging directory left
+    assert f"{part_encodings_path(out, '2_of_3', 'prompt')}: cannot write" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert slice_cli({**three_parts, "out": tmp_path / "fresh"}) == 0
+    fresh, after = slice_files(tmp_path / "fresh"), slice_files(out)
+    first = "part_1_of_3/prompt.encodings.json"
+    assert fresh[first] != before[first]
+    # the first slice, written before the failure, is whole: the old one or the new one
+    assert after[first] in (before[first], fresh[first])
+    assert {name: data for name, data in after.items() if name != first} == \
+        {name: data for name, data in before.items() if name != first}
+    assert listing(out) == names
 
 
 def model_slice_cli(paths: dict[str, Path], token_encodings: Path, *extra: str) -> int:
     """slice-encodings on the tiny model as both graphs (the prompt graph's encodings are ``paths``')."""
     graphs = {"prompt": paths["encodings"], "token": token_encodings}
     return main(["slice-encodings", *(item for graph, encodings in graphs.items() for item in (
-        f"--{graph}-model", str(paths["model"]), f"--{graph}-encodings", str(encodings),
-        f"--{graph}-parts-dir", str(paths["parts"]), f"--{graph}-out-dir", str(paths["out"].parent / graph))),
-        *extra])
+        f"--{graph}-model", str(paths["model"]), f"--{graph}-encodings", str(encodings))),
+        "--parts-dir", str(paths["parts"]), "--out-dir", str(paths["out"]), *extra])
 
 
 def test_model_command_writes_what_the_one_graph_command_writes_for_each_graph(three_parts: dict[str, Path],
@@ -591,15 +627,14 @@ def test_model_command_writes_what_the_one_graph_command_writes_for_each_graph(t
     token = tmp_path / "token.encodings.json"
     write_encodings(token, read_encodings(three_parts["encodings"]))
     assert model_slice_cli(three_parts, token) == 0
-    both = {graph: {path.name: path.read_bytes() for path in (three_parts["out"].parent / graph).iterdir()}
-            for graph in ("prompt", "token")}
-    assert sorted(both["token"]) == [f"part_{label}.encodings.json" for label in LABELS]
+    both = slice_files(three_parts["out"])
+    assert sorted(both) == slice_names("prompt", "token")
     one_by_one = tmp_path / "one_by_one"
     for graph, extra in (("prompt", ()), ("token", ("--consistent-with", str(three_parts["encodings"])))):
         assert main(["slice-graph-encodings", "--graph", graph, "--model", str(three_parts["model"]), "--encodings",
                      str(three_parts["encodings"] if graph == "prompt" else token), "--parts-dir",
-                     str(three_parts["parts"]), "--out-dir", str(one_by_one / graph), *extra]) == 0
-        assert {path.name: path.read_bytes() for path in (one_by_one / graph).iterdir()} == both[graph]
+                     str(three_parts["parts"]), "--out-dir", str(one_by_one), *extra]) == 0
+    assert slice_files(one_by_one) == both
 
 
 def test_model_command_checks_the_token_graph_against_the_prompt_graph_and_writes_neither_on_failure(
@@ -609,11 +644,35 @@ def test_model_command_checks_the_token_graph_against_the_prompt_graph_and_write
     write_encodings(token, replace(enc, activations={**enc.activations, "cos": act("cos", scale=5.0)}))
     assert model_slice_cli(three_parts, token) == 2
     assert "cos: activation encoding differs between the prompt graph and the token graph" in capsys.readouterr().err
-    assert not three_parts["out"].parent.exists() or list(three_parts["out"].parent.iterdir()) == []
+    assert listing(three_parts["out"]) == []
 
     assert model_slice_cli(three_parts, token, "--token-shares-prompt") == 0
-    part = read_encodings(three_parts["out"].parent / "token" / "part_1_of_3.encodings.json")
+    part = read_encodings(part_encodings_path(three_parts["out"], "1_of_3", "token"))
     assert part.activations["cos"] == enc.activations["cos"]
+
+
+def test_model_command_failure_keeps_the_previous_output_folder_whole(three_parts: dict[str, Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output folder appears whole or not at all: a failure after the prompt graph's slices are written
+    leaves the previous folder byte for byte and no staging folder beside it."""
+    token = tmp_path / "token.encodings.json"
+    write_encodings(token, read_encodings(three_parts["encodings"]))
+    assert model_slice_cli(three_parts, token) == 0
+    out = three_parts["out"]
+    before, names, beside = slice_files(out), listing(out), sorted(path.name for path in out.parent.iterdir())
+    calls = []
+
+    def write_then_fail(path: Path, enc: Encodings) -> None:
+        calls.append(path)
+        write_encodings(path, replace(enc, activations={}))
+        if len(calls) == len(LABELS) + 1:   # every prompt slice and the first token slice written
+            raise GenieBuildError(path, "disk full")
+
+    monkeypatch.setattr("genie_build.slice_encodings.write_encodings", write_then_fail)
+    assert model_slice_cli(three_parts, token) == 2
+    assert len(calls) == len(LABELS) + 1
+    assert slice_files(out) == before and listing(out) == names
+    assert sorted(path.name for path in out.parent.iterdir()) == beside
 
 
 # ------------------------------------------------------------------------------------------- aimet-onnx formats
@@ -796,7 +855,7 @@ def test_command_share_from_lets_separately_calibrated_graphs_through(three_part
              str(other), "--parts-dir", str(three_parts["parts"]), "--out-dir", str(three_parts["out"])]
     assert main([*token, "--consistent-with", str(three_parts["encodings"])]) == 2
     assert main([*token, "--share-from", str(three_parts["encodings"])]) == 0
-    part = read_encodings(three_parts["out"] / "part_2_of_3.encodings.json")
+    part = read_encodings(part_encodings_path(three_parts["out"], "2_of_3", "token"))
     assert part.activations["b1"] == enc.activations["b1"]
 
 

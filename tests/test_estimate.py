@@ -21,7 +21,7 @@ from genie_build.config import validate_config
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.encodings import read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
+from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
 from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
                                   container_overhead, estimate, stored_size)
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
@@ -237,15 +237,16 @@ def compiled(tmp_path_factory) -> dict:
     pieces = model_pieces(prompt, read_encodings(encodings["prompt"]),
                           find_boundaries(prompt, source / "prompt.onnx"))
     plan = plan_by_num_parts(pieces, 3)
-    parts = {kind: split_graph(source / f"{kind}.onnx", plan, root / "parts" / kind, kind) for kind in encodings}
+    parts = {kind: split_graph(source / f"{kind}.onnx", plan, root / "parts", kind) for kind in encodings}
     converted: dict[str, dict[str, Path]] = {part.label: {} for part in plan.parts}
     for kind, paths in parts.items():
         full = read_encodings(encodings[kind])
         for part, path in zip(plan.parts, paths):
-            part_encodings = root / "encodings" / kind / f"part_{part.label}.encodings.json"
+            assert path == part_graph_path(root / "parts", part.label, kind)
+            part_encodings = part_encodings_path(root / "encodings", part.label, kind)
             write_encodings(part_encodings, slice_encodings(full, *part_tensor_names(path)))
             name = load_graph(path).graph.name
-            out = root / "converted" / kind / path.name
+            out = root / "converted" / kind / f"part_{part.label}.onnx"
             convert_model(path, part_encodings, out, graph_name=name, float_bitwidth=16)
             converted[part.label][name] = out
     measured = {}

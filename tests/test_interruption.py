@@ -8,6 +8,7 @@ part of the documented way on.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,18 @@ def temporaries(directory: Path) -> list[Path]:
     return sorted(path for path in directory.rglob(".*") if path.name.endswith((".tmp", ".old")))
 
 
+def hidden(directory: Path) -> list[Path]:
+    """Every hidden file or folder under ``directory``: fileio's temporaries, and the split's staging folder
+    (``.<graph>.<random>`` inside the parts folder). A writer's own output has none."""
+    return sorted(directory.rglob(".*"))
+
+
+def visible_files(directory: Path) -> dict[str, bytes]:
+    """Relative path -> bytes of every file under ``directory`` outside a hidden folder: what a later run reads."""
+    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*"))
+            if path.is_file() and not any(part.startswith(".") for part in path.relative_to(directory).parts)}
+
+
 # ------------------------------------------------------------------------------------------- one writer
 
 @pytest.fixture(scope="module")
@@ -46,14 +59,14 @@ def _plan_args(build: ReferenceBuild, out: Path) -> list[object]:
 
 
 def _convert_args(build: ReferenceBuild, out: Path) -> list[object]:
-    return ["convert", "--toolchain", "reference", "--onnx", build.root / "parts" / "prompt" / "part_3_of_3.onnx",
-            "--encodings", build.root / "encodings" / "prompt" / "part_3_of_3.encodings.json",
+    return ["convert", "--toolchain", "reference", "--onnx", build.root / "parts" / "part_3_of_3" / "prompt.onnx",
+            "--encodings", build.root / "encodings" / "part_3_of_3" / "prompt.encodings.json",
             "--graph-name", "prompt_ar8_cl64_3_of_3", "--float-bitwidth", 16, "--out", out]
 
 
 def _split_args(build: ReferenceBuild, out: Path) -> list[object]:
     return ["split", "--plan", build.root / "plan.json", "--graph", "prompt", "--model", build.source / "prompt.onnx",
-            "--out-dir", out]
+            "--parts-dir", out]
 
 
 # Python ignores SIGXFSZ from startup; restoring the default makes the kernel kill the writer the moment a write
@@ -69,8 +82,8 @@ def _genie_build(args: list[object], cwd: Path, killed_mid_write: bool = False) 
     return subprocess.run([sys.executable, *prefix, *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("make_args, output", [(_plan_args, "plan.json"), (_convert_args, "part_3_of_3.onnx"),
-                                               (_split_args, "parts")], ids=["plan", "convert", "split"])
+@pytest.mark.parametrize("make_args, output", [(_plan_args, "plan.json"), (_convert_args, "part_3_of_3.onnx")],
+                         ids=["plan", "convert"])
 def test_a_writer_killed_mid_write_leaves_no_output_and_the_rerun_no_leftovers(
         build: ReferenceBuild, tmp_path: Path, make_args: Callable[[ReferenceBuild, Path], list[object]],
         output: str) -> None:
@@ -83,7 +96,35 @@ def test_a_writer_killed_mid_write_leaves_no_output_and_the_rerun_no_leftovers(
     rerun = _genie_build(make_args(build, out), tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert out.exists()
-    assert temporaries(out.parent) == [], "the killed writer's temporary outlived the rerun"
+    assert hidden(out.parent) == [], "the killed writer's temporary outlived the rerun"
+
+
+# The split writes into the parts folder every graph of the model shares (part_{label}/{graph}.onnx), moving each
+# file into place only once all parts are written: a killed split leaves every file that was there as it was and
+# no new one, and its staging folder does not outlive the rerun.
+_PROMPT_PARTS = {f"part_{index}_of_3/prompt.onnx{suffix}" for index in (1, 2, 3) for suffix in ("", ".data")}
+
+
+@pytest.mark.parametrize("previous", [False, True], ids=["empty", "previous-parts"])
+def test_a_split_killed_mid_write_leaves_the_parts_as_they_were_and_the_rerun_no_leftovers(
+        build: ReferenceBuild, tmp_path: Path, previous: bool) -> None:
+    out = tmp_path / "out" / "parts"
+    if previous:   # the build's parts of both graphs: what a killed rerun must not damage
+        shutil.copytree(build.root / "parts", out)
+    before = visible_files(out) if out.exists() else {}
+    killed = _genie_build(_split_args(build, out), tmp_path, killed_mid_write=True)
+    assert killed.returncode == -signal.SIGXFSZ, killed.stderr[-2000:]
+    assert hidden(out.parent), "the split was not killed while writing"
+    assert visible_files(out) == before, "a killed split changed or added a file a later run reads"
+
+    rerun = _genie_build(_split_args(build, out), tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    expected = visible_files(build.root / "parts")
+    if not previous:
+        expected = {name: data for name, data in expected.items() if name in _PROMPT_PARTS}
+    assert set(expected) >= _PROMPT_PARTS
+    assert visible_files(out) == expected, "the rerun's parts differ from an uninterrupted split's"
+    assert hidden(out.parent) == [], "the killed split's staging folder outlived the rerun"
 
 
 # ------------------------------------------------------------------------------------------- the workflow

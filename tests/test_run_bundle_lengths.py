@@ -11,7 +11,7 @@ import pytest
 
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from genie_build.cli import main
-from genie_build.conventions import graph_name, part_label
+from genie_build.conventions import graph_name, part_encodings_path, part_graph_path, part_label
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.run_bundle import (GraphRun, choose_graph, generate, host_run, load_bundle, make_runner, run_bundle,
@@ -35,16 +35,16 @@ def _converted_graphs(root: Path, cl: int, encodings: Path, plan: Path) -> dict[
     source = root / f"cl{cl}"
     generate_demo(DemoShape(**{**TINY_DEMO, "context": cl}), source)
     graphs: dict[int, list[str]] = {index: [] for index in range(1, NUM_PARTS + 1)}
+    parts, sliced = source / "parts", source / "encodings"
     for kind, ar in (("prompt", AR), ("token", 1)):
-        parts, sliced = source / "parts" / kind, source / "encodings" / kind
-        _cli("split", "--plan", plan, "--graph", kind, "--model", source / f"{kind}.onnx", "--out-dir", parts)
+        _cli("split", "--plan", plan, "--graph", kind, "--model", source / f"{kind}.onnx", "--parts-dir", parts)
         _cli("slice-graph-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--encodings", encodings.with_name(f"{kind}.encodings.json"), "--parts-dir", parts, "--out-dir", sliced)
         for index in graphs:
             label, name = part_label(index, NUM_PARTS), graph_name(kind, ar, cl, index, NUM_PARTS)
             converted = source / "converted" / kind / f"part_{label}.onnx"
-            _cli("convert", "--toolchain", "reference", "--onnx", parts / f"part_{label}.onnx",
-                 "--encodings", sliced / f"part_{label}.encodings.json", "--graph-name", name,
+            _cli("convert", "--toolchain", "reference", "--onnx", part_graph_path(parts, label, kind),
+                 "--encodings", part_encodings_path(sliced, label, kind), "--graph-name", name,
                  "--float-bitwidth", VARIANT["float_bitwidth"], "--out", converted)
             graphs[index] += ["--graph", f"{name}={converted}"]
     return graphs

@@ -1,9 +1,11 @@
-"""Streaming split: valid parts, exact IO, chain == full, byte determinism, locality of changes, atomicity."""
+"""Streaming split: valid parts, exact IO, chain == full, byte determinism, locality of changes, failures that
+replace nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
+from genie_build.conventions import find_parts
 from genie_build.demo import example_inputs
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
@@ -34,10 +37,10 @@ def demo(small_demo: Path) -> Path:
     return small_demo
 
 
-def split_both(prompt: Path, token: Path, plan, out_dir: Path) -> dict[str, list[Path]]:
-    """Both graphs split as the workflow does (one ``split`` job per graph), into ``out_dir/{prompt,token}``."""
-    return {kind: split_graph(source, plan, out_dir / kind, kind) for kind, source in (("prompt", prompt),
-                                                                                      ("token", token))}
+def split_both(prompt: Path, token: Path, plan, parts_dir: Path) -> dict[str, list[Path]]:
+    """Both graphs split as the workflow does (one ``split`` job per graph), into the one ``parts_dir``."""
+    return {kind: split_graph(source, plan, parts_dir, kind) for kind, source in (("prompt", prompt),
+                                                                                 ("token", token))}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,11 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def listing(root: Path) -> list[str]:
+    """Every file and folder under ``root``, hidden ones (a staging folder) included; [] when it is absent."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
 def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
     return {entry.key: entry.value for entry in tensor.external_data}
 
@@ -66,10 +74,16 @@ def stored_bytes(tensor: onnx.TensorProto, model_dir: Path) -> bytes:
         return handle.read(int(info["length"]))
 
 
-def test_split_model_writes_both_graphs_with_data_files(parts: dict[str, list[Path]]) -> None:
+def test_split_writes_both_graphs_with_data_files_into_each_parts_folder(parts: dict[str, list[Path]]) -> None:
+    parts_dir = parts["prompt"][0].parent.parent
+    # a part's graphs sit in one folder, and nothing else is left (no staging folder)
+    assert sorted(p.name for p in parts_dir.iterdir()) == ["part_1_of_3", "part_2_of_3", "part_3_of_3"]
+    for folder in parts_dir.iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == [f"{kind}.onnx{ext}" for kind in KINDS
+                                                            for ext in ("", ".data")]
     for kind in KINDS:
-        names = sorted(p.name for p in parts[kind][0].parent.iterdir())
-        assert names == [f"part_{i}_of_3.onnx{ext}" for i in (1, 2, 3) for ext in ("", ".data")]
+        assert parts[kind] == [parts_dir / f"part_{i}_of_3" / f"{kind}.onnx" for i in (1, 2, 3)]
+        assert list(find_parts(parts_dir, kind).values()) == parts[kind]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -145,8 +159,8 @@ def test_data_offsets_are_page_aligned(tmp_path: Path) -> None:
 
 
 def test_split_is_deterministic(demo: Path, parts: dict[str, list[Path]], tmp_path: Path) -> None:
-    again = split_both(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "again")
-    assert tree_bytes(again["prompt"][0].parent.parent) == tree_bytes(parts["prompt"][0].parent.parent)
+    split_both(demo / "prompt.onnx", demo / "token.onnx", PLAN, tmp_path / "again")
+    assert tree_bytes(tmp_path / "again") == tree_bytes(parts["prompt"][0].parent.parent)
 
 
 def test_weight_change_in_one_layer_changes_only_its_part(demo: Path, tmp_path: Path) -> None:
@@ -170,27 +184,56 @@ def tree_bytes_of_part(onnx_path: Path) -> tuple[bytes, bytes]:
     return onnx_path.read_bytes(), onnx_path.with_name(onnx_path.name + ".data").read_bytes()
 
 
-def test_bad_plan_leaves_no_output_and_keeps_an_existing_one(demo: Path, tmp_path: Path) -> None:
+def test_bad_plan_adds_nothing_and_keeps_the_existing_parts(demo: Path, tmp_path: Path) -> None:
     bad = dataclasses.replace(PLAN, parts=(
         PLAN.parts[0], dataclasses.replace(PLAN.parts[1], output_boundary="no_such_tensor"),
         dataclasses.replace(PLAN.parts[2], input_boundary="no_such_tensor")))
+    parts_dir = tmp_path / "parts"
     with pytest.raises(GenieBuildError, match="no_such_tensor"):
-        split_graph(demo / "token.onnx", bad, tmp_path / "parts", "token")
-    assert list(tmp_path.iterdir()) == []
+        split_graph(demo / "token.onnx", bad, parts_dir, "token")
+    assert listing(parts_dir) == []
 
-    good = split_graph(demo / "prompt.onnx", PLAN, tmp_path / "parts", "prompt")
-    before = tree_bytes(tmp_path / "parts")
-    with pytest.raises(GenieBuildError):
-        split_graph(demo / "prompt.onnx", bad, tmp_path / "parts", "prompt")
-    assert tree_bytes(tmp_path / "parts") == before and good[0].exists()
+    # the graphs share the part folders: a failed split of either keeps every file there byte for byte
+    good = split_both(demo / "prompt.onnx", demo / "token.onnx", PLAN, parts_dir)
+    before, names = tree_bytes(parts_dir), listing(parts_dir)
+    for kind in KINDS:
+        with pytest.raises(GenieBuildError):
+            split_graph(demo / f"{kind}.onnx", bad, parts_dir, kind)
+        assert tree_bytes(parts_dir) == before and listing(parts_dir) == names and good[kind][0].exists()
     assert [p.name for p in tmp_path.iterdir()] == ["parts"]
+
+
+def test_split_failing_midway_keeps_the_previous_parts_whole(demo: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts 1 and 2 are written before part 3 fails: none of them may replace the previous split's."""
+    parts_dir = tmp_path / "parts"
+    split_graph(demo / "prompt.onnx", PLAN, parts_dir, "prompt")
+    before, names = tree_bytes(parts_dir), listing(parts_dir)
+    checked = []
+
+    def fail_on_the_last_part(onnx_path: Path, source_path: Path | None = None) -> None:
+        checked.append(onnx_path)
+        if len(checked) == 3:
+            raise GenieBuildError(onnx_path, "invalid part")
+
+    monkeypatch.setattr("genie_build.split.check_part", fail_on_the_last_part)
+    changed = tmp_path / "changed"   # another embedding table, so a part 1 that got through would show
+    shutil.copytree(demo, changed)
+    table = next(t for t in graph_of(demo / "prompt.onnx").initializer if t.name == "model.embed_tokens.weight")
+    with open(changed / external_info(table)["location"], "r+b") as handle:
+        handle.seek(int(external_info(table)["offset"]))
+        handle.write(b"\x01\x02\x03\x04")
+    with pytest.raises(GenieBuildError, match="invalid part"):
+        split_graph(changed / "prompt.onnx", PLAN, parts_dir, "prompt")
+    assert len(checked) == 3
+    assert tree_bytes(parts_dir) == before and listing(parts_dir) == names   # no staging folder left either
 
 
 def test_missing_data_file_fails_naming_it(demo: Path, tmp_path: Path) -> None:
     shutil.copy(demo / "prompt.onnx", tmp_path / "prompt.onnx")
     with pytest.raises(GenieBuildError, match=r"prompt\.onnx\.data"):
         split_graph(tmp_path / "prompt.onnx", PLAN, tmp_path / "parts", "prompt")
-    assert not (tmp_path / "parts").exists()
+    assert listing(tmp_path / "parts") == []
 
 
 def test_cuts_must_chain(demo: Path, tmp_path: Path) -> None:
@@ -259,7 +302,46 @@ def test_hf_export_splits_bit_exact(hf_qwen2: tuple[Path, Path], tmp_path: Path)
 def test_cli_splits_from_a_plan_file(demo: Path, tmp_path: Path) -> None:
     write_plan(tmp_path / "plan.json", PLAN)
     assert main(["split", "--plan", str(tmp_path / "plan.json"), "--graph", "token", "--model",
-                 str(demo / "token.onnx"), "--out-dir", str(tmp_path / "parts")]) == 0
-    assert sorted(p.name for p in (tmp_path / "parts").glob("*.onnx")) == [
-        "part_1_of_3.onnx", "part_2_of_3.onnx", "part_3_of_3.onnx"]
-    assert graph_of(tmp_path / "parts" / "part_1_of_3.onnx").name.startswith("token_")
+                 str(demo / "token.onnx"), "--parts-dir", str(tmp_path / "parts"), "--out",
+                 str(tmp_path / "split.json")]) == 0
+    parts = [tmp_path / "parts" / f"part_{i}_of_3" / "token.onnx" for i in (1, 2, 3)]
+    assert sorted((tmp_path / "parts").glob("part_*/*.onnx")) == parts
+    assert graph_of(parts[0]).name.startswith("token_")
+    assert json.loads((tmp_path / "split.json").read_text()) == {"graph": "token",
+                                                                 "parts": [str(p) for p in parts]}
+
+
+def test_cli_key_names_the_part_files_beside_the_kinds_own(demo: Path, parts: dict[str, list[Path]],
+                                                           tmp_path: Path) -> None:
+    """A graph at another context length has its own key: its files go beside the prompt's, which stay as they
+    are."""
+    parts_dir = tmp_path / "parts"
+    shutil.copytree(parts["prompt"][0].parent.parent, parts_dir)
+    before = tree_bytes(parts_dir)
+    write_plan(tmp_path / "plan.json", PLAN)
+    assert main(["split", "--plan", str(tmp_path / "plan.json"), "--graph", "prompt", "--key", "prompt_cl512",
+                 "--model", str(demo / "prompt.onnx"), "--parts-dir", str(parts_dir)]) == 0
+    added = {name: data for name, data in tree_bytes(parts_dir).items() if name not in before}
+    assert sorted(added) == [f"part_{i}_of_3/prompt_cl512.onnx{ext}" for i in (1, 2, 3) for ext in ("", ".data")]
+    assert {name: tree_bytes(parts_dir)[name] for name in before} == before
+    # the same split under another name: same data bytes, each part's tensors pointing at its own key's file
+    for i in (1, 2, 3):
+        assert added[f"part_{i}_of_3/prompt_cl512.onnx.data"] == before[f"part_{i}_of_3/prompt.onnx.data"]
+        part = graph_of(parts_dir / f"part_{i}_of_3" / "prompt_cl512.onnx")
+        locations = {external_info(t)["location"] for t in part.initializer
+                     if t.data_location == onnx.TensorProto.EXTERNAL}
+        assert locations == {"prompt_cl512.onnx.data"}
+
+
+def test_a_new_plan_removes_the_graphs_parts_it_no_longer_has(demo: Path, tmp_path: Path) -> None:
+    parts_dir = tmp_path / "parts"
+    split_both(demo / "prompt.onnx", demo / "token.onnx", PLAN, parts_dir)
+    two = make_plan(4, [[0, 1, 2, 3]])   # embedding alone, then the rest
+    split_graph(demo / "prompt.onnx", two, parts_dir, "prompt")
+    assert list(find_parts(parts_dir, "prompt")) == ["1_of_2", "2_of_2"]
+    # the token graph's parts of the old plan are still its current ones, so they stay
+    assert list(find_parts(parts_dir, "token")) == ["1_of_3", "2_of_3", "3_of_3"]
+    assert sorted(str(p.relative_to(parts_dir)) for p in parts_dir.glob("part_*_of_3/*")) == [
+        f"part_{i}_of_3/token.onnx{ext}" for i in (1, 2, 3) for ext in ("", ".data")]
+    split_graph(demo / "token.onnx", two, parts_dir, "token")
+    assert sorted(p.name for p in parts_dir.iterdir()) == ["part_1_of_2", "part_2_of_2"]   # emptied folders go

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +33,8 @@ def demo(small_demo: Path) -> Path:
 
 @pytest.fixture()
 def parts(demo: Path, tmp_path: Path) -> dict[str, list[Path]]:
-    """Fresh per test, since some tests damage them."""
-    return {kind: split_graph(demo / f"{kind}.onnx", PLAN, tmp_path / "parts" / kind, kind)
-            for kind in ("prompt", "token")}
+    """Both graphs' parts in one parts folder, fresh per test, since some tests damage them."""
+    return {kind: split_graph(demo / f"{kind}.onnx", PLAN, tmp_path / "parts", kind) for kind in ("prompt", "token")}
 
 
 def test_feed_covers_every_input_with_its_dtype_and_shape(demo: Path) -> None:
@@ -80,7 +80,12 @@ def test_chained_parts_match_and_report_every_output(demo: Path, parts: dict[str
     record = json.loads(json.dumps(report.to_dict()))
     assert record["bit_exact"] is True
     assert [o["name"] for o in record["outputs"]][:3] == ["logits", "past_key_0_out", "past_value_0_out"]
-    assert {o["part"] for o in record["outputs"]} == {"part_2_of_3.onnx", "part_3_of_3.onnx"}
+    # each output names the part giving it (layers 0-1 are part 2; layers 2-3 and the head part 3): every part's
+    # file is {kind}.onnx, so the part's folder must be named
+    for output in record["outputs"]:
+        name = output["name"]
+        label = "3_of_3" if name == "logits" or name.endswith(("_2_out", "_3_out")) else "2_of_3"
+        assert re.findall(r"part_\d_of_3", output["part"]) == [f"part_{label}"], output
     assert all(o["max_abs_diff"] == 0.0 for o in record["outputs"])
 
 
@@ -93,7 +98,7 @@ def test_changed_weight_in_a_part_fails_naming_graph_and_output(demo: Path, part
         handle.write(np.float32(3.0).tobytes())
     full = demo / "prompt.onnx"
     with pytest.raises(GenieBuildError, match=r"prompt\.onnx: chained parts differ .* at output 'logits' "
-                                              r"\(from part_3_of_3\.onnx\): max abs diff [1-9]"):
+                                              r"\(from [^)]*part_3_of_3[^)]*\): max abs diff [1-9]"):
         verify_chain(full, parts["prompt"], build_feed(full))
 
 
@@ -105,7 +110,7 @@ def test_missing_last_part_fails(demo: Path, parts: dict[str, list[Path]]) -> No
 
 def test_parts_out_of_order_fail_naming_the_missing_input(demo: Path, parts: dict[str, list[Path]]) -> None:
     full = demo / "token.onnx"
-    with pytest.raises(GenieBuildError, match=r"part_2_of_3\.onnx: input\(s\) \['/model/embed_tokens"):
+    with pytest.raises(GenieBuildError, match=r"part_2_of_3/token\.onnx: input\(s\) \['/model/embed_tokens"):
         verify_chain(full, parts["token"][1:], build_feed(full))
 
 
@@ -122,27 +127,32 @@ def test_compare_arrays_is_bitwise() -> None:
 
 def test_cli_writes_the_report(demo: Path, parts: dict[str, list[Path]], tmp_path: Path) -> None:
     out = tmp_path / "verify" / "prompt.json"
-    assert main(["verify-split", "--model", str(demo / "prompt.onnx"),
-                 "--parts-dir", str(parts["prompt"][0].parent), "--out", str(out)]) == 0
+    assert main(["verify-split", "--model", str(demo / "prompt.onnx"), "--parts-dir", str(tmp_path / "parts"),
+                 "--graph", "prompt", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["bit_exact"] and len(record["outputs"]) == 1 + 2 * SHAPE.layers
+    assert record["parts"] == [str(path) for path in parts["prompt"]]   # the prompt's parts, not the token's beside
 
 
-def test_cli_fails_on_an_incomplete_parts_dir(demo: Path, parts: dict[str, list[Path]], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    parts["prompt"][1].unlink()
+def test_cli_fails_on_an_incomplete_set_of_parts(demo: Path, parts: dict[str, list[Path]], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    parts["prompt"][1].unlink()   # the token graph's part 2 is still in that folder: it must not count
     out = tmp_path / "report.json"
-    assert main(["verify-split", "--model", str(demo / "prompt.onnx"),
-                 "--parts-dir", str(parts["prompt"][0].parent), "--out", str(out)]) == 2
-    assert "expected part_01_of_N.onnx" in capsys.readouterr().err
+    assert main(["verify-split", "--model", str(demo / "prompt.onnx"), "--parts-dir", str(tmp_path / "parts"),
+                 "--graph", "prompt", "--out", str(out)]) == 2
+    assert ("prompt parts 1_of_3, 3_of_3 are not exactly parts 1_of_3, 2_of_3, 3_of_3 (expected part_01_of_N"
+            in capsys.readouterr().err)
     assert not out.exists()
 
 
 def test_find_parts_orders_by_index(tmp_path: Path) -> None:
     for index in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9, 11):
-        (tmp_path / f"part_{index:02d}_of_11.onnx").touch()
-    assert [p.name for p in find_parts(tmp_path).values()][:3] == ["part_01_of_11.onnx", "part_02_of_11.onnx",
-                                                          "part_03_of_11.onnx"]
+        (tmp_path / f"part_{index:02d}_of_11").mkdir()
+        (tmp_path / f"part_{index:02d}_of_11" / "prompt.onnx").touch()
+    found = find_parts(tmp_path, "prompt")
+    assert list(found)[:3] == ["01_of_11", "02_of_11", "03_of_11"]
+    assert [str(p.relative_to(tmp_path)) for p in found.values()][:3] == [
+        "part_01_of_11/prompt.onnx", "part_02_of_11/prompt.onnx", "part_03_of_11/prompt.onnx"]
 
 
 def test_feed_of_the_wrong_shape_fails_naming_the_graph(demo: Path, parts: dict[str, list[Path]]) -> None:
@@ -155,17 +165,18 @@ def test_feed_of_the_wrong_shape_fails_naming_the_graph(demo: Path, parts: dict[
 def test_full_graph_and_parts_run_with_the_same_unfolded_options(demo: Path, parts: dict[str, list[Path]],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Equality means the split changed nothing only if both sides run the same kernels: one set of options."""
-    used: list[tuple[str, ort.SessionOptions]] = []
+    used: list[tuple[Path, ort.SessionOptions]] = []
     original = ort.InferenceSession
 
     def recording_session(path, options, providers):
-        used.append((Path(path).name, options))
+        used.append((Path(path), options))
         return original(path, options, providers=providers)
 
     monkeypatch.setattr(ort, "InferenceSession", recording_session)
     full = demo / "prompt.onnx"
     verify_chain(full, parts["prompt"], build_feed(full))
-    assert [name for name, _ in used] == ["prompt.onnx"] + [path.name for path in parts["prompt"]]
+    # whole paths: the full graph and every part are all named prompt.onnx
+    assert [path for path, _ in used] == [full, *parts["prompt"]]
     for _, options in used:
         assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         assert options.execution_order == ort.ExecutionOrder.PRIORITY_BASED

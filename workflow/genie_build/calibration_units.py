@@ -27,7 +27,7 @@ from genie_build.fileio import read_json, write_json
 from genie_build.plan_file import Plan
 
 __all__ = ["BUDGET_KEY", "CalibrationUnit", "calibration_units", "part_units", "predicted_peak_mb", "read_units",
-           "units_from_dicts", "write_units"]
+           "unit_before", "unit_named", "units_from_dicts", "write_units"]
 
 BUDGET_KEY = "quantize.unit_memory_mb"
 MEMORY_PER_WEIGHT_BYTE = 4.0
@@ -87,6 +87,24 @@ def calibration_units(plan: Plan, float_bytes: Mapping[str, int], memory_mb: int
 def part_units(units: tuple[CalibrationUnit, ...], part: str) -> tuple[CalibrationUnit, ...]:
     """The units of one part, in chain order."""
     return tuple(unit for unit in units if unit.part == part)
+
+
+def unit_named(units: tuple[CalibrationUnit, ...], label: str) -> CalibrationUnit:
+    """The unit called ``label``.
+
+    Raises:
+        KeyError: no unit has that label.
+    """
+    for unit in units:
+        if unit.label == label:
+            return unit
+    raise KeyError(label)
+
+
+def unit_before(units: tuple[CalibrationUnit, ...], label: str) -> CalibrationUnit | None:
+    """The unit before ``label`` in the chain, whose stored output boundary feeds it; None for the first."""
+    index = units.index(unit_named(units, label))
+    return units[index - 1] if index else None
 
 
 def write_units(path: str | os.PathLike[str], units: tuple[CalibrationUnit, ...], *, unless_same: bool = False

@@ -27,6 +27,7 @@ What Genie then checks of those tensors (shapes, dtypes, which inputs it feeds) 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FI
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
            "graph_ar_cl", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
-           "part_file_name", "part_label", "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text",
+           "part_encodings_path", "part_folder", "part_graph_path", "part_label", "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text",
            "tensors_by_name", "unit_label", "unsplit_graph_name"]
 
 if TYPE_CHECKING:
@@ -84,8 +85,7 @@ PART_LABEL_PATTERN = r"\d+_of_\d+"
 # A calibration unit's label starts with "u", so it is never read as (or globbed with) a part's.
 UNIT_LABEL_PATTERN = r"u\d+_of_\d+"
 PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
-PART_GLOB = "part_*.onnx"
-_EXPECTED_PARTS = "expected part_01_of_N.onnx … part_N_of_N.onnx, all N of them"
+_EXPECTED_PARTS = "expected part_01_of_N … part_N_of_N, all N of them"
 
 
 def part_label(index: int, num_parts: int) -> str:
@@ -117,24 +117,36 @@ def parse_part_label(label: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def part_file_name(label: str) -> str:
-    """``part_file_name("01_of_06") == "part_01_of_06.onnx"``: a part in its graph's parts directory."""
-    return f"part_{label}.onnx"
+def part_folder(label: str) -> str:
+    """``part_folder("01_of_06") == "part_01_of_06"``: the folder holding a part's graphs (``parts/``), their
+    encodings (``encodings/<source or recipe>/``) and converted graphs (``converted/<source or recipe>/<converter>/``)."""
+    return f"part_{label}"
 
 
-def find_parts(parts_dir: Path) -> dict[str, Path]:
-    """The part files of a split directory, label -> path, in part order: all of ``part_{NN_of_N}.onnx``.
+def part_graph_path(parts_dir: str | os.PathLike[str], label: str, graph: str) -> Path:
+    """``parts_dir/part_{label}/{graph}.onnx``: one graph of a part (``graph`` a kind or a length's key), beside
+    the part's other graphs."""
+    return Path(parts_dir) / part_folder(label) / f"{graph}.onnx"
+
+
+def part_encodings_path(encodings_dir: str | os.PathLike[str], label: str, graph: str) -> Path:
+    """``encodings_dir/part_{label}/{graph}.encodings.json``: one graph's encodings of a part."""
+    return Path(encodings_dir) / part_folder(label) / f"{graph}.encodings.json"
+
+
+def find_parts(parts_dir: Path, graph: str) -> dict[str, Path]:
+    """One graph's parts in a parts folder, label -> path, in part order: every ``part_{NN_of_N}/{graph}.onnx``.
 
     Raises:
-        GenieBuildError: no parts, a file name that is not a part label, or a set that is not exactly
+        GenieBuildError: no parts, a folder name that is not a part label, or a set that is not exactly
             parts 1..N of one N.
     """
-    paths = sorted(parts_dir.glob(PART_GLOB))
+    paths = sorted(parts_dir.glob(f"part_*/{graph}.onnx"))
     if not paths:
-        raise GenieBuildError(parts_dir, f"no {PART_GLOB} files ({_EXPECTED_PARTS})")
+        raise GenieBuildError(parts_dir, f"no part_*/{graph}.onnx files ({_EXPECTED_PARTS})")
     parts: dict[str, Path] = {}
     for path in paths:
-        label = path.name.removeprefix("part_").removesuffix(".onnx")
+        label = path.parent.name.removeprefix("part_")
         try:
             _, num_parts = parse_part_label(label)
         except ValueError as exc:
@@ -142,8 +154,8 @@ def find_parts(parts_dir: Path) -> dict[str, Path]:
         parts[label] = path
     expected = [part_label(index, num_parts) for index in range(1, num_parts + 1)]
     if list(parts) != expected:
-        raise GenieBuildError(parts_dir, f"part files {', '.join(parts)} are not exactly parts {', '.join(expected)} "
-                                         f"({_EXPECTED_PARTS})")
+        raise GenieBuildError(parts_dir, f"{graph} parts {', '.join(parts)} are not exactly parts "
+                                         f"{', '.join(expected)} ({_EXPECTED_PARTS})")
     return parts
 
 

@@ -27,7 +27,7 @@ from genie_build.errors import GenieBuildError
 
 __all__ = ["COPY_CHUNK_BYTES", "HashingWriter", "atomic_directory", "atomic_open", "copy_range", "is_json_int",
            "is_json_number", "open_regular", "read_json", "read_regular", "read_text", "regular_file_size",
-           "resolve_inside", "sha256_file", "write_bytes", "write_json", "write_text"]
+           "resolve_inside", "sha256_file", "staging_directory", "write_bytes", "write_json", "write_text"]
 
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 # The largest JSON document read whole (encodings of a 7B model with per-block scales are a few hundred MB; parsing
@@ -110,13 +110,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     An existing directory at ``path`` is replaced only after the new one is complete.
     """
     target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    except OSError as exc:
-        raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
-    try:
+    with staging_directory(target.parent, target.name, mirrors=target) as staging:
         yield staging
         _publish_mode(staging, 0o777)
         if target.exists():
@@ -127,15 +121,34 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, target)
+
+
+@contextlib.contextmanager
+def staging_directory(folder: str | os.PathLike[str], name: str, *, mirrors: str | os.PathLike[str]
+                      ) -> Iterator[Path]:
+    """A temporary directory ``folder/.<name>.<8 random characters>.tmp`` for a writer to fill before it moves what
+    it wrote into place, removed when the block ends. A writer killed mid-write leaves only such a directory, which
+    no reader takes for output and the next writer of ``name`` removes.
+
+    Args:
+        mirrors: the path the staging directory stands in for: an error naming a path inside it names the path
+            under ``mirrors`` instead, and an ``OSError`` becomes ``GenieBuildError(mirrors, "cannot write: …")``.
+    """
+    target, mirrors = Path(folder) / name, Path(mirrors)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=target.parent))
     except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise GenieBuildError(target, f"cannot write: {exc.strerror or exc}") from exc
+        raise GenieBuildError(mirrors, f"cannot write: {exc.strerror or exc}") from exc
+    try:
+        yield staging
+    except OSError as exc:
+        raise GenieBuildError(mirrors, f"cannot write: {exc.strerror or exc}") from exc
     except GenieBuildError as exc:
+        raise _outside_staging(exc, staging, mirrors) from None
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise _outside_staging(exc, staging, target) from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, length: int) -> None:

@@ -5,9 +5,10 @@ both graphs' slices at once, and each encodings file is read once. :func:`slice_
 for a run by hand. Each validates a graph's full encodings against the full graph, checks them against the other
 graph's encodings (Genie rejects a tensor the two graphs share with different encodings) or takes the other graph's
 encodings for every tensor this graph has (as AI Hub gives the token graph the prompt graph's), then writes
-``part_{label}.encodings.json`` (canonical bytes, in the version of the input file) for every ``part_{label}.onnx``
-in the graph's parts directory. Each output directory appears complete or not at all; a graph's slices are
-rewritten with the same bytes when only the other graph's encodings changed, so nothing behind them reruns.
+``part_{label}/{graph}.encodings.json`` (canonical bytes, in the version of the input file) for every
+``part_{label}/{graph}.onnx`` of the parts folder. The workflow's output folder appears complete or not at all; a
+graph's slices are rewritten with the same bytes when only the other graph's encodings changed, so nothing behind
+them reruns.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from genie_build.conventions import find_parts
+from genie_build.conventions import find_parts, part_encodings_path
 from genie_build.encodings import (Encodings, check_boundary_consistency, check_graphs_consistent,
                                    check_kv_cache_tied, read_encodings, share_encodings, slice_encodings,
                                    validate_against_model, write_encodings)
@@ -31,17 +32,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GraphSliceFiles:
-    """One graph's files for the encodings stage: the full graph, its encodings, its parts, where slices go."""
+    """One graph's files for the encodings stage: the full graph and its encodings."""
 
     model: Path
     encodings: Path
-    parts_dir: Path
-    out_dir: Path
 
 
-def slice_model_encodings(prompt: GraphSliceFiles, token: GraphSliceFiles, *, token_shares_prompt: bool = False,
+def slice_model_encodings(prompt: GraphSliceFiles, token: GraphSliceFiles, parts_dir: str | os.PathLike[str],
+                          out_dir: str | os.PathLike[str], *, token_shares_prompt: bool = False,
                           kv_cache_tied: bool = False) -> None:
-    """Write both graphs' slices (see the module doc); neither graph's are written unless both graphs' check out.
+    """Write both graphs' slices into ``out_dir`` (see the module doc), which appears whole once both graphs' check
+    out, or not at all.
 
     Args:
         token_shares_prompt: the token graph takes the prompt graph's encoding for every tensor it has; otherwise
@@ -52,14 +53,15 @@ def slice_model_encodings(prompt: GraphSliceFiles, token: GraphSliceFiles, *, to
         GenieBuildError: as :func:`slice_graph_encodings`, for either graph.
     """
     prompt_encodings = read_encodings(prompt.encodings)
-    prompt_slices = _graph_slices("prompt", prompt_encodings, prompt.encodings, prompt.model, prompt.parts_dir,
+    prompt_slices = _graph_slices("prompt", prompt_encodings, prompt.encodings, prompt.model, parts_dir,
                                   kv_cache_tied=kv_cache_tied)
     consistent_with, share_from = (None, prompt_encodings) if token_shares_prompt else (prompt_encodings, None)
     token_slices = _graph_slices("token", read_encodings(token.encodings), token.encodings, token.model,
-                                 token.parts_dir, consistent_with=consistent_with, share_from=share_from,
+                                 parts_dir, consistent_with=consistent_with, share_from=share_from,
                                  kv_cache_tied=kv_cache_tied)
-    _write_slices(prompt.out_dir, prompt_slices)
-    _write_slices(token.out_dir, token_slices)
+    with atomic_directory(Path(out_dir)) as staging:
+        _write_slices(staging, "prompt", prompt_slices)
+        _write_slices(staging, "token", token_slices)
 
 
 def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: str | os.PathLike[str],
@@ -67,7 +69,8 @@ def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: 
                           consistent_with: str | os.PathLike[str] | None = None,
                           share_from: str | os.PathLike[str] | None = None,
                           kv_cache_tied: bool = False) -> None:
-    """Write ``out_dir/part_{label}.encodings.json`` for every part of ``parts_dir`` (see the module doc).
+    """Write ``out_dir/part_{label}/{graph}.encodings.json`` for every part of ``graph`` in ``parts_dir``, each file
+    atomically (see the module doc).
 
     Args:
         graph: ``"prompt"`` or ``"token"`` (which side of a consistency message this graph is).
@@ -77,12 +80,12 @@ def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: 
 
     Raises:
         GenieBuildError: invalid encodings, encodings that do not fit the graph or the other graph's, an
-            incomplete parts directory, or parts whose shared boundary tensors would get different encodings.
+            incomplete set of parts, or parts whose shared boundary tensors would get different encodings.
     """
     slices = _graph_slices(graph, read_encodings(encodings), encodings, model, parts_dir,
                            consistent_with=_read_if_given(consistent_with), share_from=_read_if_given(share_from),
                            kv_cache_tied=kv_cache_tied)
-    _write_slices(out_dir, slices)
+    _write_slices(Path(out_dir), graph, slices)
 
 
 def _read_if_given(path: str | os.PathLike[str] | None) -> Encodings | None:
@@ -102,21 +105,17 @@ def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[
     if kv_cache_tied:
         check_kv_cache_tied(enc, tensors.tensor_names)
     slices = {label: slice_encodings(enc, *part_tensor_names(path))
-              for label, path in find_parts(Path(parts_dir)).items()}
+              for label, path in find_parts(Path(parts_dir), graph).items()}
     check_boundary_consistency(slices)
     _log_coverage(graph, enc, slices)
     return slices
 
 
-def _write_slices(out_dir: str | os.PathLike[str], slices: dict[str, Encodings]) -> None:
-    with atomic_directory(Path(out_dir)) as staging:
-        for label, part_enc in slices.items():
-            write_encodings(staging / _slice_file_name(label), part_enc)
-
-
-def _slice_file_name(label: str) -> str:
-    """``_slice_file_name("01_of_06") == "part_01_of_06.encodings.json"``."""
-    return f"part_{label}.encodings.json"
+def _write_slices(out_dir: Path, graph: str, slices: dict[str, Encodings]) -> None:
+    for label, part_enc in slices.items():
+        path = part_encodings_path(out_dir, label, graph)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_encodings(path, part_enc)
 
 
 def _log_coverage(graph: str, enc: Encodings, slices: dict[str, Encodings]) -> None:

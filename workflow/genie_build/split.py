@@ -36,9 +36,9 @@ from typing import BinaryIO
 import onnx
 
 from genie_build import __version__
-from genie_build.conventions import GRAPH_KINDS, graph_name, part_file_name
+from genie_build.conventions import GRAPH_KINDS, graph_name, part_graph_path
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import HashingWriter, atomic_directory, copy_range, open_regular
+from genie_build.fileio import HashingWriter, copy_range, open_regular, staging_directory
 from genie_build.onnx_graph import (ar_and_context_length, check_external_data, external_data, graph_io, load_graph,
                                     model_folders, model_tensors, subgraphs)
 from genie_build.plan_file import PartPlan, Plan
@@ -65,15 +65,22 @@ class PartSpec:
     node_indices: tuple[int, ...]   # into the source graph's node list, in topological (source) order
 
 
-def split_graph(model_path: str | os.PathLike[str], plan: Plan, out_dir: str | os.PathLike[str],
-                graph_kind: str) -> list[Path]:
-    """Split one graph into ``out_dir/part_{label}.onnx`` (+ ``.onnx.data``), atomically.
+def split_graph(model_path: str | os.PathLike[str], plan: Plan, parts_dir: str | os.PathLike[str],
+                graph_kind: str, graph_key: str | None = None) -> list[Path]:
+    """Split one graph into ``parts_dir/part_{label}/{graph_key}.onnx`` (+ ``.onnx.data``): a part's graphs in one
+    folder, as a checkpoint's export writes them.
+
+    Every part is written and checked in a staging folder inside ``parts_dir`` first and moved into place only when
+    all are (its data before its graph, which is what readers name), so no part of a failed split replaces a good
+    one. The graph's files in part folders the plan no longer has are removed.
 
     Args:
         model_path: the full ONNX graph; its external data is read from beside it.
         plan: the split plan (boundary tensor names per part).
-        out_dir: the parts directory; replaced as a whole only once every part is written.
+        parts_dir: the parts folder, shared by every graph of the model.
         graph_kind: ``"prompt"`` or ``"token"``; names the part graphs.
+        graph_key: the file name of the graph's parts (default ``graph_kind``; ``prompt_cl512`` for a graph at
+            another context length).
 
     Returns:
         The part ``.onnx`` paths in part order.
@@ -81,14 +88,37 @@ def split_graph(model_path: str | os.PathLike[str], plan: Plan, out_dir: str | o
     Raises:
         GenieBuildError: the model cannot be read, or the plan does not cut it cleanly.
     """
-    target = Path(out_dir)
-    with atomic_directory(target) as staging:
-        _write_parts(Path(model_path), plan, staging, graph_kind)
-    return [target / _part_file(part) for part in plan.parts]
+    key, target = graph_key or graph_kind, Path(parts_dir)
+    with staging_directory(target, key, mirrors=target) as staging:
+        _write_parts(Path(model_path), plan, staging, graph_kind, key)
+        paths = []
+        for part in plan.parts:
+            written, final = part_graph_path(staging, part.label, key), part_graph_path(target, part.label, key)
+            final.parent.mkdir(exist_ok=True)
+            os.replace(_data_file(written), _data_file(final))
+            os.replace(written, final)
+            paths.append(final)
+        _remove_stale_parts(target, {part.label for part in plan.parts}, key)
+    return paths
 
 
-def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -> None:
-    """Write every part of one graph into ``out_dir`` (a staging directory), checking each one."""
+def _data_file(onnx_path: Path) -> Path:
+    return onnx_path.with_name(onnx_path.name + ".data")
+
+
+def _remove_stale_parts(parts_dir: Path, labels: set[str], key: str) -> None:
+    """Remove the graph's files from part folders of another plan (and the folders, once empty)."""
+    for folder in parts_dir.glob("part_*"):
+        if folder.name.removeprefix("part_") in labels or not folder.is_dir():
+            continue
+        for stale in (folder / f"{key}.onnx", folder / f"{key}.onnx.data"):
+            stale.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str, key: str) -> None:
+    """Write every part of one graph into ``out_dir`` (a staging folder), checking each one."""
     if graph_kind not in GRAPH_KINDS:
         raise ValueError(f"graph kind {graph_kind!r} is not one of {GRAPH_KINDS}")
     model = load_graph(model_path)
@@ -99,11 +129,12 @@ def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str) -
                               model_path)
     for part, spec in zip(plan.parts, specs):
         part_model = build_part(model, spec, _part_graph_name(model, graph_kind, part, plan.num_parts))
-        onnx_path = out_dir / _part_file(spec)
-        _copy_external_data(part_model, model_path, onnx_path.with_name(onnx_path.name + ".data"))
+        onnx_path = part_graph_path(out_dir, spec.label, key)
+        onnx_path.parent.mkdir()
+        _copy_external_data(part_model, model_path, _data_file(onnx_path))
         onnx_path.write_bytes(part_model.SerializeToString(deterministic=True))
         check_part(onnx_path, model_path)
-        logger.info("%s: %d nodes, inputs %s, %d outputs", onnx_path.name, len(spec.node_indices),
+        logger.info("part %s: %d nodes, inputs %s, %d outputs", spec.label, len(spec.node_indices),
                     list(spec.inputs), len(spec.outputs))
 
 
@@ -402,7 +433,7 @@ def check_part(onnx_path: Path, source_path: Path | None = None) -> None:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         if source_path is None:
             raise GenieBuildError(onnx_path.name, f"invalid part: {exc}") from None
-        raise GenieBuildError(source_path, f"part {onnx_path.stem.removeprefix('part_')} cut from it is not a valid "
+        raise GenieBuildError(source_path, f"part {onnx_path.parent.name.removeprefix('part_')} cut from it is not a valid "
                                            f"ONNX model: {exc}") from None
 
 
@@ -411,8 +442,4 @@ def _part_graph_name(model: onnx.ModelProto, kind: str, part: PartPlan, num_part
     otherwise ``{kind}_{label}``."""
     dims = ar_and_context_length(model)
     return graph_name(kind, *dims, part.index, num_parts) if dims else f"{kind}_{part.label}"
-
-
-def _part_file(part: PartPlan | PartSpec) -> str:
-    return part_file_name(part.label)
 

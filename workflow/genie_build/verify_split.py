@@ -108,7 +108,7 @@ def _run_chain(part_paths: Sequence[Path], feed: Mapping[str, np.ndarray]
     """Run the parts in order; each takes its inputs from ``feed`` or from an earlier part's outputs.
 
     Returns:
-        Every tensor the parts gave, and the part file name that gave each.
+        Every tensor the parts gave, and the part (folder and file name) that gave each.
 
     Raises:
         GenieBuildError: a part needs an input nobody gives, or two parts give the same output.
@@ -120,7 +120,7 @@ def _run_chain(part_paths: Sequence[Path], feed: Mapping[str, np.ndarray]
             if name in given_by:
                 raise GenieBuildError(path, f"output {name!r} is already given by {given_by[name]}")
             values[name] = value
-            given_by[name] = path.name
+            given_by[name] = f"{path.parent.name}/{path.name}"   # part_03_of_06/prompt.onnx
     return {name: values[name] for name in given_by}, given_by
 
 
@@ -164,16 +164,15 @@ def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndar
     return dict(zip(names, outputs))
 
 
-def verify_split(model_path: str | os.PathLike[str], parts_dir: str | os.PathLike[str],
+def verify_split(model_path: str | os.PathLike[str], parts_dir: str | os.PathLike[str], graph: str,
                  out: str | os.PathLike[str], *, vocab: int | None = None, seed: int = 0) -> VerifyReport:
-    """The verify stage: chain every part of ``parts_dir`` on a generated feed, compare with the full graph bit
-    for bit (:func:`verify_chain`) and write the report to ``out``.
+    """The verify stage: chain every part of ``graph`` in ``parts_dir`` (``part_*/{graph}.onnx``) on a generated
+    feed, compare with the full graph bit for bit (:func:`verify_chain`) and write the report to ``out``.
 
     Raises:
-        GenieBuildError: an incomplete parts directory, a graph onnxruntime cannot run, or any output that
-            differs.
+        GenieBuildError: an incomplete set of parts, a graph onnxruntime cannot run, or any output that differs.
     """
-    parts = list(find_parts(Path(parts_dir)).values())
+    parts = list(find_parts(Path(parts_dir), graph).values())
     # onnxruntime reads the full graph's weights itself: check them our way first (inside its folder, ranges sane)
     check_external_data(load_graph(model_path), model_path)
     report = verify_chain(model_path, parts, build_feed(model_path, vocab=vocab, seed=seed))

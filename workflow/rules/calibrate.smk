@@ -1,5 +1,5 @@
-# The calibration chain (CALIBRATION_CHAIN: a checkpoint, float graphs without model.encodings, the demo with
-# demo.calibrator: aimet): aimet-onnx calibrates one unit (consecutive pieces of one part, as many as
+# The calibration chain (a source that brings no encodings: a checkpoint, float graphs without model.encodings, the
+# demo with demo.calibrator: aimet): aimet-onnx calibrates one unit (consecutive pieces of one part, as many as
 # quantize.unit_memory_mb holds) at a time, fed the residual stream the unit before it stored, so every encoding
 # equals a whole-model calibration's (docs/quantize.md). A part's encodings are merged as soon as its last unit is
 # done, so its converts start while later units still calibrate. The units read the calibration text's token ids
@@ -7,24 +7,28 @@
 # own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
 # export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
 # plan (a checkpoint of Snakemake's).
+from genie_build.calibration_units import predicted_peak_mb
 
-CHAIN_AR, CHAIN_CONTEXT = GRAPH_DIMS["prompt"]
+
+wildcard_constraints:
+    recipe="|".join(map(re.escape, CALIBRATED_RECIPES)) or "(?!)",
+
 
 rule calibrate_unit:
     input:
         unpack(unit_inputs),
-        graph_config=GRAPH_CONFIG,
+        graph_config=SOURCE.graph_config,
         tokens=tokens_of("calibration"),
     output:
         encodings=f"{CALIBRATION}/{{unit}}.encodings.json",
         boundary=f"{CALIBRATION}/{{unit}}.boundary.npy",
     params:
-        part_units=lambda wc: units_json(part_units(chain_units(), unit_named(wc.unit).part)),
+        part_units=lambda wc: units_json(part_units(chain_units(), unit_named(chain_units(), wc.unit).part)),
         boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
         num_samples=config["quantize"]["num_samples"],
         calibrator=config["quantize"]["calibrator"],
-        ar=CHAIN_AR,
-        context=CHAIN_CONTEXT,
+        ar=SOURCE.graphs["prompt"].ar,
+        context=SOURCE.graphs["prompt"].context,
         python=PYTHON,
     wildcard_constraints:
         unit=UNIT_LABEL_PATTERN,
@@ -32,7 +36,7 @@ rule calibrate_unit:
     priority: CHAIN_FIRST
     threads: CHAIN_THREADS
     resources:
-        mem_mb=lambda wc: predicted_peak_mb(unit_named(wc.unit).float_bytes),
+        mem_mb=lambda wc: predicted_peak_mb(unit_named(chain_units(), wc.unit).float_bytes),
     log:
         f"{OUT}/logs/calibrate_unit/{{recipe}}/{{unit}}.log",
     benchmark:
@@ -50,8 +54,8 @@ rule part_encodings:
     input:
         unpack(part_encodings_inputs),
     output:
-        prompt=PART_ENCODINGS.replace("{graph}", "prompt"),
-        token=PART_ENCODINGS.replace("{graph}", "token"),
+        prompt=SOURCE.part_encodings("prompt", "{part}", "{recipe}"),
+        token=SOURCE.part_encodings("token", "{part}", "{recipe}"),
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), wc.part)),
         previous=lambda wc, input: ["--previous-unit-json", json.dumps(dataclasses.asdict(previous_unit(wc)),
@@ -78,7 +82,8 @@ rule check_plan:
     input:
         plan=f"{OUT}/plan.json",
         graphs=lambda wc: [part_graph("prompt", label) for label in part_labels()],
-        encodings=lambda wc: part_files(part_encodings_of("prompt", config["quantize"]["recipe"])),
+        encodings=lambda wc: [SOURCE.part_encodings("prompt", label, config["quantize"]["recipe"])
+                              for label in part_labels()],
     output:
         f"{OUT}/plan_check.json",
     params:

@@ -7,7 +7,7 @@ rule compile_part:
     output:
         f"{OUT}/compiled/{{variant}}/part_{{part}}.bin",
     params:
-        graphs=lambda wc, input: graph_items({graph: graph_name_for(graph, wc.part) for graph in BUNDLE_GRAPHS}, input),
+        graphs=lambda wc, input: [f"{graph_name_for(key, wc.part)}={input[key]}" for key in BUNDLE_GRAPHS],
         toolchain=lambda wc: toolchain_of(wc.variant),
         options=lambda wc: variant_json(wc.variant),
         chipset=config["target"]["chipset"],
@@ -19,7 +19,7 @@ rule compile_part:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: max(1000, int(4 * onnx_with_data_mb(input))),
+        mem_mb=lambda wc, input: job_memory.compile_mb(job_memory.files_mb(input)),
     log:
         f"{OUT}/logs/compile_part/{{variant}}/part_{{part}}.log",
     shell:

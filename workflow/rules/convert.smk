@@ -1,22 +1,22 @@
-# Convert each part of each graph with its encodings. Variants that convert alike share one job (the converter:
-# genie_build.toolchains.Converter); the reference toolchain writes ONNX, the SDK ones a DLC.
-# Converted graphs weigh about a byte per weight per graph (16 GB for a 7B model); with convert.keep false they are
-# temp(): Snakemake deletes them once the compiles (and a host run without whole encodings) have read them, and does
-# not make them again while the binaries are up to date.
-CONVERTED_FILE = (lambda path: path) if config["convert"]["keep"] else temp
+# Convert each graph of each part with its kind's encodings. Variants that convert alike share one job (the converter:
+# genie_build.toolchains.Converter, under the variant's encodings); the reference toolchain writes ONNX, the SDK ones
+# a DLC. A part's graphs sit in one folder: the reference converter's graphs other than the prompt graph refer to its
+# data file for the weights they share with it (the token graph's, every context length's), so a part's weights are
+# on disk once, not once per graph.
+# Converted graphs weigh about a byte per weight (8 GB for a 7B model); with convert.keep false they are temp():
+# Snakemake deletes them once the compiles (and a host run without whole encodings) have read them, and does not
+# make them again while the binaries are up to date.
+from genie_build.toolchains import SDK_TOOLCHAINS, converter_pattern, toolchain_version
 
-# A part's graphs in one folder: the reference converter's graphs other than the prompt graph refer to its data file
-# for the weights they share with it (the token graph's, every context length's), so a part's weights are on disk
-# once, not once per graph.
-CONVERTED = f"{OUT}/converted/{{converter}}/part_{{part}}/{{graph}}"
+CONVERTED_FILE = (lambda path: path) if config["convert"]["keep"] else temp
 # Rules eligible for between-workflow caching may not have benchmark:, so the job writes its own TSV.
-CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{converter}}/{{graph}}/part_{{part}}.tsv"
+CONVERT_BENCHMARK = f"{OUT}/benchmarks/convert_part/{{encodings}}/{{converter}}/part_{{part}}/{{graph}}.tsv"
+CONVERT_LOG = f"{OUT}/logs/convert_part/{{encodings}}/{{converter}}/part_{{part}}/{{graph}}.log"
 
 
 rule convert_part_reference:
     input:
-        onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
-        encodings=converter_encodings,
+        unpack(convert_inputs),
         shared=shared_weights_graph,
     output:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
@@ -35,9 +35,9 @@ rule convert_part_reference:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: max(500, int(4 * onnx_with_data_mb(input))),
+        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.files_mb([input.onnx, f"{input.onnx}.data"])),
     log:
-        f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
+        CONVERT_LOG,
     shell:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain reference"
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
@@ -47,8 +47,7 @@ rule convert_part_reference:
 
 rule convert_part_sdk:
     input:
-        onnx=PART_ONNX,  # with its weights' SHA-1: a changed weight reconverts (and re-keys the cache)
-        encodings=converter_encodings,
+        unpack(convert_inputs),
     output:
         dlc=CONVERTED_FILE(f"{CONVERTED}.dlc"),
     wildcard_constraints:
@@ -64,9 +63,10 @@ rule convert_part_sdk:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: max(1000, int(4 * onnx_with_data_mb(input))),
+        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.files_mb([input.onnx, f"{input.onnx}.data"]),
+                                                       sdk=True),
     log:
-        f"{OUT}/logs/convert_part/{{converter}}/{{graph}}/part_{{part}}.log",
+        CONVERT_LOG,
     shell:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain {params.toolchain:q}"
         " --onnx {input.onnx:q} --encodings {input.encodings:q} --graph-name {params.graph_name:q}"

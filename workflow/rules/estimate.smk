@@ -3,14 +3,16 @@
 # encodings or a compile (docs/field-report-comparison.md), with the load model's verdict on which contexts will map
 # (docs/memory-plan.md). Target: 'estimate'.
 # An estimate-only config (model.hf_config, no ONNX paths, e.g. config/qwen2_5_7b_6parts.yaml) runs this target alone.
+from genie_build.config import context_lengths
 
 PREDICTED = f"{OUT}/predicted"
 # The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
 # else the HF config.json, named and shaped as docs/conventions.md says.
-ESTIMATE_CONFIG = SOURCE["hf_config"] if SOURCE_KIND in ("hf", "estimate") else None
+ESTIMATE_OPTION, ESTIMATE_MODEL = SOURCE.estimate_model
+
 # A build that calibrates weighs its weights as its named recipe will store them (the schema then refuses a
 # 'precision' section); otherwise the section, or the default precision.
-if CALIBRATION_CHAIN:
+if SOURCE.calibrates:
     ESTIMATE_PRECISION = ["--recipe", config["quantize"]["recipe"]]
 elif "precision" in config:
     ESTIMATE_PRECISION = ["--precision-json", json.dumps(config["precision"], sort_keys=True)]
@@ -20,7 +22,7 @@ else:
 
 rule estimate_sizes:
     input:
-        model=ESTIMATE_CONFIG or SOURCE["prompt_onnx"],
+        model=ESTIMATE_MODEL,
     output:
         plan=f"{PREDICTED}/plan.json",
         estimate=f"{PREDICTED}/estimate.json",
@@ -31,7 +33,7 @@ rule estimate_sizes:
         memory_md=report(f"{PREDICTED}/memory_plan.md", caption="../report/memory_plan.rst", category="Estimate"),
         memory_png=report(f"{PREDICTED}/memory_plan.png", caption="../report/memory_plan.rst", category="Estimate"),
     params:
-        source="--hf-config" if ESTIMATE_CONFIG else "--onnx",
+        source=ESTIMATE_OPTION,
         split=json.dumps(config["split"], sort_keys=True),
         precision=ESTIMATE_PRECISION,
         max_context_mb=config["report"]["max_context_mb"],
@@ -40,7 +42,8 @@ rule estimate_sizes:
         embedding=config["bundle"]["embedding"],
         load=LOAD_JSON,
         # the export's AR and CL, for a config.json; a graph carries its own
-        dims=["--ar", config["export"]["ar"], "--context", *context_lengths(config["export"])] if ESTIMATE_CONFIG else [],
+        dims=["--ar", config["export"]["ar"], "--context", *context_lengths(config["export"])]
+        if ESTIMATE_OPTION == "--hf-config" else [],
         out_dir=directory_of("plan"),
         python=PYTHON,
     log:

@@ -3,12 +3,13 @@
 # compared with the float logits window by window; evaluation.md puts each variant's top-1 agreement, KL and
 # perplexity beside its size. A changed binary re-evaluates only its variant.
 
+
 rule evaluate_float:
     input:
-        float_parts=lambda wc: [part_graph("prompt", label) for label in part_labels()],
+        float_parts=lambda wc: graph_parts("prompt"),
         tokens=tokens_of("evaluation"),
-        tokenizer=SOURCE["tokenizer"],
-        hf_config=SOURCE["hf_config"],
+        tokenizer=lambda wc: SOURCE.tokenizer,
+        hf_config=lambda wc: SOURCE.hf_config,
     output:
         FLOAT_LOGITS,
     resources:
@@ -29,11 +30,12 @@ rule evaluate_float:
 rule evaluate_variant:
     input:
         binaries=lambda wc: part_files(f"{OUT}/compiled/{wc.variant}/part_{{part}}.bin"),
-        encodings=lambda wc: part_files(part_encodings_of("prompt", recipe_of(wc.variant))),
+        encodings=lambda wc: [SOURCE.part_encodings("prompt", label, encodings_of(wc.variant))
+                              for label in part_labels()],
         float_logits=FLOAT_LOGITS,
         tokens=tokens_of("evaluation"),
-        tokenizer=SOURCE["tokenizer"],
-        hf_config=SOURCE["hf_config"],
+        tokenizer=lambda wc: SOURCE.tokenizer,
+        hf_config=lambda wc: SOURCE.hf_config,
     output:
         f"{EVALUATION}/{{variant}}.json",
     resources:
@@ -41,7 +43,8 @@ rule evaluate_variant:
     params:
         max_windows=config["evaluate"]["max_windows"],
         weights_only=["--weights-only"] if config["evaluate"]["weights_only"] else [],
-        calibration=lambda wc: json.dumps(calibration_seen(recipe_of(wc.variant)), sort_keys=True),
+        calibration=lambda wc: json.dumps(SOURCE.calibration_seen(config, config["variants"][wc.variant]["recipe"]),
+                                          sort_keys=True),
         python=PYTHON,
     wildcard_constraints:
         variant="|".join(map(re.escape, EVALUATED_VARIANTS)) or "(?!)",

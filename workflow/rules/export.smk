@@ -1,27 +1,28 @@
-# A Hugging Face checkpoint (model.hf_checkpoint), part by part: the plan from config.json (made and written down
-# when the workflow is parsed, rules/common.smk), one export job per part reading only the safetensors files that
-# hold its tensors, and the checks a whole graph would have had: Genie's IO contract on the parts together, and each
-# part against the checkpoint's transformers modules. Only included when model.hf_checkpoint is set.
+# A Hugging Face checkpoint (model.hf_checkpoint, genie_build.sources.CheckpointSource), part by part: the plan from
+# config.json (made and written down when the workflow is parsed), one export job per part reading only the
+# safetensors files that hold its tensors, and the check a whole graph would have had: each part against the
+# checkpoint's transformers modules (Genie's IO contract on the parts together: rules/check_contract.smk).
+# Both graphs of a part in one folder, reading one weights file (ONNX refuses hard-linked or outside data).
+EXPORTED = f"{SOURCE.parts_dir}/part_{{part}}"
 
 rule export_part:
     input:
-        graph_config=GRAPH_CONFIG,   # what its graphs take of config.json, read from the checkpoint
-        weights=lambda wc: PART_WEIGHT_FILES[wc.part],  # the index, the shards holding the part's tensors
+        graph_config=SOURCE.graph_config,   # what its graphs take of config.json, read from the checkpoint
+        weights=lambda wc: SOURCE.part_weight_files[wc.part],  # the index, the shards holding the part's tensors
     output:
         prompt=f"{EXPORTED}/prompt.onnx",
         token=f"{EXPORTED}/token.onnx",
         weights=f"{EXPORTED}/weights.onnx.data",
     params:
-        checkpoint=CHECKPOINT,
-        part=part_json,
-        num_parts=PLAN.num_parts,
+        checkpoint=SOURCE.checkpoint,
+        part=lambda wc: SOURCE.part_json(wc.part),
+        num_parts=SOURCE.plan.num_parts,
         ar=config["export"]["ar"],
-        context=CONTEXT_LENGTHS[-1],
+        context=SOURCE.graphs["prompt"].context,
         out_dir=directory_of("prompt"),
         python=PYTHON,
     resources:
-        # measured: the part's float32 weights and about 0.8 GB of torch and transformers (docs/large-models.md)
-        mem_mb=lambda wc: int(1.25 * part_float_mb(wc.part) + 1000),
+        mem_mb=lambda wc: job_memory.export_mb(SOURCE.part_float_mb(wc.part)),
     log:
         f"{OUT}/logs/export_part/part_{{part}}.log",
     benchmark:
@@ -36,8 +37,8 @@ rule export_part:
 # graphs at the largest, whose weights file they read, so that adding a length re-exports and recalibrates nothing.
 rule export_length:
     input:
-        graph_config=GRAPH_CONFIG,
-        weights=lambda wc: PART_WEIGHT_FILES[wc.part],
+        graph_config=SOURCE.graph_config,
+        weights=lambda wc: SOURCE.part_weight_files[wc.part],
         prompt=f"{EXPORTED}/prompt.onnx",   # the graphs at the largest length, whose weight entries these share
         token=f"{EXPORTED}/token.onnx",
         data=f"{EXPORTED}/weights.onnx.data",
@@ -47,14 +48,14 @@ rule export_length:
     wildcard_constraints:
         length=r"\d+",
     params:
-        checkpoint=CHECKPOINT,
-        part=part_json,
-        num_parts=PLAN.num_parts,
+        checkpoint=SOURCE.checkpoint,
+        part=lambda wc: SOURCE.part_json(wc.part),
+        num_parts=SOURCE.plan.num_parts,
         ar=config["export"]["ar"],
         out_dir=directory_of("prompt"),
         python=PYTHON,
     resources:
-        mem_mb=lambda wc: int(1.25 * part_float_mb(wc.part) + 1000),  # as export_part's: it loads the part's modules
+        mem_mb=lambda wc: job_memory.export_mb(SOURCE.part_float_mb(wc.part)),  # as export_part's: it loads the part's modules
     log:
         f"{OUT}/logs/export_length/part_{{part}}_cl{{length}}.log",
     benchmark:
@@ -65,47 +66,24 @@ rule export_length:
         " > {log:q} 2>&1"
 
 
-# Genie's IO contract on the model the parts make together (their IO less what passes between them), and the model,
-# tokenizer and config.json against each other; the bundle waits for it. Structure only.
-rule check_contract:
-    input:
-        prompt=part_files(f"{EXPORTED}/prompt.onnx"),
-        token=part_files(f"{EXPORTED}/token.onnx"),
-        tokenizer=SOURCE["tokenizer"],
-        hf_config=SOURCE["hf_config"],
-    output:
-        f"{OUT}/contract_check.json",
-    params:
-        checks=contract_checks,
-        python=PYTHON,
-    log:
-        f"{OUT}/logs/check_contract.log",
-    benchmark:
-        f"{OUT}/benchmarks/check_contract.tsv"
-    shell:
-        "{params.python} -m genie_build check-contract --prompt {input.prompt:q} --token {input.token:q}"
-        " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --checks-json {params.checks:q}"
-        " --out {output:q} > {log:q} 2>&1"
-
-
 # Each part's graph against the checkpoint's transformers modules, the parts chained on one feed: memory holds one
 # part's session or one piece's modules, never the model.
 rule verify_parts:
     input:
         plan=f"{OUT}/plan.json",
         parts=lambda wc: part_files(f"{EXPORTED}/{{graph}}.onnx", graph=wc.graph),
-        graph_config=GRAPH_CONFIG,
-        weights=sorted({path for paths in PART_WEIGHT_FILES.values() for path in paths}),
+        graph_config=SOURCE.graph_config,
+        weights=sorted({path for paths in SOURCE.part_weight_files.values() for path in paths}),
     output:
         f"{OUT}/verify/{{graph}}.json",
     params:
-        checkpoint=CHECKPOINT,
-        kind=lambda wc: GRAPH_KIND[wc.graph],
-        context=lambda wc: GRAPH_DIMS[wc.graph][1],
+        checkpoint=SOURCE.checkpoint,
+        kind=lambda wc: kind_of(wc.graph),
+        context=lambda wc: SOURCE.graphs[wc.graph].context,
         python=PYTHON,
     priority: LONG_CHECKS
     resources:
-        mem_mb=lambda wc: int(1.5 * max(map(part_float_mb, PARTS)) + 1000),
+        mem_mb=lambda wc: job_memory.verify_parts_mb(largest_part_float_mb()),
     log:
         f"{OUT}/logs/verify_parts/{{graph}}.log",
     benchmark:

@@ -25,7 +25,7 @@ rule account:
 rule size_table:
     input:
         records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
-        quality=size_table_quality,
+        quality=lambda wc: evaluation_reports(wc) if config["evaluate"]["enabled"] else [],
         memory_plan=f"{OUT}/memory_plan.json",
     output:
         csv=report(f"{OUT}/size_table.csv", caption="../report/size_table.rst", category="Sizes"),
@@ -49,15 +49,14 @@ rule size_table:
 rule memory_plan:
     input:
         # the bundle's contexts: with the embedding table, the parts after it, and the table beside them
-        records=lambda wc: [f"{OUT}/sizes/{config['bundle']['variant']}/part_{label}.json"
-                           for label in bundle_part_labels()],
+        records=lambda wc: [f"{OUT}/sizes/{BUNDLE_VARIANT}/part_{label}.json" for label in bundle_part_labels()],
         table=[EMBEDDING_TABLE] if EMBEDDING_LUT else [],
     output:
         json=f"{OUT}/memory_plan.json",
         md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),
         png=report(f"{OUT}/memory_plan.png", caption="../report/memory_plan.rst", category="Memory plan"),
     params:
-        variant=config["bundle"]["variant"],
+        variant=BUNDLE_VARIANT,
         chipset=config["target"]["chipset"],
         load=LOAD_JSON,
         strict=config["report"]["strict"],

@@ -5,20 +5,19 @@
 
 rule tokenize_text:
     input:
-        text=lambda wc: TEXTS[wc.text]["path"],
-        tokenizer=SOURCE["tokenizer"],
-        graph_config=GRAPH_CONFIG,
+        text=lambda wc: text_of(wc.text)["path"],
+        tokenizer=lambda wc: SOURCE.tokenizer,
+        graph_config=lambda wc: SOURCE.graph_config,
     output:
         TOKENS,
     params:
-        needed=lambda wc: TEXTS[wc.text]["needed"],
-        use=lambda wc: TEXTS[wc.text]["use"],
+        needed=lambda wc: text_of(wc.text)["needed"],
+        use=lambda wc: text_of(wc.text)["use"],
         python=PYTHON,
     wildcard_constraints:
-        text="|".join(TEXTS),
+        text="calibration|evaluation",
     resources:
-        # measured: the text, its ids and one chunk's encoding, 0.42 GB for 20 MB of text (docs/benchmarks.md)
-        mem_mb=lambda wc, input: int(20 * input.size_mb + 500),
+        mem_mb=lambda wc, input: job_memory.tokenize_mb(input.size_mb),
     log:
         f"{OUT}/logs/tokenize_text/{{text}}.log",
     benchmark:

@@ -19,8 +19,10 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         parser.add_argument(f"--{graph}-model", required=True, type=Path, help=f"the full {graph} graph")
         parser.add_argument(f"--{graph}-encodings", required=True, type=Path,
                             help="its AIMET encodings (0.6.1, 1.0.0, 2.0.0)")
-        parser.add_argument(f"--{graph}-parts-dir", required=True, type=Path, help="directory holding its part_*.onnx")
-        parser.add_argument(f"--{graph}-out-dir", required=True, type=Path, help="directory to write its slices into")
+    parser.add_argument("--parts-dir", required=True, type=Path,
+                        help="the parts folder (part_{NN_of_N}/{prompt,token}.onnx)")
+    parser.add_argument("--out-dir", required=True, type=Path,
+                        help="written whole: part_{NN_of_N}/{prompt,token}.encodings.json")
     parser.add_argument("--token-shares-prompt", action="store_true",
                         help="the token graph takes the prompt graph's encoding for every tensor it has (otherwise "
                              "tensors in both graphs must have identical encodings)")
@@ -31,8 +33,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     prompt, token = (stage.GraphSliceFiles(*(getattr(args, f"{graph}_{key}")
-                                             for key in ("model", "encodings", "parts_dir", "out_dir")))
+                                             for key in ("model", "encodings")))
                      for graph in GRAPH_KINDS)
-    stage.slice_model_encodings(prompt, token, token_shares_prompt=args.token_shares_prompt,
+    stage.slice_model_encodings(prompt, token, args.parts_dir, args.out_dir, token_shares_prompt=args.token_shares_prompt,
                                 kv_cache_tied=args.kv_cache_tied)
     return 0

@@ -18,8 +18,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--graph", required=True, choices=GRAPH_KINDS, help="which graph these encodings are for")
     parser.add_argument("--model", required=True, type=Path, help="the full (unsplit) ONNX graph")
     parser.add_argument("--encodings", required=True, type=Path, help="its AIMET encodings (0.6.1, 1.0.0, 2.0.0)")
-    parser.add_argument("--parts-dir", required=True, type=Path, help="directory holding part_*.onnx")
-    parser.add_argument("--out-dir", required=True, type=Path, help="directory to write the slices into")
+    parser.add_argument("--parts-dir", required=True, type=Path, help="the parts folder (part_*/{graph}.onnx)")
+    parser.add_argument("--out-dir", required=True, type=Path,
+                        help="gets part_{NN_of_N}/{graph}.encodings.json (beside the other graph's)")
     other = parser.add_mutually_exclusive_group()
     other.add_argument("--consistent-with", type=Path, metavar="ENCODINGS",
                        help="the other graph's encodings: tensors in both must have identical encodings")

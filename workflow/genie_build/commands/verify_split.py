@@ -13,7 +13,8 @@ __all__ = ["register_parser", "run"]
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("verify-split", help=__doc__.splitlines()[0], description=__doc__)
     parser.add_argument("--model", required=True, help="the full graph (.onnx)")
-    parser.add_argument("--parts-dir", required=True, help="directory of part_{NN_of_N}.onnx for that graph")
+    parser.add_argument("--parts-dir", required=True, help="the parts folder (part_{NN_of_N}/{graph}.onnx)")
+    parser.add_argument("--graph", required=True, help="the parts' file name: prompt, token, prompt_cl512, ...")
     parser.add_argument("--out", required=True, help="report (.json)")
     parser.add_argument("--vocab", type=int, help="token id range (default: the embedding table's rows)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated input (default 0)")
@@ -21,5 +22,5 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    verify_split(args.model, args.parts_dir, args.out, vocab=args.vocab, seed=args.seed)
+    verify_split(args.model, args.parts_dir, args.graph, args.out, vocab=args.vocab, seed=args.seed)
     return 0

@@ -28,7 +28,6 @@ TOOLCHAINS = {
 # The toolchains of the QAIRT SDK: they convert to a DLC, the reference toolchain to ONNX.
 SDK_TOOLCHAINS = ("qairt", "qnn-cli")
 _FLOAT_MARK = "-fp"
-_RECIPE_MARK = "/"   # the recipe's encodings, a folder above its converters'
 
 
 def get_toolchain(name: str) -> Toolchain:
@@ -69,30 +68,27 @@ def toolchain_version(name: str) -> str:
 
 @dataclass(frozen=True)
 class Converter:
-    """How a variant's parts are converted. Variants with the same toolchain, float bitwidth and encodings convert
-    alike and share one convert job, named ``{toolchain}-fp{float_bitwidth}``, after ``{recipe}/`` in a build that
-    calibrates (:attr:`name`: a wildcard of the workflow and a folder of ``results/<model>/converted/``)."""
+    """How a variant's parts are converted from one set of encodings. Variants with the same toolchain and float
+    bitwidth convert alike and share one convert job, named ``{toolchain}-fp{float_bitwidth}`` (:attr:`name`: a
+    wildcard of the workflow and a folder of ``results/<model>/converted/<encodings>/``)."""
 
     toolchain: str
     float_bitwidth: int
-    recipe: str | None = None   # the recipe the encodings were calibrated by; None: the source's own encodings
 
     @classmethod
     def of_variant(cls, variant: Mapping[str, Any]) -> Converter:
         """The converter of a variant (``variants.<name>``, defaults filled in)."""
-        return cls(variant["toolchain"], variant["float_bitwidth"], variant.get("recipe"))
+        return cls(variant["toolchain"], variant["float_bitwidth"])
 
     @classmethod
     def named(cls, name: str) -> Converter:
         """The converter called ``name`` (:attr:`name`)."""
-        recipe, _, converter = name.rpartition(_RECIPE_MARK)
-        toolchain, bits = converter.rsplit(_FLOAT_MARK, 1)
-        return cls(toolchain, int(bits), recipe or None)
+        toolchain, bits = name.rsplit(_FLOAT_MARK, 1)
+        return cls(toolchain, int(bits))
 
     @property
     def name(self) -> str:
-        converter = f"{self.toolchain}{_FLOAT_MARK}{self.float_bitwidth}"
-        return converter if self.recipe is None else f"{self.recipe}{_RECIPE_MARK}{converter}"
+        return f"{self.toolchain}{_FLOAT_MARK}{self.float_bitwidth}"
 
     @property
     def suffixes(self) -> tuple[str, ...]:
@@ -101,7 +97,5 @@ class Converter:
 
 
 def converter_pattern(toolchains: Iterable[str]) -> str:
-    """A regular expression matching the names of the converters of ``toolchains`` (a wildcard constraint), of the
-    source's encodings or of a recipe's (the workflow's ``converter`` constraint names the recipes)."""
-    return (f"([^{re.escape(_RECIPE_MARK)}]+{re.escape(_RECIPE_MARK)})?({'|'.join(map(re.escape, toolchains))})"
-            f"{re.escape(_FLOAT_MARK)}\\d+")
+    """A regular expression matching the names of the converters of ``toolchains`` (a wildcard constraint)."""
+    return f"({'|'.join(map(re.escape, toolchains))}){re.escape(_FLOAT_MARK)}\\d+"

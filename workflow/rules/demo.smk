@@ -1,15 +1,13 @@
-# The built-in demo model: generated decoder, tokenizer trained on text in resources/, calibrated encodings (by the
-# light built-in calibrator; with demo.calibrator: aimet, the calibration chain of rules/calibrate.smk makes them).
-# Only used when config.model names no files of its own.
-
-# The demo's own shape is the trained model's (resources/demo_model.safetensors, scripts/train_demo.py); another
-# shape gets random weights.
-DEMO_WEIGHTS = [TRAINED_WEIGHTS] if is_trained_shape(DemoShape(**shape_config(config["demo"]))) else []
+# The built-in demo model (genie_build.sources.DemoSource): generated decoder, tokenizer trained on text in
+# resources/, calibrated encodings (by the light built-in calibrator; with demo.calibrator: aimet, the calibration
+# chain of rules/calibrate.smk makes them). Its own shape is the trained model's (resources/demo_model.safetensors,
+# scripts/train_demo.py); another shape gets random weights.
+SRC = SOURCE.source_dir
 
 
 rule generate_demo:
     input:
-        weights=DEMO_WEIGHTS,
+        weights=list(SOURCE.weights),
     output:
         prompt=f"{SRC}/prompt.onnx",
         prompt_data=f"{SRC}/prompt.onnx.data",
@@ -18,7 +16,7 @@ rule generate_demo:
         hf_config=f"{SRC}/config.json",
     params:
         out_dir=directory_of("prompt"),
-        shape=json.dumps(shape_config(config["demo"]), sort_keys=True),
+        shape=json.dumps(SOURCE.shape, sort_keys=True),
         weights=lambda wc, input: ["--weights", *input.weights] if input.weights else [],
         python=PYTHON,
     log:
@@ -43,7 +41,7 @@ rule generate_demo_length:
         length=r"\d+",
     params:
         out_dir=directory_of("prompt"),
-        shape=json.dumps(shape_config(config["demo"]), sort_keys=True),
+        shape=json.dumps(SOURCE.shape, sort_keys=True),
         python=PYTHON,
     log:
         f"{OUT}/logs/generate_demo_length/cl{{length}}.log",
@@ -70,25 +68,24 @@ rule train_tokenizer:
         "{params.python} -m genie_build train-tokenizer --corpus {input.corpus:q} --vocab {params.vocab} --out {output:q} > {log:q} 2>&1"
 
 
-if not CALIBRATION_CHAIN:
-
-    rule calibrate:
-        input:
-            prompt=f"{SRC}/prompt.onnx",
-            prompt_data=f"{SRC}/prompt.onnx.data",
-            token=f"{SRC}/token.onnx",
-            token_data=f"{SRC}/token.onnx.data",
-            hf_config=f"{SRC}/config.json",
-        output:
-            prompt=f"{SRC}/prompt.encodings.json",
-            token=f"{SRC}/token.encodings.json",
-        params:
-            python=PYTHON,
-        log:
-            f"{OUT}/logs/calibrate.log",
-        benchmark:
-            f"{OUT}/benchmarks/calibrate.tsv"
-        shell:
-            "{params.python} -m genie_build calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
-            " --out-prompt {output.prompt:q} --out-token {output.token:q}"
-            " > {log:q} 2>&1"
+# The built-in calibrator's encodings of both graphs, unless the chain calibrates the demo (demo.calibrator: aimet).
+rule calibrate:
+    input:
+        prompt=f"{SRC}/prompt.onnx",
+        prompt_data=f"{SRC}/prompt.onnx.data",
+        token=f"{SRC}/token.onnx",
+        token_data=f"{SRC}/token.onnx.data",
+        hf_config=f"{SRC}/config.json",
+    output:
+        prompt=f"{SRC}/prompt.encodings.json",
+        token=f"{SRC}/token.encodings.json",
+    params:
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/calibrate.log",
+    benchmark:
+        f"{OUT}/benchmarks/calibrate.tsv"
+    shell:
+        "{params.python} -m genie_build calibrate --prompt {input.prompt:q} --token {input.token:q} --hf-config {input.hf_config:q}"
+        " --out-prompt {output.prompt:q} --out-token {output.token:q}"
+        " > {log:q} 2>&1"
