@@ -326,7 +326,7 @@ def failed_job_logs(snakemake_output: str) -> dict[str, str]:
     (lambda text: text[:200], "exports/bad.encodings.json: not valid JSON", ("plan.json",)),
     (lambda text: text.replace('"name": "attention_mask"', '"name": "no_such_tensor"', 1),
      "exports/bad.encodings.json: 1 encodings name tensors the model does not have",
-     ("encodings/prompt", "unsplit/prompt.onnx")),
+     ("encodings/source", "unsplit/prompt.onnx")),
 ], ids=["malformed", "unknown-tensor"])
 def test_bad_encodings_fail_the_jobs_reading_them_with_the_one_line_in_their_logs(
         workflow: Path, edit: Callable[[str], str], message: str, absent: tuple[str, ...]) -> None:
@@ -362,7 +362,7 @@ def test_graphs_calibrated_one_by_one_stop_the_build_unless_the_token_graph_shar
     encodings = {"prompt": "exports/prompt.encodings.json", "token": "exports/alone.encodings.json"}
     for name, share in (("alone-default", "none"), ("alone-shared", "prompt")):
         config = user_config(workflow, name, model={"encodings": encodings}, encodings={"share_from": share})
-        result = run_snakemake(workflow, "-p", f"results/{name}/encodings", config_file=config,
+        result = run_snakemake(workflow, "-p", f"results/{name}/encodings/source", config_file=config,
                                check=share == "prompt")
         if share == "none":
             assert result.returncode != 0
@@ -373,7 +373,8 @@ def test_graphs_calibrated_one_by_one_stop_the_build_unless_the_token_graph_shar
                 assert last.startswith("genie-build: error: ") and "share_from: prompt" in last, f"{rule}: {last}"
             continue
         prompt = read_encodings(workflow / "exports" / "prompt.encodings.json")
-        slices = [read_encodings(path) for path in (workflow / "results" / name / "encodings" / "token").glob("*.json")]
+        sliced = workflow / "results" / name / "encodings" / "source"
+        slices = [read_encodings(path) for path in sliced.glob("part_*/token.encodings.json")]
         assert slices
         for part in slices:
             for section, expected in ((part.activations, prompt.activations), (part.params, prompt.params)):

@@ -32,8 +32,8 @@ def build_with_cache(workdir, cache):
 def cached_outputs(workdir):
     """The outputs of the cached rules, relative to ``workdir`` as Snakemake logs them."""
     out = workdir / "results" / USER_MODEL
-    return sorted(str(path.relative_to(workdir)) for stage, pattern in (("converted", "part_*/*"), ("compiled", "part_*"))
-                  for path in (out / stage).rglob(pattern))
+    stages = (("converted", "part_*/*"), ("compiled", "part_*"))
+    return sorted(str(path.relative_to(workdir)) for stage, pattern in stages for path in (out / stage).rglob(pattern))
 
 
 @pytest.fixture(scope="module")

@@ -109,7 +109,7 @@ def model(request, tmp_path_factory):
     assert [part.pieces for part in plan.parts] == [("embedding",), ("layer_0", "layer_1"), ("layer_2", "head")]
     export_checkpoint(checkpoint, root / "whole", ar=AR, context=CONTEXT)
     for kind in ("prompt", "token"):
-        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split" / kind, kind)
+        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split", kind)
     for part in plan.parts:
         export_part(checkpoint, part, root / "parts" / part.label, num_parts=3, ar=AR, context=CONTEXT)
     return request.param, root, checkpoint, plan, one_piece_units(plan, plan.parts[1].label)
@@ -131,7 +131,7 @@ def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, rec
     whole = whole_model_encodings(root, checkpoint, recipe)
     compared = 0
     for part in plan.parts:
-        names, initializers = part_tensor_names(root / "split" / "prompt" / f"part_{part.label}.onnx")
+        names, initializers = part_tensor_names(root / "split" / f"part_{part.label}" / "prompt.onnx")
         expected = slice_encodings(whole, names, initializers)
         actual = read_encodings(chain / f"prompt_{part.label}.json")
         assert actual.activations == expected.activations, (family, recipe, part.label)

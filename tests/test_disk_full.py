@@ -61,7 +61,7 @@ def writer_args(build: ReferenceBuild, writer: str, out: Path) -> list[object]:
 
 def previous_output(build: ReferenceBuild, writer: str) -> Path:
     """What the build wrote with the same command: the complete output a failed rerun must not damage (for the split
-    and the slicer, the whole shared folder: the token graph's files beside the prompt graph's)."""
+    and the slicer, the whole parts or encodings folder: the token graph's files beside the prompt graph's)."""
     label = "3_of_3"
     return {"plan": build.root / "plan.json", "split": build.root / "parts",
             "slice-graph-encodings": build.root / "encodings",
@@ -121,7 +121,7 @@ def test_file_too_large_leaves_no_output(build: ReferenceBuild, tmp_path: Path, 
     result = run_limited(writer_args(build, writer, out), file_size_limit, tmp_path)
     assert_clean_failure(result, out, "File too large")
     if writer in SHARED_FOLDER_WRITERS:
-        assert snapshot(out) == {}, "a failed run left a file in the shared folder"
+        assert snapshot(out) == {}, "a failed run left a file in the parts or encodings folder"
     else:
         assert not out.exists()
     assert not out.with_name(out.name + ".data").exists()
@@ -144,7 +144,7 @@ def test_the_same_commands_succeed_without_the_limit(build: ReferenceBuild, tmp_
         result = run_limited(writer_args(build, writer, out), None, tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
         expected = snapshot(previous_output(build, writer))
-        if writer in SHARED_FOLDER_WRITERS:   # the prompt graph's files of the shared folder
+        if writer in SHARED_FOLDER_WRITERS:   # the prompt graph's files of the common folder
             expected = {name: data for name, data in expected.items() if Path(name).name.startswith("prompt.")}
         assert snapshot(out) == expected  # deterministic, and complete
 

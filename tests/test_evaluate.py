@@ -291,7 +291,7 @@ def test_enabled_the_build_evaluates_and_a_changed_encoding_reevaluates_without_
     with pytest.raises(GenieBuildError, match=r"float_logits.npy: holds logits of shape \[16, 8, 512\], the variant "
                                               r"gives \[3, 8, 512\]: not the same windows"):
         quality_of(sorted((out / "compiled" / "packed").glob("part_*.bin")),
-                   sorted((out / "encodings" / "prompt").glob("part_*.encodings.json")),
+                   sorted((out / "encodings" / "source").glob("part_*/prompt.encodings.json")),
                    out / "evaluation" / "float_logits.npy", tokens_path=out / "tokens" / "evaluation.npy", rope=rope,
                    max_windows=3)
 

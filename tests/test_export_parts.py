@@ -69,7 +69,7 @@ def exported(request, tmp_path_factory):
                                num_parts=NUM_PARTS)
     export_checkpoint(checkpoint, root / "whole", ar=AR, context=CONTEXT)
     for kind in ("prompt", "token"):
-        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split" / kind, kind)
+        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split", kind)
     for part in plan.parts:
         export_part(checkpoint, part, root / "parts" / part.label, num_parts=NUM_PARTS, ar=AR, context=CONTEXT)
     return request.param, checkpoint, plan, root / "split", root / "parts"
@@ -94,17 +94,18 @@ def test_each_part_equals_the_split_of_the_whole_export(exported):
     for part in plan.parts:
         graphs, _ = part_files(parts / part.label)
         for kind, path in graphs.items():
-            whole = onnx.load(split / kind / f"part_{part.label}.onnx", load_external_data=False)
+            split_part = split / f"part_{part.label}" / f"{kind}.onnx"
+            whole = onnx.load(split_part, load_external_data=False)
             alone = onnx.load(path, load_external_data=False)
             canonicalize(whole.graph)   # the split keeps the whole export's names, which are canonical already
             assert _io(alone) == _io(whole), (case, part.label, kind)
             assert alone.graph.name == whole.graph.name
             assert _nodes(alone) == _nodes(whole), (case, part.label, kind)
-            ours, theirs = _weights(alone, path.parent), _weights(whole, split / kind)
+            ours, theirs = _weights(alone, path.parent), _weights(whole, split_part.parent)
             assert ours.keys() == theirs.keys()
             assert all(ours[name].dtype == np.float32 and np.array_equal(ours[name], theirs[name]) for name in ours)
             feed = build_feed(path, vocab=None if part.index > 1 else 320)
-            expected = run_graph(split / kind / f"part_{part.label}.onnx", feed)
+            expected = run_graph(split_part, feed)
             actual = run_graph(path, feed)
             assert list(actual) == list(expected)
             assert all(actual[name].tobytes() == expected[name].tobytes() for name in expected), (case, part.label)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from genie_build import cli
-from genie_build.auto_split import VENDOR_CONTEXT_BYTES, auto_plan, io_dims_from_hf_config
+from genie_build.auto_split import VENDOR_CONTEXT_BYTES, auto_plan, io_dims_from_graph, io_dims_from_hf_config
 from genie_build.chipsets import HTP_LOAD, CHIPSETS, LoadParams, load_params
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import estimate
@@ -239,6 +239,29 @@ def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
         smaller = plan_by_num_parts(pieces, fewer, True)
         assert not place_contexts(estimated_contexts(smaller.parts, [p.estimated_bytes for p in smaller.parts], dims),
                                   params).maps
+
+
+def test_auto_on_whole_graphs_counts_the_io_of_every_context_length_beside_them(small_demo):
+    """Graphs given whole (the demo's, a user's) at several lengths: each part's binary maps every length's IO, as a
+    checkpoint's estimate counts it (io_dims_from_hf_config with several lengths)."""
+    from demo_shapes import SMALL
+    from genie_build.onnx_graph import load_graph
+    from genie_build.plan import plan_by_num_parts
+
+    path = small_demo / "prompt.onnx"
+    alone = io_dims_from_graph(load_graph(path), 16, path)
+    both = io_dims_from_graph(load_graph(path), 16, path, [SMALL.context // 4])
+    assert (alone.context_lengths, both.context_lengths) == ((SMALL.context,), (SMALL.context // 4, SMALL.context))
+    from genie_build.plan_file import Piece
+
+    pieces = [Piece("embedding", "embedding", MIB, output_boundary="b0"),
+              *(Piece(f"layer_{i}", "layer", MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(SMALL.layers)),
+              Piece("head", "head", MIB)]
+    plan = plan_by_num_parts(pieces, 3, True)
+    io = {name: sum(b.bytes for c in estimated_contexts(plan.parts, [MIB] * 3, dims) for b in c.buffers
+                    if b.kind in ("IO", "KV cache"))
+          for name, dims in (("alone", alone), ("both", both))}
+    assert io["both"] > io["alone"]
 
 
 # ------------------------------------------------------------------------------------------- the commands

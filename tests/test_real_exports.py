@@ -142,7 +142,7 @@ def user_workdir(tmp_path: Path, exports: Path, overrides: dict) -> tuple[Path, 
 def converted_weights(workdir: Path, kind: str, names: set[str]) -> dict[str, np.ndarray]:
     """The weights the workflow's converted parts of one graph hand their nodes."""
     found = {}
-    for part in sorted((workdir / "results" / USER / "converted").glob(f"**/{kind}/part_*.onnx")):
+    for part in sorted((workdir / "results" / USER / "converted").glob(f"**/part_*/{kind}.onnx")):
         model = onnx.load(part)
         inferred = onnx.shape_inference.infer_shapes(model).graph
         types = {value.name: value.type.tensor_type.elem_type for value in inferred.value_info}
@@ -405,7 +405,7 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     out = workdir / "results" / USER
     assert load_json(out / "plan_check.json")["same_parts"]
     assert len(json.loads((out / "calibration_units.json").read_text())["units"]) == SMALL_DEMO["split"]["num_parts"]
-    part = json.loads((out / "encodings" / "w8a16" / "prompt" / "part_2_of_3.encodings.json").read_text())
+    part = json.loads((out / "encodings" / "w8a16" / "part_2_of_3" / "prompt.encodings.json").read_text())
     assert {e["bw"] for e in part["param_encodings"] if e["name"].endswith("up_proj.weight")} == {8}
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.workflow
 BUNDLE_VARIANT = "packed"
 AGGREGATES = ("size_table.*", "memory_plan.*", "genie_bundle/*", "bundle_check.json", "host_run.json")
 # Rewritten whenever the split runs again; what matters is which parts' bytes changed (checked by content).
-SPLIT_BOOKKEEPING = ("plan.json", "parts/*", "encodings/*")
+SPLIT_BOOKKEEPING = ("plan.json", "split/*", "parts/*", "encodings/*")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def plan_of(workdir):
 
 def part_hashes(workdir):
     parts = workdir / "results" / USER_MODEL / "parts"
-    return {str(path.relative_to(parts)): sha256_file(path) for path in parts.rglob("part_*")}
+    return {str(path.relative_to(parts)): sha256_file(path) for path in parts.rglob("part_*/*")}
 
 
 def test_touched_inputs_with_the_same_bytes_rebuild_nothing(case):
@@ -135,7 +135,7 @@ def test_one_layer_weight_change_rebuilds_only_the_part_holding_it(case):
     hashes_after = part_hashes(workdir)
     # the data, and the .onnx that carries the data's SHA-1 (what the converts depend on)
     assert {path for path in hashes_after if hashes_after[path] != hashes_before.get(path)} == {
-        f"{graph}/part_{holder}.onnx{ext}" for graph in ("prompt", "token") for ext in ("", ".data")}
+        f"part_{holder}/{graph}.onnx{ext}" for graph in ("prompt", "token") for ext in ("", ".data")}
     assert_rebuilt_exactly(changed, before, (*per_part(holder), *AGGREGATES, "verify/*", "unsplit/*",
                                              "model_check.json"), may_change=SPLIT_BOOKKEEPING)
 

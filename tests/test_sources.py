@@ -88,7 +88,8 @@ def test_user_graphs_with_encodings_are_an_onnx_source_and_without_one_to_calibr
 def test_two_user_graphs_at_one_length_are_refused_naming_both(user_files):
     copies = {}
     for kind in ("prompt", "token"):   # the same graph again, under another name (reading the same data file)
-        copies[kind] = str(shutil.copy(user_files[f"{kind}_onnx"], user_files[f"{kind}_onnx"].replace(kind, f"{kind}2")))
+        path = user_files[f"{kind}_onnx"]
+        copies[kind] = str(shutil.copy(path, path.replace(kind, f"{kind}2")))
     model = {**user_files, **{f"{kind}_onnx": [user_files[f"{kind}_onnx"], copies[kind]] for kind in copies}}
     with pytest.raises(GenieBuildError, match=rf"^config model.prompt_onnx: .*prompt2.onnx and .*prompt.onnx are both "
                                               rf"at context length {SMALL.context}: give one graph per length"):

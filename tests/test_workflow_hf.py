@@ -285,9 +285,9 @@ def test_a_weight_quantized_along_the_wrong_axis_is_told_apart_on_a_checkpoint(t
     right = load_json(workdir / OUT / "evaluation" / "packed.json")
 
     part = next(label for label in ("1_of_3", "2_of_3", "3_of_3")
-                if weight in (workdir / OUT / "encodings" / "w4a16" / "prompt" / f"part_{label}.encodings.json")
+                if weight in (workdir / OUT / "encodings" / "w4a16" / f"part_{label}" / "prompt.encodings.json")
                 .read_text())
-    path = workdir / OUT / "encodings" / "w4a16" / "prompt" / f"part_{part}.encodings.json"
+    path = workdir / OUT / "encodings" / "w4a16" / f"part_{part}" / "prompt.encodings.json"
     # every exported Linear weight is [out, in] behind a Transpose: its channels run along axis 0
     path.write_text(json.dumps(stated_axes_encodings(read_encodings(path), lambda name: int(name == weight))))
     run_snakemake(workdir, "evaluate", "--configfile", str(config))

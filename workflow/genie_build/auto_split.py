@@ -53,10 +53,13 @@ def _lengths(context_lengths: int | Sequence[int]) -> tuple[int, ...]:
     return (context_lengths,) if isinstance(context_lengths, int) else tuple(sorted(context_lengths))
 
 
-def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str | os.PathLike[str]) -> IoDims:
+def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str | os.PathLike[str],
+                       other_lengths: Sequence[int] = ()) -> IoDims:
     """The IO dimensions of a prompt graph (docs/conventions.md, Graph IO): AR and CL as Genie reads them, the KV
     cache from ``past_key_0_in`` (``[1, n_kv, D, past]``), the vocabulary from ``logits``; the width from the
     embedding table (the 2-D weight with a vocabulary-sized dim) and the widest activation from the other weights.
+    ``other_lengths``: the context lengths of the graphs beside it in each part's binary, whose IO each context
+    maps too.
 
     Raises:
         GenieBuildError: Genie could not read AR and CL, or the graph has no ``logits`` output of rank 3.
@@ -73,7 +76,8 @@ def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str 
     hidden = next((min(dims_) for dims_ in matrices if vocab in dims_), max(map(min, matrices), default=0))
     intermediate = max((max(dims_) for dims_ in matrices if vocab not in dims_), default=hidden)
     return IoDims(hidden=hidden, kv_width=kv_heads * head_dim, head_dim=head_dim, intermediate=intermediate,
-                  vocab=vocab, ar=dims[0], context_lengths=(dims[1],), activation_bytes=-(-activation_bits // 8))
+                  vocab=vocab, ar=dims[0], context_lengths=_lengths([dims[1], *other_lengths]),
+                  activation_bytes=-(-activation_bits // 8))
 
 
 def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,

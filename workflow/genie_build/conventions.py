@@ -42,7 +42,8 @@ __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FI
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
            "graph_ar_cl", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
-           "part_encodings_path", "part_folder", "part_graph_path", "part_label", "piece_names", "read_ar", "read_cl", "rope_tables", "shape_text",
+           "part_encodings_path", "part_folder", "part_graph_path", "part_label", "piece_names", "read_ar", "read_cl",
+           "rope_tables", "shape_text",
            "tensors_by_name", "unit_label", "unsplit_graph_name"]
 
 if TYPE_CHECKING:
@@ -119,7 +120,8 @@ def parse_part_label(label: str) -> tuple[int, int]:
 
 def part_folder(label: str) -> str:
     """``part_folder("01_of_06") == "part_01_of_06"``: the folder holding a part's graphs (``parts/``), their
-    encodings (``encodings/<source or recipe>/``) and converted graphs (``converted/<source or recipe>/<converter>/``)."""
+    encodings (``encodings/<source or recipe>/``) and converted graphs
+    (``converted/<source or recipe>/<converter>/``)."""
     return f"part_{label}"
 
 

@@ -161,8 +161,8 @@ def _write(plan: Plan, units: tuple[CalibrationUnit, ...], out_plan: str | os.Pa
 def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
                             split: Mapping[str, Any], out_plan: str | os.PathLike[str],
                             out_units: str | os.PathLike[str], *, recipe: str, unit_memory_mb: int,
-                            check_weights: bool = True,
-                            load: LoadParams = HTP_LOAD) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                            check_weights: bool = True, load: LoadParams = HTP_LOAD,
+                            other_lengths: Sequence[int] = ()) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The ``plan`` command for float graphs without encodings: the pair's plan, its pieces weighed by the named
     recipe's rule from the prompt graph's weight shapes (:func:`genie_build.weight_inventory.weights_from_onnx`),
     and the calibration chain's units; both written.
@@ -181,7 +181,7 @@ def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str
     plan = plan_graphs(prompt_path, token_path, weigh, num_parts=split.get("num_parts"),
                        max_part_bytes=None if max_mb is None else int(max_mb * MIB),
                        embedding_alone=split.get("embedding_alone", True), boundaries=split.get("boundaries"),
-                       check_weights=check_weights, load=load,
+                       check_weights=check_weights, load=load, other_lengths=other_lengths,
                        activation_bits=precision_of(recipe_named(recipe)).activations)
     units = calibration_units(plan, _float_bytes(weighed["model"]), unit_memory_mb)
     _write(plan, units, out_plan, out_units)

@@ -415,8 +415,9 @@ def _user_graphs(model: Mapping[str, Any]) -> dict[str, Graph]:
                                                                    "one graph per length")
             by_length[kind][graph.context] = graph
     if set(by_length["prompt"]) != set(by_length["token"]):
-        raise GenieBuildError("config model.token_onnx", f"the token graphs' context lengths {sorted(by_length['token'])}"
-                                                         f" are not the prompt graphs' {sorted(by_length['prompt'])}")
+        raise GenieBuildError("config model.token_onnx",
+                              f"the token graphs' context lengths {sorted(by_length['token'])} are not the prompt "
+                              f"graphs' {sorted(by_length['prompt'])}")
     ars = {graph.ar for graph in by_length["prompt"].values()}
     if len(ars) > 1:
         raise GenieBuildError("config model.prompt_onnx", f"the prompt graphs take different ARs {sorted(ars)}: give "

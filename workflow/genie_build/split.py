@@ -433,7 +433,8 @@ def check_part(onnx_path: Path, source_path: Path | None = None) -> None:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         if source_path is None:
             raise GenieBuildError(onnx_path.name, f"invalid part: {exc}") from None
-        raise GenieBuildError(source_path, f"part {onnx_path.parent.name.removeprefix('part_')} cut from it is not a valid "
+        label = onnx_path.parent.name.removeprefix("part_")
+        raise GenieBuildError(source_path, f"part {label} cut from it is not a valid "
                                            f"ONNX model: {exc}") from None
 
 

@@ -31,7 +31,7 @@ rule calibrate_unit:
         context=SOURCE.graphs["prompt"].context,
         python=PYTHON,
     wildcard_constraints:
-        unit=UNIT_LABEL_PATTERN,
+        unit=conventions.UNIT_LABEL_PATTERN,
     # the chain is the build's longest path: its units go first, on most of the cores (aimet-onnx's session)
     priority: CHAIN_FIRST
     threads: CHAIN_THREADS

@@ -103,10 +103,15 @@ def part_graph(key, label):
     return SOURCE.part_graph(key, label)
 
 
+def graph_labels(key):
+    """The part labels, once one graph's split (if any) has run: its readers wait for nothing else."""
+    run_checkpoints(SOURCE.graph_checkpoints(key))
+    return [part.label for part in (SOURCE.plan or read_plan(f"{OUT}/plan.json")).parts]
+
+
 def graph_parts(key):
     """One graph's part files, in part order, once its split (if any) has run."""
-    run_checkpoints(SOURCE.graph_checkpoints(key))
-    return [SOURCE.part_graph(key, part.label) for part in (SOURCE.plan or read_plan(f"{OUT}/plan.json")).parts]
+    return [SOURCE.part_graph(key, label) for label in graph_labels(key)]
 
 
 def part_files(pattern, **fields):
@@ -161,7 +166,8 @@ def directory_of(name):
 
 
 def largest_part_float_mb():
-    return max(map(SOURCE.part_float_mb, part_labels()))
+    """MB of the largest part's weights, for the memory of a job holding one part at a time."""
+    return max(map(SOURCE.part_float_mb, graph_labels("prompt")))
 
 
 def final_outputs(wildcards):

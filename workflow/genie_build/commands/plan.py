@@ -33,6 +33,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="do not compare the graphs' shared weights (the workflow runs check-model for that, "
                              "once per model change, not once per encodings change)")
     add_load_options(parser)  # for num_parts auto
+    parser.add_argument("--other-lengths", type=positive_int, nargs="*", default=[], metavar="CL",
+                        help="for num_parts auto: the context lengths of the graphs each part's binary holds beside "
+                             "these, whose IO every context maps too")
     parser.add_argument("--out", required=True, help="plan.json to write")
     return parser
 
@@ -45,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
         from genie_build.shape_plan import write_float_graphs_plan
         write_float_graphs_plan(args.prompt, args.token, split, args.out, args.out_units, recipe=args.recipe,
                                 unit_memory_mb=args.unit_memory_mb, check_weights=not args.skip_weight_check,
-                                load=load_params(args))
+                                load=load_params(args), other_lengths=args.other_lengths)
         return 0
     plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=split["num_parts"],
                max_part_bytes=None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB),
                embedding_alone=split["embedding_alone"], boundaries=split["boundaries"],
-               check_weights=not args.skip_weight_check, load=load_params(args))
+               check_weights=not args.skip_weight_check, load=load_params(args), other_lengths=args.other_lengths)
     return 0

@@ -35,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     prompt, token = (stage.GraphSliceFiles(*(getattr(args, f"{graph}_{key}")
                                              for key in ("model", "encodings")))
                      for graph in GRAPH_KINDS)
-    stage.slice_model_encodings(prompt, token, args.parts_dir, args.out_dir, token_shares_prompt=args.token_shares_prompt,
-                                kv_cache_tied=args.kv_cache_tied)
+    stage.slice_model_encodings(prompt, token, args.parts_dir, args.out_dir,
+                                token_shares_prompt=args.token_shares_prompt, kv_cache_tied=args.kv_cache_tied)
     return 0
