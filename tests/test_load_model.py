@@ -241,6 +241,25 @@ def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
                                   params).maps
 
 
+def test_auto_with_the_embedding_as_a_table_places_the_parts_after_it_only():
+    """bundle.embedding: lut takes part 1 off the HTP: a 20 MiB embedding that leaves no part count mapping in two
+    40 MiB sessions as a context maps as a table, with the layers in 2 contexts (3 parts)."""
+    from genie_build.plan_file import Piece
+
+    pieces = [Piece("embedding", "embedding", 20 * MIB, output_boundary="b0"),
+              *(Piece(f"layer_{i}", "layer", 8 * MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(4)),
+              Piece("head", "head", 4 * MIB)]
+    dims = io_dims_from_hf_config(QWEN_7B, 16, 1, 2)  # IO of a few KiB: weights decide
+    params = LoadParams(usable_bytes=40 * MIB, sessions=2, budget_bytes=40 * MIB, alignment="power_of_two",
+                        source="test")
+    with pytest.raises(GenieBuildError, match="auto: no part count"):
+        auto_plan(pieces, True, dims, params)
+    plan = auto_plan(pieces, True, dims, params, embedding="lut")
+    held = plan.parts[1:]
+    assert plan.num_parts == 3 and place_contexts(
+        estimated_contexts(held, [p.estimated_bytes for p in held], dims), params).maps
+
+
 def test_auto_on_whole_graphs_counts_the_io_of_every_context_length_beside_them(small_demo):
     """Graphs given whole (the demo's, a user's) at several lengths: each part's binary maps every length's IO, as a
     checkpoint's estimate counts it (io_dims_from_hf_config with several lengths)."""

@@ -12,6 +12,7 @@ import yaml
 
 from genie_build.chipsets import CHIPSETS
 from genie_build.cli import build_parser
+from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.config import DemoCalibrator, load_config, read_schema, validate_config
 from genie_build.demo import WEIGHT_DTYPES
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind
@@ -60,6 +61,13 @@ def test_the_toolchains_are_the_toolchains_table():
     assert toolchain["enum"] == list(TOOLCHAINS) and toolchain["default"] in TOOLCHAINS
     for command in ("convert", "compile"):
         assert choices(command, "--toolchain") == sorted(TOOLCHAINS), command
+
+
+def test_the_embedding_layouts_are_the_conventions_table():
+    embedding = properties("bundle")["embedding"]
+    assert embedding["enum"] == list(EMBEDDING_LAYOUTS) and embedding["default"] in EMBEDDING_LAYOUTS
+    for command in ("plan", "plan-hf", "estimate"):
+        assert choices(command, "--embedding") == list(EMBEDDING_LAYOUTS), command
 
 
 def test_the_float_fallback_widths_are_the_converters_and_the_encodings():

@@ -21,10 +21,10 @@ from genie_build.hf_config import load_hf_config, read_model_shape
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.plan import MIB, NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
-from genie_build.plan_file import Piece, Plan
+from genie_build.plan_file import PartPlan, Piece, Plan
 
-__all__ = ["AUTO", "VENDOR_CONTEXT_BYTES", "auto_plan", "io_dims_from_graph", "io_dims_from_hf_config",
-           "plan_request"]
+__all__ = ["AUTO", "VENDOR_CONTEXT_BYTES", "auto_plan", "bundle_parts", "io_dims_from_graph",
+           "io_dims_from_hf_config", "plan_request"]
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,11 @@ def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str 
 
 
 def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,
-              max_part_bytes: int | None = None) -> Plan:
+              max_part_bytes: int | None = None, embedding: str = "graph") -> Plan:
     """The plan with the fewest parts whose contexts (their weights as the planner weighs them, their IO at
     ``dims``) each need less than :data:`VENDOR_CONTEXT_BYTES`, whose parts are each at most ``max_part_bytes``,
-    and which all map under ``load``.
+    and which all map under ``load``: every part's context, or with ``embedding`` "lut" (``bundle.embedding``: part 1
+    is a table on the CPU) every part's but part 1's.
 
     Raises:
         GenieBuildError: no part count does (naming the counts tried and the parameters).
@@ -95,7 +96,8 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
             plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
         except GenieBuildError:
             break       # past the most parts this model can be cut into
-        contexts = estimated_contexts(plan.parts, [part.estimated_bytes for part in plan.parts], dims)
+        held = bundle_parts(plan, embedding)
+        contexts = estimated_contexts(held, [part.estimated_bytes for part in held], dims)
         if (all(context.charge < VENDOR_CONTEXT_BYTES for context in contexts)
                 and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
                 and place_contexts(contexts, load).maps):
@@ -108,11 +110,18 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
                                          f"{load.usable_bytes / MIB:,.0f} MiB; give num_parts")
 
 
+def bundle_parts(plan: Plan, embedding: str) -> list[PartPlan]:
+    """The parts whose contexts a bundle of ``plan`` holds: every one, or with the embedding as a table (``embedding``
+    "lut") every one but part 1."""
+    return [part for part in plan.parts if not (embedding == "lut" and part.index == 1)]
+
+
 def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_part_bytes: int | None,
-                 embedding_alone: bool, dims: IoDims | None = None, load: LoadParams | None = None) -> Plan:
+                 embedding_alone: bool, dims: IoDims | None = None, load: LoadParams | None = None,
+                 embedding: str = "graph") -> Plan:
     """The plan a split request asks for: ``num_parts`` parts, the fewest of at most ``max_part_bytes`` each, or
-    (``num_parts`` :data:`AUTO`, with ``max_part_bytes`` as an extra bound) :func:`auto_plan` under ``dims`` and
-    ``load``.
+    (``num_parts`` :data:`AUTO`, with ``max_part_bytes`` as an extra bound) :func:`auto_plan` under ``dims``,
+    ``load`` and the ``embedding`` layout.
 
     Raises:
         GenieBuildError: an infeasible request (from the planner or :func:`auto_plan`).
@@ -120,7 +129,7 @@ def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_pa
     if num_parts == AUTO:
         if dims is None or load is None:
             raise ValueError("num_parts auto needs the IO dimensions and the load parameters")
-        return auto_plan(pieces, embedding_alone, dims, load, max_part_bytes)
+        return auto_plan(pieces, embedding_alone, dims, load, max_part_bytes, embedding)
     if num_parts is not None:
         return plan_by_num_parts(pieces, num_parts, embedding_alone)
     return plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone)

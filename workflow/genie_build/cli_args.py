@@ -7,9 +7,10 @@ import json
 
 from genie_build.chipsets import LoadParams
 from genie_build.chipsets import load_params as chipset_load_params
+from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.errors import GenieBuildError
 
-__all__ = ["add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
+__all__ = ["add_embedding_option", "add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
            "part_count", "positive_float", "positive_int", "split_options"]
 
 
@@ -69,6 +70,14 @@ def add_load_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chipset", default="SM8750", help="target.chipset (default %(default)s)")
     parser.add_argument("--load-json", default="{}", metavar="JSON",
                         help="report.load: overrides of the chipset's load parameters")
+
+
+def add_embedding_option(parser: argparse.ArgumentParser) -> None:
+    """``--embedding``: ``bundle.embedding``, which decides the load model's contexts (the plan's ``auto``, the
+    estimate's memory plan)."""
+    parser.add_argument("--embedding", choices=EMBEDDING_LAYOUTS, default="graph",
+                        help="bundle.embedding: the embedding as part 1's context (graph) or a CPU table (lut), "
+                             "which the load model leaves out of the HTP sessions (default %(default)s)")
 
 
 def load_params(args: argparse.Namespace) -> LoadParams:

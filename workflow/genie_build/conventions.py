@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int
 
-__all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
+__all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBEDDING_LAYOUTS", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
@@ -80,6 +80,9 @@ def layer_output(layer: int) -> str:
 
 # --- part labels and graph names ---------------------------------------------------------------------------
 
+# bundle.embedding: part 1, the embedding alone, as a context binary on the HTP (graph), or as the table Genie reads
+# on the CPU (lut, dialog.embedding) -- then part 1 is no context of the bundle
+EMBEDDING_LAYOUTS = ("graph", "lut")
 GRAPH_KINDS = ("prompt", "token")
 _PART_LABEL = re.compile(r"^(\d+)_of_(\d+)$")
 PART_LABEL_PATTERN = r"\d+_of_\d+"

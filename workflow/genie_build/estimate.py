@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
-from genie_build.auto_split import auto_plan, io_dims_from_graph, io_dims_from_hf_config, plan_request
+from genie_build.auto_split import auto_plan, bundle_parts, io_dims_from_graph, io_dims_from_hf_config, plan_request
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
 from genie_build.embedding_table import table_bytes
@@ -49,16 +49,13 @@ from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
-__all__ = ["EMBEDDING_LAYOUTS", "Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
+__all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
            "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "graphs_per_part",
            "stored_size"]
 
 log = logging.getLogger(__name__)
 
 GRAPHS_PER_PART = len(GRAPH_KINDS)      # a part links its prompt and token graphs
-# bundle.embedding: part 1's context on the HTP, or a table on the CPU (genie_build.embedding_table) -- then part 1 is
-# no context of the bundle, and the table is stored at the embedding output's (an activation's) width
-EMBEDDING_LAYOUTS = ("graph", "lut")
 TOOLCHAIN_LABEL = "reference (predicted)"
 
 # Overhead of the reference container beyond its weight section, per graph unless said otherwise. Fitted by
@@ -161,11 +158,11 @@ def container_overhead(pieces: Sequence[Piece], table_entries: int, graphs: int 
 
 def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str | None = None,
              max_part_bytes: int | None = None, embedding_alone: bool = True, dims: IoDims | None = None,
-             load: LoadParams = HTP_LOAD) -> Estimate:
+             load: LoadParams = HTP_LOAD, embedding: str = "graph") -> Estimate:
     """Plan the split and predict every part's container for every variant of :data:`PREDICTED_VARIANTS`.
 
     One of ``num_parts`` and ``max_part_bytes`` is given, or both with ``num_parts`` "auto" (which needs ``dims``:
-    :func:`genie_build.auto_split.plan_request`).
+    :func:`genie_build.auto_split.plan_request`, in the ``embedding`` layout).
 
     Raises:
         GenieBuildError: the split is infeasible (from the planner) or a precision rule does not fit a weight.
@@ -180,7 +177,7 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
                             {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
                             model.boundaries)
     plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                        dims=dims, load=load)
+                        dims=dims, load=load, embedding=embedding)
     index_of = {piece.name: index for index, piece in enumerate(pieces)}
     parts = []
     for part in plan.parts:
@@ -229,7 +226,7 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
     """
     out = Path(out_dir)
     records = _size_records(result)
-    on_htp = _bundle_parts(result.plan, embedding)
+    on_htp = frozenset(part.index for part in bundle_parts(result.plan, embedding))
     memory_sizes = [PartSize(part.part, part.weight_bytes, part.file_bytes)
                     for part in result.parts if part.variant == memory_variant and part.part in on_htp]
     if not memory_sizes:
@@ -252,7 +249,7 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
     contexts = estimated_contexts([part for part in result.plan.parts if part.index in on_htp],
                                   [size.weight_bytes for size in memory_sizes], dims)
     memory = plan_memory(memory_sizes, memory_variant, limits, basis="predicted", contexts=contexts, load=load,
-                         remedies=_part_count_remedy(result.plan, dims, load, on_htp),
+                         remedies=_part_count_remedy(result.plan, dims, load, embedding),
                          cpu_table_bytes=_cpu_table_bytes(dims, embedding))
     unmapped = {context.part: context.reason for context in memory.load.failing}
     write_size_table(build_size_table(records, PREDICTED_VARIANTS[0].name,
@@ -261,25 +258,20 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
     write_memory_plan(memory, out / "memory_plan.json", out / "memory_plan.md", out / "memory_plan.png")
 
 
-def _bundle_parts(plan: Plan, embedding: str) -> frozenset[int]:
-    """The parts whose contexts the bundle holds: every one, or with the table every one but part 1."""
-    return frozenset(part.index for part in plan.parts if not (embedding == "lut" and part.index == 1))
-
-
 def _cpu_table_bytes(dims: IoDims, embedding: str) -> int:
     """The table's bytes when the embedding is one (0 in the graph layout)."""
     return table_bytes(dims.vocab, dims.hidden, 8 * dims.activation_bytes) if embedding == "lut" else 0
 
 
-def _part_count_remedy(plan: Plan, dims: IoDims, load: LoadParams, on_htp: frozenset[int]) -> tuple[str, ...]:
-    """The part count that would map, when ``plan``'s contexts (``on_htp``) do not (empty when they do); the count
-    is the graph layout's (the split planner places part 1 as a context)."""
-    held = [part for part in plan.parts if part.index in on_htp]
+def _part_count_remedy(plan: Plan, dims: IoDims, load: LoadParams, embedding: str) -> tuple[str, ...]:
+    """The part count that would map, when ``plan``'s contexts (in the ``embedding`` layout) do not (empty when they
+    do)."""
+    held = bundle_parts(plan, embedding)
     contexts = estimated_contexts(held, [part.estimated_bytes for part in held], dims)
     if place_contexts(contexts, load).maps:
         return ()
     try:
-        fitting = auto_plan(plan.pieces, plan.embedding_alone, dims, load)
+        fitting = auto_plan(plan.pieces, plan.embedding_alone, dims, load, embedding=embedding)
     except GenieBuildError as exc:
         return (f"**part count**: none maps ({exc})",)
     return (f"**part count**: {fitting.num_parts} parts map under the same model (`split.num_parts: "
@@ -314,7 +306,7 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
         dims = io_dims_from_graph(load_graph(onnx), precision.activations, onnx)
     max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
     result = estimate(model, precision, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
-                      embedding_alone=split["embedding_alone"], dims=dims, load=load)
+                      embedding_alone=split["embedding_alone"], dims=dims, load=load, embedding=embedding)
     _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),
                     precision=precision, dims=dims, load=load, memory_variant=memory_variant, limits=limits,
                     embedding=embedding)

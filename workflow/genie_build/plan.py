@@ -48,7 +48,7 @@ _FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str | os.PathLike[str], *,
                num_parts: int | str | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
                boundaries: Sequence[str] | None = None, check_weights: bool = True,
-               load: LoadParams = HTP_LOAD, other_lengths: Sequence[int] = ()) -> Plan:
+               load: LoadParams = HTP_LOAD, other_lengths: Sequence[int] = (), embedding: str = "graph") -> Plan:
     """The plan stage: check the two graphs, find their boundaries, weigh the pieces with the prompt graph's
     encodings, choose the parts (``num_parts``, the fewest of at most ``max_part_bytes``, or with ``num_parts``
     "auto" the fewest that map under ``load``) and write ``out``.
@@ -61,6 +61,7 @@ def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str 
         check_weights: compare the graphs' shared weights (the workflow's ``check_model`` job does that once per
             model change, not once per encodings change).
         other_lengths: the context lengths of the graphs each part's binary holds beside these (for "auto").
+        embedding: ``bundle.embedding`` (for "auto": with "lut", part 1 is a table on the CPU, not a context).
 
     Raises:
         GenieBuildError: a graph's data is missing, the graphs' weights or boundaries differ, AR or CL cannot be
@@ -69,7 +70,8 @@ def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str 
     plan = plan_graphs(prompt_path, token_path,
                        lambda model, found: model_pieces(model, read_encodings(encodings_path), found),
                        num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                       boundaries=boundaries, check_weights=check_weights, load=load, other_lengths=other_lengths)
+                       boundaries=boundaries, check_weights=check_weights, load=load, other_lengths=other_lengths,
+                       embedding=embedding)
     write_plan(out, plan)
     for part in plan.parts:
         log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
@@ -80,11 +82,13 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
                 weigh: Callable[[onnx.ModelProto, tuple[str, ...]], list[Piece]], *,
                 num_parts: int | str | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
                 boundaries: Sequence[str] | None = None, check_weights: bool = True,
-                load: LoadParams = HTP_LOAD, activation_bits: int = 16, other_lengths: Sequence[int] = ()) -> Plan:
+                load: LoadParams = HTP_LOAD, activation_bits: int = 16, other_lengths: Sequence[int] = (),
+                embedding: str = "graph") -> Plan:
     """The plan of a prompt/token graph pair whose pieces ``weigh`` weighs (given the prompt graph, loaded without
     its weights, and its boundaries): the checks and planning of :func:`plan_split`, however the bytes are known.
     ``num_parts`` "auto" (with ``max_part_bytes`` as a bound) is :func:`genie_build.auto_split.auto_plan` under
-    ``load``, the graph's IO at ``activation_bits`` and at every context length of ``other_lengths`` beside its own.
+    ``load`` in the ``embedding`` layout, the graph's IO at ``activation_bits`` and at every context length of
+    ``other_lengths`` beside its own.
 
     Raises:
         GenieBuildError: as :func:`plan_split`.
@@ -106,7 +110,7 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
         # imported here: auto_split plans with this module's planners
         from genie_build.auto_split import auto_plan, io_dims_from_graph
         dims = io_dims_from_graph(prompt, activation_bits, prompt_path, other_lengths)
-        plan = auto_plan(pieces, embedding_alone, dims, load, max_part_bytes)
+        plan = auto_plan(pieces, embedding_alone, dims, load, max_part_bytes, embedding)
     else:
         plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
                 else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))

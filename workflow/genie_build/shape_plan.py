@@ -44,10 +44,11 @@ log = logging.getLogger(__name__)
 
 def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int | Sequence[int],
                         num_parts: int | str | None = None, max_part_bytes: int | None = None,
-                        embedding_alone: bool = True, load: LoadParams = HTP_LOAD) -> Plan:
+                        embedding_alone: bool = True, load: LoadParams = HTP_LOAD, embedding: str = "graph") -> Plan:
     """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
     exported with prompt AR ``ar`` and context ``context``, one length or several (``num_parts`` "auto": the fewest
-    parts that map under ``load``, with the IO of every length's graphs); the plan's context length is the largest.
+    parts that map under ``load`` in the ``embedding`` layout, with the IO of every length's graphs); the plan's
+    context length is the largest.
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
@@ -59,7 +60,7 @@ def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar:
     pieces = _weighed(model, recipe)
     dims = io_dims_from_hf_config(config_path, precision_of(recipe_named(recipe)).activations, ar, context)
     plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                        dims=dims, load=load)
+                        dims=dims, load=load, embedding=embedding)
     return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
 
 
@@ -120,8 +121,8 @@ def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> lis
 
 
 def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], *, recipe: str, ar: int,
-                    context: int | Sequence[int], unit_memory_mb: int,
-                    load: LoadParams = HTP_LOAD) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                    context: int | Sequence[int], unit_memory_mb: int, load: LoadParams = HTP_LOAD,
+                    embedding: str = "graph") -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
     recipe, the export's AR and context and the calibration budget: what the workflow computes when it is
     parsed, and what the ``plan-hf`` command writes down.
@@ -136,7 +137,7 @@ def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any
     plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context,
                                num_parts=split.get("num_parts"),
                                max_part_bytes=None if max_mb is None else int(max_mb * MIB),
-                               embedding_alone=split.get("embedding_alone", True), load=load)
+                               embedding_alone=split.get("embedding_alone", True), load=load, embedding=embedding)
     return plan, calibration_units(plan, piece_float_bytes(config_path), unit_memory_mb)
 
 
@@ -162,7 +163,8 @@ def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str
                             split: Mapping[str, Any], out_plan: str | os.PathLike[str],
                             out_units: str | os.PathLike[str], *, recipe: str, unit_memory_mb: int,
                             check_weights: bool = True, load: LoadParams = HTP_LOAD,
-                            other_lengths: Sequence[int] = ()) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                            other_lengths: Sequence[int] = (), embedding: str = "graph"
+                            ) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The ``plan`` command for float graphs without encodings: the pair's plan, its pieces weighed by the named
     recipe's rule from the prompt graph's weight shapes (:func:`genie_build.weight_inventory.weights_from_onnx`),
     and the calibration chain's units; both written.
@@ -181,7 +183,7 @@ def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str
     plan = plan_graphs(prompt_path, token_path, weigh, num_parts=split.get("num_parts"),
                        max_part_bytes=None if max_mb is None else int(max_mb * MIB),
                        embedding_alone=split.get("embedding_alone", True), boundaries=split.get("boundaries"),
-                       check_weights=check_weights, load=load, other_lengths=other_lengths,
+                       check_weights=check_weights, load=load, other_lengths=other_lengths, embedding=embedding,
                        activation_bits=precision_of(recipe_named(recipe)).activations)
     units = calibration_units(plan, _float_bytes(weighed["model"]), unit_memory_mb)
     _write(plan, units, out_plan, out_units)

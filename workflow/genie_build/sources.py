@@ -344,7 +344,8 @@ class CheckpointSource(Source):
             plan, units = plan_checkpoint(hf_config, config["split"], recipe=config["quantize"]["recipe"],
                                           ar=config["export"]["ar"], context=lengths,
                                           unit_memory_mb=config["quantize"]["unit_memory_mb"],
-                                          load=load_params(config["target"]["chipset"], config["report"]["load"]))
+                                          load=load_params(config["target"]["chipset"], config["report"]["load"]),
+                                          embedding=config["bundle"]["embedding"])
             weight_files = {part.label: tuple(map(str, part_weight_files(checkpoint, part))) for part in plan.parts}
             check_tokenizer(tokenizer, hf_config)
             source = cls(out=out, graphs=graphs, tokenizer=tokenizer, hf_config=hf_config, checkpoint=checkpoint,

@@ -47,10 +47,11 @@ checkpoint plan:
         **({"units": f"{OUT}/calibration_units.json"} if SOURCE.calibrates else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
-        # the device and every context length's IO matter to split.num_parts auto only: another chipset or length
-        # does not replan a fixed split
-        load=["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--other-lengths",
-              *map(str, SOURCE.context_lengths[:-1])] if config["split"].get("num_parts") == "auto" else [],
+        # the device, the embedding's layout and every context length's IO matter to split.num_parts auto only:
+        # another chipset, layout or length does not replan a fixed split
+        load=["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--embedding",
+              config["bundle"]["embedding"], "--other-lengths", *map(str, SOURCE.context_lengths[:-1])]
+        if config["split"].get("num_parts") == "auto" else [],
         weighing=lambda wc, input, output: (
             ["--recipe", config["quantize"]["recipe"], "--unit-memory-mb", str(config["quantize"]["unit_memory_mb"]),
              "--out-units", output.units] if SOURCE.calibrates else ["--encodings-prompt", input.encodings]),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.cli_args import (add_load_options, add_split_options, json_object, load_params, positive_float,
+from genie_build.cli_args import (add_embedding_option, add_load_options, add_split_options, json_object, load_params, positive_float,
                                  positive_int, split_options)
-from genie_build.estimate import EMBEDDING_LAYOUTS, MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
+from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.plan import MIB
 from genie_build.precision import Precision, precision_from_dict, read_precision
@@ -48,9 +48,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="with --hf-config: the export's prompt AR (default %(default)s)")
     parser.add_argument("--context", type=positive_int, nargs="+", default=[4096],
                         help="with --hf-config: the export's context length CL, or several (default %(default)s)")
-    parser.add_argument("--embedding", choices=EMBEDDING_LAYOUTS, default="graph",
-                        help="bundle.embedding: the embedding as part 1's context (graph) or a CPU table (lut), "
-                             "which the memory plan leaves out of the HTP sessions (default %(default)s)")
+    add_embedding_option(parser)
     add_load_options(parser)
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
     return parser

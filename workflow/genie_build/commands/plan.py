@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.cli_args import add_load_options, add_split_options, load_params, positive_int, split_options
+from genie_build.cli_args import add_embedding_option, add_load_options, add_split_options, load_params, positive_int, split_options
 from genie_build.errors import GenieBuildError
 from genie_build.plan import MIB, plan_split
 from genie_build.recipes import RECIPES
@@ -36,6 +36,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--other-lengths", type=positive_int, nargs="*", default=[], metavar="CL",
                         help="for num_parts auto: the context lengths of the graphs each part's binary holds beside "
                              "these, whose IO every context maps too")
+    add_embedding_option(parser)  # for num_parts auto
     parser.add_argument("--out", required=True, help="plan.json to write")
     return parser
 
@@ -48,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
         from genie_build.shape_plan import write_float_graphs_plan
         write_float_graphs_plan(args.prompt, args.token, split, args.out, args.out_units, recipe=args.recipe,
                                 unit_memory_mb=args.unit_memory_mb, check_weights=not args.skip_weight_check,
-                                load=load_params(args), other_lengths=args.other_lengths)
+                                load=load_params(args), other_lengths=args.other_lengths, embedding=args.embedding)
         return 0
     plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=split["num_parts"],
                max_part_bytes=None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB),
                embedding_alone=split["embedding_alone"], boundaries=split["boundaries"],
-               check_weights=not args.skip_weight_check, load=load_params(args), other_lengths=args.other_lengths)
+               check_weights=not args.skip_weight_check, load=load_params(args), other_lengths=args.other_lengths,
+               embedding=args.embedding)
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from genie_build import shape_plan as stage
-from genie_build.cli_args import add_load_options, add_split_options, load_params, positive_int, split_options
+from genie_build.cli_args import add_embedding_option, add_load_options, add_split_options, load_params, positive_int, split_options
 from genie_build.recipes import RECIPES
 
 __all__ = ["register_parser", "run"]
@@ -23,6 +23,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--unit-memory-mb", required=True, type=positive_int,
                         help="memory budget of one calibration job (MB)")
     add_load_options(parser)  # for num_parts auto
+    add_embedding_option(parser)
     parser.add_argument("--out-plan", required=True, help="plan.json to write")
     parser.add_argument("--out-units", required=True, help="the calibration units (JSON) to write")
     return parser
@@ -31,5 +32,5 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     stage.write_plan_checkpoint(args.hf_config, split_options(args), args.out_plan, args.out_units,
                                 recipe=args.recipe, ar=args.ar, context=args.context,
-                                unit_memory_mb=args.unit_memory_mb, load=load_params(args))
+                                unit_memory_mb=args.unit_memory_mb, load=load_params(args), embedding=args.embedding)
     return 0
