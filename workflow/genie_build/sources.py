@@ -77,7 +77,6 @@ class Source:
     hf_config: str | None = None
     encodings: Mapping[str, str] | None = None
 
-    kind: ClassVar[str]
     rule_files: ClassVar[tuple[str, ...]] = ()
 
     @property
@@ -201,7 +200,6 @@ class DemoSource(_WholeGraphs):
     """The built-in demo: graphs, tokenizer and ``config.json`` generated into ``source/``; encodings by the
     built-in calibrator (``source/{kind}.encodings.json``) or, with ``demo.calibrator: aimet``, by the chain."""
 
-    kind = "demo"
     shape: Mapping[str, Any]
     weights: tuple[str, ...] = ()     # the trained model's, for the demo's own shape
 
@@ -248,7 +246,6 @@ class DemoSource(_WholeGraphs):
 class OnnxSource(_WholeGraphs):
     """The user's ONNX graphs (one prompt and one token graph per context length) with their encodings."""
 
-    kind = "onnx"
     rule_files = (f"{RULES}/split.smk", f"{RULES}/encodings.smk")
 
     @classmethod
@@ -267,7 +264,6 @@ class OnnxSource(_WholeGraphs):
 class OnnxToCalibrateSource(OnnxSource):
     """The user's float ONNX graphs without encodings: the chain calibrates them part by part."""
 
-    kind = "onnx-to-calibrate"
     rule_files = (f"{RULES}/split.smk", f"{RULES}/calibrate.smk")
 
 
@@ -277,7 +273,6 @@ class CheckpointSource(Source):
     ``config.json`` when the workflow is parsed, and are written down then (``plan.json``,
     ``calibration_units.json``, ``graph_config.json``), each only when it changes."""
 
-    kind = "checkpoint"
     rule_files = (f"{RULES}/export.smk", f"{RULES}/calibrate.smk")
     checkpoint: str
     checkpoint_plan: Plan
@@ -363,7 +358,6 @@ class CheckpointSource(Source):
 class EstimateSource(Source):
     """A ``config.json`` and no graphs: the shape-only estimate (target ``estimate``) and nothing else."""
 
-    kind = "estimate"
 
     @property
     def calibrates(self) -> bool:

@@ -85,6 +85,16 @@ def part_labels():
     checkpoint's plan is made when the workflow is parsed, and its parts are regular jobs.
     """
     run_checkpoints(SOURCE.part_checkpoints)
+    return plan_labels()
+
+
+def graph_labels(key):
+    """The part labels, once one graph's split (if any) has run: its readers wait for nothing else."""
+    run_checkpoints(SOURCE.graph_checkpoints(key))
+    return plan_labels()
+
+
+def plan_labels():
     return [part.label for part in (SOURCE.plan or read_plan(f"{OUT}/plan.json")).parts]
 
 
@@ -101,12 +111,6 @@ def part_graph(key, label):
     their bytes changed."""
     run_checkpoints(SOURCE.graph_checkpoints(key))
     return SOURCE.part_graph(key, label)
-
-
-def graph_labels(key):
-    """The part labels, once one graph's split (if any) has run: its readers wait for nothing else."""
-    run_checkpoints(SOURCE.graph_checkpoints(key))
-    return [part.label for part in (SOURCE.plan or read_plan(f"{OUT}/plan.json")).parts]
 
 
 def graph_parts(key):
