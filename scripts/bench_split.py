@@ -29,7 +29,8 @@ from pathlib import Path
 from genie_build.boundaries import find_boundaries
 from genie_build.encodings import Encodings
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import model_pieces, plan_by_num_parts
+from genie_build.plan import model_pieces
+from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import write_plan
 
 MIB = 1024 * 1024

@@ -25,7 +25,8 @@ from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings
 from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
                                   container_overhead, estimate, stored_size)
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
-from genie_build.plan import model_pieces, plan_by_num_parts
+from genie_build.plan import model_pieces
+from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import read_plan
 from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.recipes import RECIPES, precision_of

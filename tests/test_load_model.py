@@ -235,7 +235,7 @@ def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
     contexts = estimated_contexts(plan.parts, [p.estimated_bytes for p in plan.parts], dims)
     assert place_contexts(contexts, params).maps
     for fewer in range(2, plan.num_parts):
-        from genie_build.plan import plan_by_num_parts
+        from genie_build.planners import plan_by_num_parts
         smaller = plan_by_num_parts(pieces, fewer, True)
         assert not place_contexts(estimated_contexts(smaller.parts, [p.estimated_bytes for p in smaller.parts], dims),
                                   params).maps
@@ -265,7 +265,7 @@ def test_auto_on_whole_graphs_counts_the_io_of_every_context_length_beside_them(
     checkpoint's estimate counts it (io_dims_from_hf_config with several lengths)."""
     from demo_shapes import SMALL
     from genie_build.onnx_graph import load_graph
-    from genie_build.plan import plan_by_num_parts
+    from genie_build.planners import plan_by_num_parts
 
     path = small_demo / "prompt.onnx"
     alone = io_dims_from_graph(load_graph(path), 16, path)

@@ -20,7 +20,8 @@ from genie_build.demo import example_inputs
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import model_pieces, plan_by_num_parts
+from genie_build.plan import model_pieces
+from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import write_plan
 from genie_build.split import node_inputs, split_graph
 from genie_build.verify_split import build_feed, verify_chain

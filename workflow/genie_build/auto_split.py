@@ -20,7 +20,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.hf_config import load_hf_config, read_model_shape
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
-from genie_build.plan import MIB, NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.planners import MIB, NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
 
 __all__ = ["AUTO", "VENDOR_CONTEXT_BYTES", "auto_plan", "bundle_parts", "io_dims_from_graph",

@@ -21,7 +21,8 @@ from genie_build.encodings import read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.onnx_graph import initializer_specs, load_graph
-from genie_build.plan import MIB, initializer_pieces, plan_by_max_part_bytes, plan_by_num_parts, quantized_bytes
+from genie_build.plan import initializer_pieces, quantized_bytes
+from genie_build.planners import MIB, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
 
 __all__ = ["PlanCheck", "check_plan", "measured_pieces"]

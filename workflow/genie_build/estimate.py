@@ -40,7 +40,8 @@ from genie_build.fileio import write_json
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
-from genie_build.plan import MIB, weighed_pieces
+from genie_build.plan import weighed_pieces
+from genie_build.planners import MIB
 from genie_build.plan_file import Piece, Plan, write_plan
 from genie_build.precision import Precision, weight_encoding
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table

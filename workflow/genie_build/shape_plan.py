@@ -30,7 +30,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, INDEX_NAME, stored_name, tensor_files,
                                        weight_files)
 from genie_build.hf_config import load_hf_config, read_model_shape
-from genie_build.plan import MIB, plan_graphs, weighed_pieces
+from genie_build.plan import plan_graphs, weighed_pieces
+from genie_build.planners import MIB
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
 from genie_build.precision import weight_encoding
 from genie_build.recipes import precision_of, recipe_named

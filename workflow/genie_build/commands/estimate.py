@@ -14,7 +14,7 @@ from genie_build.cli_args import (add_embedding_option, add_load_options, add_sp
                                  positive_int, split_options)
 from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
-from genie_build.plan import MIB
+from genie_build.planners import MIB
 from genie_build.precision import Precision, precision_from_dict, read_precision
 from genie_build.recipes import RECIPES, precision_of, recipe_named
 
