@@ -19,8 +19,9 @@ on this machine, every job measured (docs/large-models.md, "A 7B checkpoint").
 Usage::
 
     .venv-test/bin/python scripts/bench_checkpoint.py --work-dir bench/7b [--cores 2] [--report bench/7b.json]
-    .venv-test/bin/python scripts/bench_checkpoint.py --work-dir bench/7b-lengths --context 512 1024 2048 4096 \
-        --embedding lut --no-evaluate     # several context lengths and the embedding as a CPU table
+    # several context lengths and the embedding as a CPU table
+    .venv-test/bin/python scripts/bench_checkpoint.py --work-dir bench/7b-lengths --context 512 1024 2048 4096 \\
+        --embedding lut --no-evaluate --no-whole-path
     .venv-test/bin/python scripts/bench_checkpoint.py --generate DIR [--shape '{"layers": 2}']   # the checkpoint
 
 Needs the Hugging Face extra (envs/requirements-hf.txt) and about 70 GB of disk for the 7B shape.

@@ -57,6 +57,21 @@ def test_atomic_directory_replaces_only_on_success(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parts"]
 
 
+def test_a_failed_staged_write_leaves_no_folder_it_made_and_keeps_those_it_found(tmp_path):
+    (tmp_path / "results").mkdir()
+    parts = tmp_path / "results" / "parts" / "w4a16"
+    with pytest.raises(GenieBuildError, match="bad graph"):
+        with fileio.staging_directory(parts, "prompt", mirrors=parts) as staging:
+            (staging / "part_01_of_02").mkdir()
+            raise GenieBuildError(staging / "part_01_of_02", "bad graph")
+    assert list(tmp_path.iterdir()) == [tmp_path / "results"]
+    assert list((tmp_path / "results").iterdir()) == []
+
+    with fileio.staging_directory(parts, "prompt", mirrors=parts) as staging:
+        (staging / "a").write_text("1")
+    assert [p.name for p in parts.iterdir()] == []    # its writer moves what it keeps; the folder stays
+
+
 def test_write_error_is_one_line_naming_the_file(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")

@@ -4,7 +4,10 @@ jobs that do not fit ``--resources mem_mb`` or a node."""
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 from genie_build import job_memory
 from genie_build.calibration_units import predicted_peak_mb
@@ -23,8 +26,12 @@ MIB = 2**20 / 1e6   # MB per MiB
     (predicted_peak_mb(152064 * 3584 * 4), 9470),
     # 20 MB of text tokenized: 0.42 GB
     (job_memory.tokenize_mb(20), 420),
-    # the 4 GB model's embedding part converted: 593.5 MiB of graph and data, 1,025 MiB peak
-    (job_memory.convert_mb(593.5 * MIB), 1025 * MIB),
+    # the 7B embedding part converted: its float32 table of 2.18 GB, 3.38 GB peak
+    (job_memory.convert_mb(job_memory.GraphWeights(2182, 2180)), 3380),
+    # a 7B layer part converted: 6.5 GB of weights, the largest 0.27 GB, 0.56 GB peak
+    (job_memory.convert_mb(job_memory.GraphWeights(6500, 271.6)), 560),
+    # the 4 GB model's embedding part converted: its float16 table of 593.5 MiB, 1,025 MiB peak
+    (job_memory.convert_mb(job_memory.GraphWeights(593.5 * MIB, 593.5 * MIB)), 1025 * MIB),
     # the 7B embedding part's compile: 1.09 GB of 16-bit codes, 1.17 GB peak
     (job_memory.compile_mb(1090), 1170),
 ])
@@ -35,3 +42,26 @@ def test_each_job_is_planned_with_at_least_what_it_was_measured_to_take(planned,
 def test_files_mb_counts_the_files_that_exist(tmp_path):
     (tmp_path / "a").write_bytes(b"x" * 3_000_000)
     assert job_memory.files_mb([tmp_path / "a", tmp_path / "missing"]) == 3.0
+
+
+def test_graph_weights_counts_what_the_graph_declares_not_its_shared_data_file(tmp_path):
+    """A checkpoint part's prompt and token graphs refer to one data file: each graph counts its own weights."""
+    big, small = np.zeros((1000, 500), np.float32), np.zeros((10, 500), np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "big"], ["y"])], "part",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1000])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 500])],
+        [numpy_helper.from_array(big, "big"), numpy_helper.from_array(small, "small")])
+    onnx.save(helper.make_model(graph), tmp_path / "prompt.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.onnx.data", size_threshold=0)
+    (tmp_path / "weights.onnx.data").open("ab").write(b"\0" * 9_000_000)   # another graph's weights
+
+    weights = job_memory.graph_weights(tmp_path / "prompt.onnx")
+
+    assert weights == job_memory.GraphWeights(2.01, 2.0)
+    assert job_memory.convert_mb(weights) == 603
+    assert job_memory.convert_mb(weights, sdk=True) == 1000
+
+
+def test_graph_weights_of_a_graph_not_written_yet_are_none(tmp_path):
+    assert job_memory.graph_weights(tmp_path / "missing.onnx") == job_memory.GraphWeights(0.0, 0.0)

@@ -26,6 +26,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
 from genie_build.toolchains.reference import container
+from genie_build.toolchains.reference import convert as reference_convert
 from genie_build.toolchains.reference.container import load_container, read_graphs
 from genie_build.toolchains.reference.container_format import read_header
 from genie_build.toolchains.reference.packing import pack_int4
@@ -434,6 +435,77 @@ def test_a_weight_that_differs_from_the_shared_graphs_is_stored_in_the_graphs_ow
     (tmp_path / "source").mkdir()
     onnx.save(token, tmp_path / "source" / "token.onnx", save_as_external_data=True, location="token.onnx.data")
     locations = external_locations(convert_sharing(tiny, tmp_path / "part", tmp_path / "source" / "token.onnx")[TOKEN])
+    assert locations.pop(f"{changed}_quantized") == "token.onnx.data"
+    assert set(locations.values()) == {"prompt.onnx.data"}
+
+
+def one_data_file(tiny: dict, folder: Path) -> dict[str, Path]:
+    """The prompt and token sources in ``folder``, the token graph reading its weights from the prompt's data file
+    (as a checkpoint's export writes a part's graphs)."""
+    folder.mkdir()
+    sources = {name: folder / tiny["sources"][name].name for name in (PROMPT, TOKEN)}
+    for suffix in ("", ".data"):
+        Path(f"{sources[PROMPT]}{suffix}").write_bytes(Path(f"{tiny['sources'][PROMPT]}{suffix}").read_bytes())
+    prompt = {t.name: t for t in onnx.load(sources[PROMPT], load_external_data=False).graph.initializer}
+    token = onnx.load(tiny["sources"][TOKEN], load_external_data=False)
+    for tensor in token.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor.CopyFrom(prompt[tensor.name])
+    onnx.save(token, sources[TOKEN])
+    return sources
+
+
+def counting_quantize(monkeypatch) -> list[str]:
+    """The names of the weights the reference converter quantizes from now on."""
+    quantized, real = [], reference_convert.quantize
+    def counted(array, enc, layout):
+        quantized.append(enc.name)
+        return real(array, enc, layout)
+    monkeypatch.setattr(reference_convert, "quantize", counted)
+    return quantized
+
+
+def test_a_weight_converted_before_from_the_same_bytes_and_encoding_is_taken_not_quantized_again(tiny, tmp_path,
+                                                                                                 monkeypatch):
+    sources, quantized = one_data_file(tiny, tmp_path / "source"), counting_quantize(monkeypatch)
+    part = tmp_path / "part"
+    REFERENCE.convert(sources[PROMPT], tiny["encodings_path"], part / "prompt.onnx", graph_name=PROMPT,
+                      float_bitwidth=16)
+    in_prompt = len(quantized)
+    REFERENCE.convert(sources[TOKEN], tiny["encodings_path"], part / "token.onnx", graph_name=TOKEN,
+                      float_bitwidth=16, share_weights_with=part / "prompt.onnx")
+    inline = {t.name for t in onnx.load(sources[TOKEN], load_external_data=False).graph.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL}
+    assert in_prompt > len(quantized) - in_prompt and set(quantized[in_prompt:]) <= inline  # small: converted again
+    assert (part / "token.onnx.data").stat().st_size == 0
+    feed = feeds(part / "token.onnx")
+    for taken, alone in zip(run(part / "token.onnx", feed), run(tiny["converted"][TOKEN], feed), strict=True):
+        assert np.array_equal(taken, alone)
+    converted = {PROMPT: part / "prompt.onnx", TOKEN: part / "token.onnx"}
+    for sharing in (False, True):
+        options = replace(OPTIONS, weight_sharing_enabled=sharing)
+        REFERENCE.compile(converted, tmp_path / "taken.bin", options)
+        assert (tmp_path / "taken.bin").read_bytes() == compile_to(tiny, tmp_path / "alone.bin", options).read_bytes()
+
+
+def test_a_weight_whose_encoding_differs_is_quantized_again_and_the_others_taken(tiny, tmp_path, monkeypatch):
+    sources, quantized = one_data_file(tiny, tmp_path / "source"), counting_quantize(monkeypatch)
+    changed = "lm_head.weight"
+    encodings = tiny["encodings"]
+    enc = encodings.params[changed]
+    token_encodings = replace(encodings, params={**encodings.params,
+                                                 changed: replace(enc, scale=tuple(2 * x for x in enc.scale))})
+    write_encodings(tmp_path / "token.encodings.json", token_encodings)
+    part = tmp_path / "part"
+    REFERENCE.convert(sources[PROMPT], tiny["encodings_path"], part / "prompt.onnx", graph_name=PROMPT,
+                      float_bitwidth=16)
+    in_prompt = len(quantized)
+    REFERENCE.convert(sources[TOKEN], tmp_path / "token.encodings.json", part / "token.onnx", graph_name=TOKEN,
+                      float_bitwidth=16, share_weights_with=part / "prompt.onnx")
+    inline = {t.name for t in onnx.load(sources[TOKEN], load_external_data=False).graph.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL}
+    assert set(quantized[in_prompt:]) - inline == {changed}
+    locations = external_locations(part / "token.onnx")
     assert locations.pop(f"{changed}_quantized") == "token.onnx.data"
     assert set(locations.values()) == {"prompt.onnx.data"}
 

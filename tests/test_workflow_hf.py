@@ -20,6 +20,7 @@ import re
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 
 from workflow_helpers import (copy_workflow, jobs_run, load_json, output_mtimes, run_snakemake, scale_encoding,
@@ -364,6 +365,13 @@ def test_a_second_context_length_exports_only_its_graphs_and_the_host_run_switch
             assert sorted(path.name for path in part.glob("*.onnx.data")) == ["weights.onnx.data"]
             record = load_json(out / "sizes" / "packed" / f"part_{index}_of_3.json")
             assert len(record["graphs"]) == 4
+            # one data file: the other graphs take each weight as the prompt graph's convert made it, not quantized
+            for graph in ("token", "prompt_cl32", "token_cl32"):
+                logs = next((out / "logs" / "convert_part").glob(f"w4a16/reference-*/part_{index}_of_3"))
+                taken = re.search(r"(\d+) of \d+ weights taken", (logs / f"{graph}.log").read_text())
+                external = [t for t in onnx.load(part / f"{graph}.onnx", load_external_data=False).graph.initializer
+                            if t.data_location == onnx.TensorProto.EXTERNAL]
+                assert external and int(taken.group(1)) == len(external), graph
         assert load_json(out / "bundle_check.json")["errors"] == 0
         run = load_json(out / "host_run.json")
         assert run["new_ids"] == run["reference_ids"] == single["new_ids"]

@@ -135,20 +135,35 @@ def staging_directory(folder: str | os.PathLike[str], name: str, *, mirrors: str
             under ``mirrors`` instead, and an ``OSError`` becomes ``GenieBuildError(mirrors, "cannot write: …")``.
     """
     target, mirrors = Path(folder) / name, Path(mirrors)
+    created = [parent for parent in (target.parent, *target.parent.parents) if not parent.exists()]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=target.parent))
     except OSError as exc:
         raise GenieBuildError(mirrors, f"cannot write: {exc.strerror or exc}") from exc
+    done = False
     try:
         yield staging
+        done = True
     except OSError as exc:
         raise GenieBuildError(mirrors, f"cannot write: {exc.strerror or exc}") from exc
     except GenieBuildError as exc:
         raise _outside_staging(exc, staging, mirrors) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if not done:
+            _remove_empty(created)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """A writer that failed leaves no folder it made for its output (an empty ``parts/`` would look like a split
+    that ran)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def copy_range(src: BinaryIO, dst: BinaryIO, offset: int, length: int) -> None:

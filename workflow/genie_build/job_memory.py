@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-__all__ = ["compile_mb", "convert_mb", "evaluation_mb", "export_mb", "files_mb", "tokenize_mb", "verify_parts_mb"]
+from genie_build.onnx_graph import initializer_specs, load_graph
+
+__all__ = ["GraphWeights", "compile_mb", "convert_mb", "evaluation_mb", "export_mb", "files_mb", "graph_weights",
+           "tokenize_mb", "verify_parts_mb"]
 
 # torch, transformers and onnxruntime loaded, before any weight
 _PROCESS_MB = 1000
@@ -30,11 +34,32 @@ def verify_parts_mb(largest_part_float_mb: float) -> int:
     return int(1.5 * largest_part_float_mb + _PROCESS_MB)
 
 
-def convert_mb(graph_mb: float, *, sdk: bool = False) -> int:
-    """A convert: four times the part graph it reads with its data file (reading one weight at a time, the
-    reference converter took 1.5 times its largest weight: 3.38 GB for the 7B embedding table's 2.18 GB); the SDK's
-    converters at least 1 GB."""
-    return max(1000 if sdk else 500, int(4 * graph_mb))
+@dataclass(frozen=True)
+class GraphWeights:
+    """The weights a graph declares, in MB as stored: all of them, and the largest."""
+
+    total_mb: float
+    largest_mb: float
+
+
+def graph_weights(path: str | os.PathLike[str]) -> GraphWeights:
+    """The weights the graph at ``path`` declares, read from its protobuf: a split part's data file may hold other
+    graphs' weights too (a checkpoint part's prompt and token graphs share one), so its size says little. None
+    while the graph does not exist yet: Snakemake evaluates a job's resources again once its inputs exist."""
+    if not os.path.exists(path):
+        return GraphWeights(0.0, 0.0)
+    sizes = [spec.nbytes / 1e6 for spec in initializer_specs(load_graph(path)).values()]
+    return GraphWeights(sum(sizes), max(sizes, default=0.0))
+
+
+def convert_mb(weights: GraphWeights, *, sdk: bool = False) -> int:
+    """A convert. The reference converter reads one weight at a time and holds it beside its codes: 0.6 GB and
+    1.5 times the largest weight (3.38 GB for the 7B embedding's 2.18 GB float32 table, 0.56 GB for a layer part
+    whose largest weight is 0.27 GB). The SDK's converters load the whole graph: four times its weights, at least
+    1 GB."""
+    if sdk:
+        return max(1000, int(4 * weights.total_mb))
+    return int(600 + 1.5 * weights.largest_mb)
 
 
 def compile_mb(converted_mb: float) -> int:

@@ -35,7 +35,7 @@ rule convert_part_reference:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.files_mb([input.onnx, f"{input.onnx}.data"])),
+        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.graph_weights(input.onnx)),
     log:
         CONVERT_LOG,
     shell:
@@ -63,8 +63,7 @@ rule convert_part_sdk:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.files_mb([input.onnx, f"{input.onnx}.data"]),
-                                                       sdk=True),
+        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.graph_weights(input.onnx), sdk=True),
     log:
         CONVERT_LOG,
     shell:

@@ -39,7 +39,8 @@ from genie_build.onnx_graph import (StoredTensor, TensorSpec, check_external_dat
 from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
                                                                WEIGHT_SECTION_ALIGNMENT, Layout, padding, read_layout)
-from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, quantized_weights
+from genie_build.toolchains.reference.convert import (CONVERTED_FROM_KEY, FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY,
+                                                      quantized_weights)
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,
@@ -241,12 +242,16 @@ def _signed_nibbles(values: np.ndarray, quantization: Quantization, zero_point: 
 
 
 def _structure(model: onnx.ModelProto) -> bytes:
-    """The model without initializer data (names, dims and types stay)."""
+    """The model without initializer data (names, dims and types stay), nor the converter's record of what it
+    read (a fact of the build box, not of the binary)."""
     stripped = onnx.ModelProto()
     stripped.CopyFrom(model)
     for tensor in stripped.graph.initializer:
         for field in _STRIPPED_TENSOR_FIELDS:
             tensor.ClearField(field)
+    kept = [entry for entry in stripped.metadata_props if entry.key != CONVERTED_FROM_KEY]
+    del stripped.metadata_props[:]
+    stripped.metadata_props.extend(kept)
     return stripped.SerializeToString(deterministic=True)
 
 

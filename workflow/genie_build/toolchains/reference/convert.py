@@ -24,14 +24,22 @@ Each initializer, read and written one at a time:
 The model records in its ``metadata_props`` (JSON values): :data:`QUANTIZED_WEIGHTS_KEY` (values tensor ->
 ``weight``, ``bitwidth`` stored, ``encoding`` kind, channel ``axis``, ``block_size``, ``scale`` and
 ``zero_point`` tensor names), :data:`IO_ENCODINGS_KEY` (graph input/output -> its activation encoding) and
-:data:`FLOAT_BITWIDTH_KEY`. Tensors of 1 KiB and more go to ``<out>.data`` beside the output, 64-byte
-aligned; smaller ones stay inline. Given a converted graph in the same folder to share weights with (a part's
-prompt graph, for its token graph and its graphs at other context lengths), a tensor it holds with the same name
-and bytes is not written again: the initializer points at its data file.
+:data:`FLOAT_BITWIDTH_KEY`, and :data:`CONVERTED_FROM_KEY` (initializer -> a digest of what its conversion read:
+its stored bytes' place and shape, its encoding, layout and float bitwidth; the tensors and nodes it became).
+Tensors of 1 KiB and more go to ``<out>.data`` beside the output, 64-byte aligned; smaller ones stay inline.
+
+Given a converted graph in the same folder to share weights with (a part's prompt graph, for its token graph and its
+graphs at other context lengths), an initializer it converted from the same bytes of the same data file with the
+same encoding is taken from it as it is (tensors, nodes, quantization record), not quantized again -- the graphs a
+checkpoint's export writes all read one data file; any other converted tensor it holds with the same name and bytes
+is not written again: the initializer points at its data file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 from collections import defaultdict
@@ -47,9 +55,9 @@ from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, Encodings, TensorE
                                    read_encodings, validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, WeightLayout, check_external_data, external_data,
-                                    graph_io, load_graph, model_tensors, read_graph_tensors, require_finite,
-                                    subgraphs)
+from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, StoredTensor, WeightLayout, check_external_data,
+                                    external_data, graph_io, load_graph, model_tensors, read_graph_tensors,
+                                    require_finite, subgraphs)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
                                                      load_external_bytes, metadata_json, read_initializer,
                                                      set_metadata_json)
@@ -57,10 +65,11 @@ from genie_build.toolchains.reference.quantize import (blocked_params, broadcast
                                                        quantize, stored_bitwidth, unsigned_dtype)
 from genie_build.toolchains.reference.records import Quantization
 
-__all__ = ["FLOAT_BITWIDTHS", "FLOAT_BITWIDTH_KEY", "IO_ENCODINGS_KEY", "QUANTIZED_WEIGHTS_KEY", "convert_model",
-           "quantized_weights"]
+__all__ = ["CONVERTED_FROM_KEY", "FLOAT_BITWIDTHS", "FLOAT_BITWIDTH_KEY", "IO_ENCODINGS_KEY", "QUANTIZED_WEIGHTS_KEY",
+           "convert_model", "quantized_weights"]
 
 QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
+CONVERTED_FROM_KEY = "genie_build.converted_from"
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
 FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
 FLOAT_BITWIDTHS = SUPPORTED_FLOAT_BITWIDTHS  # what a float weight or fallback is stored as
@@ -125,24 +134,40 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     io_encodings = _io_encodings(model, encodings, os.fspath(encodings_path))
 
     opset = default_opset(model)
-    initializers, rebuilds, quantized = [], [], {}
+    initializers, rebuilds, quantized, converted_from = [], [], {}, {}
+    done_before = _ConvertedBefore(shared)
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
-            array = read_initializer(tensor, onnx_path)
-            require_finite(array, f"initializer {tensor.name!r}", onnx_path)
-            converted = _convert_initializer(array, tensor.name,
-                                             encodings.of_initializer(tensor.name), tensor.name in encodings.params,
-                                             names.param_layouts.get(tensor.name), float_bitwidth, opset,
-                                             os.fspath(encodings_path))
-            del array  # a quantized table's codes are written while its float values are freed
-            for name, stored in converted.tensors:
-                reused = None if shared is None else shared.find(name, stored)
-                initializers.append(writer.add(name, stored) if reused is None else reused)
-            rebuilds.append((tensor.name, converted.nodes))
-            if converted.quantization is not None:
-                quantized[converted.tensors[0][0]] = converted.quantization.to_dict()
+            enc, is_param, layout = (encodings.of_initializer(tensor.name), tensor.name in encodings.params,
+                                     names.param_layouts.get(tensor.name))
+            made_from = _made_from(tensor, onnx_path, enc, is_param, layout, float_bitwidth, opset)
+            taken = done_before.take(tensor.name, made_from)
+            if taken is not None:
+                tensors, nodes, quantization = taken
+                initializers += tensors
+            else:
+                array = read_initializer(tensor, onnx_path)
+                require_finite(array, f"initializer {tensor.name!r}", onnx_path)
+                converted = _convert_initializer(array, tensor.name, enc, is_param, layout, float_bitwidth, opset,
+                                                 os.fspath(encodings_path))
+                del array  # a quantized table's codes are written while its float values are freed
+                for name, stored in converted.tensors:
+                    reused = None if shared is None else shared.find(name, stored)
+                    initializers.append(writer.add(name, stored) if reused is None else reused)
+                nodes = converted.nodes
+                quantization = None if converted.quantization is None else converted.quantization.to_dict()
+                tensors = initializers[len(initializers) - len(converted.tensors):]
+            rebuilds.append((tensor.name, nodes))
+            if quantization is not None:
+                quantized[tensors[0].name] = quantization
+            if made_from is not None:
+                converted_from[tensor.name] = {"from": made_from, "tensors": [t.name for t in tensors],
+                                               "nodes": [node.name for node in nodes]}
+    if shared is not None:
+        log.info("%s: %d of %d weights taken as %s converted them (the same bytes and encoding), %d converted",
+                 out_path.name, done_before.taken, len(rebuilds), share_weights_with, len(rebuilds) - done_before.taken)
     _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
     _replace_weights(model.graph, initializers, rebuilds)
     _drop_exporter_annotations(model.graph)
@@ -151,8 +176,59 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
     set_metadata_json(model, IO_ENCODINGS_KEY, io_encodings)
     set_metadata_json(model, FLOAT_BITWIDTH_KEY, float_bitwidth)
+    set_metadata_json(model, CONVERTED_FROM_KEY, converted_from)
     with atomic_open(out_path) as handle:
         handle.write(model.SerializeToString())
+
+
+def _made_from(tensor: onnx.TensorProto, onnx_path: Path, enc: TensorEncoding | None, is_param: bool,
+               layout: WeightLayout | None, float_bitwidth: int, opset: int) -> str | None:
+    """A digest of everything an external initializer's conversion reads: its data file (real path and size), the
+    byte range, dtype and shape, its encoding, layout and float bitwidth, and the opset (which decides the nodes).
+    None for an inline tensor: it is small, and converted again."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    ref = external_data(StoredTensor(f"initializer {tensor.name!r}", tensor), onnx_path)
+    read = {"data": [os.fspath(ref.real_path), os.path.getsize(ref.real_path), ref.offset, ref.length],
+            "dtype": tensor.data_type, "dims": list(tensor.dims), "is_param": is_param,
+            "encoding": None if enc is None else dataclasses.asdict(enc),
+            "layout": None if layout is None else dataclasses.asdict(layout),
+            "float_bitwidth": float_bitwidth, "opset": opset}
+    return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
+
+
+class _ConvertedBefore:
+    """The initializers the graph shared with converted from the same bytes with the same encoding
+    (:data:`CONVERTED_FROM_KEY`): what each became, taken as it is."""
+
+    def __init__(self, shared: SharedWeights | None) -> None:
+        model = None if shared is None else shared.model
+        self._records = {} if model is None else metadata_json(model, CONVERTED_FROM_KEY, {})
+        self._quantized = {} if model is None else metadata_json(model, QUANTIZED_WEIGHTS_KEY, {})
+        self._tensors = {} if model is None else {tensor.name: tensor for tensor in model.graph.initializer}
+        self._nodes = {} if model is None else {node.name: node for node in model.graph.node}
+        self.taken = 0
+
+    def take(self, name: str, made_from: str | None
+             ) -> tuple[list[onnx.TensorProto], tuple[onnx.NodeProto, ...], dict | None] | None:
+        """Copies of the tensors and nodes ``name`` became and its quantization record, if the shared graph made
+        them from what ``made_from`` digests; None otherwise."""
+        record = self._records.get(name)
+        if made_from is None or record is None or record["from"] != made_from:
+            return None
+        tensors = [self._tensors.get(tensor) for tensor in record["tensors"]]
+        nodes = [self._nodes.get(node) for node in record["nodes"]]
+        if not tensors or None in tensors or None in nodes:
+            return None
+        self.taken += 1
+        return [_copied(tensor) for tensor in tensors], tuple(_copied(node) for node in nodes), \
+            self._quantized.get(tensors[0].name)
+
+
+def _copied(proto: onnx.TensorProto | onnx.NodeProto) -> onnx.TensorProto | onnx.NodeProto:
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    return copy
 
 
 def _inline_stored_tensors(model: onnx.ModelProto, onnx_path: Path) -> None:

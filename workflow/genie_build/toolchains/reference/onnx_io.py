@@ -134,9 +134,9 @@ class SharedWeights:
 
     def __init__(self, model_path: str | os.PathLike[str]) -> None:
         self._path = os.fspath(model_path)
-        model = load_graph(self._path)
-        check_external_data(model, self._path)
-        self._tensors = {tensor.name: tensor for tensor in model.graph.initializer
+        self.model = load_graph(self._path)
+        check_external_data(self.model, self._path)
+        self._tensors = {tensor.name: tensor for tensor in self.model.graph.initializer
                          if tensor.data_location == onnx.TensorProto.EXTERNAL}
 
     @property
