@@ -106,8 +106,8 @@ class Job:
 # ------------------------------------------------------------------------------------------- set-up
 
 def add_missing_benchmarks(rules_dir: Path) -> list[str]:
-    """Give every rule with a ``log:`` and no ``benchmark:`` one beside its log, dropping its ``cache:``;
-    return those rules' names.
+    """Give every rule with a ``log:`` and no ``benchmark:`` one beside its log, dropping its ``cache:``, unless its
+    job writes its own (``--benchmark``); return those rules' names.
 
     Raises:
         SystemExit: a rule's log is not a one-line ``.../logs/....log`` path (the patch would guess).
@@ -119,7 +119,8 @@ def add_missing_benchmarks(rules_dir: Path) -> list[str]:
         pieces, end = [], len(text)
         for header, following in reversed(list(zip(headers, [*headers[1:], None]))):
             block = text[header.start():following.start() if following else end]
-            if "\n    log:\n" in block and "\n    benchmark:\n" not in block:
+            writes_its_own = "--benchmark {params.benchmark" in block   # a cacheable rule's job writes its TSV
+            if "\n    log:\n" in block and "\n    benchmark:\n" not in block and not writes_its_own:
                 log_value = block.split("\n    log:\n", 1)[1].split("\n", 1)[0]
                 if "/logs/" not in log_value or '.log"' not in log_value:
                     raise SystemExit(f"{path}: rule {header.group(1)}: cannot derive a benchmark path from "
