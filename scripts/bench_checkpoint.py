@@ -325,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {stage}: {figures['jobs']} jobs, {figures['seconds'] / 60:.1f} min of job time, "
                   f"peak {figures['peak_rss_gb']:.2f} GB")
         print(markdown(jobs))
-        if (out / "size_table.md").exists():
-            print("\n" + (out / "size_table.md").read_text())
-            report["size_table"] = (out / "size_table.md").read_text()
-        if (out / "evaluation.md").exists():
-            print("\n" + (out / "evaluation.md").read_text())
-            report["evaluation"] = (out / "evaluation.md").read_text()
+        # what the run's figures rest on, kept in the report: the work folder is deleted unless --keep
+        for key, name in (("size_table", "size_table.md"), ("memory_plan", "memory_plan.md"),
+                          ("bundle_check", "bundle_check.json"), ("evaluation", "evaluation.md")):
+            if (out / name).exists():
+                report[key] = (out / name).read_text()
+                print("\n" + report[key])
         if args.no_whole_path:
             return 0 if status == 0 else 1
         fp32 = 2 * size  # the bfloat16 checkpoint in float32, as both paths hold it
