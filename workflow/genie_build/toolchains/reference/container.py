@@ -41,7 +41,7 @@ from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, M
                                                                WEIGHT_SECTION_ALIGNMENT, Layout, padding, read_layout)
 from genie_build.toolchains.reference.convert import (CONVERTED_FROM_KEY, FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY,
                                                       quantized_weights)
-from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
+from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer, remove_metadata
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,
                                                        row_blocks, same_rank_params)
@@ -249,9 +249,7 @@ def _structure(model: onnx.ModelProto) -> bytes:
     for tensor in stripped.graph.initializer:
         for field in _STRIPPED_TENSOR_FIELDS:
             tensor.ClearField(field)
-    kept = [entry for entry in stripped.metadata_props if entry.key != CONVERTED_FROM_KEY]
-    del stripped.metadata_props[:]
-    stripped.metadata_props.extend(kept)
+    remove_metadata(stripped, CONVERTED_FROM_KEY)
     return stripped.SerializeToString(deterministic=True)
 
 

@@ -202,11 +202,11 @@ class _ConvertedBefore:
     (:data:`CONVERTED_FROM_KEY`): what each became, taken as it is."""
 
     def __init__(self, shared: SharedWeights | None) -> None:
-        model = None if shared is None else shared.model
-        self._records = {} if model is None else metadata_json(model, CONVERTED_FROM_KEY, {})
-        self._quantized = {} if model is None else metadata_json(model, QUANTIZED_WEIGHTS_KEY, {})
-        self._tensors = {} if model is None else {tensor.name: tensor for tensor in model.graph.initializer}
-        self._nodes = {} if model is None else {node.name: node for node in model.graph.node}
+        model = onnx.ModelProto() if shared is None else shared.model
+        self._records = metadata_json(model, CONVERTED_FROM_KEY, {})
+        self._quantized = metadata_json(model, QUANTIZED_WEIGHTS_KEY, {})
+        self._tensors = {tensor.name: tensor for tensor in model.graph.initializer}
+        self._nodes = {node.name: node for node in model.graph.node}
         self.taken = 0
 
     def take(self, name: str, made_from: str | None

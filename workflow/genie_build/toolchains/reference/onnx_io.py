@@ -15,7 +15,7 @@ from genie_build.fileio import COPY_CHUNK_BYTES
 from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 
 __all__ = ["ExternalDataWriter", "SharedWeights", "default_opset", "load_external_bytes", "metadata_json",
-           "read_initializer", "set_metadata_json"]
+           "read_initializer", "remove_metadata", "set_metadata_json"]
 
 # Element types stored as little-endian numpy values of the same width, one per element.
 _PLAIN_NUMPY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
@@ -177,9 +177,14 @@ def metadata_json(model: onnx.ModelProto, key: str, default: object = None) -> o
     return default
 
 
-def set_metadata_json(model: onnx.ModelProto, key: str, value: object) -> None:
-    """Store ``value`` as canonical JSON under ``key`` in ``metadata_props``, replacing an earlier value."""
+def remove_metadata(model: onnx.ModelProto, key: str) -> None:
+    """Drop the entries under ``key`` from the model's ``metadata_props``."""
     kept = [entry for entry in model.metadata_props if entry.key != key]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
+
+
+def set_metadata_json(model: onnx.ModelProto, key: str, value: object) -> None:
+    """Store ``value`` as canonical JSON under ``key`` in ``metadata_props``, replacing an earlier value."""
+    remove_metadata(model, key)
     model.metadata_props.add(key=key, value=json.dumps(value, sort_keys=True, separators=(",", ":")))
