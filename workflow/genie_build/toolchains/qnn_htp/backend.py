@@ -64,7 +64,8 @@ class HtpTarget:
     def provider_options(self) -> dict[str, str]:
         return {"backend_type": "htp", "soc_model": str(self.soc_model), "htp_arch": str(self.htp_arch),
                 "htp_graph_finalization_optimization_mode": str(self.optimization), "vtcm_mb": str(self.vtcm_mb),
-                "offload_graph_io_quantization": "1"}
+                # graph IO stays quantized (what Genie feeds); tensors without an encoding run in float16
+                "offload_graph_io_quantization": "1", "enable_htp_fp16_precision": "1"}
 
 
 @dataclass

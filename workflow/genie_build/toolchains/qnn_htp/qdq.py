@@ -15,6 +15,14 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
   tensor at 16 bits, asymmetric over their own range with 0 on the grid, as QNN's quantizer treats a static
   tensor without an override at the activation width (:data:`CONSTANT_BITWIDTH`); integer constants (shapes,
   indices) stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
+- **Activations the encodings leave out** (aimet-onnx encodes a supergroup's output, not each tensor inside it):
+  the output of a data-movement op (:data:`_MOVES`: Reshape, Transpose, Split, ...) takes its input's encoding, as
+  QNN propagates it; a MatMul or Gemm output feeding only the Add of a constant bias takes that Add's range at 16
+  bits (QNN fuses the two and quantizes once; here the product is rounded once more, at 16 bits, also where the Add
+  is 8-bit, as a value projection feeding an 8-bit KV cache is: the HTP's block-quantized MatMul takes 16-bit
+  outputs only); every other tensor stays
+  float, which the HTP runs in float16 as QNN's converter does with ``float_fallback``. What each rule gave is
+  recorded in the model's metadata (:data:`FILLED_KEY`).
 
 Initializers are read and written one at a time (memory holds one weight, never the part); tensors of 1 KiB and more
 go to ``<out>.data`` beside the output. The graph is moved to opset 21 first (int4 and blocked DequantizeLinear).
@@ -22,6 +30,7 @@ go to ``<out>.data`` beside the output. The graph is moved to opset 21 first (in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -45,11 +54,16 @@ from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, default
     set_metadata_json
 from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
 
 QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
 CONSTANT_BITWIDTH = 16
+ACTIVATION_BITWIDTH = 16            # what the HTP's matrix units take when the encodings leave a product out
 CONSTANTS_KEY = "genie_build.unencoded_constants"
+FILLED_KEY = "genie_build.filled_encodings"
+# Ops that move or cut their input's values without computing new ones: their output is on the input's grid.
+_MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Expand",
+                    "Identity", "Gather", "Tile"})
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
 _SIGNED = {4: onnx.TensorProto.INT4, 8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
 _UNSIGNED = {4: onnx.TensorProto.UINT4, 8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
@@ -124,12 +138,15 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
             if rewrite.constant:
                 constants[tensor.name] = CONSTANT_BITWIDTH
     replace_weights(model.graph, initializers, rebuilds)
-    _quantize_activations(model.graph, encodings.activations, skip={name for name, _ in rebuilds})
+    weights = {name for name, _ in rebuilds}
+    activations, filled = _filled_activations(model.graph, encodings.activations, weights)
+    _quantize_activations(model.graph, activations, skip=weights)
     drop_exporter_annotations(model.graph)
     rename_inputs(model.graph, recorded_io, dict(input_names or {}), onnx_path)
     model.graph.name = graph_name
     set_metadata_json(model, IO_ENCODINGS_KEY, recorded_io)
     set_metadata_json(model, CONSTANTS_KEY, constants)
+    set_metadata_json(model, FILLED_KEY, filled)
     with atomic_open(out_path) as handle:
         handle.write(model.SerializeToString())
 
@@ -250,6 +267,60 @@ def _packed(values: np.ndarray, bits: int) -> np.ndarray:
     if flat.size % 2:
         flat = np.append(flat, np.uint8(0))
     return flat[0::2] | (flat[1::2] << 4)
+
+
+def _filled_activations(graph: onnx.GraphProto, activations: Mapping[str, TensorEncoding],
+                        constants: AbstractSet[str]) -> tuple[dict[str, TensorEncoding], dict[str, str]]:
+    """The activation encodings with those of tensors the encodings leave out filled by the module's rules, and
+    for each filled tensor the tensor whose encoding it took (in node order, so a chain of moves propagates)."""
+    filled_from: dict[str, str] = {}
+    result = dict(activations)
+    outputs = {value.name for value in graph.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for node in graph.node:
+        for output in node.output:
+            if not output or output in result or output in outputs:
+                continue
+            source = _encoding_source(node, output, result, consumers, constants)
+            if source is not None:
+                enc = result[source]
+                if node.op_type in ("MatMul", "Gemm"):
+                    enc = _at_bitwidth(enc, ACTIVATION_BITWIDTH)
+                result[output] = dataclasses.replace(enc, name=output)
+                filled_from[output] = source
+    return result, filled_from
+
+
+def _encoding_source(node: onnx.NodeProto, output: str, known: Mapping[str, TensorEncoding],
+                     consumers: Mapping[str, list[onnx.NodeProto]], constants: AbstractSet[str]) -> str | None:
+    """The tensor whose encoding an unencoded ``output`` of ``node`` takes, if a rule gives one."""
+    if node.op_type in _MOVES and node.input and _quantizable(known.get(node.input[0])):
+        return node.input[0]
+    users = consumers.get(output, [])
+    if node.op_type in ("MatMul", "Gemm") and len(users) == 1 and users[0].op_type == "Add":
+        add = users[0]
+        other = next((name for name in add.input if name != output), None)
+        if other in constants and _quantizable(known.get(add.output[0])):
+            return add.output[0]
+    return None
+
+
+def _at_bitwidth(enc: TensorEncoding, bitwidth: int) -> TensorEncoding:
+    """A per-tensor encoding over the same range at ``bitwidth`` bits (the range's ends kept, 0 on the grid)."""
+    if enc.bitwidth == bitwidth:
+        return enc
+    low = enc.offset[0] * enc.scale[0]
+    high = (2 ** enc.bitwidth - 1 + enc.offset[0]) * enc.scale[0]
+    scale = (high - low) / (2 ** bitwidth - 1)
+    return dataclasses.replace(enc, bitwidth=bitwidth, scale=(scale,), offset=(int(round(low / scale)),),
+                               is_symmetric=False)
+
+
+def _quantizable(enc: TensorEncoding | None) -> bool:
+    return enc is not None and enc.dtype == "int" and enc.kind == "per_tensor"
 
 
 def _quantize_activations(graph: onnx.GraphProto, activations: Mapping[str, TensorEncoding],
