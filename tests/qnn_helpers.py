@@ -5,10 +5,7 @@ The model: ``y = x @ W`` with ``x`` and ``y`` as uint16 QuantizeLinear/Dequantiz
 part) and ``W`` an int8 per-channel DequantizeLinear initializer (axis 1, zero point 0), opset 21. Every compile runs
 in a child process: ORT's threads and the graph renaming below stay out of the test process.
 
-Graph names: ORT names every graph ``QNNExecutionProvider_..._<hash>_<n>_0``; the child renames them by replacing
-``graphCreate`` in libQnnHtp.so's interface table (entry 16 of ``QnnInterface_t``'s function table, byte offset 160,
-a fact of QNN's layout) with a Python function that passes the next requested name on. The EP loads the same
-libQnnHtp.so, so it calls the replacement.
+The compiles use the qnn-htp toolchain's own backend (graph names as asked, weight sharing as asked).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 21
 SM8750 = {"soc_model": "69", "htp_arch": "79"}
 SM8650 = {"soc_model": "57", "htp_arch": "75"}
-_GRAPH_CREATE_OFFSET = 160          # QnnInterface_t: 40 B of header, then graphCreate as the 16th function pointer
 
 
 @dataclass(frozen=True)
@@ -81,28 +77,33 @@ def write_tiny_qdq(path: Path, *, seq: int = 4, hidden: int = 8, out_features: i
 
 
 def compile_context_binary(graphs: list[tuple[Path, str]], out_dir: Path, *, device: dict[str, str] = SM8750,
-                           optimization_level: int = 3, vtcm_mb: int | None = None, timeout: float = 600) -> Path:
-    """Compile ``(model, graph name)`` pairs into ONE weight-shared context binary (``ep.share_ep_contexts`` on
-    every session, ``ep.stop_share_ep_contexts`` on the last) and return the ``.bin`` the EP wrote."""
-    options = {"backend_type": "htp", **device, "htp_graph_finalization_optimization_mode": str(optimization_level)}
-    if vtcm_mb is not None:
-        options["vtcm_mb"] = str(vtcm_mb)
+                           optimization_level: int = 3, vtcm_mb: int | None = None, weight_sharing: bool = True,
+                           timeout: float = 600) -> Path:
+    """Compile ``(model, graph name)`` pairs into ONE context binary with the qnn-htp toolchain's backend
+    (:func:`genie_build.toolchains.qnn_htp.backend.prepare_context`) and return the ``.bin`` it wrote."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _run_child({"graphs": [[str(model), name] for model, name in graphs], "provider_options": options,
-                "context_dir": str(out_dir)}, timeout)
+    _run_child({"call": "prepare_context", "graphs": [[str(model), name] for model, name in graphs],
+                "target": _target(device, optimization_level, vtcm_mb), "folder": str(out_dir),
+                "weight_sharing": weight_sharing}, timeout)
     binaries = sorted(out_dir.glob("*.bin"))
     assert len(binaries) == 1, f"expected one context binary in {out_dir}, found {binaries}"
     return binaries[0]
 
 
-def dump_dlc(model: Path, out_dir: Path, *, device: dict[str, str] = SM8750, timeout: float = 600) -> Path:
-    """The DLC the EP's QNN IR backend writes of ``model`` (``dump_qnn_ir_dlc``), named after ORT's graph name."""
-    options = {"backend_type": "htp", **device, "dump_qnn_ir_dlc": "1", "dump_qnn_ir_dlc_dir": str(out_dir)}
+def dump_dlc(model: Path, out_dir: Path, name: str = "tiny", *, device: dict[str, str] = SM8750,
+             timeout: float = 600) -> Path:
+    """The DLC QNN's IR backend writes of ``model``, its graph called ``name``
+    (:func:`genie_build.toolchains.qnn_htp.backend.write_dlc`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _run_child({"graphs": [[str(model), ""]], "provider_options": options, "context_dir": None}, timeout)
-    dlcs = sorted(out_dir.glob("*.dlc"))
-    assert len(dlcs) == 1, f"expected one DLC in {out_dir}, found {dlcs}"
-    return dlcs[0]
+    out = out_dir / f"{name}.dlc"
+    _run_child({"call": "write_dlc", "graph": str(model), "name": name, "out": str(out),
+                "target": _target(device, 3, None)}, timeout)
+    return out
+
+
+def _target(device: dict[str, str], optimization_level: int, vtcm_mb: int | None) -> dict[str, int]:
+    return {"soc_model": int(device["soc_model"]), "htp_arch": int(device["htp_arch"]),
+            "optimization": optimization_level, "vtcm_mb": vtcm_mb or 0}
 
 
 def _run_child(request: dict, timeout: float) -> None:
@@ -111,55 +112,15 @@ def _run_child(request: dict, timeout: float) -> None:
     assert done.returncode == 0, f"compile failed ({done.returncode}): {done.stderr[-3000:]}"
 
 
-def _rename_graphs(names: list[str]) -> object:
-    """Make libQnnHtp's graphCreate use ``names`` in order; returns what must stay alive while sessions run."""
-    import ctypes
-    import mmap
-
-    import onnxruntime_qnn
-
-    backend = ctypes.CDLL(str(Path(onnxruntime_qnn.get_library_path()).with_name("libQnnHtp.so")),
-                          mode=ctypes.RTLD_GLOBAL)
-    providers, count = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_uint32()
-    backend.QnnInterface_getProviders(ctypes.byref(providers), ctypes.byref(count))
-    slot = providers[0] + _GRAPH_CREATE_OFFSET
-    prototype = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p)
-    original = prototype(ctypes.c_void_p.from_address(slot).value)
-    pending = [name.encode() for name in names]
-
-    def graph_create(context: int, name: bytes, configs: int, graph: int) -> int:
-        return original(context, pending.pop(0) if pending else name, configs, graph)
-
-    replacement = prototype(graph_create)
-    libc = ctypes.CDLL(None)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    page = slot & ~(mmap.PAGESIZE - 1)
-    assert libc.mprotect(page, mmap.PAGESIZE, 3) == 0, "cannot make libQnnHtp's interface table writable"
-    ctypes.c_void_p.from_address(slot).value = ctypes.cast(replacement, ctypes.c_void_p).value
-    return replacement, original, backend
-
-
 def _compile_main(request: dict) -> None:
-    import onnxruntime as ort
-    import onnxruntime_qnn
+    from genie_build.toolchains.qnn_htp.backend import HtpTarget, prepare_context, write_dlc
 
-    graphs = request["graphs"]
-    keep_alive = _rename_graphs([name for _, name in graphs]) if all(name for _, name in graphs) else None
-    ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
-    devices = [device for device in ort.get_ep_devices() if device.ep_name == "QNNExecutionProvider"]
-    for index, (model, _) in enumerate(graphs):
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.add_provider_for_devices(devices, request["provider_options"])
-        if request["context_dir"]:
-            for key, value in (("ep.context_enable", "1"), ("ep.context_embed_mode", "0"),
-                               ("ep.context_file_path", str(Path(request["context_dir"]) / f"graph{index}_ctx.onnx")),
-                               ("ep.share_ep_contexts", "1")):
-                options.add_session_config_entry(key, value)
-            if index == len(graphs) - 1:
-                options.add_session_config_entry("ep.stop_share_ep_contexts", "1")
-        ort.InferenceSession(model, options)
-    del keep_alive
+    target = HtpTarget(**request["target"])
+    if request["call"] == "write_dlc":
+        write_dlc(Path(request["graph"]), request["name"], Path(request["out"]), target)
+    else:
+        prepare_context({name: Path(model) for model, name in request["graphs"]}, Path(request["folder"]), target,
+                        weight_sharing=request["weight_sharing"])
 
 
 if __name__ == "__main__":

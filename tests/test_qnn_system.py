@@ -108,11 +108,10 @@ def test_another_soc_is_read_as_compiled(sm8650, models):
 
 @needs_wheel
 def test_the_dlc_the_execution_provider_dumps_opens_again_with_its_graph_and_io(models, tmp_path):
-    path = dump_dlc(models[PROMPT].path, tmp_path)
+    path = dump_dlc(models[PROMPT].path, tmp_path, PROMPT)
     dlc = read_dlc(path)
-    # ORT names the graph (and the file after it); the IO keeps the model's names and the Q/DQ encodings.
-    assert [graph.name for graph in dlc.graphs] == [path.stem]
-    assert dlc.graphs[0].name.startswith("QNNExecutionProvider_")
+    # the graph under the name asked for; the IO keeps the model's names and the Q/DQ encodings
+    assert [graph.name for graph in dlc.graphs] == [PROMPT]
     assert dlc.graphs[0].info.inputs + dlc.graphs[0].info.outputs == io_of(models[PROMPT])
     assert (dlc.graphs[0].htp, dlc.file_bytes) == (None, path.stat().st_size)
 

@@ -99,7 +99,9 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
                                      context_size or _compiled_context_length(infos), hf_config_path=hf_config_path,
                                      share_resources=share_resources, graph_switching=graph_switching,
                                      embedding=None if table is None else dialog_embedding(table.n_embd,
-                                                                                           table.encoding))
+                                                                                           table.encoding),
+                                     spill_fill_bufsize=max((graph.spill_fill_bytes or 0 for info in infos.values()
+                                                             for graph in info.graphs), default=0))
     htp_config = make_htp_backend_ext_config(chipset, share_resources=share_resources)
     with atomic_directory(out_dir) as staging:
         for name, path in zip(names, binaries):

@@ -280,8 +280,12 @@ def _require_one_graph(path: Path, name: str, created: int, model: Path) -> None
     if created != 1 or len(contexts) != 1 or left:
         ops = sorted({node.op_type for node in left})
         first = f" (first: node {left[0].name!r})" if left else ""
+        source = onnx.load(os.fspath(path), load_external_data=False).graph
+        tables = {node.input[0] for node in source.node if node.op_type == "Gather"}
+        hint = ("; a table quantized per channel stays on the CPU: set bundle.embedding: lut (Genie's CPU table)"
+                if any(output in tables for node in left for output in node.output) else "")
         raise GenieBuildError(path, f"graph {name} does not run on the HTP backend whole: {created} QNN graph(s); "
-                                    f"ops left on the CPU: {', '.join(ops) or 'none'}{first}")
+                                    f"ops left on the CPU: {', '.join(ops) or 'none'}{first}{hint}")
 
 
 def write_dlc(graph: Path, name: str, out: Path, target: HtpTarget) -> None:

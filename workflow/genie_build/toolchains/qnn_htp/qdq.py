@@ -54,7 +54,8 @@ from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, default
     set_metadata_json
 from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph",
+           "write_qdq_model"]
 
 QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
 CONSTANT_BITWIDTH = 16

@@ -10,6 +10,7 @@ onnxruntime-qnn (see :class:`genie_build.toolchains.base.Toolchain`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Mapping
@@ -78,12 +79,21 @@ class QnnHtpToolchain:
 
         binary = read_context_binary(binary_path)
         blobs = {graph.info.name: graph.htp for graph in binary.graphs if graph.htp is not None}
+        shared = max((blob.shared_weights_bytes or 0 for blob in blobs.values()), default=0)
         applied = AppliedOptions(soc_model=binary.soc_model, dsp_arch=binary.dsp_arch,
+                                 weight_sharing_enabled=shared > 0 if blobs else None,
                                  optimization_type={name: blob.optimization_level for name, blob in blobs.items()},
                                  vtcm_size={name: blob.vtcm_bytes for name, blob in blobs.items()})
-        return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=0,
-                          graphs=tuple(graph.info for graph in binary.graphs), toolchain=NAME,
-                          tool_version=f"QNN {binary.build_id}", applied_options=applied)
+        graphs = tuple(dataclasses.replace(graph.info, spill_fill_bytes=_blob(graph, "spill_fill_bytes"),
+                                           op_data_bytes=_blob(graph, "op_data_bytes")) for graph in binary.graphs)
+        # the weights as stored: once for all graphs when shared, else each graph's constants
+        weights = shared or sum(blob.const_bytes or 0 for blob in blobs.values())
+        return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=weights,
+                          graphs=graphs, toolchain=NAME, tool_version=f"QNN {binary.build_id}", applied_options=applied)
+
+
+def _blob(graph, field: str) -> int | None:
+    return None if graph.htp is None else getattr(graph.htp, field)
 
 
 def _require_graph_names(binary: Path, expected: list[str]) -> None:
