@@ -93,6 +93,8 @@ class BinaryInfo:
     toolchain: str
     tool_version: str
     applied_options: AppliedOptions = field(default_factory=AppliedOptions)
+    # what a device must run to load it (a QNN binary: the QNN runtime it was made with or a newer one); None: none
+    device_runtime: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import locate_wheel
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions
 
-__all__ = ["NAME", "QnnHtpToolchain", "htp_target"]
+__all__ = ["NAME", "QnnHtpToolchain", "device_runtime", "htp_target"]
 
 NAME = "qnn-htp"
 DLC_SUFFIX = ".dlc"
@@ -89,7 +89,15 @@ class QnnHtpToolchain:
         # the weights as stored: once for all graphs when shared, else each graph's constants
         weights = shared or sum(blob.const_bytes or 0 for blob in blobs.values())
         return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=weights,
-                          graphs=graphs, toolchain=NAME, tool_version=f"QNN {binary.build_id}", applied_options=applied)
+                          graphs=graphs, toolchain=NAME, tool_version=f"QNN {binary.build_id}", applied_options=applied,
+                          device_runtime=device_runtime(binary.build_id, binary.context_blob_version))
+
+
+def device_runtime(build_id: str, blob_version: str) -> str:
+    """The oldest device runtime that loads a binary: a QNN runtime refuses a context binary from a newer QNN
+    ("newer context binary on old SDK"), so the QNN release that wrote it (``v2.51.0.260929181845`` -> 2.51)."""
+    release = ".".join(build_id.lstrip("v").split(".")[:2])
+    return f"QNN (QAIRT) {release} or newer on the device (context blob {blob_version})"
 
 
 def _blob(graph, field: str) -> int | None:
