@@ -43,7 +43,8 @@ class QnnHtpToolchain:
         locate_wheel(f"toolchain {NAME}")
 
     def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
-                float_bitwidth: int, input_names: Mapping[str, str] | None = None) -> None:
+                float_bitwidth: int, input_names: Mapping[str, str] | None = None,
+                share_weights_with: Path | None = None) -> None:
         """The QDQ graph at ``out_path`` (+ ``.data``) and its DLC at ``out_path`` with suffix ``.dlc``.
 
         ``float_bitwidth`` does not apply: every float constant the encodings leave out is quantized
@@ -52,7 +53,8 @@ class QnnHtpToolchain:
         from genie_build.toolchains.qnn_htp.backend import HtpTarget, write_dlc
         from genie_build.toolchains.qnn_htp.qdq import write_qdq_model
 
-        write_qdq_model(onnx_path, encodings_path, out_path, graph_name=graph_name, input_names=input_names)
+        write_qdq_model(onnx_path, encodings_path, out_path, graph_name=graph_name, input_names=input_names,
+                        share_weights_with=share_weights_with)
         # The DLC is the graph in QNN's own form, whatever the SoC: any chipset's target writes the same one.
         device = CHIPSETS["SM8750"]
         write_dlc(out_path, graph_name, Path(out_path).with_suffix(DLC_SUFFIX),
