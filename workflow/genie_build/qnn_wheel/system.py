@@ -113,8 +113,9 @@ class Dlc:
 
 
 def read_context_binary(path: str | os.PathLike[str], *, timeout: float = TIMEOUT_S,
-                        address_space: int | None = None) -> ContextBinary:
-    """Read a context binary with the wheel's libQnnSystem, in a child process.
+                        address_space: int | None = None, library: Path | None = None) -> ContextBinary:
+    """Read a context binary with the wheel's libQnnSystem (or ``library``, another libQnnSystem.so: a QAIRT SDK's),
+    in a child process.
 
     Args:
         timeout: seconds the child may take.
@@ -126,7 +127,7 @@ def read_context_binary(path: str | os.PathLike[str], *, timeout: float = TIMEOU
             not a binary the library reads (the library's refusal, the child's signal or the timeout).
     """
     path = Path(path)
-    data, size = _run_child("binary", path, timeout, address_space)
+    data, size = _run_child("binary", path, timeout, address_space, library)
     return ContextBinary(path=str(path), file_bytes=size, backend_id=data["backend_id"], build_id=data["build_id"],
                          core_api_version=data["core_api_version"], backend_api_version=data["backend_api_version"],
                          context_blob_version=data["context_blob_version"],
@@ -159,7 +160,8 @@ def _tensor(data: dict[str, Any]) -> TensorInfo:
 
 # --- The parent: run the child, turn every failure into one line ---------------------------------------------------
 
-def _run_child(kind: str, path: Path, timeout: float, address_space: int | None) -> tuple[dict[str, Any], int]:
+def _run_child(kind: str, path: Path, timeout: float, address_space: int | None,
+               library: Path | None = None) -> tuple[dict[str, Any], int]:
     """The child's JSON about ``path``, and the file's size."""
     refused = _REFUSED[kind]
     if not path.is_file():
@@ -167,7 +169,8 @@ def _run_child(kind: str, path: Path, timeout: float, address_space: int | None)
     size = path.stat().st_size
     if size == 0:
         raise GenieBuildError(path, f"{refused}: the file is empty")
-    library = library_path("libQnnSystem.so", _WHAT)
+    # resolved: the library finds the ones it needs beside its real path ($ORIGIN), not beside a link to it
+    library = (library or library_path("libQnnSystem.so", _WHAT)).resolve()
     limit = address_space if address_space is not None else size + ADDRESS_SPACE_HEADROOM
     try:
         done = subprocess.run(_child_command(kind, path, library, limit), check=False, capture_output=True,

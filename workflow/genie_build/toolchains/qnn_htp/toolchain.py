@@ -20,7 +20,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import locate_wheel
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions
 
-__all__ = ["NAME", "QnnHtpToolchain", "device_runtime", "htp_target"]
+__all__ = ["NAME", "QnnHtpToolchain", "device_runtime", "htp_target", "qnn_binary_info"]
 
 NAME = "qnn-htp"
 DLC_SUFFIX = ".dlc"
@@ -77,22 +77,29 @@ class QnnHtpToolchain:
 
     def inspect(self, binary_path: Path) -> BinaryInfo:
         """The binary as libQnnSystem reads it: graphs with their IO and quantization, the SoC, the QNN build."""
-        from genie_build.qnn_wheel.system import read_context_binary
+        return qnn_binary_info(binary_path, NAME)
 
-        binary = read_context_binary(binary_path)
-        blobs = {graph.info.name: graph.htp for graph in binary.graphs if graph.htp is not None}
-        shared = max((blob.shared_weights_bytes or 0 for blob in blobs.values()), default=0)
-        applied = AppliedOptions(soc_model=binary.soc_model, dsp_arch=binary.dsp_arch,
-                                 weight_sharing_enabled=shared > 0 if blobs else None,
-                                 optimization_type={name: blob.optimization_level for name, blob in blobs.items()},
-                                 vtcm_size={name: blob.vtcm_bytes for name, blob in blobs.items()})
-        graphs = tuple(dataclasses.replace(graph.info, spill_fill_bytes=_blob(graph, "spill_fill_bytes"),
-                                           op_data_bytes=_blob(graph, "op_data_bytes")) for graph in binary.graphs)
-        # the weights as stored: once for all graphs when shared, else each graph's constants
-        weights = shared or sum(blob.const_bytes or 0 for blob in blobs.values())
-        return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=weights,
-                          graphs=graphs, toolchain=NAME, tool_version=f"QNN {binary.build_id}", applied_options=applied,
-                          device_runtime=device_runtime(binary.build_id, binary.context_blob_version))
+
+def qnn_binary_info(binary_path: Path, toolchain: str, library: Path | None = None) -> BinaryInfo:
+    """A QNN context binary read back by libQnnSystem (the wheel's, or ``library``): graphs with their IO,
+    quantization, spill-fill and op data, the weights as stored, the SoC, the QNN build and the device runtime it
+    needs, and what it says was applied (O level and VTCM per graph, weight sharing)."""
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    binary = read_context_binary(binary_path, library=library)
+    blobs = {graph.info.name: graph.htp for graph in binary.graphs if graph.htp is not None}
+    shared = max((blob.shared_weights_bytes or 0 for blob in blobs.values()), default=0)
+    applied = AppliedOptions(soc_model=binary.soc_model, dsp_arch=binary.dsp_arch,
+                             weight_sharing_enabled=shared > 0 if blobs else None,
+                             optimization_type={name: blob.optimization_level for name, blob in blobs.items()},
+                             vtcm_size={name: blob.vtcm_bytes for name, blob in blobs.items()})
+    graphs = tuple(dataclasses.replace(graph.info, spill_fill_bytes=_blob(graph, "spill_fill_bytes"),
+                                       op_data_bytes=_blob(graph, "op_data_bytes")) for graph in binary.graphs)
+    # the weights as stored: once for all graphs when shared, else each graph's constants
+    weights = shared or sum(blob.const_bytes or 0 for blob in blobs.values())
+    return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=weights,
+                      graphs=graphs, toolchain=toolchain, tool_version=f"QNN {binary.build_id}", applied_options=applied,
+                      device_runtime=device_runtime(binary.build_id, binary.context_blob_version))
 
 
 def device_runtime(build_id: str, blob_version: str) -> str:
