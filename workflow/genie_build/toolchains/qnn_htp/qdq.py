@@ -14,7 +14,7 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
 - **Float constants the encodings leave out** (norm weights, biases, eps, the attention scale): quantized per
   tensor at 16 bits, asymmetric over their own range with 0 on the grid, as QNN's quantizer treats a static
   tensor without an override at the activation width (:data:`CONSTANT_BITWIDTH`); integer constants (shapes,
-  indices) stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
+  indices), and weights with a float encoding (AIMET's float fallback), stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
 - **Activations the encodings leave out** (aimet-onnx encodes a supergroup's output, not each tensor inside it):
   the output of a data-movement op (:data:`_MOVES`: Reshape, Transpose, Split, ...) takes its input's encoding, as
   QNN propagates it; a MatMul or Gemm output feeding only the Add of a constant bias takes that Add's range at 16
@@ -193,9 +193,8 @@ def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, con
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     if enc is None:
         return _constant(name, array)
-    if enc.dtype != "int":
-        raise GenieBuildError(where, f"encoding {name!r}: a float{enc.bitwidth} encoding on a weight; the qnn-htp "
-                                     "toolchain stores weights as integers (give it an integer encoding)")
+    if enc.dtype != "int":  # a float encoding: the weight stays float, its op runs in float16 on the HTP
+        return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     section = "param" if name in encodings.params else "activation"
     try:
         layout = layout_of(enc, array.shape, consumer_layout)
