@@ -39,6 +39,7 @@ from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
                                      graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
+from genie_build.embedding_part import PartLookup, PartRows, graph_after_embedding, read_embedding_part
 from genie_build.embedding_table import TableEncoding, dequantize_rows
 from genie_build.fileio import read_json, resolve_inside
 from genie_build.families import FAMILIES
@@ -50,9 +51,9 @@ from genie_build.toolchains.reference.container import ContainerGraph, read_grap
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
 __all__ = ["EmbeddingLookup", "Generation", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "choose_graph", "embedding_lookup", "generate",
-           "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
-           "unsplit_tokens"]
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "choose_graph", "embedding_lookup",
+           "generate", "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file",
+           "run_bundle", "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
 
@@ -92,7 +93,7 @@ class Runner:
     head_dim: int
     rope_theta: float
     rope_scaling: Mapping[str, Any] | None = None  # HF llama3 parameters when Genie's config scales RoPE
-    embedding: EmbeddingLookup | None = None  # the bundle's CPU table, when part 1 is not a graph
+    embedding: EmbeddingLookup | PartLookup | None = None  # the bundle's CPU table (or what it must hold)
 
     @property
     def offered(self) -> frozenset[tuple[int, int]]:
@@ -161,7 +162,8 @@ class Generation:
 
 
 def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float,
-                rope_scaling: Mapping[str, Any] | None = None, embedding: EmbeddingLookup | None = None) -> Runner:
+                rope_scaling: Mapping[str, Any] | None = None,
+                embedding: EmbeddingLookup | PartLookup | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the (AR, CL) each graph takes.
 
     The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
@@ -290,27 +292,36 @@ class HostRun:
 UNSPLIT_REFERENCE = "the unsplit model, converted with the whole encodings and compiled with the bundle's options"
 PARTS_REFERENCE = ("the parts' converted graphs chained on the host, without the bundle's context binaries (a model "
                    "calibrated part by part has no whole encodings to convert an unsplit graph with)")
+TABLE_REFERENCE = (", from part 1's output on, fed part 1's rows computed for each token and quantized as the table "
+                   "stores them")
 
 
 def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
              compare_with: str | os.PathLike[str] | None = None,
-             compare_with_parts: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
+             compare_with_parts: Sequence[str | os.PathLike[str]] = (),
+             embedding_part: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None) -> HostRun:
     """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
     on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
-    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`).
+    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`). For a bundle whose embedding is a
+    table, ``embedding_part`` (part 1's float graph and its encodings) gives the reference its embedding: part 1's
+    rows computed for each token and quantized as the table stores them, never read from the bundle's table.
 
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
     generation = run_bundle(bundle_dir, prompt, max_new_tokens)
+    embedding = None if embedding_part is None else PartLookup(PartRows(read_embedding_part(*embedding_part)))
     if compare_with is not None:
-        expected, reference = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens), \
-            UNSPLIT_REFERENCE
+        expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding)
+        reference = UNSPLIT_REFERENCE
     elif compare_with_parts:
-        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens)
+        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens,
+                                           embedding)
         reference = PARTS_REFERENCE
     else:
         return HostRun(prompt, generation)
+    if embedding is not None:
+        reference += TABLE_REFERENCE
     if expected != list(generation.new_ids):
         raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from those of "
                                           f"{reference}: {expected}")
@@ -318,19 +329,26 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
 
 
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
-                   prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+                   prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None) -> list[int]:
     """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,
-    compiled with the bundle variant's options): what the bundle's parts must reproduce.
+    compiled with the bundle variant's options): what the bundle's parts must reproduce. With ``embedding`` (a
+    bundle whose part 1 is a table), the model from part 1's output on, fed that embedding.
 
     RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
     loaded (run :func:`load_bundle` first to check the bundle)."""
-    return _reference_tokens(bundle_dir, [read_graphs(unsplit_binary)], prompt_ids, max_new_tokens)
+    graphs = read_graphs(unsplit_binary)
+    if embedding is not None:
+        graphs = {name: graph_after_embedding(graph, embedding.rows.part.output, unsplit_binary)
+                  for name, graph in graphs.items()}
+    return _reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding)
 
 
 def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
-                            prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+                            prompt_ids: Sequence[int], max_new_tokens: int,
+                            embedding: PartLookup | None = None) -> list[int]:
     """Greedy tokens of the parts' converted graphs (``graphs``: the reference converter's ONNX files, every graph of
-    every part, grouped by the part their graph name gives), run as they are, without a context binary.
+    every part, grouped by the part their graph name gives), run as they are, without a context binary; fed
+    ``embedding`` when they start at ``inputs_embeds``.
 
     Raises:
         GenieBuildError: a graph cannot be read or its name gives no part.
@@ -343,7 +361,8 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
         if match is None:
             raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
         parts.setdefault(match.group(0), {})[name] = graph
-    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
+    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
+                             embedding)
 
 
 def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
@@ -361,14 +380,19 @@ def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
 
 
 def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
-                      prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
+                      prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None) -> list[int]:
+    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size.
+
+    Raises:
+        GenieBuildError: parts that start at ``inputs_embeds`` without ``embedding``, or the other way round.
+    """
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
-    # parts that start at inputs_embeds (a bundle whose part 1 is its table) look tokens up in the bundle's table
     takes_embeddings = any(INPUTS_EMBEDS in {t.name for t in graph.model.graph.input} for graph in parts[0].values())
-    runner = make_runner(parts, **host_rope(dialog["engine"], config_path),
-                         embedding=embedding_lookup(Path(bundle_dir), dialog) if takes_embeddings else None)
+    if takes_embeddings != (embedding is not None):
+        raise GenieBuildError(bundle_dir, "the reference starts at inputs_embeds only with part 1's graph to compute "
+                                          "them (--embedding-part), and takes input_ids otherwise")
+    runner = make_runner(parts, **host_rope(dialog["engine"], config_path), embedding=embedding)
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 

@@ -1,7 +1,9 @@
 # Host run (reference toolchain only): the bundle generates text on the CPU, and its greedy tokens must equal those of
 # the model without its bundle: the unsplit model converted with the whole encodings and compiled with the same
 # options; a model calibrated part by part has no whole encodings (nor, exported part by part, a whole graph), so
-# there the parts' converted graphs, chained on the host, stand in for it (the run's report says which).
+# there the parts' converted graphs, chained on the host, stand in for it (the run's report says which). With the
+# embedding as a table, the reference starts after part 1 and is fed part 1's rows, computed from part 1's graph and
+# quantized as the table stores them: the bundle's table is checked, not used.
 
 
 rule convert_unsplit:
@@ -56,12 +58,15 @@ rule run_bundle:
         manifest=BUNDLE,
         check=f"{OUT}/bundle_check.json",
         reference=host_run_reference,
+        # with the table: part 1's graph and encodings, from which the reference computes the rows the table must hold
+        embedding_part=lambda wc: list(embedding_part_files(wc).values()) if EMBEDDING_LUT else [],
     output:
         f"{OUT}/host_run.json",
     params:
         prompt=config["bundle"]["host_prompt"] or SOURCE.host_prompt,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
         if SOURCE.calibrates else ["--compare-with", input.reference[0]],
+        embedding_part=lambda wc, input: ["--embedding-part", *input.embedding_part] if input.embedding_part else [],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
@@ -70,4 +75,4 @@ rule run_bundle:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
         "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
-        " {params.compare:q} --out {output:q} > {log:q} 2>&1"
+        " {params.compare:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"

@@ -142,7 +142,7 @@ UNSPLIT = f"{OUT}/unsplit"
 
 def host_run_reference(wildcards):
     """The unsplit model compiled alike, or the bundle variant's converted prompt and token graphs of the parts in the
-    bundle (with the table, the parts after it: the host run looks tokens up in the bundle's table)."""
+    bundle (with the table, the parts after it, fed part 1's rows as the table must hold them)."""
     if SOURCE.calibrates:
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]
