@@ -128,6 +128,9 @@ def test_dry_run_lists_jobs_and_uses_the_default_profile(tmp_path):
     ({"model": {"name": "../escape"}}, "does not match"),
     ({"bundle": {"variant": "nope"}}, "is not one of the variants"),
     ({"split": {"num_parts": None}}, "set exactly one of num_parts and max_part_mb"),
+    ({"demo": {"context": 256.0}}, "config demo.context: 256.0 is not an integer (write 256)"),
+    ({"demo": {"context": [128.0, 256]}}, "config demo.context[0]: 128.0 is not an integer (write 128)"),
+    ({"export": {"context": [32, 64.0]}}, "config export.context[1]: 64.0 is not an integer (write 64)"),
 ])
 def test_bad_config_is_rejected_before_any_job(tmp_path, override, message):
     workdir = copy_workflow(tmp_path)

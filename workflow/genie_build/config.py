@@ -28,7 +28,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
 
 __all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
-           "calibration_chain", "context_lengths", "load_config", "read_schema", "source_kind", "validate_config"]
+           "StrictValidator", "calibration_chain", "context_lengths", "load_config", "read_schema", "source_kind", "validate_config"]
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -111,7 +111,16 @@ def _fill_defaults(validator_class: type) -> type:
     return validators.extend(validator_class, {"properties": properties_with_defaults})
 
 
-_DefaultFillingValidator = _fill_defaults(Draft202012Validator)
+def _integers_are_ints(checker: Any, instance: Any) -> bool:
+    """JSON Schema's "integer" without the floats it also admits (``256.0``): the workflow passes a config value on
+    as it reads it, and ``256.0`` would name graphs ``cl256.0`` and meet ``int`` options as text."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12 with "integer" meaning a whole number written as one: every integer key of the schema refuses 256.0.
+StrictValidator = validators.extend(
+    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _integers_are_ints))
+_DefaultFillingValidator = _fill_defaults(StrictValidator)
 
 _SCALAR_TYPES = {"integer": int, "number": (int, float), "boolean": bool}
 
@@ -149,7 +158,7 @@ def read_schema(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
 def _validators(schema_path: str) -> tuple[Draft202012Validator, Draft202012Validator]:
     """The default-filling validator and the plain one for the schema at ``schema_path``."""
     schema = read_schema(schema_path)
-    return _DefaultFillingValidator(schema), Draft202012Validator(schema)
+    return _DefaultFillingValidator(schema), StrictValidator(schema)
 
 
 def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
@@ -162,6 +171,8 @@ def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
         return GenieBuildError(_key(where, (*path, unknown[0])),
                                f"unknown key (known: {', '.join(known)}){also}")
     problem = error.message
+    if error.validator == "type" and isinstance(error.instance, float) and error.instance.is_integer():
+        problem = f"{error.instance!r} is not an integer (write {int(error.instance)})"
     if error.validator == "pattern" and "description" in error.schema:
         problem += f" ({error.schema['description']})"
     return GenieBuildError(_key(where, path), problem)
