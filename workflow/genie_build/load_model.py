@@ -30,11 +30,11 @@ if TYPE_CHECKING:  # the memory-plan command starts without the plan file's json
     from genie_build.plan_file import PartPlan
     from genie_build.sizes import AccountRecord
 
-__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "LoadPlan", "PAGE",
-           "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round",
-           "place_contexts"]
+__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "KV_BYTES", "LoadPlan",
+           "PAGE", "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round", "place_contexts"]
 
 MIB = 1024 ** 2
+KV_BYTES = 1  # a KV cache value: 8 bits, as every recipe's KV cache encodings store it
 PAGE = 2 * MIB
 INPUT_IDS_BYTES = 4                          # int32
 
@@ -171,7 +171,7 @@ class IoDims:
     ar: int                  # the prompt graph's tokens per call
     context_lengths: tuple[int, ...]   # every length a part's graphs are compiled at, ascending
     activation_bytes: int
-    kv_bytes: int = 1
+    kv_bytes: int = KV_BYTES
 
     @property
     def context_length(self) -> int:

@@ -46,6 +46,7 @@ from genie_build.families import FAMILIES
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
+from genie_build.tokens import host_prompt_ids
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
@@ -259,7 +260,7 @@ def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
 def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int) -> Generation:
     """Tokenize ``prompt``, generate greedily from the bundle and decode the new tokens."""
     loaded = load_bundle(bundle_dir)
-    prompt_ids = loaded.tokenizer.encode(prompt).ids
+    prompt_ids = host_prompt_ids(loaded.tokenizer, prompt)
     new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
                                                                     loaded.eos_ids, loaded.context_size)
     return Generation(prompt_ids=tuple(prompt_ids), new_ids=tuple(new_ids),

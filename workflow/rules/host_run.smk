@@ -53,9 +53,34 @@ rule compile_unsplit:
         " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
 
 
+# The host run's prompt checked as soon as the tokenizer is there: a prompt that leaves no room for the tokens the run
+# generates stops the build before the jobs the host run would end it after.
+rule check_host_prompt:
+    input:
+        tokenizer=lambda wc: SOURCE.tokenizer,
+    output:
+        HOST_PROMPT_IDS,
+    params:
+        prompt=HOST_PROMPT,
+        # the tokens a run may hold: bundle.context_size, at most the largest context length
+        context_size=lambda wc: min(config["bundle"].get("context_size") or SOURCE.graphs["prompt"].context,
+                                    SOURCE.graphs["prompt"].context),
+        new_tokens=HOST_NEW_TOKENS,
+        python=PYTHON,
+    priority: QUICK_REFUSALS
+    log:
+        f"{OUT}/logs/check_host_prompt.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_host_prompt.tsv"
+    shell:
+        "{params.python} -m genie_build check-host-prompt --tokenizer {input.tokenizer:q} --prompt {params.prompt:q}"
+        " --context-size {params.context_size} --max-new-tokens {params.new_tokens} --out {output:q} > {log:q} 2>&1"
+
+
 rule run_bundle:
     input:
         manifest=BUNDLE,
+        prompt=HOST_PROMPT_IDS,
         check=f"{OUT}/bundle_check.json",
         reference=host_run_reference,
         # with the table: part 1's graph and encodings, from which the reference computes the rows the table must hold
@@ -63,7 +88,8 @@ rule run_bundle:
     output:
         f"{OUT}/host_run.json",
     params:
-        prompt=config["bundle"]["host_prompt"] or SOURCE.host_prompt,
+        prompt=HOST_PROMPT,
+        new_tokens=HOST_NEW_TOKENS,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
         if SOURCE.calibrates else ["--compare-with", input.reference[0]],
         embedding_part=lambda wc, input: ["--embedding-part", *input.embedding_part] if input.embedding_part else [],
@@ -74,5 +100,5 @@ rule run_bundle:
     benchmark:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
-        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
+        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens {params.new_tokens}"
         " {params.compare:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"

@@ -138,6 +138,9 @@ def evaluation_mem_mb(wildcards):
 # --- the host run (rules/host_run.smk)
 
 UNSPLIT = f"{OUT}/unsplit"
+HOST_PROMPT = config["bundle"]["host_prompt"] or SOURCE.host_prompt
+HOST_PROMPT_IDS = f"{OUT}/host_prompt.json"
+HOST_NEW_TOKENS = 16  # what the host run generates
 
 
 def host_run_reference(wildcards):
