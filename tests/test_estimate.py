@@ -636,3 +636,16 @@ def test_the_estimate_target_refuses_a_context_past_the_models_when_the_workflow
     assert ("config export.context: 65536 exceeds the model's max_position_embeddings 32768 "
             "(config/hf/qwen2_5_7b_instruct.json)") in result.stdout + result.stderr
     assert not (workdir / "results").exists()
+
+
+def test_auto_with_a_piece_no_session_holds_names_it_instead_of_asking_for_num_parts(tmp_path, capsys):
+    """Qwen2.5-7B on sessions of 500 MiB: its embedding alone (526 MiB) fits no session, so no count of parts holds
+    it and a fixed num_parts would build a part that does not map: one line says which and why."""
+    code = main(["estimate", "--hf-config", str(QWEN_7B), "--num-parts", "auto", "--load-json",
+                 '{"usable_mb": 500, "budget_mb": 450}', "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("split.num_parts: auto: part 1 of the 29-part split holds embedding alone, whose context needs 526 MiB, "
+            "more than the 500 MiB of an HTP session: no part count holds it, and a fixed num_parts would build a "
+            "part that does not map") in err
+    assert "give num_parts" not in err

@@ -353,12 +353,12 @@ def _check_demo_kv_cache(config: dict, where: str) -> None:
 def _check_user_lengths(model: Mapping[str, Any], where: str) -> None:
     """One prompt graph per token graph: a list of either pairs with a list of the other, one per length."""
     graphs = {key: model[key] for key in ("prompt_onnx", "token_onnx") if key in model}
-    counts = {key: len(value) if isinstance(value, list) else None for key, value in graphs.items()}
+    counts = {key: len(value) if isinstance(value, list) else 1 for key, value in graphs.items()}
     if len(set(counts.values())) > 1:
         raise GenieBuildError(_key(where, ("model", "token_onnx")),
                               "give as many token graphs as prompt graphs, one of each per context length (got "
-                              + ", ".join(f"{key}: {'one path' if n is None else f'{n} paths'}"
-                                          for key, n in counts.items()) + ")")
+                              + ", ".join(f"{key}: {n} path{'' if n == 1 else 's'}" for key, n in counts.items())
+                              + ")")
 
 
 def _check_embedding_table(config: dict, where: str) -> None:

@@ -66,7 +66,8 @@ ASSUMPTIONS = (
                "there is no API to choose the session", _HTP_MANUAL, "documented"),
     Assumption("io_same_session", "a context's IO buffers are mapped into the session it was deserialized in",
                _HTP_MANUAL, "documented"),
-    Assumption("under_3gb", "keep the heap of a single context binary under 3 GB", _HTP_MANUAL, "documented"),
+    Assumption("under_3gb", "keep the heap of a single context binary under 3 GiB (the manual's \"3 GB\")",
+               _HTP_MANUAL, "documented"),
     Assumption("alignment", "each mapping is placed at a multiple of the largest power of two not above its size "
                "(a 298 MiB weights buffer on a 256 MiB boundary), so a session fragments", _OPEN_GENIE,
                "measured by a third party"),

@@ -350,8 +350,9 @@ class CheckpointSource(Source):
             write_units(f"{out}/calibration_units.json", units, unless_same=True)
             write_graph_config(hf_config, source.graph_config)
         except GenieBuildError as exc:
-            if exc.where.startswith("config "):   # a setting of the config's own (export.context), named as it is
-                raise
+            key = exc.where.removeprefix("config ")
+            if key.split(".")[0] in config:   # a setting of the config's own (export.context, split.num_parts)
+                raise GenieBuildError(f"config {key}", exc.problem) from None
             raise GenieBuildError("config model.hf_checkpoint", str(exc)) from None
         return source
 
