@@ -45,16 +45,22 @@ _ROW_TOLERANCE = 1e-5
 
 @dataclass(frozen=True)
 class EmbeddingPart:
-    """Part 1 of the prompt graph read as a lookup: its file, its token input and AR, the table's shape, its output
-    (the residual stream layer 0 reads) and the encoding the table is stored at."""
+    """Part 1 of the prompt graph read as a lookup: its file, its token input (shape, AR and dtype), the table's shape,
+    its output (the residual stream layer 0 reads) and the encoding the table is stored at."""
 
     path: Path
     token_input: str
-    ar: int
+    ids_shape: tuple[int, ...]
+    ids_dtype: str
     n_vocab: int
     n_embd: int
     output: str
     encoding: TableEncoding
+
+    @property
+    def ar(self) -> int:
+        """The ids one call of the part takes."""
+        return int(np.prod(self.ids_shape))
 
 
 def read_embedding_part(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str]) -> EmbeddingPart:
@@ -85,7 +91,7 @@ def read_embedding_part(onnx_path: str | os.PathLike[str], encodings_path: str |
     output = io.outputs[0].name
     encoding = _table_encoding(read_encodings(encodings_path), _value_sources(model, output, token_input),
                                encodings_path)
-    return EmbeddingPart(path, token_input, ids.shape[-1], n_vocab, shapes[0][2], output, encoding)
+    return EmbeddingPart(path, token_input, tuple(ids.shape), ids.dtype, n_vocab, shapes[0][2], output, encoding)
 
 
 class PartRows:
@@ -102,14 +108,13 @@ class PartRows:
                                                  providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime's error types derive from Exception only and are not exported
             raise GenieBuildError(part.path, f"onnxruntime cannot load it: {exc}") from None
-        self._ids_dtype = np.dtype(graph_io(load_graph(part.path)).inputs[0].dtype)
 
     def rows(self, ids: Sequence[int]) -> np.ndarray:
         """float32 ``[len(ids), n_embd]``: part 1's output for each id."""
         ar, rows = self.part.ar, []
         for start in range(0, len(ids), ar):
             chunk = list(ids[start:start + ar])
-            feed = np.array([chunk + [0] * (ar - len(chunk))], dtype=self._ids_dtype)
+            feed = np.array(chunk + [0] * (ar - len(chunk)), dtype=self.part.ids_dtype).reshape(self.part.ids_shape)
             rows.append(self._session.run(None, {self.part.token_input: feed})[0][0, :len(chunk)])
         return np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, self.part.n_embd), np.float32)
 

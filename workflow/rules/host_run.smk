@@ -74,7 +74,7 @@ rule check_host_prompt:
         f"{OUT}/benchmarks/check_host_prompt.tsv"
     shell:
         "{params.python} -m genie_build check-host-prompt --tokenizer {input.tokenizer:q} --prompt {params.prompt:q}"
-        " --context-size {params.context_size} --max-new-tokens {params.new_tokens} --out {output:q} > {log:q} 2>&1"
+        " --context-size {params.context_size:q} --max-new-tokens {params.new_tokens:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule run_bundle:
@@ -100,5 +100,5 @@ rule run_bundle:
     benchmark:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
-        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens {params.new_tokens}"
+        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens {params.new_tokens:q}"
         " {params.compare:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"
