@@ -180,3 +180,15 @@ def test_a_dry_run_with_the_table_lists_its_jobs_for_a_checkpoint(tmp_path):
     jobs = _dry_run_jobs(workdir, {"model": {"name": "hf", "hf_checkpoint": "checkpoint"},
                                    "export": {"ar": 8, "context": 64}, "split": {"num_parts": 3}})
     assert {"export_part", "embedding_table", "bundle", "run_bundle"} <= jobs
+
+
+def test_a_correct_table_passes_where_the_graph_layouts_tokens_differ(tmp_path):
+    """The small demo of seed 5: its table (the float rows at the 16-bit output encoding) and its graph layout (the
+    table at 8 bits per channel) give different tokens. The host run holds the table to a reference that quantizes
+    it as the table does, so the correct bundle passes (against the unsplit model converted as the graph layout, it
+    failed)."""
+    workdir = copy_workflow(tmp_path)
+    seeded = {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "seed": 5}}
+    graph_run, lut_run, _ = _both_layouts(workdir, seeded, "demo")
+    assert lut_run["new_ids"] == lut_run["reference_ids"] and "part 1's rows" in lut_run["compared_with"]
+    assert lut_run["new_ids"] != graph_run["new_ids"]
