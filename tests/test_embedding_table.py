@@ -197,7 +197,7 @@ def test_the_config_defaults_to_the_graph_layout_and_refuses_a_table_without_par
     assert validate_config(_config())["bundle"]["embedding"] == "graph"
     with pytest.raises(GenieBuildError, match="bundle.embedding: lut takes part 1 out of the bundle"):
         validate_config({**_config(embedding="lut"), "split": {"num_parts": 6, "embedding_alone": False}})
-    with pytest.raises(GenieBuildError, match="bundle.embedding: .*reference toolchain only"):
+    with pytest.raises(GenieBuildError, match="bundle.embedding: .*reference and qnn-htp toolchains only"):
         validate_config({**_config(embedding="lut"), "variants": {"packed": {"toolchain": "qairt"}},
                          "report": {"baseline_variant": "packed"}})
 

@@ -99,7 +99,9 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
                                      context_size or _compiled_context_length(infos), hf_config_path=hf_config_path,
                                      share_resources=share_resources, graph_switching=graph_switching,
                                      embedding=None if table is None else dialog_embedding(table.n_embd,
-                                                                                           table.encoding))
+                                                                                           table.encoding),
+                                     spill_fill_bufsize=max((graph.spill_fill_bytes or 0 for info in infos.values()
+                                                             for graph in info.graphs), default=0))
     htp_config = make_htp_backend_ext_config(chipset, share_resources=share_resources)
     with atomic_directory(out_dir) as staging:
         for name, path in zip(names, binaries):
@@ -110,7 +112,8 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
         write_json(staging / GENIE_CONFIG_NAME, genie_config)
         write_json(staging / HTP_EXT_CONFIG_NAME, htp_config)
         write_text(staging / METADATA_NAME, dump_metadata(infos))
-        versions = {**tool_versions, **{f"{info.toolchain} toolchain": info.tool_version for info in infos.values()}}
+        versions = {**tool_versions, **{f"{info.toolchain} toolchain": info.tool_version for info in infos.values()},
+                    **{"device runtime": info.device_runtime for info in infos.values() if info.device_runtime}}
         manifest = manifest_document(staging, versions, config_used)
         # keys sorted: the same config gives the same manifest whatever order its file lists keys in;
         # default=str: a YAML config may hold dates, which JSON has no type for

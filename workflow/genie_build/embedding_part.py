@@ -1,5 +1,6 @@
-"""Part 1 as a lookup table (``bundle.embedding: lut``): what it computes for each token id, and the encoding a table
-of it is stored at.
+"""Part 1 as a lookup table (``bundle.embedding: lut``): what it computes for each token id, the encoding a table of it
+is stored at, and the lookups the host run feeds the parts after it: the bundle's table as Genie reads it, and part
+1's rows computed as the table must hold them (the host run's reference).
 
 The table replaces part 1 -- the embedding alone, from ``input_ids`` to the residual stream layer 0 reads -- by one
 row per token id, so its rows are what part 1 computes: its float graph, run by onnxruntime on every id. Whatever the
@@ -28,13 +29,16 @@ from genie_build.conventions import INPUTS_EMBEDS
 from genie_build.embedding_table import LUT_BITWIDTHS, TableEncoding, dequantize_rows, quantize_table
 from genie_build.encodings import Encodings, read_encodings
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import resolve_inside
+from genie_build.genie_config import GENIE_CONFIG_NAME
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.split import build_part, cut_graph
 from genie_build.toolchains.reference.container import ContainerGraph
 from genie_build.verify_split import find_token_input
 
-__all__ = ["EmbeddingPart", "PartLookup", "PartRows", "graph_after_embedding", "read_embedding_part"]
+__all__ = ["EmbeddingLookup", "EmbeddingPart", "PartLookup", "PartRows", "embedding_lookup", "graph_after_embedding",
+           "read_embedding_part"]
 
 # Ops whose output holds their input's values: a row that only passes through them is still the Gather's.
 _SAME_VALUES = frozenset({"Cast", "Identity"})
@@ -145,6 +149,43 @@ class PartLookup:
         """``[1, len(tokens), n_embd]``: each token's row, stored and read back at the table's encoding."""
         encoding = self.rows.part.encoding
         return dequantize_rows(quantize_table(self.rows.rows(tokens), encoding), encoding)[np.newaxis]
+
+
+@dataclass(frozen=True)
+class EmbeddingLookup:
+    """The bundle's embedding table (``dialog.embedding``, type lut) as Genie reads it: the stored codes, mmapped,
+    and how to read them back."""
+
+    codes: np.ndarray  # [n_vocab, n_embd]
+    encoding: TableEncoding
+
+    def vectors(self, tokens: Sequence[int]) -> np.ndarray:
+        """``inputs_embeds`` ``[1, len(tokens), n_embd]``: each token's row, dequantized."""
+        return dequantize_rows(self.codes[np.asarray(tokens, dtype=np.int64)], self.encoding)[np.newaxis]
+
+
+
+
+def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
+    """The checked bundle's embedding table, mmapped (None when the embedding is part 1's graph).
+
+    Raises:
+        GenieBuildError: a table the host run does not read (a callback, or a datatype other than ufixed8/16 and
+            float32).
+    """
+    block = dialog.get("embedding")
+    if block is None:
+        return None
+    bits = {"float32": 32, "ufixed8": 8, "ufixed16": 16}.get(block.get("datatype"))
+    if block.get("type") != "lut" or bits is None:
+        raise GenieBuildError(bundle / GENIE_CONFIG_NAME,
+                              f"the host run reads lut tables of float32, ufixed8 or ufixed16, not "
+                              f"{block.get('type')!r} {block.get('datatype')!r}")
+    quant = block.get("quant-param", {})
+    encoding = TableEncoding(bits, float(quant.get("scale", 1.0)), int(quant.get("offset", 0)))
+    path = resolve_inside(bundle / block["lut-path"], [bundle])
+    codes = np.memmap(path, dtype=encoding.dtype, mode="r", shape=(dialog["context"]["n-vocab"], block["size"]))
+    return EmbeddingLookup(codes, encoding)
 
 
 def graph_after_embedding(graph: ContainerGraph, boundary: str, where: str | os.PathLike[str]) -> ContainerGraph:

@@ -234,7 +234,8 @@ BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],
                       context_size: int, *, hf_config_path: str | os.PathLike[str] = "config.json",
                       n_threads: int = DEFAULT_N_THREADS, share_resources: bool = False,
-                      graph_switching: bool | None = None, embedding: Mapping[str, Any] | None = None) -> dict:
+                      graph_switching: bool | None = None, embedding: Mapping[str, Any] | None = None,
+                      spill_fill_bufsize: int = 0) -> dict:
     """The whole ``genie_config.json`` for a basic dialog over ``ctx_bins`` (bundle file names, part order).
 
     Args:
@@ -250,6 +251,8 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
             written (Genie's default).
         embedding: ``dialog.embedding`` when the embedding is a CPU table
             (:func:`genie_build.embedding_table.dialog_embedding`); None: the embedding is part 1's graph.
+        spill_fill_bufsize: QnnHtp ``spill-fill-bufsize``: the largest spill-fill buffer a graph of the bundle needs,
+            as its binaries say (0: none, or not told).
 
     Raises:
         GenieBuildError: naming the HF config or the tokenizer (see :func:`read_rope`,
@@ -265,8 +268,8 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
     bos, eos = _special_token_ids(hf_config, tokenizer_path, hf_config_path)
     kv_dim = head_dim(hf_config, hf_config_path)
     rope = read_rope(hf_config, hf_config_path)
-    qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
-                               "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": share_resources}
+    qnn_htp: dict[str, Any] = {"version": 1, "use-mmap": True, "spill-fill-bufsize": spill_fill_bufsize,
+                               "mmap-budget": 0, "poll": True, "cpu-mask": "0xe0", "kv-dim": kv_dim, "allow-async-init": share_resources}
     if graph_switching is not None:
         qnn_htp["enable-graph-switching"] = graph_switching
     model: dict[str, Any] = {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}

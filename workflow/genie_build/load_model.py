@@ -298,16 +298,20 @@ def _graph_io_bytes(ar: int, cl: int, layers: int, embedding: bool, head: bool, 
 
 def measured_contexts(records: Sequence[AccountRecord]) -> tuple[ContextLoad, ...]:
     """Each accounted binary's buffers: its weight section as stored (its file size where the toolchain cannot
-    tell), its graphs' IO as read back (the KV cache inputs once, the rest per graph); spill-fill and op data are
-    not reported by the toolchains genie-build reads, so they count as 0 and say so."""
+    tell), its graphs' IO as read back (the KV cache inputs once, the rest per graph), and where the binary says
+    (a QNN binary) its spill-fill buffer (the largest graph's: one buffer per context) and every graph's op data;
+    where it does not (a reference container), those count as 0 and say so."""
     contexts = []
     for record in sorted(records, key=lambda r: r.part):
         weights = (Buffer("shared weights", record.weight_bytes, "measured") if record.weight_bytes
                    else Buffer("shared weights (file size)", record.bytes, "measured"))
         io_known = any(graph.io_bytes for graph in record.graphs)
         basis: Basis = "measured" if io_known else "not known"
+        spill_fill = [graph.spill_fill_bytes for graph in record.graphs if graph.spill_fill_bytes is not None]
+        op_data = [graph.op_data_bytes for graph in record.graphs if graph.op_data_bytes is not None]
         contexts.append(ContextLoad(record.part, (
             weights, Buffer("KV cache", max((graph.kv_bytes for graph in record.graphs), default=0), basis),
             Buffer("IO", sum(graph.io_bytes - graph.kv_bytes for graph in record.graphs), basis),
-            Buffer("spill-fill", 0, "not known"), Buffer("op data", 0, "not known"))))
+            Buffer("spill-fill", max(spill_fill, default=0), "measured" if spill_fill else "not known"),
+            Buffer("op data", sum(op_data), "measured" if op_data else "not known"))))
     return tuple(contexts)

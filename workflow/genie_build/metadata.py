@@ -51,6 +51,7 @@ _YAML_DUMPER = _YamlDumper
 def dump_metadata(infos: Mapping[str, BinaryInfo]) -> str:
     """``metadata.yaml`` text for ctx-bins keyed by their bundle file name (see the module docstring)."""
     document = {"model_files": {name: {"toolchain": info.toolchain, "tool_version": info.tool_version,
+                                       **({"device_runtime": info.device_runtime} if info.device_runtime else {}),
                                        "file_bytes": info.file_bytes, "weight_bytes": info.weight_bytes,
                                        "applied_options": info.applied_options.to_dict(),
                                        "graphs": {graph.name: {"inputs": _tensors_document(graph.inputs),

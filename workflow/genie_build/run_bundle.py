@@ -39,9 +39,9 @@ from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
                                      graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.embedding_part import PartLookup, PartRows, graph_after_embedding, read_embedding_part
-from genie_build.embedding_table import TableEncoding, dequantize_rows
-from genie_build.fileio import read_json, resolve_inside
+from genie_build.embedding_part import (EmbeddingLookup, PartLookup, PartRows, embedding_lookup, graph_after_embedding,
+                                        read_embedding_part)
+from genie_build.fileio import read_json
 from genie_build.families import FAMILIES
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
@@ -51,12 +51,23 @@ from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
-__all__ = ["EmbeddingLookup", "Generation", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "choose_graph", "embedding_lookup",
-           "generate", "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file",
-           "run_bundle", "unsplit_tokens"]
+__all__ = ["Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "choose_graph", "generate",
+           "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
+           "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
+
+
+@dataclass(frozen=True)
+class GraphFile:
+    """A graph ONNX Runtime runs from its file, weights and all: a qnn-htp twin's EPContext model in the HTP
+    simulation (``htp``: the chipset's target), or a QDQ graph on the CPU (``htp`` None). ``model``: the graph
+    without its external data, for its IO."""
+
+    model: onnx.ModelProto
+    path: Path
+    htp: Any = None   # genie_build.toolchains.qnn_htp.backend.HtpTarget
 
 
 @dataclass(frozen=True)
@@ -123,19 +134,6 @@ class GraphRun:
 
 
 @dataclass(frozen=True)
-class EmbeddingLookup:
-    """The bundle's embedding table (``dialog.embedding``, type lut) as Genie reads it: the stored codes, mmapped,
-    and how to read them back."""
-
-    codes: np.ndarray  # [n_vocab, n_embd]
-    encoding: TableEncoding
-
-    def vectors(self, tokens: Sequence[int]) -> np.ndarray:
-        """``inputs_embeds`` ``[1, len(tokens), n_embd]``: each token's row, dequantized."""
-        return dequantize_rows(self.codes[np.asarray(tokens, dtype=np.int64)], self.encoding)[np.newaxis]
-
-
-@dataclass(frozen=True)
 class LoadedBundle:
     """A bundle ready to run: its graphs, tokenizer, stop tokens and ``context.size``."""
 
@@ -162,7 +160,7 @@ class Generation:
         return (len(self.new_ids) - 1) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float,
+def make_runner(parts: Iterable[Mapping[str, ContainerGraph | GraphFile]], *, head_dim: int, rope_theta: float,
                 rope_scaling: Mapping[str, Any] | None = None,
                 embedding: EmbeddingLookup | PartLookup | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the (AR, CL) each graph takes.
@@ -196,12 +194,14 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
                   embedding=embedding)
 
 
-def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
-    """Check the bundle (as Genie would at load time), then load its ctx-bins as runnable graphs.
+def load_bundle(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathLike[str]] = ()) -> LoadedBundle:
+    """Check the bundle (as Genie would at load time), then load its ctx-bins as runnable graphs: reference
+    containers as they are, QNN binaries through their twins (``twins``: one folder per ctx-bin, in order,
+    :mod:`genie_build.toolchains.qnn_htp.twin`), which must hold the same graphs with the same IO.
 
     Raises:
-        GenieBuildError: the bundle fails a check, is not made of reference containers, or uses a RoPE
-            variant the host run does not implement (scaled RoPE other than llama3).
+        GenieBuildError: the bundle fails a check, its binaries are QNN's and no twin (or a twin that differs) is
+            given, or it uses a RoPE variant the host run does not implement (scaled RoPE other than llama3).
     """
     bundle = Path(bundle_dir)
     require_valid_bundle(bundle)
@@ -209,31 +209,32 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     dialog = read_json(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     engine = dialog["engine"]
     rope = host_rope(engine, bundle / GENIE_CONFIG_NAME)
-    parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
+    binaries = [bundle / name for name in engine["model"]["binary"]["ctx-bins"]]
+    if twins:
+        parts = _twin_parts(bundle, binaries, twins)
+    else:
+        parts = (read_graphs(binary, inside=[bundle]) for binary in binaries)
     return LoadedBundle(runner=make_runner(parts, **rope, embedding=embedding_lookup(bundle, dialog)),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
 
 
-def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
-    """The checked bundle's embedding table, mmapped (None when the embedding is part 1's graph).
+def _twin_parts(bundle: Path, binaries: Sequence[Path], twins: Sequence[str | os.PathLike[str]]
+                ) -> list[dict[str, GraphFile]]:
+    """Each ctx-bin's graphs from its twin, run in the HTP simulation for the bundle's device.
 
     Raises:
-        GenieBuildError: a table the host run does not read (a callback, or a datatype other than ufixed8/16 and
-            float32).
+        GenieBuildError: not one twin per ctx-bin, or a twin whose graphs or IO differ from its ctx-bin's.
     """
-    block = dialog.get("embedding")
-    if block is None:
-        return None
-    bits = {"float32": 32, "ufixed8": 8, "ufixed16": 16}.get(block.get("datatype"))
-    if block.get("type") != "lut" or bits is None:
-        raise GenieBuildError(bundle / GENIE_CONFIG_NAME, f"the host run reads lut tables of float32, ufixed8 or "
-                                                          f"ufixed16, not {block.get('type')!r} {block.get('datatype')!r}")
-    quant = block.get("quant-param", {})
-    encoding = TableEncoding(bits, float(quant.get("scale", 1.0)), int(quant.get("offset", 0)))
-    path = resolve_inside(bundle / block["lut-path"], [bundle])
-    codes = np.memmap(path, dtype=encoding.dtype, mode="r", shape=(dialog["context"]["n-vocab"], block["size"]))
-    return EmbeddingLookup(codes, encoding)
+    from genie_build.toolchains.qnn_htp.twin import require_same_io, twin_models, twin_target
+
+    if len(twins) != len(binaries):
+        raise GenieBuildError("--twin", f"{len(twins)} twins for the bundle's {len(binaries)} ctx-bins")
+    parts = []
+    for binary, twin in zip(binaries, twins):
+        models, target = twin_models(twin, require_same_io(binary, twin)), twin_target(twin)
+        parts.append({name: GraphFile(load_graph(path), path, target) for name, path in models.items()})
+    return parts
 
 
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
@@ -257,9 +258,11 @@ def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
     return list(_generate_timed(runner, prompt_ids, max_new_tokens, eos_ids, context_size)[0])
 
 
-def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int) -> Generation:
-    """Tokenize ``prompt``, generate greedily from the bundle and decode the new tokens."""
-    loaded = load_bundle(bundle_dir)
+def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int,
+               twins: Sequence[str | os.PathLike[str]] = ()) -> Generation:
+    """Tokenize ``prompt``, generate greedily from the bundle (its QNN binaries through ``twins``) and decode the new
+    tokens."""
+    loaded = load_bundle(bundle_dir, twins)
     prompt_ids = host_prompt_ids(loaded.tokenizer, prompt)
     new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
                                                                     loaded.eos_ids, loaded.context_size)
@@ -300,6 +303,7 @@ TABLE_REFERENCE = (", from part 1's output on, fed part 1's rows computed for ea
 def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
              compare_with: str | os.PathLike[str] | None = None,
              compare_with_parts: Sequence[str | os.PathLike[str]] = (),
+             twins: Sequence[str | os.PathLike[str]] = (),
              embedding_part: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None) -> HostRun:
     """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
     on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
@@ -310,7 +314,7 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
-    generation = run_bundle(bundle_dir, prompt, max_new_tokens)
+    generation = run_bundle(bundle_dir, prompt, max_new_tokens, twins)
     embedding = None if embedding_part is None else PartLookup(PartRows(read_embedding_part(*embedding_part)))
     if compare_with is not None:
         expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding)
@@ -354,9 +358,9 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
     Raises:
         GenieBuildError: a graph cannot be read or its name gives no part.
     """
-    parts: dict[str, dict[str, ContainerGraph]] = {}
+    parts: dict[str, dict[str, ContainerGraph | GraphFile]] = {}
     for path in graphs:
-        graph = read_graph_file(path)
+        graph = _converted_graph(path)
         name = graph.model.graph.name
         match = PART_SUFFIX.search(name)
         if match is None:
@@ -364,6 +368,18 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
         parts.setdefault(match.group(0), {})[name] = graph
     return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
                              embedding)
+
+
+def _converted_graph(path: str | os.PathLike[str]) -> ContainerGraph | GraphFile:
+    """A converted graph as the host runs it: the reference converter's as :func:`read_graph_file` reads it, a
+    qnn-htp QDQ graph from its file on the CPU (ORT quantizes its activations as the encodings say)."""
+    from genie_build.toolchains.qnn_htp.qdq import is_qdq_graph
+
+    model = load_graph(path)
+    if is_qdq_graph(model):
+        check_external_data(model, path)
+        return GraphFile(model, Path(path))
+    return read_graph_file(path)
 
 
 def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
@@ -382,17 +398,10 @@ def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
 
 def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
                       prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None) -> list[int]:
-    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size.
-
-    Raises:
-        GenieBuildError: parts that start at ``inputs_embeds`` without ``embedding``, or the other way round.
-    """
+    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size, fed ``embedding`` when
+    they start at ``inputs_embeds`` (without it, that input is one nobody provides)."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
-    takes_embeddings = any(INPUTS_EMBEDS in {t.name for t in graph.model.graph.input} for graph in parts[0].values())
-    if takes_embeddings != (embedding is not None):
-        raise GenieBuildError(bundle_dir, "the reference starts at inputs_embeds only with part 1's graph to compute "
-                                          "them (--embedding-part), and takes input_ids otherwise")
     runner = make_runner(parts, **host_rope(dialog["engine"], config_path), embedding=embedding)
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
@@ -548,9 +557,16 @@ def _eos_ids(dialog: dict) -> frozenset[int]:
     return frozenset(eos if isinstance(eos, list) else [eos])
 
 
-def _graph_session(graph: ContainerGraph) -> GraphSession:
-    """A session on the graph's model whose initializers become inputs, fed from the graph's weights. Empties
-    the model's initializers."""
+def _graph_session(graph: ContainerGraph | GraphFile) -> GraphSession:
+    """A session on the graph's model whose initializers become inputs, fed from the graph's weights (which empties
+    the model's initializers); or on a graph file, as ORT reads it."""
+    if isinstance(graph, GraphFile):
+        if graph.htp is None:
+            return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), cpu_session_options(),
+                                                             providers=["CPUExecutionProvider"]), weights={})
+        from genie_build.toolchains.qnn_htp.backend import session_options
+        return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), session_options(graph.htp)),
+                            weights={})
     model = graph.model
     for tensor in model.graph.initializer:
         model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))

@@ -52,13 +52,16 @@ _REQUIRED_TYPES: dict[str, type] = {"part": int, "variant": str, "toolchain": st
 @dataclass(frozen=True)
 class GraphCount:
     """A graph of an accounted binary: how many IO tensors it has, their bytes, and of those the KV cache
-    inputs' (0 in records written before they were counted)."""
+    inputs' (0 in records written before they were counted); the spill-fill and op data the binary says the graph
+    needs (None: it does not say)."""
 
     name: str
     inputs: int
     outputs: int
     io_bytes: int = 0
     kv_bytes: int = 0
+    spill_fill_bytes: int | None = None
+    op_data_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,10 +139,12 @@ def _graph_count(graph: GraphInfo) -> GraphCount:
     if unknown:
         log.warning("graph %s: IO tensors of unknown dtype (%s): its IO bytes are not counted", graph.name,
                     ", ".join(unknown))
-        return GraphCount(graph.name, len(graph.inputs), len(graph.outputs))
+        return GraphCount(graph.name, len(graph.inputs), len(graph.outputs), spill_fill_bytes=graph.spill_fill_bytes,
+                          op_data_bytes=graph.op_data_bytes)
     return GraphCount(graph.name, len(graph.inputs), len(graph.outputs), io_bytes=sum(size for _, size in sizes),
                       kv_bytes=sum(size for tensor, size in sizes[:len(graph.inputs)]
-                                   if conventions.KV_TENSOR.match(tensor.name)))
+                                   if conventions.KV_TENSOR.match(tensor.name)),
+                      spill_fill_bytes=graph.spill_fill_bytes, op_data_bytes=graph.op_data_bytes)
 
 
 def _tensor_bytes(tensor: TensorInfo) -> int | None:
@@ -286,14 +291,14 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
         raise GenieBuildError("--quality", f"reports of variants without binaries: {', '.join(unknown)}")
     rows = []
     for part, variant in sorted(by_key, key=lambda key: (key[0], variant_order.index(key[1]))):
-        record, baseline_record = by_key[(part, variant)], by_key[(part, baseline)]
+        record, baseline_record = by_key[(part, variant)], _packing_baseline(by_key, part, variant, baseline)
         evaluated = quality.get(variant)
         rows.append({
             "part": part, "variant": variant, "baseline": baseline, "toolchain": record.toolchain,
             "tool_version": record.tool_version, "recipe": record.requested.get("recipe") or "",
             "bytes": record.bytes, "weight_bytes": record.weight_bytes, "graphs": len(record.graphs),
             "graph_bytes": record.bytes - record.weight_bytes if record.weight_bytes else -1,
-            "reduction_vs_baseline": _reduction(record.bytes, baseline_record.bytes),
+            "reduction_vs_baseline": _reduction(record.bytes, by_key[(part, baseline)].bytes),
             **{column: getattr(evaluated, field) if evaluated else math.nan
                for column, field in QUALITY_COLUMNS.items()},
             "flag": "; ".join([*_no_effect_reasons(record, baseline_record, min_reduction),
@@ -306,6 +311,23 @@ def build_size_table(records: Sequence[AccountRecord], baseline: str, *, strict:
          **{column: "float64" for column in QUALITY_COLUMNS}})
     _report_flags(table, by_key, strict)
     return table
+
+
+def _packing_baseline(by_key: Mapping[tuple[int, str], AccountRecord], part: int, variant: str,
+                      baseline: str) -> AccountRecord:
+    """What a variant's ``weights_packing`` is judged against for one part: the variant of the same toolchain,
+    recipe and options that does not pack, where the table has one (packing is then the only difference), else
+    the baseline."""
+    record = by_key[(part, variant)]
+    if record.requested.get("weights_packing"):
+        options = {key: value for key, value in record.requested.items() if key != "weights_packing"}
+        for (other_part, other), candidate in by_key.items():
+            if (other_part == part and other != variant and candidate.toolchain == record.toolchain
+                    and not candidate.requested.get("weights_packing")
+                    and {key: value for key, value in candidate.requested.items() if key != "weights_packing"}
+                    == options):
+                return candidate
+    return by_key[(part, baseline)]
 
 
 def _size_table_csv(table: pd.DataFrame) -> str:

@@ -83,6 +83,7 @@ rule run_bundle:
         prompt=HOST_PROMPT_IDS,
         check=f"{OUT}/bundle_check.json",
         reference=host_run_reference,
+        twins=host_run_twins,
         # with the table: part 1's graph and encodings, from which the reference computes the rows the table must hold
         embedding_part=lambda wc: list(embedding_part_files(wc).values()) if EMBEDDING_LUT else [],
     output:
@@ -91,7 +92,8 @@ rule run_bundle:
         prompt=HOST_PROMPT,
         new_tokens=HOST_NEW_TOKENS,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
-        if SOURCE.calibrates else ["--compare-with", input.reference[0]],
+        if SOURCE.calibrates or HOST_TWINS else ["--compare-with", input.reference[0]],
+        twins=lambda wc, input: ["--twin", *input.twins] if input.twins else [],
         embedding_part=lambda wc, input: ["--embedding-part", *input.embedding_part] if input.embedding_part else [],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
@@ -101,4 +103,4 @@ rule run_bundle:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
         "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens {params.new_tokens:q}"
-        " {params.compare:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"
+        " {params.compare:q} {params.twins:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"

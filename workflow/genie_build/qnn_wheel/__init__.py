@@ -50,7 +50,10 @@ def locate_wheel(what: str = "the vendor's libraries") -> WheelInfo:
     if (system, machine) not in _PLATFORMS:
         raise GenieBuildError(what, f"needs the {DISTRIBUTION} wheel, which exists for x86-64 Linux only "
                                     f"(this is {machine} {system}); use the reference toolchain here")
-    spec = importlib.util.find_spec(_PACKAGE)
+    try:
+        spec = importlib.util.find_spec(_PACKAGE)
+    except ImportError:   # a broken or hidden installation counts as none
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise GenieBuildError(what, f"the {DISTRIBUTION} wheel is not installed for {sys.executable}: "
                                     f"pip install -r {EXTRA}")

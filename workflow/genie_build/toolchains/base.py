@@ -36,9 +36,14 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class GraphInfo:
+    """A graph of a binary and its IO; the HTP buffers it needs where the binary says (a QNN binary read by
+    libQnnSystem: spill-fill and op data; None: not told)."""
+
     name: str                           # e.g. "prompt_ar32_cl256_01_of_06"
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
+    spill_fill_bytes: int | None = field(default=None, compare=False)
+    op_data_bytes: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class BinaryInfo:
     toolchain: str
     tool_version: str
     applied_options: AppliedOptions = field(default_factory=AppliedOptions)
+    # what a device must run to load it (a QNN binary: the QNN runtime it was made with or a newer one); None: none
+    device_runtime: str | None = None
 
 
 @dataclass(frozen=True)

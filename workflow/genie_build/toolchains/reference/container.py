@@ -258,7 +258,8 @@ def _header(graphs: list[_Graph], structures: list[bytes], entries: list[WeightE
     graph_records, offset = [], 0
     for graph, structure in zip(graphs, structures):
         info = _graph_info(graph)
-        graph_records.append({**dataclasses.asdict(info), "structure_offset": offset,
+        graph_records.append({"name": info.name, "inputs": [dataclasses.asdict(t) for t in info.inputs],
+                              "outputs": [dataclasses.asdict(t) for t in info.outputs], "structure_offset": offset,
                               "structure_length": len(structure)})
         offset += len(structure)
     return {"toolchain": TOOLCHAIN, "tool_version": __version__,

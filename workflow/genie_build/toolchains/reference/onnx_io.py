@@ -103,17 +103,22 @@ class ExternalDataWriter:
         self._inline_max_bytes = inline_max_bytes
         self._end = 0
 
-    def add(self, name: str, array: np.ndarray) -> onnx.TensorProto:
-        """Write ``array`` (unless it is small) and return an initializer called ``name`` holding it."""
+    def add(self, name: str, array: np.ndarray, *, data_type: int | None = None,
+            dims: tuple[int, ...] | None = None) -> onnx.TensorProto:
+        """Write ``array`` (unless it is small) and return an initializer called ``name`` holding it.
+
+        ``data_type`` and ``dims`` describe values whose bytes are not one numpy element each (4-bit values packed
+        two a byte); by default the array's own type and shape."""
         data = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
+        tensor = onnx.TensorProto(name=name, dims=data.shape if dims is None else dims,
+                                  data_type=data_type or onnx.helper.np_dtype_to_tensor_dtype(data.dtype))
         if data.nbytes < self._inline_max_bytes:
-            return numpy_helper.from_array(data, name)
+            tensor.raw_data = data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes()
+            return tensor
         offset = self._end + (-self._end % self._alignment)
         self._handle.write(b"\0" * (offset - self._end))
         self._handle.write(data.reshape(-1).view(np.uint8))  # the array's own bytes: tobytes() would copy them
         self._end = offset + data.nbytes
-        tensor = onnx.TensorProto(name=name, dims=data.shape,
-                                  data_type=onnx.helper.np_dtype_to_tensor_dtype(data.dtype))
         tensor.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", self._location), ("offset", str(offset)), ("length", str(data.nbytes))):
             tensor.external_data.add(key=key, value=value)
@@ -143,13 +148,14 @@ class SharedWeights:
     def folder(self) -> str:
         return os.path.dirname(os.path.abspath(self._path))
 
-    def find(self, name: str, array: np.ndarray) -> onnx.TensorProto | None:
+    def find(self, name: str, array: np.ndarray, *, data_type: int | None = None,
+             dims: tuple[int, ...] | None = None) -> onnx.TensorProto | None:
         """An initializer called ``name`` pointing at the shared graph's tensor of that name, if it holds exactly
-        ``array`` (dtype, shape and bytes); None otherwise. Compared a chunk at a time: no second copy of a weight
-        is held."""
+        ``array`` (type, shape and bytes; ``data_type`` and ``dims`` as for :meth:`ExternalDataWriter.add`); None
+        otherwise. Compared a chunk at a time: no second copy of a weight is held."""
         tensor = self._tensors.get(name)
-        if (tensor is None or tuple(tensor.dims) != array.shape
-                or tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype)):
+        if (tensor is None or tuple(tensor.dims) != (array.shape if dims is None else tuple(dims))
+                or tensor.data_type != (data_type or onnx.helper.np_dtype_to_tensor_dtype(array.dtype))):
             return None
         wanted = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         with open_external_data(StoredTensor(f"initializer {name!r}", tensor), self._path) as (data, ref):

@@ -1,0 +1,282 @@
+"""The qnn-htp toolchain at the level of its commands: convert (QDQ graph + DLC), compile (one binary per part under
+the bundle's graph names, weights stored once), compile-twin and the twin's run in the HTP simulation, and the
+one-line refusals (a missing wheel, an unknown chipset, a graph the HTP backend does not take whole).
+
+The parts and encodings are the tiny demo's (tests/bundle_helpers.py), split and sliced as the workflow does; the
+reference toolchain's converted graphs of the same parts are the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
+from genie_build.conventions import graph_name, part_label
+from genie_build.encodings import read_encodings
+from genie_build.errors import GenieBuildError
+
+try:
+    from genie_build.qnn_wheel import locate_wheel
+    locate_wheel()
+    WHEEL_MISSING = None
+except GenieBuildError as exc:
+    WHEEL_MISSING = str(exc)
+needs_wheel = pytest.mark.skipif(WHEEL_MISSING is not None, reason=WHEEL_MISSING or "")
+pytestmark = needs_wheel
+
+NUM_PARTS = 3
+QNN_VARIANT = {**VARIANT, "toolchain": "qnn-htp", "weights_packing": False}
+
+
+def cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "genie_build", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+
+
+def part_files(build: ReferenceBuild, index: int, kind: str) -> tuple[Path, Path]:
+    label = part_label(index, NUM_PARTS)
+    return (build.root / "parts" / f"part_{label}" / f"{kind}.onnx",
+            build.root / "encodings" / f"part_{label}" / f"{kind}.encodings.json")
+
+
+def name_of(index: int, kind: str) -> str:
+    return graph_name(kind, TINY_DEMO["ar"] if kind == "prompt" else 1, TINY_DEMO["context"], index, NUM_PARTS)
+
+
+@pytest.fixture(scope="module")
+def converted(build: ReferenceBuild, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], Path]:
+    """Every part's graphs converted by qnn-htp (part 1, the 8-bit per-channel embedding alone, among them)."""
+    out = tmp_path_factory.mktemp("qnn-htp-converted")
+    result = {}
+    for index in range(1, NUM_PARTS + 1):
+        for kind in ("prompt", "token"):
+            onnx_path, encodings = part_files(build, index, kind)
+            target = out / f"part_{index}" / f"{kind}.onnx"
+            done = cli("convert", "--toolchain", "qnn-htp", "--onnx", onnx_path, "--encodings", encodings,
+                       "--graph-name", name_of(index, kind), "--float-bitwidth", 16, "--out", target)
+            assert done.returncode == 0, done.stderr[-2000:]
+            result[index, kind] = target
+    return result
+
+
+def compile_part(converted: dict, index: int, out: Path, **options: object) -> subprocess.CompletedProcess:
+    graphs = [f"{name_of(index, kind)}={converted[index, kind]}" for kind in ("prompt", "token")]
+    return cli("compile", "--toolchain", "qnn-htp", "--graph", *graphs, "--variant-json",
+               json.dumps({**QNN_VARIANT, **options}), "--chipset", "SM8750", "--out", out)
+
+
+def test_the_qdq_graph_holds_the_weights_the_encodings_give(build, converted, tmp_path):
+    """Each encoded weight dequantizes to exactly the reference toolchain's quantized weight (AIMET's
+    fake-quantized values), its 4-bit values stored as INT4 (signed, zero point 0: the encodings are symmetric)."""
+    from genie_build.toolchains.reference.convert import convert_model
+
+    reference = tmp_path / "reference.onnx"
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    convert_model(onnx_path, encodings, reference, graph_name="reference", float_bitwidth=32)
+    params = read_encodings(encodings).params
+    qdq, ref = (_weights(path, sorted(params)) for path in (converted[2, "prompt"], reference))
+    for name in params:
+        np.testing.assert_array_equal(qdq[name], ref[name], err_msg=name)
+    stored = {t.name: t for t in onnx.load(converted[2, "prompt"], load_external_data=False).graph.initializer}
+    int4 = [name for name, enc in params.items() if enc.bitwidth == 4]
+    assert int4 and {stored[f"{name}_quantized"].data_type for name in int4} == {onnx.TensorProto.INT4}
+    assert {stored[f"{name}_zero_point"].data_type for name in int4} == {onnx.TensorProto.INT4}
+
+
+def _weights(path: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """The weights ``names`` as a converted graph's nodes rebuild them from its initializers, on the CPU."""
+    model = onnx.load(path)
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    zeros = {value.name: np.zeros([d if isinstance(d, int) else 1 for d in value.shape], np.float32)
+             for value in session.get_inputs()}
+    return dict(zip(names, session.run(names, zeros)))
+
+
+def test_every_encoded_activation_is_quantized_with_its_encoding(build, converted):
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    activations = read_encodings(encodings).activations
+    model = onnx.load(converted[2, "prompt"], load_external_data=False)
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name.endswith(
+        ("/scale", "/zero_point"))}
+    quantized = {node.input[0].removesuffix("/float") if node.input[0].endswith("/float") else node.input[0]: node
+                 for node in model.graph.node if node.op_type == "QuantizeLinear"}
+    for name, enc in activations.items():
+        node = quantized[name]
+        assert initializers[node.input[1]] == np.float32(enc.scale[0]), name
+        assert int(initializers[node.input[2]]) == -enc.offset[0], name
+        assert initializers[node.input[2]].dtype == (np.uint16 if enc.bitwidth == 16 else np.uint8), name
+
+
+def test_the_qdq_part_on_the_cpu_computes_the_reference_parts_outputs(build, converted):
+    """The QDQ graph quantizes its activations at their encodings' grids, the reference does not: on the sample the
+    grids were calibrated on (no value clipped), they agree within what the grids cost -- the tiny demo's KV cache is
+    8-bit, so attention reads 8-bit keys and values (2.4% on the residual stream measured; a wrong scale or offset
+    anywhere gives tens of percent)."""
+    from genie_build.toolchains.reference.convert import convert_model
+
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    reference = converted[2, "prompt"].parent / "reference32.onnx"
+    convert_model(onnx_path, encodings, reference, graph_name="reference", float_bitwidth=32)
+    qdq = ort.InferenceSession(str(converted[2, "prompt"]), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"])
+    feed = calibration_feed(build, ref)
+    for (name, got), expected in zip(zip([o.name for o in qdq.get_outputs()], qdq.run(None, feed)),
+                                     ref.run([o.name for o in qdq.get_outputs()], feed)):
+        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 0.04, name
+
+
+def calibration_feed(build: ReferenceBuild, session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """Part 2's inputs on the sample the tiny demo's encodings were calibrated on (tests/bundle_helpers.py calibrates
+    on one): the embedding rows of its tokens (part 1 is the embedding alone), its mask, RoPE tables and cache."""
+    from genie_build.calibrate import calibration_feeds
+    from genie_build.demo import DemoShape
+    from genie_build.toolchains.reference.onnx_io import read_initializer
+
+    sample = next(calibration_feeds(DemoShape(**TINY_DEMO), "prompt", 1))
+    source = onnx.load(build.source / "prompt.onnx", load_external_data=False)
+    table = read_initializer(next(t for t in source.graph.initializer if t.name == "model.embed_tokens.weight"),
+                             build.source / "prompt.onnx")
+    hidden = table[sample["input_ids"].astype(np.int64)]
+    return {value.name: sample[value.name] if value.name in sample else hidden for value in session.get_inputs()}
+
+
+def test_the_convert_writes_the_graph_as_a_dlc_the_vendors_reader_opens(converted):
+    from genie_build.qnn_wheel.system import read_dlc
+
+    dlc = read_dlc(converted[2, "token"].with_suffix(".dlc"))
+    assert [graph.name for graph in dlc.graphs] == [name_of(2, "token")]
+    assert {t.name for t in dlc.graphs[0].info.inputs} >= {"attention_mask", "position_ids_cos"}
+
+
+def test_one_binary_per_part_holds_its_graphs_under_the_bundles_names_with_the_encodings_io(build, converted,
+                                                                                           tmp_path):
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    out = tmp_path / "part_2.bin"
+    done = compile_part(converted, 2, out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    binary = read_context_binary(out)
+    assert (binary.soc_model, binary.dsp_arch, binary.build_id[:7]) == (69, "v79", "v2.51.0")
+    assert sorted(graph.info.name for graph in binary.graphs) == sorted(name_of(2, kind) for kind in ("prompt", "token"))
+    for graph in binary.graphs:
+        kind = graph.info.name.split("_")[0]
+        activations = read_encodings(part_files(build, 2, kind)[1]).activations
+        for tensor in (*graph.info.inputs, *graph.info.outputs):
+            enc = activations[tensor.name]
+            assert (tensor.quant.bitwidth, tensor.quant.offset) == (enc.bitwidth, enc.offset[0]), tensor.name
+            assert tensor.quant.scale == pytest.approx(enc.scale[0], rel=1e-6), tensor.name
+
+
+def test_the_weight_shared_binary_is_smaller_than_the_separate_graphs_and_packing_changes_no_size(converted,
+                                                                                                 tmp_path):
+    sizes = {}
+    for label, options in (("shared", {}), ("separate", {"weight_sharing_enabled": False}),
+                           ("packed", {"weights_packing": True})):
+        out = tmp_path / f"{label}.bin"
+        assert compile_part(converted, 2, out, **options).returncode == 0
+        sizes[label] = out.stat().st_size
+    assert sizes["shared"] < sizes["separate"]
+    assert sizes["packed"] == sizes["shared"]   # QNN 2.51 stores int4 at 4 bits with or without the option
+    assert (tmp_path / "packed.bin").read_bytes() != (tmp_path / "shared.bin").read_bytes()  # the option applied
+
+
+def test_the_twin_runs_in_the_htp_simulation_as_the_qdq_graph_on_the_cpu(build, converted, tmp_path):
+    from genie_build.run_bundle import GraphFile, _graph_session
+    from genie_build.toolchains.qnn_htp.twin import require_same_io, twin_models, twin_target
+
+    shipped, twin = tmp_path / "part_2.bin", tmp_path / "twin"
+    assert compile_part(converted, 2, shipped).returncode == 0
+    graphs = [f"{name_of(2, kind)}={converted[2, kind]}" for kind in ("prompt", "token")]
+    done = cli("compile-twin", "--graph", *graphs, "--variant-json", json.dumps(QNN_VARIANT), "--chipset", "SM8750",
+               "--out-dir", twin)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = require_same_io(shipped, twin)
+    model = twin_models(twin, names)[name_of(2, "prompt")]
+    simulated = _graph_session(GraphFile(onnx.load(model), model, twin_target(twin)))
+    on_cpu = ort.InferenceSession(str(converted[2, "prompt"]), providers=["CPUExecutionProvider"])
+    feed = calibration_feed(build, on_cpu)
+    got = simulated.run(feed)
+    for name, expected in zip([o.name for o in on_cpu.get_outputs()], on_cpu.run(None, feed)):
+        assert np.linalg.norm(got[name] - expected) / np.linalg.norm(expected) < 0.03, name
+
+
+def test_a_twin_of_other_graphs_is_refused_naming_the_difference(converted, tmp_path):
+    from genie_build.toolchains.qnn_htp.twin import require_same_io
+
+    shipped, other = tmp_path / "part_2.bin", tmp_path / "other"
+    assert compile_part(converted, 2, shipped).returncode == 0
+    graphs = [f"{name_of(3, kind)}={converted[3, kind]}" for kind in ("prompt", "token")]
+    assert cli("compile-twin", "--graph", *graphs, "--variant-json", json.dumps(QNN_VARIANT), "--chipset", "SM8750",
+               "--out-dir", other).returncode == 0
+    with pytest.raises(GenieBuildError, match="holds graphs"):
+        require_same_io(shipped, other)
+
+
+def test_a_graph_the_htp_does_not_take_whole_is_one_line_naming_the_op(converted, tmp_path):
+    """Part 1 is the tiny demo's 8-bit per-channel embedding table: its Gather's table stays on the CPU."""
+    done = compile_part(converted, 1, tmp_path / "part_1.bin")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("genie-build: error: ") and "does not run on the HTP backend whole" in last
+    assert "DequantizeLinear" in last and "bundle.embedding: lut" in last
+    assert not (tmp_path / "part_1.bin").exists() and list(tmp_path.glob(".*")) == []
+
+
+def test_an_unknown_chipset_is_one_line(converted, tmp_path):
+    done = cli("compile", "--toolchain", "qnn-htp", "--graph", f"{name_of(2, 'prompt')}={converted[2, 'prompt']}",
+               "--variant-json", json.dumps(QNN_VARIANT), "--chipset", "SM9999", "--out", tmp_path / "x.bin")
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("genie-build: error: ")
+    assert "SM9999" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["convert", "compile"])
+def test_a_missing_wheel_is_one_line_naming_the_extra(build, tmp_path, command):
+    """The wheel hidden from a fresh interpreter (a module finder that refuses it)."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\nclass _Hide:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'onnxruntime_qnn':\n            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    args = (["convert", "--toolchain", "qnn-htp", "--onnx", onnx_path, "--encodings", encodings, "--graph-name", "g",
+             "--float-bitwidth", 16, "--out", tmp_path / "g.onnx"] if command == "convert" else
+            ["compile", "--toolchain", "qnn-htp", "--graph", f"g={onnx_path}", "--variant-json",
+             json.dumps(QNN_VARIANT), "--chipset", "SM8750", "--out", tmp_path / "g.bin"])
+    import os
+    done = subprocess.run([sys.executable, "-m", "genie_build", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"genie-build: error: toolchain qnn-htp: the onnxruntime-qnn wheel is not installed for {sys.executable}: "
+        "pip install -r envs/requirements-qnn.txt")
+
+
+def test_a_weight_with_a_float_encoding_stays_float_and_runs_on_the_htp(build, tmp_path):
+    """AIMET's float fallback: a norm weight given a float16 encoding is not quantized; its op runs in float16."""
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    document = json.loads(encodings.read_text())
+    norm = next(t.name for t in onnx.load(onnx_path, load_external_data=False).graph.initializer
+                if t.name.endswith("input_layernorm.weight"))
+    document["param_encodings"] = [entry for entry in document["param_encodings"] if entry["name"] != norm]
+    document["param_encodings"].append({"name": norm, "dtype": "FLOAT", "bw": 16, "enc_type": "PER_TENSOR"})
+    edited, out = tmp_path / "edited.encodings.json", tmp_path / "converted" / "prompt.onnx"
+    edited.write_text(json.dumps(document))
+    done = cli("convert", "--toolchain", "qnn-htp", "--onnx", onnx_path, "--encodings", edited, "--graph-name",
+               name_of(2, "prompt"), "--float-bitwidth", 16, "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = onnx.load(out, load_external_data=False)
+    assert norm in {t.name for t in model.graph.initializer}
+    assert not any(node.output[0] == norm for node in model.graph.node)
+    assert cli("compile", "--toolchain", "qnn-htp", "--graph", f"{name_of(2, 'prompt')}={out}", "--variant-json",
+               json.dumps(QNN_VARIANT), "--chipset", "SM8750", "--out", tmp_path / "p.bin").returncode == 0
