@@ -84,8 +84,10 @@ rule run_bundle:
         check=f"{OUT}/bundle_check.json",
         reference=host_run_reference,
         twins=host_run_twins,
-        # with the table: part 1's graph and encodings, from which the reference computes the rows the table must hold
-        embedding_part=lambda wc: list(embedding_part_files(wc).values()) if EMBEDDING_LUT else [],
+        # with the table: part 1's graph and encodings, from which the reference computes the rows the table must
+        # hold (each a function of its own, as the table's rule has them)
+        embedding_onnx=lambda wc: embedding_part_files(wc)["onnx"] if EMBEDDING_LUT else [],
+        embedding_encodings=lambda wc: embedding_part_files(wc)["encodings"] if EMBEDDING_LUT else [],
     output:
         f"{OUT}/host_run.json",
     params:
@@ -93,8 +95,9 @@ rule run_bundle:
         new_tokens=HOST_NEW_TOKENS,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
         if SOURCE.calibrates or HOST_TWINS else ["--compare-with", input.reference[0]],
-        twins=lambda wc, input: ["--twin", *input.twins] if input.twins else [],
-        embedding_part=lambda wc, input: ["--embedding-part", *input.embedding_part] if input.embedding_part else [],
+        twins=lambda wc, input: ["--twin", *input.twins] if HOST_TWINS else [],
+        embedding_part=lambda wc, input: ["--embedding-part", input.embedding_onnx, input.embedding_encodings]
+        if EMBEDDING_LUT else [],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
