@@ -39,18 +39,20 @@ from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
                                      graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.embedding_table import TableEncoding, dequantize_rows
-from genie_build.fileio import read_json, resolve_inside
+from genie_build.embedding_part import (EmbeddingLookup, PartLookup, PartRows, embedding_lookup, graph_after_embedding,
+                                        read_embedding_part)
+from genie_build.fileio import read_json
 from genie_build.families import FAMILIES
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
+from genie_build.tokens import host_prompt_ids
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
-__all__ = ["EmbeddingLookup", "Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "choose_graph", "embedding_lookup", "generate",
+__all__ = ["Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "choose_graph", "generate",
            "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
            "unsplit_tokens"]
 
@@ -103,7 +105,7 @@ class Runner:
     head_dim: int
     rope_theta: float
     rope_scaling: Mapping[str, Any] | None = None  # HF llama3 parameters when Genie's config scales RoPE
-    embedding: EmbeddingLookup | None = None  # the bundle's CPU table, when part 1 is not a graph
+    embedding: EmbeddingLookup | PartLookup | None = None  # the bundle's CPU table (or what it must hold)
 
     @property
     def offered(self) -> frozenset[tuple[int, int]]:
@@ -129,19 +131,6 @@ class GraphRun:
     ar: int
     cl: int
     steps: int
-
-
-@dataclass(frozen=True)
-class EmbeddingLookup:
-    """The bundle's embedding table (``dialog.embedding``, type lut) as Genie reads it: the stored codes, mmapped,
-    and how to read them back."""
-
-    codes: np.ndarray  # [n_vocab, n_embd]
-    encoding: TableEncoding
-
-    def vectors(self, tokens: Sequence[int]) -> np.ndarray:
-        """``inputs_embeds`` ``[1, len(tokens), n_embd]``: each token's row, dequantized."""
-        return dequantize_rows(self.codes[np.asarray(tokens, dtype=np.int64)], self.encoding)[np.newaxis]
 
 
 @dataclass(frozen=True)
@@ -172,7 +161,8 @@ class Generation:
 
 
 def make_runner(parts: Iterable[Mapping[str, ContainerGraph | GraphFile]], *, head_dim: int, rope_theta: float,
-                rope_scaling: Mapping[str, Any] | None = None, embedding: EmbeddingLookup | None = None) -> Runner:
+                rope_scaling: Mapping[str, Any] | None = None,
+                embedding: EmbeddingLookup | PartLookup | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the (AR, CL) each graph takes.
 
     The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
@@ -247,27 +237,6 @@ def _twin_parts(bundle: Path, binaries: Sequence[Path], twins: Sequence[str | os
     return parts
 
 
-def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
-    """The checked bundle's embedding table, mmapped (None when the embedding is part 1's graph).
-
-    Raises:
-        GenieBuildError: a table the host run does not read (a callback, or a datatype other than ufixed8/16 and
-            float32).
-    """
-    block = dialog.get("embedding")
-    if block is None:
-        return None
-    bits = {"float32": 32, "ufixed8": 8, "ufixed16": 16}.get(block.get("datatype"))
-    if block.get("type") != "lut" or bits is None:
-        raise GenieBuildError(bundle / GENIE_CONFIG_NAME, f"the host run reads lut tables of float32, ufixed8 or "
-                                                          f"ufixed16, not {block.get('type')!r} {block.get('datatype')!r}")
-    quant = block.get("quant-param", {})
-    encoding = TableEncoding(bits, float(quant.get("scale", 1.0)), int(quant.get("offset", 0)))
-    path = resolve_inside(bundle / block["lut-path"], [bundle])
-    codes = np.memmap(path, dtype=encoding.dtype, mode="r", shape=(dialog["context"]["n-vocab"], block["size"]))
-    return EmbeddingLookup(codes, encoding)
-
-
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
     """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time, each step at the
@@ -294,7 +263,7 @@ def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: 
     """Tokenize ``prompt``, generate greedily from the bundle (its QNN binaries through ``twins``) and decode the new
     tokens."""
     loaded = load_bundle(bundle_dir, twins)
-    prompt_ids = loaded.tokenizer.encode(prompt).ids
+    prompt_ids = host_prompt_ids(loaded.tokenizer, prompt)
     new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
                                                                     loaded.eos_ids, loaded.context_size)
     return Generation(prompt_ids=tuple(prompt_ids), new_ids=tuple(new_ids),
@@ -327,28 +296,37 @@ class HostRun:
 UNSPLIT_REFERENCE = "the unsplit model, converted with the whole encodings and compiled with the bundle's options"
 PARTS_REFERENCE = ("the parts' converted graphs chained on the host, without the bundle's context binaries (a model "
                    "calibrated part by part has no whole encodings to convert an unsplit graph with)")
+TABLE_REFERENCE = (", from part 1's output on, fed part 1's rows computed for each token and quantized as the table "
+                   "stores them")
 
 
 def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
              compare_with: str | os.PathLike[str] | None = None,
              compare_with_parts: Sequence[str | os.PathLike[str]] = (),
-             twins: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
+             twins: Sequence[str | os.PathLike[str]] = (),
+             embedding_part: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None) -> HostRun:
     """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
     on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
-    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`).
+    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`). For a bundle whose embedding is a
+    table, ``embedding_part`` (part 1's float graph and its encodings) gives the reference its embedding: part 1's
+    rows computed for each token and quantized as the table stores them, never read from the bundle's table.
 
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
     generation = run_bundle(bundle_dir, prompt, max_new_tokens, twins)
+    embedding = None if embedding_part is None else PartLookup(PartRows(read_embedding_part(*embedding_part)))
     if compare_with is not None:
-        expected, reference = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens), \
-            UNSPLIT_REFERENCE
+        expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding)
+        reference = UNSPLIT_REFERENCE
     elif compare_with_parts:
-        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens)
+        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens,
+                                           embedding)
         reference = PARTS_REFERENCE
     else:
         return HostRun(prompt, generation)
+    if embedding is not None:
+        reference += TABLE_REFERENCE
     if expected != list(generation.new_ids):
         raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from those of "
                                           f"{reference}: {expected}")
@@ -356,19 +334,26 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
 
 
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
-                   prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+                   prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None) -> list[int]:
     """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,
-    compiled with the bundle variant's options): what the bundle's parts must reproduce.
+    compiled with the bundle variant's options): what the bundle's parts must reproduce. With ``embedding`` (a
+    bundle whose part 1 is a table), the model from part 1's output on, fed that embedding.
 
     RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
     loaded (run :func:`load_bundle` first to check the bundle)."""
-    return _reference_tokens(bundle_dir, [read_graphs(unsplit_binary)], prompt_ids, max_new_tokens)
+    graphs = read_graphs(unsplit_binary)
+    if embedding is not None:
+        graphs = {name: graph_after_embedding(graph, embedding.rows.part.output, unsplit_binary)
+                  for name, graph in graphs.items()}
+    return _reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding)
 
 
 def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
-                            prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+                            prompt_ids: Sequence[int], max_new_tokens: int,
+                            embedding: PartLookup | None = None) -> list[int]:
     """Greedy tokens of the parts' converted graphs (``graphs``: the reference converter's ONNX files, every graph of
-    every part, grouped by the part their graph name gives), run as they are, without a context binary.
+    every part, grouped by the part their graph name gives), run as they are, without a context binary; fed
+    ``embedding`` when they start at ``inputs_embeds``.
 
     Raises:
         GenieBuildError: a graph cannot be read or its name gives no part.
@@ -381,7 +366,8 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
         if match is None:
             raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
         parts.setdefault(match.group(0), {})[name] = graph
-    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
+    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
+                             embedding)
 
 
 def _converted_graph(path: str | os.PathLike[str]) -> ContainerGraph | GraphFile:
@@ -411,14 +397,12 @@ def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
 
 
 def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
-                      prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
+                      prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None) -> list[int]:
+    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size, fed ``embedding`` when
+    they start at ``inputs_embeds`` (without it, that input is one nobody provides)."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
-    # parts that start at inputs_embeds (a bundle whose part 1 is its table) look tokens up in the bundle's table
-    takes_embeddings = any(INPUTS_EMBEDS in {t.name for t in graph.model.graph.input} for graph in parts[0].values())
-    runner = make_runner(parts, **host_rope(dialog["engine"], config_path),
-                         embedding=embedding_lookup(Path(bundle_dir), dialog) if takes_embeddings else None)
+    runner = make_runner(parts, **host_rope(dialog["engine"], config_path), embedding=embedding)
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
 
