@@ -24,16 +24,17 @@ from pathlib import Path, PurePosixPath
 from genie_build.bundle_files import (MAX_CTX_BIN_BYTES, MAX_DOCUMENT_BYTES, MAX_HASHED_BYTES, Finding, Severity,
                                      bundle_file_problem, bundle_path, config_value, is_inside, load_bundle_json)
 from genie_build.check_embedding import RULE as EMBEDDING_RULE, check_embedding
+from genie_build.check_vendor import RULES as VENDOR_RULES, check_vendor
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
 from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
-from genie_build.htp_extensions import share_resources_problems
+from genie_build.htp_extensions import extension_problems
 from genie_build.fileio import is_json_int, read_text, regular_file_size, sha256_file
 from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
                                       HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
-                                      load_tokenizer)
+                                      load_tokenizer, sampler_problem)
 from genie_build.genie_contract import graph_violations
 from genie_build.hf_config import load_hf_config
 from genie_build.manifest import MANIFEST_NAME
@@ -61,12 +62,16 @@ RULES = {
     "context-size": "context.size is at most the compiled context length",
     "tensor-dims": "kv-dim and pos-id-dim/rope-dim match the KV cache and RoPE tensors",
     "chipset": "soc_model and dsp_arch agree with the chipset table",
-    "htp-extensions": "the extension config's context and groupContext keys are the HTP backend's, and "
+    "htp-extensions": "the extension config's context, groupContext, memory and devices[].cores[] keys, types and "
+                      "perf_profile are the HTP backend's, and "
                       "groupContext.share_resources comes with allow-async-init (without it Genie ignores it) and "
                       "without enable-graph-switching (the HTP backend does not switch graphs of shared contexts)",
     "n-vocab": "n-vocab is at most the logits' width and the model's vocab_size (a smaller one is a warning), and "
                "every tokenizer id lies within the logits",
     "manifest": "manifest.json names files inside the bundle only, and their hashes match",
+    "sampler": "a sampler that asks for greedy decoding gets it from Genie (top-k 1 or temp 0: Genie 2.51 ignores "
+               "greedy)",
+    **VENDOR_RULES,
     EMBEDDING_RULE: "dialog.embedding's table (type lut) is n-vocab x size x the datatype's bytes, its datatype comes "
                     "with the quant-param it needs, and the first part's graphs take inputs_embeds of that size "
                     "(genie_build.check_embedding)",
@@ -96,6 +101,8 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
         return findings or [Finding("files", "error", f"{GENIE_CONFIG_NAME} is not a JSON object")]
     findings += _check_keys(config)
     findings += _check_rope_style(config)
+    sampler = sampler_problem(config_value(config, "dialog.sampler", dict) or {})
+    findings += [Finding("sampler", "warning", sampler)] if sampler else []
     referenced, referenced_findings = _referenced_files(bundle, config)
     findings += referenced_findings
     ctx_bins = [name for name in config_value(config, "dialog.engine.model.binary.ctx-bins", list) or []
@@ -112,7 +119,8 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
         switches = (config_value(config, f"{qnn_htp}.allow-async-init"),
                     config_value(config, f"{qnn_htp}.enable-graph-switching"))
         findings += [Finding("htp-extensions", severity, f"{extensions}: {message}") for severity, message in
-                     (share_resources_problems(htp_config, *switches) if isinstance(htp_config, dict) else ())]
+                     (extension_problems(htp_config, *switches) if isinstance(htp_config, dict) else ())]
+    findings += check_vendor(bundle, extensions)
     findings += _check_manifest(bundle) if manifest else []
     graphs, graph_findings = _load_graphs(bundle, ctx_bins)
     findings += graph_findings
@@ -147,7 +155,8 @@ def _check_keys(config: dict) -> list[Finding]:
     """Mandatory keys, known keys, key types, versions and the values genie-build's checks need."""
     if not isinstance(config.get("dialog"), dict):
         return [Finding("required-keys", "error", "genie_config.json has no 'dialog' object")]
-    findings = []
+    findings = [Finding("unknown-key", "error", f"genie_config.json has top-level key {key!r}; Genie knows 'dialog' "
+                                                "only") for key in config if key != "dialog"]
     for where, section in GENIE_CONFIG_SECTIONS.items():
         body = config_value(config, where, dict)
         if body is not None:  # an absent section is reported by its parent's mandatory keys
@@ -171,10 +180,9 @@ def _check_keys(config: dict) -> list[Finding]:
 def _check_section(section: GenieSection, where: str, body: dict) -> list[Finding]:
     findings = [Finding("required-keys", "error", f"{where} lacks mandatory key {key!r}")
                 for key in sorted(section.mandatory - set(body))]
-    if section.known is not None:
-        findings += [Finding("unknown-key", "error", f"{where} has key {key!r} that Genie does not know "
-                                                     f"(known: {', '.join(sorted(section.known))})")
-                     for key in body if key not in section.known]
+    findings += [Finding("unknown-key", "error", f"{where} has key {key!r} that Genie does not take here "
+                                                 f"(known: {', '.join(sorted(section.known))})")
+                 for key in body if key not in section.known]
     findings += [Finding("required-keys", "error", f"{where}.{key} must be {kind.name}, got {body[key]!r}")
                  for key, kind in section.types.items() if key in body and not kind.accepts(body[key])]
     if "version" in body and body["version"] != 1:
