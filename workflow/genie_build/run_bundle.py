@@ -1,14 +1,13 @@
-"""Run a reference bundle on the host the way Genie runs a bundle on the phone.
+"""Run a reference bundle on the host the way Genie runs a bundle on the phone (docs/host-run.md).
 
-The prompt is processed in chunks of the prompt graphs' AR (the last chunk padded at its end), each chunk
-through every part in order; then the token graphs (AR 1) decode one token at a time, greedily. A bundle whose
-parts hold their graphs at several context lengths runs each step as Genie does (:func:`choose_graph`): at the
-smallest CL that holds it, moving up a length, never down, when the cache outgrows the current one, the cache
-carried over (docs/host-run.md). The host keeps the KV cache (docs/conventions.md): per layer, keys
-``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``, valid entries first, in one buffer of the
-largest CL. A graph with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask
-hiding the empty ones (``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real
-ones (not the padding).
+The prompt is Genie's first query: ``bos-token`` first, then the prompt's tokens. It is processed in chunks, each
+through every part in order; then one token at a time, greedily. Each chunk or token runs on the graph (AR, CL)
+Genie's KV manager picks (:func:`genie_steps`): the smallest CL that holds the cache, moving up a length one step
+before the cache would fill it, and back down when a smaller one holds it again. The host keeps the KV cache
+(docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``, valid
+entries first, in one buffer of the largest CL whose empty slots hold what Genie's cleared cache reads as. A graph
+with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask hiding the empty ones
+(``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real ones (not the padding).
 
 The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
 reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
@@ -47,10 +46,11 @@ from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
-from genie_build.toolchains.reference.onnx_io import read_initializer
+from genie_build.toolchains.reference.convert import IO_ENCODINGS_KEY
+from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
 
 __all__ = ["EmbeddingLookup", "Generation", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "choose_graph", "embedding_lookup", "generate",
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "Step", "embedding_lookup", "generate", "genie_steps",
            "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
            "unsplit_tokens"]
 
@@ -64,6 +64,7 @@ class GraphSession:
 
     session: ort.InferenceSession
     weights: Mapping[str, np.ndarray]
+    empty: Mapping[str, float] = dataclasses.field(default_factory=dict)  # KV input -> what Genie's empty slot reads
 
     def inputs(self) -> list[ort.NodeArg]:
         """The graph's inputs other than its weights."""
@@ -135,12 +136,18 @@ class EmbeddingLookup:
 
 @dataclass(frozen=True)
 class LoadedBundle:
-    """A bundle ready to run: its graphs, tokenizer, stop tokens and ``context.size``."""
+    """A bundle ready to run: its graphs, tokenizer, stop tokens, ``context.size`` and ``bos-token``."""
 
     runner: Runner
     tokenizer: Tokenizer
     eos_ids: frozenset[int]
     context_size: int
+    bos_id: int = -1  # Genie prepends it to a first query when it is >= 0
+
+    def query_ids(self, prompt: str) -> list[int]:
+        """The tokens Genie feeds for ``prompt`` as the dialog's first query: ``bos-token`` (when >= 0), then the
+        prompt's tokens, the tokenizer's own special tokens left out (Genie adds the BOS itself)."""
+        return [self.bos_id] * (self.bos_id >= 0) + self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,8 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
     return LoadedBundle(runner=make_runner(parts, **rope, embedding=embedding_lookup(bundle, dialog)),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
-                        eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
+                        eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"],
+                        bos_id=dialog["context"]["bos-token"])
 
 
 def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
@@ -235,8 +243,8 @@ def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
 
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
-    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time, each step at the
-    smallest context length that holds it (:func:`choose_graph`).
+    """Greedy decoding: the prompt in chunks, then one token at a time, each on the graph Genie picks
+    (:func:`genie_steps`).
 
     Args:
         runner: the model's parts.
@@ -255,9 +263,10 @@ def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
 
 
 def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int) -> Generation:
-    """Tokenize ``prompt``, generate greedily from the bundle and decode the new tokens."""
+    """Tokenize ``prompt`` as Genie does for a first query (:meth:`LoadedBundle.query_ids`), generate greedily from
+    the bundle and decode the new tokens."""
     loaded = load_bundle(bundle_dir)
-    prompt_ids = loaded.tokenizer.encode(prompt).ids
+    prompt_ids = loaded.query_ids(prompt)
     new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
                                                                     loaded.eos_ids, loaded.context_size)
     return Generation(prompt_ids=tuple(prompt_ids), new_ids=tuple(new_ids),
@@ -373,22 +382,53 @@ def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mappin
                     context_size=dialog["context"]["size"])
 
 
-def choose_graph(offered: Collection[tuple[int, int]], past_len: int, *, widest: bool,
-                 at_least: int = 0) -> tuple[int, int]:
-    """The graph (AR, CL) Genie runs a step on after ``past_len`` tokens (KVManager's strategy): the smallest CL,
-    not below ``at_least`` (the current one: Genie never moves down during a dialog), whose widest AR (a prompt
-    chunk, ``widest``) or narrowest (a token) holds the step: ``past_len + AR <= CL``.
+@dataclass(frozen=True)
+class Step:
+    """``count`` tokens run through every part's graph (``ar``, ``cl``): one inference of Genie's strategy."""
+
+    ar: int
+    cl: int
+    count: int
+
+
+def genie_steps(offered: Collection[tuple[int, int]], valid: int, count: int) -> list[Step]:
+    """The inferences Genie runs to take ``count`` new tokens after ``valid`` cached ones (Genie 2.51's
+    ``KVManager::prepareInferenceStrategy``, a query or one generated token at a time; docs/host-run.md).
+
+    It starts at the smallest CL that holds the cache, with the narrowest AR that takes every token at once (or the
+    widest there is), moving to a larger CL while the step would not fit (``valid + AR > CL``). Before each chunk it
+    moves up one length when the cache after it might not fit the next step (``valid + AR > CL - AR``: for tokens,
+    one slot is kept free). A later query or token starts again at the smallest CL that holds the cache, so Genie
+    can move back down.
 
     Raises:
-        GenieBuildError: no CL holds the step.
+        GenieBuildError: the tokens exceed the largest CL, or the cache does not fit a chunk's past slots.
     """
-    for cl in sorted({cl for _, cl in offered if cl >= at_least}):
-        ars = [ar for ar, length in offered if length == cl]
-        ar = max(ars) if widest else min(ars)
-        if past_len + ar <= cl:
-            return ar, cl
-    raise GenieBuildError("prompt", f"a {'prompt chunk' if widest else 'token'} at position {past_len} fits no "
-                                    f"graph (AR, CL) of {sorted(offered)}")
+    lengths = sorted({cl for _, cl in offered})
+    ars = {cl: sorted(ar for ar, length in offered if length == cl) for cl in lengths}
+    if valid + count > lengths[-1]:
+        raise GenieBuildError("prompt", f"{count} tokens after {valid} exceed the largest context length {lengths[-1]}")
+    cl = next(length for length in lengths if length >= valid)
+    ar = _pick(count, ars[cl])
+    while valid + ar > cl and cl != lengths[-1]:
+        cl = lengths[lengths.index(cl) + 1]
+        ar = _pick(count, ars[cl])
+    steps, remaining = [], count
+    while remaining:
+        if valid + ar > cl - ar and cl != lengths[-1]:
+            cl = lengths[lengths.index(cl) + 1]
+            ar = _pick(remaining, ars[cl])
+        if valid > cl - ar:
+            raise GenieBuildError("prompt", f"the cache's {valid} entries do not fit the {cl - ar} past slots of "
+                                            f"graph AR {ar} CL {cl}")
+        steps.append(Step(ar, cl, min(remaining, ar)))
+        valid, remaining = valid + steps[-1].count, remaining - steps[-1].count
+    return steps
+
+
+def _pick(count: int, ars: Sequence[int]) -> int:
+    """Genie's choice of AR for ``count`` tokens: the narrowest that takes them at once, else the widest."""
+    return min((ar for ar in ars if ar >= count), default=max(ars))
 
 
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
@@ -405,24 +445,23 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
     rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length), runner.rope_scaling)
     runs: list[GraphRun] = []
 
-    def step(tokens: Sequence[int], ar: int, cl: int) -> np.ndarray:
-        if runs and (runs[-1].ar, runs[-1].cl) == (ar, cl):
-            runs[-1] = dataclasses.replace(runs[-1], steps=runs[-1].steps + 1)
-        else:
-            runs.append(GraphRun(ar, cl, 1))
-        return _step(runner, cache, rope, tokens, ar, cl)
-
-    def next_graph(widest: bool) -> tuple[int, int]:
-        return choose_graph(runner.offered, cache.length, widest=widest, at_least=runs[-1].cl if runs else 0)
+    def run(tokens: Sequence[int]) -> np.ndarray:
+        """``tokens`` (the query, or one generated token) through Genie's steps; the logits of the last one."""
+        first = cache.length
+        for chosen in genie_steps(runner.offered, first, len(tokens)):
+            if runs and (runs[-1].ar, runs[-1].cl) == (chosen.ar, chosen.cl):
+                runs[-1] = dataclasses.replace(runs[-1], steps=runs[-1].steps + 1)
+            else:
+                runs.append(GraphRun(chosen.ar, chosen.cl, 1))
+            done = cache.length - first
+            logits = _step(runner, cache, rope, tokens[done:done + chosen.count], chosen.ar, chosen.cl)
+        return logits
 
     started = time.perf_counter()
-    while cache.length < len(prompt_ids):
-        ar, cl = next_graph(widest=True)
-        logits = step(prompt_ids[cache.length:cache.length + ar], ar, cl)
-    new_ids = [int(np.argmax(logits))]
+    new_ids = [int(np.argmax(run(prompt_ids)))]
     prompt_done = time.perf_counter()
     while len(new_ids) < max_new_tokens and new_ids[-1] not in eos_ids:
-        new_ids.append(int(np.argmax(step(new_ids[-1:], *next_graph(widest=False)))))
+        new_ids.append(int(np.argmax(run(new_ids[-1:]))))
     return new_ids, prompt_done - started, time.perf_counter() - prompt_done, tuple(runs)
 
 
@@ -439,8 +478,8 @@ def _step(runner: Runner, cache: KVCache, rope: tuple[np.ndarray, np.ndarray], t
             POS_COS: rope[0][:, :, positions], POS_SIN: rope[1][:, :, positions]}
     for part in runner.graphs:
         graph = part[ar, cl]
-        inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
-                  for node in graph.inputs()}
+        inputs = {node.name: feed[node.name] if node.name in feed
+                  else cache.past(node.name, node.shape, graph.empty.get(node.name, 0.0)) for node in graph.inputs()}
         outputs = graph.run(inputs)
         cache.store(outputs, count)
         feed.update(outputs)
@@ -456,8 +495,9 @@ class KVCache:
         self.length = 0
         self.buffers: dict[str, np.ndarray] = {}
 
-    def past(self, input_name: str, shape: Sequence[int]) -> np.ndarray:
-        """The feed of input ``past_*_in`` of ``shape``: its first slots (valid entries, then zeros)."""
+    def past(self, input_name: str, shape: Sequence[int], empty: float = 0.0) -> np.ndarray:
+        """The feed of input ``past_*_in`` of ``shape``: its first slots (valid entries, then slots holding
+        ``empty``, the value the buffer is created with)."""
         if not input_name.startswith((KV_KEY_PREFIX, KV_VALUE_PREFIX)) or not input_name.endswith("_in"):
             raise GenieBuildError(input_name, "is an input that neither the host nor an earlier part provides")
         axis = -1 if input_name.startswith(KV_KEY_PREFIX) else -2
@@ -465,7 +505,7 @@ class KVCache:
         if key not in self.buffers:
             buffer_shape = list(shape)
             buffer_shape[axis] = self.context_length
-            self.buffers[key] = np.zeros(buffer_shape, dtype=np.float32)
+            self.buffers[key] = np.full(buffer_shape, empty, dtype=np.float32)
         return np.take(self.buffers[key], np.arange(shape[axis]), axis=axis)
 
     def store(self, outputs: Mapping[str, np.ndarray], count: int) -> None:
@@ -530,7 +570,18 @@ def _graph_session(graph: ContainerGraph) -> GraphSession:
     for tensor in model.graph.initializer:
         model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     model.graph.ClearField("initializer")
-    return GraphSession(session=_session(model), weights=graph.weights)
+    return GraphSession(session=_session(model), weights=graph.weights, empty=_empty_kv(model))
+
+
+def _empty_kv(model: onnx.ModelProto) -> dict[str, float]:
+    """Per quantized KV input, what an empty cache slot reads as in Genie: it clears a quantized cache with the middle
+    code (32768 at 16 bits) whatever the encoding's offset, which dequantizes to ``(code + offset) * scale``. A float
+    cache is cleared with 0 (the default)."""
+    encodings = metadata_json(model, IO_ENCODINGS_KEY, {})
+    return {name: (2 ** (encoding["bitwidth"] - 1) + encoding["offset"]) * encoding["scale"]
+            for name, encoding in encodings.items()
+            if name.startswith((KV_KEY_PREFIX, KV_VALUE_PREFIX)) and name.endswith("_in")
+            and encoding.get("dtype") == "int"}
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
