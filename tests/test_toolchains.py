@@ -17,6 +17,7 @@ from genie_build.toolchains.base import SDK_ROOT_VARIABLE
     ("reference", 16, "reference-fp16", (".onnx", ".onnx.data")),
     ("qairt", 32, "qairt-fp32", (".dlc",)),
     ("qnn-cli", 16, "qnn-cli-fp16", (".dlc",)),    # a '-' in the toolchain's own name
+    ("qnn-htp", 16, "qnn-htp-fp16", (".onnx", ".onnx.data", ".dlc")),   # the QDQ graph and its DLC
 ])
 def test_a_converter_is_named_and_read_back_by_one_rule(toolchain, bits, name, suffixes):
     converter = Converter.of_variant({"toolchain": toolchain, "float_bitwidth": bits, "weights_packing": True,
@@ -25,12 +26,14 @@ def test_a_converter_is_named_and_read_back_by_one_rule(toolchain, bits, name, s
 
 
 def test_the_wildcard_patterns_take_their_toolchains_converters_only():
-    reference, sdk = converter_pattern(["reference"]), converter_pattern(SDK_TOOLCHAINS)
+    reference, sdk, htp = (converter_pattern(["reference"]), converter_pattern(SDK_TOOLCHAINS),
+                           converter_pattern(["qnn-htp"]))
     assert re.fullmatch(reference, "reference-fp16") and not re.fullmatch(reference, "qairt-fp16")
+    assert re.fullmatch(htp, "qnn-htp-fp16") and not re.fullmatch(sdk, "qnn-htp-fp16")
     assert re.fullmatch(sdk, "qnn-cli-fp32") and re.fullmatch(sdk, "qairt-fp16")
     assert not re.fullmatch(sdk, "reference-fp16") and not re.fullmatch(sdk, "qairt-fpx")
     assert not re.fullmatch(reference, "w8a16/reference-fp16")
-    assert set(SDK_TOOLCHAINS) | {"reference"} == set(TOOLCHAINS)
+    assert set(SDK_TOOLCHAINS) | {"reference", "qnn-htp"} == set(TOOLCHAINS)
 
 
 def test_a_toolchains_build_is_genie_builds_version_or_the_sdk_folder(monkeypatch, tmp_path):

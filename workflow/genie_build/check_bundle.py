@@ -31,7 +31,7 @@ from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, 
                                      read_cl)
 from genie_build.errors import GenieBuildError
 from genie_build.htp_extensions import extension_problems
-from genie_build.fileio import is_json_int, read_text, regular_file_size, sha256_file
+from genie_build.fileio import is_json_int, read_text, regular_file_size, resolve_inside, sha256_file
 from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
                                       HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
                                       load_tokenizer, sampler_problem)
@@ -40,7 +40,7 @@ from genie_build.hf_config import load_hf_config
 from genie_build.manifest import MANIFEST_NAME
 from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
 from genie_build.toolchains.base import GraphInfo, TensorInfo
-from genie_build.toolchains.reference.container_format import inspect_container
+from genie_build.toolchains.reference.container_format import MAGIC as CONTAINER_MAGIC, inspect_container
 
 __all__ = ["Finding", "MAX_DOCUMENT_BYTES", "RULES", "Severity", "check_bundle", "require_valid_bundle"]
 
@@ -324,7 +324,9 @@ def _check_device(soc_model: object, dsp_arch: object, expected: Chipset | None)
 # --- graphs -------------------------------------------------------------------------------------------------
 
 def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[GraphInfo, ...]] | None, list[Finding]]:
-    """Graphs per listed ctx-bin, or None (with the reason) when they are not known for every ctx-bin."""
+    """Graphs per listed ctx-bin, from ``metadata.yaml`` or else from the ctx-bins themselves (a reference container
+    read by this package, a QNN binary by the vendor's libQnnSystem); or None (with the reason) when they are not
+    known for every ctx-bin."""
     present = [name for name in dict.fromkeys(ctx_bins)
                if bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES) is None]
     if not ctx_bins or len(present) != len(set(ctx_bins)):
@@ -342,13 +344,27 @@ def _load_graphs(bundle: Path, ctx_bins: list[str]) -> tuple[dict[str, tuple[Gra
     result, findings = {}, []
     for name in present:
         try:
-            result[name] = inspect_container(bundle / bundle_path(name), inside=[bundle]).graphs
+            result[name] = _binary_graphs(bundle, name)
         except GenieBuildError as exc:
-            findings.append(Finding("graph-info", "error", f"{name} is not a reference container ({exc.problem}) "
-                                                           f"and the bundle has no {METADATA_NAME}: graph checks "
-                                                           f"need {METADATA_NAME} or the SDK's "
-                                                           "qnn-context-binary-utility"))
+            findings.append(Finding("graph-info", "error", f"{name}: {exc.problem}; without {METADATA_NAME} the "
+                                                           "graph checks need the binaries themselves"))
     return (None if findings else result), findings
+
+
+def _binary_graphs(bundle: Path, name: str) -> tuple[GraphInfo, ...]:
+    """A ctx-bin's graphs as the binary holds them.
+
+    Raises:
+        GenieBuildError: neither a reference container nor a QNN context binary libQnnSystem reads (or the
+            onnxruntime-qnn wheel that holds libQnnSystem is not installed).
+    """
+    path = resolve_inside(bundle / bundle_path(name), [bundle])
+    with open(path, "rb") as handle:
+        is_container = handle.read(len(CONTAINER_MAGIC)) == CONTAINER_MAGIC
+    if is_container:
+        return inspect_container(path, inside=[bundle]).graphs
+    from genie_build.qnn_wheel.system import read_context_binary
+    return tuple(graph.info for graph in read_context_binary(path).graphs)
 
 
 def _check_graphs(config: dict, ctx_bins: list[str], graphs: dict[str, tuple[GraphInfo, ...]]) -> list[Finding]:

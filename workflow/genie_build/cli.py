@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import resource
 import sys
@@ -57,10 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(args.__command__.run(args) or 0)
         if args.benchmark and status == 0:
             _write_benchmark(args.benchmark, time.perf_counter() - started)
-        return status
     except GenieBuildError as exc:
         print(f"genie-build: error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        status = EXIT_USER_ERROR
+    _skip_vendor_teardown(status)
+    return status
+
+
+def _skip_vendor_teardown(status: int) -> None:
+    """End the process now if it loaded the vendor's QNN backends: their static destructors crash (SIGBUS) once a
+    weight-shared context was left unfinished by a refused graph, which would turn a one-line error into a crash.
+    Every output is closed (atomic writes) by now."""
+    backend = sys.modules.get("genie_build.toolchains.qnn_htp.backend")
+    if backend is not None and backend.backends_loaded():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _write_benchmark(path: str, seconds: float) -> None:

@@ -309,16 +309,16 @@ def _check_user_lengths(model: Mapping[str, Any], where: str) -> None:
 
 def _check_embedding_table(config: dict, where: str) -> None:
     """``bundle.embedding: lut`` takes part 1 out of the bundle, so part 1 must be the embedding alone; and the
-    first remaining part's input is renamed ``inputs_embeds`` by the reference converter (the SDK converters do not
-    rename graph inputs)."""
+    first remaining part's input is renamed ``inputs_embeds`` by the converter (the reference and qnn-htp ones; the
+    SDK converters do not rename graph inputs)."""
     if not config["split"].get("embedding_alone", True):
         raise GenieBuildError(_key(where, ("bundle", "embedding")),
                               "lut takes part 1 out of the bundle as a table, so part 1 must hold the embedding "
                               "alone: set split.embedding_alone: true")
     variant = config["bundle"]["variant"]
-    if config["variants"][variant]["toolchain"] != "reference":
+    if config["variants"][variant]["toolchain"] not in ("reference", "qnn-htp"):
         raise GenieBuildError(_key(where, ("bundle", "embedding")),
-                              f"lut is built with the reference toolchain only; variant {variant!r} uses "
+                              f"lut is built with the reference and qnn-htp toolchains only; variant {variant!r} uses "
                               f"{config['variants'][variant]['toolchain']!r} (use bundle.embedding: graph)")
 
 

@@ -49,12 +49,23 @@ from genie_build.toolchains.reference.container import ContainerGraph, read_grap
 from genie_build.toolchains.reference.convert import IO_ENCODINGS_KEY
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
 
-__all__ = ["EmbeddingLookup", "Generation", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "Step", "embedding_lookup", "generate", "genie_steps",
+__all__ = ["EmbeddingLookup", "Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun",
+           "KVCache", "LoadedBundle", "PARTS_REFERENCE", "Runner", "Step", "embedding_lookup", "generate", "genie_steps",
            "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
            "unsplit_tokens"]
 
 KV_KEY_PREFIX, KV_VALUE_PREFIX = f"{KV_PREFIX}key_", f"{KV_PREFIX}value_"
+
+
+@dataclass(frozen=True)
+class GraphFile:
+    """A graph ONNX Runtime runs from its file, weights and all: a qnn-htp twin's EPContext model in the HTP
+    simulation (``htp``: the chipset's target), or a QDQ graph on the CPU (``htp`` None). ``model``: the graph
+    without its external data, for its IO."""
+
+    model: onnx.ModelProto
+    path: Path
+    htp: Any = None   # genie_build.toolchains.qnn_htp.backend.HtpTarget
 
 
 @dataclass(frozen=True)
@@ -167,7 +178,7 @@ class Generation:
         return (len(self.new_ids) - 1) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int, rope_theta: float,
+def make_runner(parts: Iterable[Mapping[str, ContainerGraph | GraphFile]], *, head_dim: int, rope_theta: float,
                 rope_scaling: Mapping[str, Any] | None = None, embedding: EmbeddingLookup | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the (AR, CL) each graph takes.
 
@@ -200,12 +211,14 @@ def make_runner(parts: Iterable[Mapping[str, ContainerGraph]], *, head_dim: int,
                   embedding=embedding)
 
 
-def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
-    """Check the bundle (as Genie would at load time), then load its ctx-bins as runnable graphs.
+def load_bundle(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathLike[str]] = ()) -> LoadedBundle:
+    """Check the bundle (as Genie would at load time), then load its ctx-bins as runnable graphs: reference
+    containers as they are, QNN binaries through their twins (``twins``: one folder per ctx-bin, in order,
+    :mod:`genie_build.toolchains.qnn_htp.twin`), which must hold the same graphs with the same IO.
 
     Raises:
-        GenieBuildError: the bundle fails a check, is not made of reference containers, or uses a RoPE
-            variant the host run does not implement (scaled RoPE other than llama3).
+        GenieBuildError: the bundle fails a check, its binaries are QNN's and no twin (or a twin that differs) is
+            given, or it uses a RoPE variant the host run does not implement (scaled RoPE other than llama3).
     """
     bundle = Path(bundle_dir)
     require_valid_bundle(bundle)
@@ -213,11 +226,33 @@ def load_bundle(bundle_dir: str | os.PathLike[str]) -> LoadedBundle:
     dialog = read_json(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     engine = dialog["engine"]
     rope = host_rope(engine, bundle / GENIE_CONFIG_NAME)
-    parts = (read_graphs(bundle / name, inside=[bundle]) for name in engine["model"]["binary"]["ctx-bins"])
+    binaries = [bundle / name for name in engine["model"]["binary"]["ctx-bins"]]
+    if twins:
+        parts = _twin_parts(bundle, binaries, twins)
+    else:
+        parts = (read_graphs(binary, inside=[bundle]) for binary in binaries)
     return LoadedBundle(runner=make_runner(parts, **rope, embedding=embedding_lookup(bundle, dialog)),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
                         eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"],
                         bos_id=dialog["context"]["bos-token"])
+
+
+def _twin_parts(bundle: Path, binaries: Sequence[Path], twins: Sequence[str | os.PathLike[str]]
+                ) -> list[dict[str, GraphFile]]:
+    """Each ctx-bin's graphs from its twin, run in the HTP simulation for the bundle's device.
+
+    Raises:
+        GenieBuildError: not one twin per ctx-bin, or a twin whose graphs or IO differ from its ctx-bin's.
+    """
+    from genie_build.toolchains.qnn_htp.twin import require_same_io, twin_models, twin_target
+
+    if len(twins) != len(binaries):
+        raise GenieBuildError("--twin", f"{len(twins)} twins for the bundle's {len(binaries)} ctx-bins")
+    parts = []
+    for binary, twin in zip(binaries, twins):
+        models, target = twin_models(twin, require_same_io(binary, twin)), twin_target(twin)
+        parts.append({name: GraphFile(load_graph(path), path, target) for name, path in models.items()})
+    return parts
 
 
 def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
@@ -262,10 +297,11 @@ def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
     return list(_generate_timed(runner, prompt_ids, max_new_tokens, eos_ids, context_size)[0])
 
 
-def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int) -> Generation:
+def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int,
+               twins: Sequence[str | os.PathLike[str]] = ()) -> Generation:
     """Tokenize ``prompt`` as Genie does for a first query (:meth:`LoadedBundle.query_ids`), generate greedily from
-    the bundle and decode the new tokens."""
-    loaded = load_bundle(bundle_dir)
+    the bundle (its QNN binaries through ``twins``) and decode the new tokens."""
+    loaded = load_bundle(bundle_dir, twins)
     prompt_ids = loaded.query_ids(prompt)
     new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
                                                                     loaded.eos_ids, loaded.context_size)
@@ -303,7 +339,8 @@ PARTS_REFERENCE = ("the parts' converted graphs chained on the host, without the
 
 def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
              compare_with: str | os.PathLike[str] | None = None,
-             compare_with_parts: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
+             compare_with_parts: Sequence[str | os.PathLike[str]] = (),
+             twins: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
     """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
     on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
     converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`).
@@ -311,7 +348,7 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
-    generation = run_bundle(bundle_dir, prompt, max_new_tokens)
+    generation = run_bundle(bundle_dir, prompt, max_new_tokens, twins)
     if compare_with is not None:
         expected, reference = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens), \
             UNSPLIT_REFERENCE
@@ -344,15 +381,27 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
     Raises:
         GenieBuildError: a graph cannot be read or its name gives no part.
     """
-    parts: dict[str, dict[str, ContainerGraph]] = {}
+    parts: dict[str, dict[str, ContainerGraph | GraphFile]] = {}
     for path in graphs:
-        graph = read_graph_file(path)
+        graph = _converted_graph(path)
         name = graph.model.graph.name
         match = PART_SUFFIX.search(name)
         if match is None:
             raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
         parts.setdefault(match.group(0), {})[name] = graph
     return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
+
+
+def _converted_graph(path: str | os.PathLike[str]) -> ContainerGraph | GraphFile:
+    """A converted graph as the host runs it: the reference converter's as :func:`read_graph_file` reads it, a
+    qnn-htp QDQ graph from its file on the CPU (ORT quantizes its activations as the encodings say)."""
+    from genie_build.toolchains.qnn_htp.qdq import is_qdq_graph
+
+    model = load_graph(path)
+    if is_qdq_graph(model):
+        check_external_data(model, path)
+        return GraphFile(model, Path(path))
+    return read_graph_file(path)
 
 
 def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
@@ -563,9 +612,16 @@ def _eos_ids(dialog: dict) -> frozenset[int]:
     return frozenset(eos if isinstance(eos, list) else [eos])
 
 
-def _graph_session(graph: ContainerGraph) -> GraphSession:
-    """A session on the graph's model whose initializers become inputs, fed from the graph's weights. Empties
-    the model's initializers."""
+def _graph_session(graph: ContainerGraph | GraphFile) -> GraphSession:
+    """A session on the graph's model whose initializers become inputs, fed from the graph's weights (which empties
+    the model's initializers); or on a graph file, as ORT reads it."""
+    if isinstance(graph, GraphFile):
+        if graph.htp is None:
+            return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), cpu_session_options(),
+                                                             providers=["CPUExecutionProvider"]), weights={})
+        from genie_build.toolchains.qnn_htp.backend import session_options
+        return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), session_options(graph.htp)),
+                            weights={})
     model = graph.model
     for tensor in model.graph.initializer:
         model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))

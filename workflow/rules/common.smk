@@ -14,7 +14,7 @@ from genie_build.config import validate_config
 from genie_build.errors import GenieBuildError
 from genie_build.plan_file import read_plan
 from genie_build.sources import SOURCE_ENCODINGS, source_of
-from genie_build.toolchains import Converter
+from genie_build.toolchains import HOST_RUN_TOOLCHAINS, Converter
 
 
 # One validator for Snakemake and the tests (genie_build.config): the schema with its defaults filled, then the
@@ -123,10 +123,6 @@ def part_files(pattern, **fields):
     return [pattern.format(part=label, **fields) for label in part_labels()]
 
 
-def variant_part_files(pattern, variants):
-    return [pattern.format(variant=v, part=p) for v in variants for p in part_labels()]
-
-
 def kind_of(key):
     return SOURCE.graphs[key].kind
 
@@ -188,5 +184,5 @@ def final_outputs(wildcards):
         *(f"{OUT}/evaluation.{suffix}" for suffix in ("md", "csv", "png") if config["evaluate"]["enabled"]),
         *([f"{OUT}/bundle_check.json"] if config["bundle"]["enabled"] else []),
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
-          and toolchain_of(BUNDLE_VARIANT) == "reference" else []),
+          and toolchain_of(BUNDLE_VARIANT) in HOST_RUN_TOOLCHAINS else []),
     ]

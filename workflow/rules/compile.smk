@@ -26,3 +26,25 @@ rule compile_part:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} compile --toolchain {params.toolchain:q}"
         " --graph {params.graphs:q}"
         " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
+
+
+# The bundle's qnn-htp parts again, without weight sharing: a weight-shared QNN binary runs only on a device, its twin
+# runs on x86 in the HTP simulation (the host run; genie_build.toolchains.qnn_htp.twin).
+rule compile_twin:
+    input:
+        unpack(lambda wc: converted_graphs(wc, BUNDLE_VARIANT)),
+    output:
+        directory(f"{OUT}/twin/part_{{part}}"),
+    params:
+        graphs=lambda wc, input: [f"{graph_name_for(key, wc.part)}={input[key]}" for key in BUNDLE_GRAPHS],
+        options=variant_json(BUNDLE_VARIANT),
+        chipset=config["target"]["chipset"],
+        tool_version=toolchain_version("qnn-htp"),
+        python=PYTHON,
+    log:
+        f"{OUT}/logs/compile_twin/part_{{part}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/compile_twin/part_{{part}}.tsv"
+    shell:
+        "{params.python} -m genie_build compile-twin --graph {params.graphs:q} --variant-json {params.options:q}"
+        " --chipset {params.chipset:q} --out-dir {output:q} > {log:q} 2>&1"

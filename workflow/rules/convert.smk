@@ -70,3 +70,35 @@ rule convert_part_sdk:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain {params.toolchain:q}"
         " --onnx {input.onnx:q} --encodings {input.encodings:q} --graph-name {params.graph_name:q}"
         " --float-bitwidth {params.float_bitwidth} --out {output.dlc:q} > {log:q} 2>&1"
+
+
+# qnn-htp: the QDQ graph the vendor's HTP compiler takes (temp, as the reference's), and the DLC QNN's IR backend makes
+# of it, kept: the graph in the vendor's own form, for the vendor's tools.
+rule convert_part_qnn_htp:
+    input:
+        unpack(convert_inputs),
+    output:
+        onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
+        data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
+        dlc=f"{CONVERTED}.dlc",
+    wildcard_constraints:
+        converter=converter_pattern(["qnn-htp"]),
+    params:
+        graph_name=graph_name_of,
+        float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
+        takes_embeddings=takes_embeddings,
+        tool_version=toolchain_version("qnn-htp"),
+        part=CACHE_KEY_PART,
+        benchmark=CONVERT_BENCHMARK,
+        python=PYTHON,
+    cache: CACHE_PER_PART
+    group: GROUP_PER_PART
+    resources:
+        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.graph_weights(input.onnx)),
+    log:
+        CONVERT_LOG,
+    shell:
+        "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain qnn-htp"
+        " --onnx {input.onnx:q} --encodings {input.encodings:q}"
+        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
+        " --out {output.onnx:q} > {log:q} 2>&1"

@@ -56,12 +56,14 @@ rule run_bundle:
         manifest=BUNDLE,
         check=f"{OUT}/bundle_check.json",
         reference=host_run_reference,
+        twins=host_run_twins,
     output:
         f"{OUT}/host_run.json",
     params:
         prompt=config["bundle"]["host_prompt"] or SOURCE.host_prompt,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
-        if SOURCE.calibrates else ["--compare-with", input.reference[0]],
+        if SOURCE.calibrates or HOST_TWINS else ["--compare-with", input.reference[0]],
+        twins=lambda wc, input: ["--twin", *input.twins] if input.twins else [],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
@@ -70,4 +72,4 @@ rule run_bundle:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
         "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
-        " {params.compare:q} --out {output:q} > {log:q} 2>&1"
+        " {params.compare:q} {params.twins:q} --out {output:q} > {log:q} 2>&1"

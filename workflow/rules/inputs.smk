@@ -108,9 +108,10 @@ def takes_embeddings(wildcards):
     return ["--takes-embeddings"] if EMBEDDING_LUT and conventions.parse_part_label(wildcards.part)[0] == 2 else []
 
 
-def converted_graphs(wildcards):
+def converted_graphs(wildcards, variant=None):
     """The compile's inputs: each graph (named by its key) and its data files, of the variant's converter."""
-    files = {key: variant_converted_files(wildcards.variant, key, wildcards.part) for key in BUNDLE_GRAPHS}
+    variant = variant or wildcards.variant
+    files = {key: variant_converted_files(variant, key, wildcards.part) for key in BUNDLE_GRAPHS}
     return {**{key: paths[0] for key, paths in files.items()},
             **{f"{key}_data": paths[1:] for key, paths in files.items()}}
 
@@ -140,10 +141,19 @@ def evaluation_mem_mb(wildcards):
 UNSPLIT = f"{OUT}/unsplit"
 
 
+HOST_TWINS = toolchain_of(BUNDLE_VARIANT) == "qnn-htp"
+
+
+def host_run_twins(wildcards):
+    """A qnn-htp bundle's twins, one per ctx-bin (its weight-shared binaries do not run on x86)."""
+    return [f"{OUT}/twin/part_{label}" for label in bundle_part_labels()] if HOST_TWINS else []
+
+
 def host_run_reference(wildcards):
     """The unsplit model compiled alike, or the bundle variant's converted prompt and token graphs of the parts in the
-    bundle (with the table, the parts after it: the host run looks tokens up in the bundle's table)."""
-    if SOURCE.calibrates:
+    bundle (with the table, the parts after it: the host run looks tokens up in the bundle's table): a qnn-htp
+    bundle's QDQ graphs, the graphs its binaries were compiled from."""
+    if SOURCE.calibrates or HOST_TWINS:
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]
     return [f"{UNSPLIT}/model.bin"]

@@ -24,7 +24,9 @@ rule account:
 
 rule size_table:
     input:
-        records=lambda wc: variant_part_files(f"{OUT}/sizes/{{variant}}/part_{{part}}.json", config["variants"]),
+        # the bundle's contexts of every variant: with the embedding table, not part 1 (a table on the CPU)
+        records=lambda wc: [f"{OUT}/sizes/{variant}/part_{label}.json" for variant in config["variants"]
+                            for label in bundle_part_labels()],
         quality=lambda wc: evaluation_reports(wc) if config["evaluate"]["enabled"] else [],
         memory_plan=f"{OUT}/memory_plan.json",
     output:

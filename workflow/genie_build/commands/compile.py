@@ -10,7 +10,7 @@ from genie_build.cli_args import json_object
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, compile_variant
 
-__all__ = ["register_parser", "run"]
+__all__ = ["parse_graphs", "register_parser", "run"]
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("compile", help="link a part's converted graphs into one context binary",
@@ -28,12 +28,12 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    compile_variant(args.toolchain, _parse_graphs(args.graph), args.out,
+    compile_variant(args.toolchain, parse_graphs(args.graph), args.out,
                     json_object(args.variant_json, "--variant-json"), args.chipset)
     return 0
 
 
-def _parse_graphs(items: list[str]) -> dict[str, Path]:
+def parse_graphs(items: list[str]) -> dict[str, Path]:
     graphs: dict[str, Path] = {}
     for item in items:
         name, separator, path = item.partition("=")

@@ -9,7 +9,10 @@ from pathlib import Path
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 
-__all__ = ["register_parser", "run"]
+__all__ = ["RENAMING_TOOLCHAINS", "register_parser", "run"]
+
+# The toolchains whose converter renames a graph input (inputs_embeds, the part after an embedding table).
+RENAMING_TOOLCHAINS = ("reference", "qnn-htp")
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,7 +25,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="float width of tensors without an integer encoding")
     parser.add_argument("--out", required=True, type=Path, help="the converted graph (.onnx or .dlc)")
     parser.add_argument("--takes-embeddings", action="store_true",
-                        help="the first part after an embedding table (bundle.embedding: lut, reference toolchain): "
+                        help="the first part after an embedding table (bundle.embedding: lut; reference and qnn-htp "
+                             "toolchains): "
                              "its hidden-state input becomes inputs_embeds, the input Genie feeds from the table")
     parser.add_argument("--share-weights-with", type=Path,
                         help="reference toolchain: a converted graph in --out's folder (the part's prompt graph) whose "
@@ -35,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     toolchain.check_available()
     extra = {}
     if args.takes_embeddings:
-        if args.toolchain != "reference":
-            raise GenieBuildError("--takes-embeddings", f"only the reference toolchain renames graph inputs, not "
-                                                        f"{args.toolchain}")
+        if args.toolchain not in RENAMING_TOOLCHAINS:
+            raise GenieBuildError("--takes-embeddings", f"only the {' and '.join(RENAMING_TOOLCHAINS)} toolchains "
+                                                        f"rename graph inputs, not {args.toolchain}")
         extra["input_names"] = {_hidden_state_input(args.onnx): "inputs_embeds"}
     if args.share_weights_with is not None:
         if args.toolchain != "reference":

@@ -17,16 +17,20 @@ from genie_build.chipsets import lookup
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains.base import SDK_ROOT_VARIABLE, CompileOptions, Toolchain
 
-__all__ = ["SDK_TOOLCHAINS", "TOOLCHAINS", "Converter", "compile_variant", "converter_pattern", "get_toolchain",
+__all__ = ["HOST_RUN_TOOLCHAINS", "SDK_TOOLCHAINS", "TOOLCHAINS", "Converter", "compile_variant", "converter_pattern", "get_toolchain",
            "toolchain_version"]
 
 TOOLCHAINS = {
     "reference": "genie_build.toolchains.reference.toolchain:ReferenceToolchain",
     "qairt": "genie_build.toolchains.qairt:QairtToolchain",
     "qnn-cli": "genie_build.toolchains.qnn_cli:QnnCliToolchain",
+    "qnn-htp": "genie_build.toolchains.qnn_htp.toolchain:QnnHtpToolchain",
 }
-# The toolchains of the QAIRT SDK: they convert to a DLC, the reference toolchain to ONNX.
+# The toolchains of the QAIRT SDK: they convert to a DLC, the others to ONNX (qnn-htp: QDQ ONNX and its DLC).
 SDK_TOOLCHAINS = ("qairt", "qnn-cli")
+# The toolchains whose binaries run on the host: the reference container on the CPU, a QNN binary (unshared) in the
+# HTP simulation of the vendor's x86 libraries.
+HOST_RUN_TOOLCHAINS = ("reference", "qnn-htp")
 _FLOAT_MARK = "-fp"
 
 
@@ -62,6 +66,13 @@ def toolchain_version(name: str) -> str:
     toolchain is its resolved ``$QAIRT_SDK_ROOT``, a directory QAIRT names after its version."""
     if name == "reference":
         return f"genie-build {__version__}"
+    if name == "qnn-htp":
+        from genie_build.qnn_wheel import DISTRIBUTION, locate_wheel
+        try:
+            wheel = locate_wheel(f"toolchain {name}")
+        except GenieBuildError:
+            return f"{DISTRIBUTION} (not installed)"
+        return f"genie-build {__version__}, {DISTRIBUTION} {wheel.version} (QNN {wheel.qnn_version})"
     sdk_root = os.environ.get(SDK_ROOT_VARIABLE)
     return f"QAIRT SDK at {os.path.realpath(sdk_root) if sdk_root else '(not set)'}"
 
@@ -92,8 +103,11 @@ class Converter:
 
     @property
     def suffixes(self) -> tuple[str, ...]:
-        """The files of a converted graph: the reference toolchain's ONNX and its data, or an SDK's DLC."""
-        return (".dlc",) if self.toolchain in SDK_TOOLCHAINS else (".onnx", ".onnx.data")
+        """The files of a converted graph: the reference toolchain's ONNX and its data, qnn-htp's QDQ ONNX, its data
+        and its DLC, or an SDK's DLC."""
+        if self.toolchain in SDK_TOOLCHAINS:
+            return (".dlc",)
+        return (".onnx", ".onnx.data", ".dlc") if self.toolchain == "qnn-htp" else (".onnx", ".onnx.data")
 
 
 def converter_pattern(toolchains: Iterable[str]) -> str:

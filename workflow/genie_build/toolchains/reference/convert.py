@@ -42,24 +42,25 @@ import hashlib
 import json
 import logging
 import os
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, Encodings, TensorEncoding, blocked_shape, layout_of,
+from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, TensorEncoding, blocked_shape, layout_of,
                                    read_encodings, validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, StoredTensor, WeightLayout, check_external_data,
-                                    external_data, graph_io, load_graph, model_tensors, read_graph_tensors,
-                                    require_finite, subgraphs)
+from genie_build.onnx_graph import (GraphTensors, StoredTensor, WeightLayout, check_external_data,
+                                    external_data, load_graph, read_graph_tensors,
+                                    require_finite)
+from genie_build.toolchains.graph_edits import (drop_exporter_annotations, inline_stored_tensors, io_encodings,
+                                                rename_inputs, replace_weights)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
-                                                     load_external_bytes, metadata_json, read_initializer,
+                                                     metadata_json, read_initializer,
                                                      set_metadata_json)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
@@ -75,8 +76,6 @@ FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
 FLOAT_BITWIDTHS = SUPPORTED_FLOAT_BITWIDTHS  # what a float weight or fallback is stored as
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
-# The most bytes of attribute and subgraph tensors a converted graph holds inline (a protobuf is at most 2 GiB).
-MAX_INLINE_BYTES = 1024**3
 _BLOCKED = ("per_block", "lpbq")
 log = logging.getLogger(__name__)
 
@@ -127,11 +126,11 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
     model = load_graph(onnx_path)
     check_external_data(model, onnx_path)
     model.ClearField("training_info")  # inference only: a device binary holds no training graphs
-    _inline_stored_tensors(model, onnx_path)
+    inline_stored_tensors(model, onnx_path)
     encodings = read_encodings(encodings_path)
     names = read_graph_tensors(onnx_path)
     validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
-    io_encodings = _io_encodings(model, encodings, os.fspath(encodings_path))
+    recorded_io = io_encodings(model, encodings, os.fspath(encodings_path))
 
     opset = default_opset(model)
     initializers, rebuilds, quantized, converted_from = [], [], {}, {}
@@ -169,12 +168,12 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         log.info("%s: %d of %d weights taken as %s converted them (the same bytes and encoding), %d converted",
                  out_path.name, done_before.taken, len(rebuilds), share_weights_with, len(rebuilds) - done_before.taken)
     _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
-    _replace_weights(model.graph, initializers, rebuilds)
-    _drop_exporter_annotations(model.graph)
-    _rename_inputs(model.graph, io_encodings, dict(input_names or {}), onnx_path)
+    replace_weights(model.graph, initializers, rebuilds)
+    drop_exporter_annotations(model.graph)
+    rename_inputs(model.graph, recorded_io, dict(input_names or {}), onnx_path)
     model.graph.name = graph_name
     set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
-    set_metadata_json(model, IO_ENCODINGS_KEY, io_encodings)
+    set_metadata_json(model, IO_ENCODINGS_KEY, recorded_io)
     set_metadata_json(model, FLOAT_BITWIDTH_KEY, float_bitwidth)
     set_metadata_json(model, CONVERTED_FROM_KEY, converted_from)
     with atomic_open(out_path) as handle:
@@ -229,74 +228,6 @@ def _copied(proto: onnx.TensorProto | onnx.NodeProto) -> onnx.TensorProto | onnx
     copy = type(proto)()
     copy.CopyFrom(proto)
     return copy
-
-
-def _inline_stored_tensors(model: onnx.ModelProto, onnx_path: Path) -> None:
-    """Move every tensor the model stores outside its main graph's initializers (``Constant`` values and other node
-    attributes, subgraphs, functions) into the graph, after checking that a float one is finite.
-
-    The converted model's data file holds the main initializers only, so such a tensor would otherwise point at a
-    file the compiled binary and the bundle do not have. Their total is bounded by :data:`MAX_INLINE_BYTES`.
-
-    Raises:
-        GenieBuildError: naming the model and the tensor: external data that cannot be read, a non-finite float,
-            or more bytes than :data:`MAX_INLINE_BYTES`.
-    """
-    total = 0
-    for stored in model_tensors(model):
-        if stored.initializer or stored.sparse:
-            continue
-        if stored.tensor.data_location == onnx.TensorProto.EXTERNAL:
-            total += external_data(stored, onnx_path).length
-            if total > MAX_INLINE_BYTES:
-                raise GenieBuildError(onnx_path, f"{stored.what}: tensors stored in node attributes and subgraphs "
-                                                 f"hold more than {MAX_INLINE_BYTES} bytes, which the converted "
-                                                 "graph holds inline; store such weights as initializers")
-            load_external_bytes(stored, onnx_path)
-        if stored.tensor.data_type in FLOAT_TYPES:
-            require_finite(numpy_helper.to_array(stored.tensor), stored.what, onnx_path)
-
-
-def _rename_inputs(graph: onnx.GraphProto, io_encodings: dict[str, dict], renames: dict[str, str],
-                   onnx_path: Path) -> None:
-    """Rename graph inputs (and their uses and IO encodings) in place.
-
-    Raises:
-        GenieBuildError: an old name that is not a graph input, or a new name already in the graph.
-    """
-    if not renames:
-        return
-    inputs = {value.name for value in graph.input}
-    taken = inputs | {output for node in graph.node for output in node.output} | {t.name for t in graph.initializer}
-    for old, new in renames.items():
-        if old not in inputs:
-            raise GenieBuildError(onnx_path, f"cannot rename input {old!r} to {new!r}: the graph has no such input "
-                                             f"(inputs: {', '.join(sorted(inputs))})")
-        if new in taken:
-            raise GenieBuildError(onnx_path, f"cannot rename input {old!r} to {new!r}: {new!r} is already a tensor")
-    for value in [*graph.input, *graph.value_info]:
-        value.name = renames.get(value.name, value.name)
-    _rename_uses(graph, renames)
-    for old, new in renames.items():
-        if old in io_encodings:
-            io_encodings[new] = io_encodings.pop(old)
-
-
-def _rename_uses(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
-    """Every node input named in ``renames``, subgraphs included (they may read an outer tensor by name)."""
-    for node in graph.node:
-        node.input[:] = [renames.get(name, name) for name in node.input]
-        for subgraph in subgraphs(node):
-            _rename_uses(subgraph, renames)
-
-
-def _drop_exporter_annotations(graph: onnx.GraphProto) -> None:
-    """Clear each node's ``doc_string`` and ``metadata_props``: torch.onnx (dynamo) annotates every node with
-    its Python stack trace (hundreds of kB on a small model), which a device binary does not hold and the size
-    table must not count."""
-    for node in graph.node:
-        node.doc_string = ""
-        node.ClearField("metadata_props")
 
 
 def _convert_initializer(array: np.ndarray, name: str, enc: TensorEncoding | None, is_param: bool,
@@ -431,25 +362,6 @@ def _as_int32(q: np.ndarray, zero_point: np.ndarray, axis: int | None, name: str
     return signed.astype(np.int32)
 
 
-def _io_encodings(model: onnx.ModelProto, encodings: Encodings, where: str) -> dict[str, dict]:
-    """The activation encodings of the graph's inputs and outputs, as recorded in the converted model."""
-    io = graph_io(model)
-    recorded = {}
-    for spec in (*io.inputs, *io.outputs):
-        enc = encodings.activations.get(spec.name)
-        if enc is None:
-            continue
-        if enc.dtype == "float":
-            recorded[spec.name] = {"dtype": "float", "bitwidth": enc.bitwidth}
-            continue
-        if enc.kind != "per_tensor":
-            raise GenieBuildError(where, f"activation encoding {spec.name!r}: a graph input or output needs a "
-                                         f"per_tensor encoding, got {enc.kind}")
-        recorded[spec.name] = {"dtype": "int", "bitwidth": enc.bitwidth, "scale": enc.scale[0],
-                               "offset": enc.offset[0], "is_symmetric": enc.is_symmetric}
-    return recorded
-
-
 def _check_new_names_are_free(initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto],
                               names: GraphTensors, onnx_path: Path) -> None:
     """Refuse to convert when a name the converter adds (``{name}_quantized``, ...) is already taken."""
@@ -458,30 +370,3 @@ def _check_new_names_are_free(initializers: list[onnx.TensorProto], nodes: list[
     if clashes:
         raise GenieBuildError(onnx_path, f"tensor names the converter adds are already used: {clashes[:3]}")
 
-
-def _replace_weights(graph: onnx.GraphProto, initializers: list[onnx.TensorProto],
-                     rebuilds: list[tuple[str, list[onnx.NodeProto]]]) -> None:
-    """Swap in the converted initializers, and put the nodes rebuilding each weight (``rebuilds``: weight name,
-    nodes) just before the first node reading it; weights read only inside subgraphs go first. The nodes read
-    initializers only, so the order stays topological. onnxruntime runs ready nodes in node order, so each weight
-    is dequantized just before its use: rebuilt all at the start, a whole model's weights would be float at once."""
-    old_names = {tensor.name for tensor in graph.initializer}
-    # Old exporters list initializers as graph inputs too; the rebuilt weight is a node output now.
-    inputs = [value for value in graph.input if value.name not in old_names]
-    first_reader: dict[str, int] = {}
-    for index, node in enumerate(graph.node):
-        for name in node.input:
-            first_reader.setdefault(name, index)
-    before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
-    all_nodes = []
-    for weight, nodes in rebuilds:
-        if weight in first_reader:
-            before[first_reader[weight]].extend(nodes)
-        else:
-            all_nodes.extend(nodes)
-    for index, node in enumerate(graph.node):
-        all_nodes += [*before[index], node]
-    del graph.initializer[:], graph.node[:], graph.input[:]
-    graph.initializer.extend(initializers)
-    graph.node.extend(all_nodes)
-    graph.input.extend(inputs)

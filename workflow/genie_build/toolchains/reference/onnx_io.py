@@ -103,17 +103,22 @@ class ExternalDataWriter:
         self._inline_max_bytes = inline_max_bytes
         self._end = 0
 
-    def add(self, name: str, array: np.ndarray) -> onnx.TensorProto:
-        """Write ``array`` (unless it is small) and return an initializer called ``name`` holding it."""
+    def add(self, name: str, array: np.ndarray, *, data_type: int | None = None,
+            dims: tuple[int, ...] | None = None) -> onnx.TensorProto:
+        """Write ``array`` (unless it is small) and return an initializer called ``name`` holding it.
+
+        ``data_type`` and ``dims`` describe values whose bytes are not one numpy element each (4-bit values packed
+        two a byte); by default the array's own type and shape."""
         data = np.asarray(array, order="C")  # not ascontiguousarray: it turns a scalar into shape (1,)
+        tensor = onnx.TensorProto(name=name, dims=data.shape if dims is None else dims,
+                                  data_type=data_type or onnx.helper.np_dtype_to_tensor_dtype(data.dtype))
         if data.nbytes < self._inline_max_bytes:
-            return numpy_helper.from_array(data, name)
+            tensor.raw_data = data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes()
+            return tensor
         offset = self._end + (-self._end % self._alignment)
         self._handle.write(b"\0" * (offset - self._end))
         self._handle.write(data.reshape(-1).view(np.uint8))  # the array's own bytes: tobytes() would copy them
         self._end = offset + data.nbytes
-        tensor = onnx.TensorProto(name=name, dims=data.shape,
-                                  data_type=onnx.helper.np_dtype_to_tensor_dtype(data.dtype))
         tensor.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", self._location), ("offset", str(offset)), ("length", str(data.nbytes))):
             tensor.external_data.add(key=key, value=value)

@@ -1,0 +1,375 @@
+"""Convert for the ``qnn-htp`` toolchain: an ONNX part + its AIMET encodings -> a QDQ ONNX graph that says exactly
+what the encodings say, the form ONNX Runtime's QNN execution provider hands to the HTP backend.
+
+- **Weights** with an integer encoding become a ``DequantizeLinear`` of their integer values: symmetric encodings as
+  signed INT4/INT8/INT16 with zero point 0 (how QNN stores them), asymmetric ones as UINT with their zero point;
+  per tensor, per channel (``axis`` = the encoding's channel axis), per block (``block_size``), and LPBQ as the
+  pattern the EP fuses into QNN's block encoding: the per-block integer scales (uint8) dequantized by the
+  per-channel float scales give the block scales of the 4-bit values. INT4 is stored packed, two values a byte, in
+  ``raw_data`` (as int32_data a 7B part would overflow protobuf's 2 GB).
+- **Activations** with an integer encoding (graph inputs, node outputs, the KV cache at its own bits) get a
+  ``QuantizeLinear``/``DequantizeLinear`` pair with the encoding's scale and zero point ``-offset``, unsigned: the
+  QNN graph's IO is then UFIXED_POINT_16 (or 8) with the AIMET scale and offset, and a tensor crossing a part
+  boundary carries the same encoding on both sides because both parts read it from the same file.
+- **Float constants the encodings leave out** (norm weights, biases, eps, the attention scale): quantized per
+  tensor at 16 bits, asymmetric over their own range with 0 on the grid, as QNN's quantizer treats a static
+  tensor without an override at the activation width (:data:`CONSTANT_BITWIDTH`); integer constants (shapes,
+  indices) stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
+- **Activations the encodings leave out** (aimet-onnx encodes a supergroup's output, not each tensor inside it):
+  the output of a data-movement op (:data:`_MOVES`: Reshape, Transpose, Split, ...) takes its input's encoding, as
+  QNN propagates it; a MatMul or Gemm output feeding only the Add of a constant bias takes that Add's range at 16
+  bits (QNN fuses the two and quantizes once; here the product is rounded once more, at 16 bits, also where the Add
+  is 8-bit, as a value projection feeding an 8-bit KV cache is: the HTP's block-quantized MatMul takes 16-bit
+  outputs only); every other tensor stays
+  float, which the HTP runs in float16 as QNN's converter does with ``float_fallback``. What each rule gave is
+  recorded in the model's metadata (:data:`FILLED_KEY`).
+
+Initializers are read and written one at a time (memory holds one weight, never the part); tensors of 1 KiB and more
+go to ``<out>.data`` beside the output. The graph is moved to opset 21 first (int4 and blocked DequantizeLinear).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, version_converter
+
+from genie_build.encodings import Encodings, TensorEncoding, blocked_shape, layout_of, read_encodings, \
+    validate_against_model
+from genie_build.errors import GenieBuildError
+from genie_build.fileio import atomic_open
+from genie_build.onnx_graph import (WeightLayout, check_external_data, load_graph, read_graph_tensors,
+                                    require_finite)
+from genie_build.toolchains.graph_edits import (drop_exporter_annotations, inline_stored_tensors, io_encodings,
+                                                rename_inputs, replace_weights)
+from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, default_opset, read_initializer, \
+    set_metadata_json
+from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
+
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
+
+QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
+CONSTANT_BITWIDTH = 16
+ACTIVATION_BITWIDTH = 16            # what the HTP's matrix units take when the encodings leave a product out
+CONSTANTS_KEY = "genie_build.unencoded_constants"
+FILLED_KEY = "genie_build.filled_encodings"
+# Ops that move or cut their input's values without computing new ones: their output is on the input's grid.
+_MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Expand",
+                    "Identity", "Gather", "Tile"})
+IO_ENCODINGS_KEY = "genie_build.io_encodings"
+_SIGNED = {4: onnx.TensorProto.INT4, 8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
+_UNSIGNED = {4: onnx.TensorProto.UINT4, 8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
+_ACTIVATION_BITWIDTHS = (8, 16)
+_NUMPY_SIGNED = {4: np.int8, 8: np.int8, 16: np.int16, 32: np.int32}
+_NUMPY_UNSIGNED = {4: np.uint8, 8: np.uint8, 16: np.uint16}
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A tensor to store: its values as written (4-bit ones packed), ONNX type and shape."""
+
+    name: str
+    values: np.ndarray
+    data_type: int
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Rewrite:
+    """What one initializer becomes: the tensors to store and the nodes that give back the original float tensor
+    under its own name; ``constant``: a float constant without an encoding (:func:`_constant`)."""
+
+    tensors: tuple[_Stored, ...]
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    constant: bool = False
+
+
+def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
+                    out_path: str | os.PathLike[str], *, graph_name: str,
+                    input_names: Mapping[str, str] | None = None) -> None:
+    """Write the QDQ graph of one part to ``out_path`` and its weights to ``out_path + ".data"`` (atomically).
+
+    Args:
+        onnx_path: the part's graph, its external data beside it.
+        encodings_path: the part's AIMET encodings (every format :func:`read_encodings` reads).
+        out_path: the QDQ graph to write.
+        graph_name: the graph's name (the context binary's graph name).
+        input_names: graph inputs to rename (old -> new): ``inputs_embeds`` for the part after an embedding table.
+
+    Raises:
+        GenieBuildError: an unreadable model or encodings file, encodings that do not fit the model, a weight
+            that cannot be quantized as its encoding says, or an encoding QNN has no form for.
+    """
+    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    if out_path.resolve() == onnx_path.resolve():
+        raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
+    model = load_graph(onnx_path)
+    check_external_data(model, onnx_path)
+    model.ClearField("training_info")
+    inline_stored_tensors(model, onnx_path)
+    encodings = read_encodings(encodings_path)
+    names = read_graph_tensors(onnx_path)
+    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
+    recorded_io = io_encodings(model, encodings, os.fspath(encodings_path))
+    model = _at_qdq_opset(model, onnx_path)
+    initializers, rebuilds, constants = [], [], {}
+    data_name = out_path.name + ".data"
+    with atomic_open(out_path.with_name(data_name)) as data:
+        writer = ExternalDataWriter(data, data_name)
+        for tensor in model.graph.initializer:
+            array = read_initializer(tensor, onnx_path)
+            if array.dtype.kind == "f":
+                require_finite(array, f"initializer {tensor.name!r}", onnx_path)
+            rewrite = _rewrite_initializer(array, tensor.name, encodings, names.param_layouts.get(tensor.name),
+                                           os.fspath(encodings_path))
+            del array
+            initializers += [writer.add(stored.name, stored.values, data_type=stored.data_type, dims=stored.dims)
+                             for stored in rewrite.tensors]
+            rebuilds.append((tensor.name, list(rewrite.nodes)))
+            if rewrite.constant:
+                constants[tensor.name] = CONSTANT_BITWIDTH
+    replace_weights(model.graph, initializers, rebuilds)
+    weights = {name for name, _ in rebuilds}
+    activations, filled = _filled_activations(model.graph, encodings.activations, weights)
+    _quantize_activations(model.graph, activations, skip=weights)
+    drop_exporter_annotations(model.graph)
+    rename_inputs(model.graph, recorded_io, dict(input_names or {}), onnx_path)
+    model.graph.name = graph_name
+    set_metadata_json(model, IO_ENCODINGS_KEY, recorded_io)
+    set_metadata_json(model, CONSTANTS_KEY, constants)
+    set_metadata_json(model, FILLED_KEY, filled)
+    with atomic_open(out_path) as handle:
+        handle.write(model.SerializeToString())
+
+
+def is_qdq_graph(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is a graph :func:`write_qdq_model` wrote (it records its rule for unencoded constants)."""
+    return any(entry.key == CONSTANTS_KEY for entry in model.metadata_props)
+
+
+def _at_qdq_opset(model: onnx.ModelProto, onnx_path: Path) -> onnx.ModelProto:
+    """The model at opset :data:`QDQ_OPSET` (onnx's version converter: e.g. ReduceMean's axes become an input).
+
+    Raises:
+        GenieBuildError: an opset the converter cannot move (named with onnx's reason).
+    """
+    if default_opset(model) >= QDQ_OPSET:
+        return model
+    try:
+        return version_converter.convert_version(model, QDQ_OPSET)
+    except Exception as exc:  # onnx raises RuntimeError/ValidationError/... from C++, with its reason
+        raise GenieBuildError(onnx_path, f"cannot move the graph from opset {default_opset(model)} to "
+                                         f"{QDQ_OPSET} for QNN's QDQ form: {str(exc).splitlines()[0]}") from None
+
+
+def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, consumer_layout: WeightLayout | None,
+                         where: str) -> _Rewrite:
+    enc = encodings.of_initializer(name)
+    if array.dtype.kind != "f":
+        return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
+    if enc is None:
+        return _constant(name, array)
+    if enc.dtype != "int":
+        raise GenieBuildError(where, f"encoding {name!r}: a float{enc.bitwidth} encoding on a weight; the qnn-htp "
+                                     "toolchain stores weights as integers (give it an integer encoding)")
+    section = "param" if name in encodings.params else "activation"
+    try:
+        layout = layout_of(enc, array.shape, consumer_layout)
+        return _weight(name, array, enc, layout)
+    except GenieBuildError as exc:
+        raise GenieBuildError(where, f"{section} encoding {name!r}: {exc.problem}") from None
+
+
+def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None) -> _Rewrite:
+    """An encoded weight as its integer values and one DequantizeLinear (two for LPBQ)."""
+    q, scale, zero_point = quantize(array, enc, layout)
+    bits = enc.compressed_bitwidth if enc.kind == "lpbq" else enc.bitwidth
+    values, scale_name, zero_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
+    output = name if array.dtype == np.float32 else f"{name}_dequantized"
+    signed = enc.is_symmetric and bool(np.all(zero_point.astype(np.int64) == 2 ** (bits - 1)))
+    if signed:
+        codes = (q.astype(np.int64) - 2 ** (bits - 1)).astype(_NUMPY_SIGNED[bits])
+        zero_point, code_type = np.zeros(zero_point.shape, codes.dtype), _SIGNED[bits]
+    elif bits in _UNSIGNED:
+        codes, code_type = q.astype(_NUMPY_UNSIGNED[bits], copy=False), _UNSIGNED[bits]
+        zero_point = zero_point.astype(codes.dtype)
+    else:
+        raise GenieBuildError(name, f"an asymmetric {bits}-bit encoding has no QNN form (QNN stores 32-bit "
+                                    "values signed, zero point 0)")
+    attributes: dict = {}
+    tensors = [_Stored(values, _packed(codes, bits), code_type, codes.shape)]
+    nodes = []
+    if enc.kind == "per_channel":
+        attributes["axis"] = layout.channel_axis
+    if enc.kind in ("per_block", "lpbq"):
+        if array.ndim != 2:
+            raise GenieBuildError(name, f"a {enc.kind} encoding on a weight of rank {array.ndim}: QNN's block "
+                                        "encodings take 2-D weights (MatMul, Gemm)")
+        attributes.update(axis=layout.block_axis, block_size=enc.block_size)
+    if enc.kind == "lpbq":
+        grid = blocked_shape(name, array.shape, enc.block_size, layout)
+        int_scale = blocked_params(np.asarray(enc.per_block_int_scale), grid, layout).astype(np.uint8)
+        channel_scale = lpbq_channel_scale(enc, grid, layout).astype(np.float32).reshape(-1)
+        block_scale = f"{name}_block_scale"
+        tensors += [_Stored(f"{name}_block_int_scale", int_scale, onnx.TensorProto.UINT8, int_scale.shape),
+                    _Stored(scale_name, channel_scale, onnx.TensorProto.FLOAT, channel_scale.shape),
+                    _Stored(f"{name}_block_int_zero_point", np.zeros(channel_scale.shape, np.uint8),
+                            onnx.TensorProto.UINT8, channel_scale.shape)]
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_block_int_scale", scale_name,
+                                                           f"{name}_block_int_zero_point"], [block_scale],
+                                      name=f"{block_scale}/DequantizeLinear", axis=layout.channel_axis))
+        zero_point, scale_name = np.zeros(grid, codes.dtype), block_scale
+    else:
+        tensors.append(_Stored(scale_name, scale.astype(np.float32), onnx.TensorProto.FLOAT, scale.shape))
+    tensors.append(_Stored(zero_name, _packed(zero_point, bits), code_type, zero_point.shape))
+    nodes.append(helper.make_node("DequantizeLinear", [values, scale_name, zero_name], [output],
+                                  name=f"{name}/DequantizeLinear", **attributes))
+    if output != name:
+        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+                                      to=helper.np_dtype_to_tensor_dtype(array.dtype)))
+    return _Rewrite(tuple(tensors), tuple(nodes))
+
+
+def _constant(name: str, array: np.ndarray) -> _Rewrite:
+    """A float constant without an encoding, at :data:`CONSTANT_BITWIDTH` bits per tensor over its own range."""
+    values = array.astype(np.float32)
+    low, high = min(float(values.min(initial=0.0)), 0.0), max(float(values.max(initial=0.0)), 0.0)
+    levels = 2 ** CONSTANT_BITWIDTH - 1
+    scale = (high - low) / levels if high > low else 1.0
+    zero_point = int(np.clip(np.rint(-low / scale), 0, levels))
+    codes = np.clip(np.rint(values / np.float32(scale)) + zero_point, 0, levels).astype(np.uint16)
+    output = name if array.dtype == np.float32 else f"{name}_dequantized"
+    nodes = [helper.make_node("DequantizeLinear", [f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"],
+                              [output], name=f"{name}/DequantizeLinear")]
+    if output != name:
+        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+                                      to=helper.np_dtype_to_tensor_dtype(array.dtype)))
+    return _Rewrite((_Stored(f"{name}_quantized", codes, onnx.TensorProto.UINT16, codes.shape),
+                     _Stored(f"{name}_scale", np.array(scale, np.float32), onnx.TensorProto.FLOAT, ()),
+                     _Stored(f"{name}_zero_point", np.array(zero_point, np.uint16), onnx.TensorProto.UINT16, ())),
+                    tuple(nodes), constant=True)
+
+
+def _packed(values: np.ndarray, bits: int) -> np.ndarray:
+    """The bytes ONNX stores ``values`` in: 4-bit values packed two a byte, the first in the low nibble."""
+    if bits != 4:
+        return values
+    flat = values.reshape(-1).astype(np.uint8) & 0x0F
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return flat[0::2] | (flat[1::2] << 4)
+
+
+def _filled_activations(graph: onnx.GraphProto, activations: Mapping[str, TensorEncoding],
+                        constants: AbstractSet[str]) -> tuple[dict[str, TensorEncoding], dict[str, str]]:
+    """The activation encodings with those of tensors the encodings leave out filled by the module's rules, and
+    for each filled tensor the tensor whose encoding it took (in node order, so a chain of moves propagates)."""
+    filled_from: dict[str, str] = {}
+    result = dict(activations)
+    outputs = {value.name for value in graph.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for node in graph.node:
+        for output in node.output:
+            if not output or output in result or output in outputs:
+                continue
+            source = _encoding_source(node, output, result, consumers, constants)
+            if source is not None:
+                enc = result[source]
+                if node.op_type in ("MatMul", "Gemm"):
+                    enc = _at_bitwidth(enc, ACTIVATION_BITWIDTH)
+                result[output] = dataclasses.replace(enc, name=output)
+                filled_from[output] = source
+    return result, filled_from
+
+
+def _encoding_source(node: onnx.NodeProto, output: str, known: Mapping[str, TensorEncoding],
+                     consumers: Mapping[str, list[onnx.NodeProto]], constants: AbstractSet[str]) -> str | None:
+    """The tensor whose encoding an unencoded ``output`` of ``node`` takes, if a rule gives one."""
+    if node.op_type in _MOVES and node.input and _quantizable(known.get(node.input[0])):
+        return node.input[0]
+    users = consumers.get(output, [])
+    if node.op_type in ("MatMul", "Gemm") and len(users) == 1 and users[0].op_type == "Add":
+        add = users[0]
+        other = next((name for name in add.input if name != output), None)
+        if other in constants and _quantizable(known.get(add.output[0])):
+            return add.output[0]
+    return None
+
+
+def _at_bitwidth(enc: TensorEncoding, bitwidth: int) -> TensorEncoding:
+    """A per-tensor encoding over the same range at ``bitwidth`` bits (the range's ends kept, 0 on the grid)."""
+    if enc.bitwidth == bitwidth:
+        return enc
+    low = enc.offset[0] * enc.scale[0]
+    high = (2 ** enc.bitwidth - 1 + enc.offset[0]) * enc.scale[0]
+    scale = (high - low) / (2 ** bitwidth - 1)
+    return dataclasses.replace(enc, bitwidth=bitwidth, scale=(scale,), offset=(int(round(low / scale)),),
+                               is_symmetric=False)
+
+
+def _quantizable(enc: TensorEncoding | None) -> bool:
+    return enc is not None and enc.dtype == "int" and enc.kind == "per_tensor"
+
+
+def _quantize_activations(graph: onnx.GraphProto, activations: Mapping[str, TensorEncoding],
+                          skip: AbstractSet[str]) -> None:
+    """A QuantizeLinear/DequantizeLinear pair on every graph input and node output with an integer encoding:
+    consumers of an input read its dequantized copy; a node output is renamed, quantized and dequantized back
+    under its own name (so a graph output keeps its name and float type, and ORT moves its Q/DQ to the CPU).
+    ``skip``: the weights, already dequantized from their encoding (AIMET gives the embedding table an activation
+    encoding of its own).
+
+    Raises:
+        GenieBuildError: an activation encoding QNN has no form for (per channel, or not 8 or 16 bits).
+    """
+    nodes, renames = [], {}
+    for value in graph.input:
+        enc = activations.get(value.name)
+        if _quantized(enc):
+            renames[value.name] = f"{value.name}/dequantized"
+            nodes += _pair(graph, value.name, renames[value.name], enc)
+    for node in list(graph.node):
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        nodes.append(node)
+        for index, output in enumerate(node.output):
+            enc = activations.get(output)
+            if output and output not in skip and _quantized(enc):
+                node.output[index] = f"{output}/float"
+                nodes += _pair(graph, node.output[index], output, enc)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _quantized(enc: TensorEncoding | None) -> bool:
+    if enc is None or enc.dtype != "int":
+        return False
+    if enc.kind != "per_tensor" or enc.bitwidth not in _ACTIVATION_BITWIDTHS:
+        raise GenieBuildError(enc.name, f"a {enc.kind} {enc.bitwidth}-bit activation encoding: QNN quantizes "
+                                        f"activations per tensor at {' or '.join(map(str, _ACTIVATION_BITWIDTHS))} "
+                                        "bits")
+    return True
+
+
+def _pair(graph: onnx.GraphProto, source: str, target: str, enc: TensorEncoding) -> list[onnx.NodeProto]:
+    """Quantize ``source`` and dequantize it as ``target``; the scale and zero point become initializers of
+    ``graph`` (QNN takes them only as constants)."""
+    scale_name, zero_name, quantized = f"{target}/scale", f"{target}/zero_point", f"{target}/quantized"
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array(enc.scale[0], np.float32), scale_name),
+        numpy_helper.from_array(np.array(-enc.offset[0], _NUMPY_UNSIGNED[enc.bitwidth]), zero_name)])
+    return [helper.make_node("QuantizeLinear", [source, scale_name, zero_name], [quantized],
+                             name=f"{target}/QuantizeLinear"),
+            helper.make_node("DequantizeLinear", [quantized, scale_name, zero_name], [target],
+                             name=f"{target}/DequantizeLinear")]

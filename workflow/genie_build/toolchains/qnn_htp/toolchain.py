@@ -1,0 +1,99 @@
+"""The ``qnn-htp`` toolchain: the vendor's own HTP compiler on any x86-64 Linux box, from the PyPI wheel
+onnxruntime-qnn (see :class:`genie_build.toolchains.base.Toolchain`).
+
+- convert: a part's graph + its encodings -> the QDQ ONNX graph saying what the encodings say
+  (:mod:`genie_build.toolchains.qnn_htp.qdq`), and the DLC QNN's IR backend makes of it, beside it;
+- compile: every graph of a part into one HTP context binary for the chipset, under the bundle's graph names, the
+  weights stored once (:mod:`genie_build.toolchains.qnn_htp.backend`);
+- inspect: the binary read back by the vendor's libQnnSystem (:mod:`genie_build.qnn_wheel.system`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from genie_build.errors import GenieBuildError
+from genie_build.qnn_wheel import locate_wheel
+from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions
+
+__all__ = ["NAME", "QnnHtpToolchain", "htp_target"]
+
+NAME = "qnn-htp"
+DLC_SUFFIX = ".dlc"
+
+
+def htp_target(options: CompileOptions):
+    """The backend's target for a variant's options."""
+    from genie_build.toolchains.qnn_htp.backend import HtpTarget
+    return HtpTarget(soc_model=options.soc_model, htp_arch=int(options.dsp_arch.lstrip("v")),
+                     optimization=options.optimization_type, vtcm_mb=options.vtcm_mb)
+
+
+class QnnHtpToolchain:
+    """The vendor's HTP backend through ONNX Runtime's QNN execution provider; runs on x86-64 Linux."""
+
+    name = NAME
+
+    def check_available(self) -> None:
+        """Raises GenieBuildError naming the extra that installs the wheel, or the platform that has none."""
+        locate_wheel(f"toolchain {NAME}")
+
+    def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
+                float_bitwidth: int, input_names: Mapping[str, str] | None = None) -> None:
+        """The QDQ graph at ``out_path`` (+ ``.data``) and its DLC at ``out_path`` with suffix ``.dlc``.
+
+        ``float_bitwidth`` does not apply: every float constant the encodings leave out is quantized
+        (:data:`genie_build.toolchains.qnn_htp.qdq.CONSTANT_BITWIDTH`), as the HTP runs integer graphs."""
+        from genie_build.chipsets import CHIPSETS
+        from genie_build.toolchains.qnn_htp.backend import HtpTarget, write_dlc
+        from genie_build.toolchains.qnn_htp.qdq import write_qdq_model
+
+        write_qdq_model(onnx_path, encodings_path, out_path, graph_name=graph_name, input_names=input_names)
+        # The DLC is the graph in QNN's own form, whatever the SoC: any chipset's target writes the same one.
+        device = CHIPSETS["SM8750"]
+        write_dlc(out_path, graph_name, Path(out_path).with_suffix(DLC_SUFFIX),
+                  HtpTarget(device.soc_model, int(device.dsp_arch.lstrip("v"))))
+
+    def compile(self, converted: dict[str, Path], out_path: Path, options: CompileOptions) -> None:
+        """Every converted graph into one context binary at ``out_path`` (staged beside it)."""
+        from genie_build.toolchains.qnn_htp.backend import prepare_context
+
+        out_path = Path(out_path)
+        with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=f".{out_path.name}.") as folder:
+            prepare_context(converted, Path(folder), htp_target(options),
+                            weight_sharing=options.weight_sharing_enabled,
+                            weights_packing=options.weights_packing)
+            binaries = sorted(Path(folder).glob("*.bin"))
+            if len(binaries) != 1:
+                raise GenieBuildError(out_path, f"the HTP backend wrote {len(binaries)} context binaries, not one")
+            _require_graph_names(binaries[0], list(converted))
+            os.replace(binaries[0], out_path)
+
+    def inspect(self, binary_path: Path) -> BinaryInfo:
+        """The binary as libQnnSystem reads it: graphs with their IO and quantization, the SoC, the QNN build."""
+        from genie_build.qnn_wheel.system import read_context_binary
+
+        binary = read_context_binary(binary_path)
+        blobs = {graph.info.name: graph.htp for graph in binary.graphs if graph.htp is not None}
+        applied = AppliedOptions(soc_model=binary.soc_model, dsp_arch=binary.dsp_arch,
+                                 optimization_type={name: blob.optimization_level for name, blob in blobs.items()},
+                                 vtcm_size={name: blob.vtcm_bytes for name, blob in blobs.items()})
+        return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=0,
+                          graphs=tuple(graph.info for graph in binary.graphs), toolchain=NAME,
+                          tool_version=f"QNN {binary.build_id}", applied_options=applied)
+
+
+def _require_graph_names(binary: Path, expected: list[str]) -> None:
+    """The binary holds exactly the graph names the bundle uses, read back by libQnnSystem.
+
+    Raises:
+        GenieBuildError: other names (the graph names Genie orders and parses were not applied).
+    """
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    found = [graph.info.name for graph in read_context_binary(binary).graphs]
+    if sorted(found) != sorted(expected):
+        raise GenieBuildError(binary, f"holds graphs {found}, expected {expected}")
