@@ -270,3 +270,29 @@ def test_an_empty_cache_slot_holds_what_genies_cleared_cache_reads_as(build: Ref
     assert np.all(first_prompt == np.float32(cleared))  # nothing cached yet
     empty = first_token == np.float32(cleared)
     assert np.all(empty[..., 3:]) and not np.all(empty[..., :3])  # three cached, the rest empty
+
+
+def test_a_graph_without_the_converters_record_gives_the_empty_slot_from_its_quantize_node():
+    """A graph genie-build's converters did not write (a qnn-htp twin) says its KV encoding only in the QuantizeLinear
+    that takes the input: (32768 - zero_point) * scale for a uint16 zero point, (128 - zero_point) * scale for uint8;
+    a float KV input has none."""
+    from onnx import TensorProto, helper
+
+    from genie_build.genie_runtime import empty_kv
+
+    def quantized(name: str, scale: float, zero_point: int, dtype: int) -> list:
+        return [helper.make_tensor(f"{name}_scale", TensorProto.FLOAT, [], [scale]),
+                helper.make_tensor(f"{name}_zero", dtype, [], [zero_point])]
+
+    nodes = [helper.make_node("QuantizeLinear", [name, f"{name}_scale", f"{name}_zero"], [f"{name}_q"])
+             for name in ("past_key_0_in", "past_value_0_in", "hidden_in")]
+    initializers = (quantized("past_key_0_in", 0.5, 33288, TensorProto.UINT16)
+                    + quantized("past_value_0_in", 0.25, 100, TensorProto.UINT8)
+                    + quantized("hidden_in", 1.0, 0, TensorProto.UINT16))
+    graph = helper.make_graph(nodes, "twin", [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1])
+                                              for name in ("past_key_0_in", "past_value_0_in", "hidden_in",
+                                                           "past_key_1_in")],
+                              [helper.make_tensor_value_info(f"{node.input[0]}_q", TensorProto.UINT16, [1])
+                               for node in nodes], initializers)
+    assert empty_kv(helper.make_model(graph)) == {"past_key_0_in": (32768 - 33288) * 0.5,
+                                                  "past_value_0_in": (128 - 100) * 0.25}

@@ -2,12 +2,13 @@
 
 The prompt is Genie's first query: ``bos-token`` first, then the prompt's tokens. It is processed in chunks, each
 through every part in order; then one token at a time, greedily. Each chunk or token runs on the graph (AR, CL)
-Genie's KV manager picks (:func:`genie_steps`): the smallest CL that holds the cache, moving up a length one step
-before the cache would fill it, and back down when a smaller one holds it again. The host keeps the KV cache
-(docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``, valid
-entries first, in one buffer of the largest CL whose empty slots hold what Genie's cleared cache reads as. A graph
-with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask hiding the empty ones
-(``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real ones (not the padding).
+Genie's KV manager picks (:mod:`genie_build.genie_runtime`): the smallest CL that holds the cache, moving up a
+length one step before the cache would fill it, and back down when a smaller one holds it again. The host keeps the
+KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``,
+valid entries first, in one buffer of the largest CL whose empty slots hold what Genie's cleared cache reads as. A
+graph with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask hiding the empty
+ones (``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real ones (not the
+padding).
 
 The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
 reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
@@ -24,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,16 +42,16 @@ from genie_build.errors import GenieBuildError
 from genie_build.embedding_table import TableEncoding, dequantize_rows
 from genie_build.fileio import read_json, resolve_inside
 from genie_build.families import FAMILIES
+from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
-from genie_build.toolchains.reference.convert import IO_ENCODINGS_KEY
-from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer
+from genie_build.toolchains.reference.onnx_io import read_initializer
 
 __all__ = ["EmbeddingLookup", "Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun",
-           "KVCache", "LoadedBundle", "PARTS_REFERENCE", "Runner", "Step", "embedding_lookup", "generate", "genie_steps",
+           "KVCache", "LoadedBundle", "PARTS_REFERENCE", "Runner", "embedding_lookup", "generate",
            "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
            "unsplit_tokens"]
 
@@ -156,9 +157,8 @@ class LoadedBundle:
     bos_id: int = -1  # Genie prepends it to a first query when it is >= 0
 
     def query_ids(self, prompt: str) -> list[int]:
-        """The tokens Genie feeds for ``prompt`` as the dialog's first query: ``bos-token`` (when >= 0), then the
-        prompt's tokens, the tokenizer's own special tokens left out (Genie adds the BOS itself)."""
-        return [self.bos_id] * (self.bos_id >= 0) + self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        """The tokens Genie feeds for ``prompt`` as the dialog's first query (:func:`first_query_ids`)."""
+        return first_query_ids(self.tokenizer, prompt, self.bos_id)
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
     """Greedy decoding: the prompt in chunks, then one token at a time, each on the graph Genie picks
-    (:func:`genie_steps`).
+    (:func:`genie_build.genie_runtime.genie_steps`).
 
     Args:
         runner: the model's parts.
@@ -431,55 +431,6 @@ def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mappin
                     context_size=dialog["context"]["size"])
 
 
-@dataclass(frozen=True)
-class Step:
-    """``count`` tokens run through every part's graph (``ar``, ``cl``): one inference of Genie's strategy."""
-
-    ar: int
-    cl: int
-    count: int
-
-
-def genie_steps(offered: Collection[tuple[int, int]], valid: int, count: int) -> list[Step]:
-    """The inferences Genie runs to take ``count`` new tokens after ``valid`` cached ones (Genie 2.51's
-    ``KVManager::prepareInferenceStrategy``, a query or one generated token at a time; docs/host-run.md).
-
-    It starts at the smallest CL that holds the cache, with the narrowest AR that takes every token at once (or the
-    widest there is), moving to a larger CL while the step would not fit (``valid + AR > CL``). Before each chunk it
-    moves up one length when the cache after it might not fit the next step (``valid + AR > CL - AR``: for tokens,
-    one slot is kept free). A later query or token starts again at the smallest CL that holds the cache, so Genie
-    can move back down.
-
-    Raises:
-        GenieBuildError: the tokens exceed the largest CL, or the cache does not fit a chunk's past slots.
-    """
-    lengths = sorted({cl for _, cl in offered})
-    ars = {cl: sorted(ar for ar, length in offered if length == cl) for cl in lengths}
-    if valid + count > lengths[-1]:
-        raise GenieBuildError("prompt", f"{count} tokens after {valid} exceed the largest context length {lengths[-1]}")
-    cl = next(length for length in lengths if length >= valid)
-    ar = _pick(count, ars[cl])
-    while valid + ar > cl and cl != lengths[-1]:
-        cl = lengths[lengths.index(cl) + 1]
-        ar = _pick(count, ars[cl])
-    steps, remaining = [], count
-    while remaining:
-        if valid + ar > cl - ar and cl != lengths[-1]:
-            cl = lengths[lengths.index(cl) + 1]
-            ar = _pick(remaining, ars[cl])
-        if valid > cl - ar:
-            raise GenieBuildError("prompt", f"the cache's {valid} entries do not fit the {cl - ar} past slots of "
-                                            f"graph AR {ar} CL {cl}")
-        steps.append(Step(ar, cl, min(remaining, ar)))
-        valid, remaining = valid + steps[-1].count, remaining - steps[-1].count
-    return steps
-
-
-def _pick(count: int, ars: Sequence[int]) -> int:
-    """Genie's choice of AR for ``count`` tokens: the narrowest that takes them at once, else the widest."""
-    return min((ar for ar in ars if ar >= count), default=max(ars))
-
-
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
                     context_size: int | None) -> tuple[list[int], float, float, tuple[GraphRun, ...]]:
     limit = min(context_size or runner.context_length, runner.context_length)
@@ -618,26 +569,16 @@ def _graph_session(graph: ContainerGraph | GraphFile) -> GraphSession:
     if isinstance(graph, GraphFile):
         if graph.htp is None:
             return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), cpu_session_options(),
-                                                             providers=["CPUExecutionProvider"]), weights={})
+                                                             providers=["CPUExecutionProvider"]), weights={},
+                                empty=empty_kv(graph.model))
         from genie_build.toolchains.qnn_htp.backend import session_options
         return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), session_options(graph.htp)),
-                            weights={})
+                            weights={}, empty=empty_kv(graph.model))
     model = graph.model
     for tensor in model.graph.initializer:
         model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     model.graph.ClearField("initializer")
-    return GraphSession(session=_session(model), weights=graph.weights, empty=_empty_kv(model))
-
-
-def _empty_kv(model: onnx.ModelProto) -> dict[str, float]:
-    """Per quantized KV input, what an empty cache slot reads as in Genie: it clears a quantized cache with the middle
-    code (32768 at 16 bits) whatever the encoding's offset, which dequantizes to ``(code + offset) * scale``. A float
-    cache is cleared with 0 (the default)."""
-    encodings = metadata_json(model, IO_ENCODINGS_KEY, {})
-    return {name: (2 ** (encoding["bitwidth"] - 1) + encoding["offset"]) * encoding["scale"]
-            for name, encoding in encodings.items()
-            if name.startswith((KV_KEY_PREFIX, KV_VALUE_PREFIX)) and name.endswith("_in")
-            and encoding.get("dtype") == "int"}
+    return GraphSession(session=_session(model), weights=graph.weights, empty=empty_kv(model))
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
