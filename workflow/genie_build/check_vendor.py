@@ -113,8 +113,7 @@ def _genie_findings(bundle: Path) -> list[Finding]:
     refusal = library.dialog_config_refusal(text.decode("utf-8"))
     if refusal is None:
         return []
-    status = genie.STATUS_NAMES.get(refusal.status, f"Genie status {refusal.status}")
-    return [Finding(GENIE_RULE, "error", f"Genie refuses {GENIE_CONFIG_NAME} ({status}): {reason}")
+    return [Finding(GENIE_RULE, "error", f"Genie refuses {GENIE_CONFIG_NAME} ({refusal.status_name}): {reason}")
             for reason in refusal.reasons]
 
 
@@ -124,10 +123,10 @@ def _extension_findings(bundle: Path, name: str) -> list[Finding]:
         # the depth of what the library parses stays within what Python's reader took
     try:
         library = backend_extensions.load_htp_extensions(_WHAT)
-        text = read_regular(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)
-    except GenieBuildError as exc:
+        errors = library.extension_errors(read_regular(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES),
+                                          name)
+    except GenieBuildError as exc:  # the library unusable (a call of its interface failed), or the file unreadable
         return [Finding(EXTENSIONS_RULE, "error", str(exc))]
-    errors = library.extension_errors(text, name)
     if not errors:
         return []
     return [Finding(EXTENSIONS_RULE, "error", f"{name}: {backend_extensions.LIBRARY} logs errors reading it, after "

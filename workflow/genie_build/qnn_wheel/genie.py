@@ -23,7 +23,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import DISTRIBUTION, WheelInfo, library_path, locate_wheel
 from genie_build.qnn_wheel.native import native_output
 
-__all__ = ["LIBRARY", "STATUS_NAMES", "Genie", "GenieRefusal", "load_genie"]
+__all__ = ["LIBRARY", "Genie", "GenieRefusal", "load_genie"]
 
 LIBRARY = "libGenie.so"
 _STATUS = ctypes.c_int32
@@ -37,7 +37,7 @@ _FUNCTIONS = {
     "GenieDialogConfig_free": (_STATUS, [_HANDLE]),
 }
 # Genie_Status_t values as Genie 2.51 returned them for a refused config
-STATUS_NAMES = {-7: "not JSON to Genie's parser", -8: "refused by Genie's schema"}
+_STATUS_NAMES = {-7: "not JSON to Genie's parser", -8: "refused by Genie's schema"}
 # What Genie's validator says of every combinator on the way down to the real reason: not worth repeating
 _SCHEMA_NOISE = ("at least one subschema has failed, but all of them are required to validate",)
 _SCHEMA_ERROR = re.compile(r"^\s*- at '(?P<pointer>[^']*)': (?P<reason>.*)$")
@@ -52,8 +52,12 @@ class GenieRefusal:
     status: int
     reasons: tuple[str, ...]
 
+    @property
+    def status_name(self) -> str:
+        return _STATUS_NAMES.get(self.status, f"Genie status {self.status}")
+
     def __str__(self) -> str:
-        return f"{STATUS_NAMES.get(self.status, f'Genie status {self.status}')}: {'; '.join(self.reasons)}"
+        return f"{self.status_name}: {'; '.join(self.reasons)}"
 
 
 class Genie:
