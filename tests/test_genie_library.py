@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import json
+import os
 import re
 import sys
 from functools import cache
@@ -477,13 +478,24 @@ def test_without_the_wheel_check_bundle_says_in_one_line_what_it_skipped(tmp_pat
 
 
 def test_an_installed_wheel_whose_library_does_not_load_is_an_error_not_a_skip(tmp_path, monkeypatch):
-    monkeypatch.setattr(genie, "LIBRARY", "libGenie_missing.so")
-    genie.load_genie.cache_clear()
-    try:
-        findings = key_findings(bundle_with(tmp_path), {GENIE_RULE})
-    finally:
-        monkeypatch.undo()
-        genie.load_genie.cache_clear()
+    """The libraries run in a child process: there the wheel's package holds a libGenie.so that is no library."""
+    fake = tmp_path / "site" / "onnxruntime_qnn"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "build_and_package_info.py").write_text("qnn_version = '2.51.0'\n")
+    (fake / "libGenie.so").write_bytes(b"not a library")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}:{os.environ.get('PYTHONPATH', '')}")
+    findings = key_findings(bundle_with(tmp_path), {GENIE_RULE})
     assert [f.message for f in findings] == [
-        f"the vendor's config checks: {qnn_wheel.locate_wheel().library_dir / 'libGenie_missing.so'}: not found in "
-        "the installed onnxruntime-qnn wheel (reinstall it: pip install -r envs/requirements-qnn.txt)"]
+        f"genie_config.json: libGenie.so could not judge it: {fake / 'libGenie.so'}: does not load as Genie's "
+        f"library: {fake / 'libGenie.so'}: file too short"]
+
+
+def test_an_extension_config_the_library_crashes_on_is_a_finding_not_a_crash(tmp_path):
+    """The extensions library segfaults on a file whose top level is not an object; check-bundle says so."""
+    bundle = bundle_with(tmp_path)
+    (bundle / "htp_backend_ext_config.json").write_text("1")
+    library = [f.message for f in key_findings(bundle, {EXTENSIONS_RULE})]
+    assert library == ["htp_backend_ext_config.json: libQnnHtpNetRunExtensions.so could not judge it: it crashed "
+                       "reading it (SIGSEGV)"]
+    assert key_findings(bundle, {"chipset"})  # and the key table refuses it too

@@ -9,10 +9,11 @@
   runs without the extensions (device, performance and share-resources settings silently dropped), so each is an
   error here.
 
-genie-build's own key table (:mod:`genie_build.genie_config`, :mod:`genie_build.htp_extensions`) runs in every case.
-Without the wheel (not installed, or not x86-64 Linux) the libraries' checks are skipped, and :func:`checkers` says
-so and why: check-bundle prints it and records it in ``bundle_check.json``. A wheel that is installed but whose
-library does not load is an error, never a skip.
+The libraries run in a child process (:mod:`genie_build.qnn_wheel.judge`): the extensions library crashes on some
+files, which is then a finding like any other. genie-build's own key table (:mod:`genie_build.genie_config`,
+:mod:`genie_build.htp_extensions`) runs in every case. Without the wheel (not installed, or not x86-64 Linux) the
+libraries' checks are skipped, and :func:`checkers` says so and why: check-bundle prints it and records it in
+``bundle_check.json``. A wheel that is installed but whose library does not load is an error, never a skip.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 
 from genie_build.bundle_files import MAX_DOCUMENT_BYTES, Finding, load_bundle_json
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import read_regular
 from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME
-from genie_build.qnn_wheel import WheelInfo, backend_extensions, genie, locate_wheel
+from genie_build.qnn_wheel import DISTRIBUTION, WheelInfo, backend_extensions, genie, locate_wheel
+from genie_build.qnn_wheel.judge import judge
 
 __all__ = ["Checker", "EXTENSIONS_RULE", "GENIE_RULE", "KEY_TABLE", "RULES", "check_vendor", "checkers"]
 
@@ -62,9 +63,9 @@ class Checker:
 
 def checkers() -> dict[str, Checker]:
     """The checker of each config: ``genie_config.json`` and ``htp_backend_ext_config.json``."""
-    return {GENIE_CONFIG_NAME: _checker(GENIE_RULE, genie.LIBRARY, None),
+    return {GENIE_CONFIG_NAME: _checker(GENIE_RULE, genie.LIBRARY, None, _describe_genie),
             HTP_EXT_CONFIG_NAME: _checker(EXTENSIONS_RULE, backend_extensions.LIBRARY,
-                                          backend_extensions.layout_problem)}
+                                          backend_extensions.layout_problem, _describe_extensions)}
 
 
 def check_vendor(bundle: Path, extensions: str | None) -> list[Finding]:
@@ -73,19 +74,35 @@ def check_vendor(bundle: Path, extensions: str | None) -> list[Finding]:
     (:func:`checkers` says so).
 
     Only called on a bundle whose ``genie_config.json`` is a readable JSON object, and the extension config is
-    handed on only when it parses too: the libraries get documents no deeper than Python's reader takes. The text is
-    read again, bounded, and handed to them as it is, so that their line and column numbers are the file's.
+    handed on only when it parses too: the libraries get documents no deeper than Python's reader takes, read again
+    (bounded) and handed to them as they are, so that their line and column numbers are the file's.
     """
     found = checkers()
-    findings = []
+    files = {}
     if found[GENIE_CONFIG_NAME].skipped is None:
-        findings += _genie_findings(bundle)
-    if extensions is not None and found[HTP_EXT_CONFIG_NAME].skipped is None:
-        findings += _extension_findings(bundle, extensions)
+        files["genie"] = GENIE_CONFIG_NAME
+    if extensions is not None and found[HTP_EXT_CONFIG_NAME].skipped is None \
+            and load_bundle_json(bundle, extensions)[0] is not None:
+        files["extensions"] = extensions
+    if not files:
+        return []
+    findings = []
+    for kind, verdict in judge(bundle, files, MAX_DOCUMENT_BYTES).items():
+        rule, library = ((GENIE_RULE, genie.LIBRARY) if kind == "genie"
+                         else (EXTENSIONS_RULE, backend_extensions.LIBRARY))
+        if verdict.failed is not None:
+            findings.append(Finding(rule, "error", f"{files[kind]}: {library} could not judge it: {verdict.failed}"))
+        elif kind == "genie":
+            findings += [Finding(rule, "error", f"Genie refuses {GENIE_CONFIG_NAME} {problem}")
+                         for problem in verdict.problems]
+        elif verdict.problems:
+            findings.append(Finding(rule, "error", f"{files[kind]}: {library} logs errors reading it, after which "
+                                                   f"Genie runs without the extensions: {'; '.join(verdict.problems)}"))
     return findings
 
 
-def _checker(rule: str, library: str, layout_problem: Callable[[WheelInfo], str | None] | None) -> Checker:
+def _checker(rule: str, library: str, layout_problem: Callable[[WheelInfo], str | None] | None,
+             describe: Callable[[WheelInfo], str]) -> Checker:
     try:
         wheel = locate_wheel(_WHAT)
     except GenieBuildError as exc:
@@ -93,41 +110,15 @@ def _checker(rule: str, library: str, layout_problem: Callable[[WheelInfo], str 
     problem = layout_problem(wheel) if layout_problem is not None else None
     if problem is not None:
         return Checker(rule, library, (KEY_TABLE,), problem)
+    return Checker(rule, library, (describe(wheel), KEY_TABLE))
+
+
+def _describe_genie(wheel: WheelInfo) -> str:
     try:
-        described = _load(rule).describe()
-    except GenieBuildError as exc:  # installed but broken: an error where the check runs (_genie_findings, ...)
-        described = f"{library} (does not load: {exc.problem})"
-    return Checker(rule, library, (described, KEY_TABLE))
+        return genie.load_genie(_WHAT).describe()
+    except GenieBuildError as exc:  # installed but broken: the check itself then fails (check_vendor)
+        return f"{genie.LIBRARY} (does not load: {exc.problem})"
 
 
-def _load(rule: str) -> genie.Genie | backend_extensions.HtpExtensions:
-    return genie.load_genie(_WHAT) if rule == GENIE_RULE else backend_extensions.load_htp_extensions(_WHAT)
-
-
-def _genie_findings(bundle: Path) -> list[Finding]:
-    try:
-        library = genie.load_genie(_WHAT)
-        text = read_regular(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)
-    except GenieBuildError as exc:
-        return [Finding(GENIE_RULE, "error", str(exc))]
-    refusal = library.dialog_config_refusal(text.decode("utf-8"))
-    if refusal is None:
-        return []
-    return [Finding(GENIE_RULE, "error", f"Genie refuses {GENIE_CONFIG_NAME} ({refusal.status_name}): {reason}")
-            for reason in refusal.reasons]
-
-
-def _extension_findings(bundle: Path, name: str) -> list[Finding]:
-    if load_bundle_json(bundle, name)[0] is None:
-        return []  # not JSON even to Python's reader (the files rule says so): nothing the library could use, and
-        # the depth of what the library parses stays within what Python's reader took
-    try:
-        library = backend_extensions.load_htp_extensions(_WHAT)
-        errors = library.extension_errors(read_regular(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES),
-                                          name)
-    except GenieBuildError as exc:  # the library unusable (a call of its interface failed), or the file unreadable
-        return [Finding(EXTENSIONS_RULE, "error", str(exc))]
-    if not errors:
-        return []
-    return [Finding(EXTENSIONS_RULE, "error", f"{name}: {backend_extensions.LIBRARY} logs errors reading it, after "
-                                              f"which Genie runs without the extensions: {'; '.join(errors)}")]
+def _describe_extensions(wheel: WheelInfo) -> str:
+    return f"{backend_extensions.LIBRARY} ({DISTRIBUTION} {wheel.version}, QNN SDK {wheel.qnn_version})"
