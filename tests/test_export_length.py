@@ -220,9 +220,9 @@ REFUSALS = {  # case -> (how the part's folder is broken, context, the file name
     "other-dtype": (lambda folder: _edit_initializer(folder, _as_int32), 16, "prompt.onnx", "is int32"),
     "inline-weight": (lambda folder: _edit_initializer(folder, _inline), 16, "prompt.onnx",
                       "not all in weights.onnx.data"),
-    # the settings, as export-part refuses them (naming the setting)
-    "beyond-max-positions": (None, 2 * MAX_POSITIONS, "export.context", "max_position_embeddings"),
-    "context-not-above-ar": (None, AR, "export.ar", "below"),
+    # the settings, as export-part refuses them (naming the config's key)
+    "beyond-max-positions": (None, 2 * MAX_POSITIONS, "config export.context", "max_position_embeddings"),
+    "context-not-above-ar": (None, AR, "config export.ar", "below"),
 }
 
 

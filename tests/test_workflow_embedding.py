@@ -109,6 +109,21 @@ def test_the_evaluation_runs_the_parts_after_the_embedding_from_part_1s_vectors(
         assert 0 < report["top1_agreement"] <= 1, report
 
 
+def _reference_workflow(workdir: Path) -> Path:
+    """``workdir``'s default config with the reference toolchain's variant alone, as the bundle's: the host run's
+    comparisons below are about a reference bundle (Snakemake merges a --configfile into the default config, so the
+    default's other variants would stay)."""
+    import yaml
+
+    path = workdir / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["variants"] = {"reference": config["variants"]["reference"]}
+    config["bundle"] = {**config["bundle"], "variant": "reference", "embedding": "graph"}
+    config["report"] = {**config["report"], "baseline_variant": "reference"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return workdir
+
+
 def _table_of_part_1(out: Path, factor: float = 1.0) -> np.ndarray:
     """The codes of part 1's Gather table times ``factor``, at the built table's encoding."""
     part = out / "parts" / "part_1_of_3" / "prompt.onnx"
@@ -130,11 +145,10 @@ def test_a_scaled_embedding_is_in_the_table_and_a_table_without_the_scale_fails_
     """Part 1 multiplies the Gather's rows by sqrt(hidden) (as Gemma's does): the table holds the scaled rows, the
     host run passes; the same bundle with the Gather's rows alone in its table fails the host run against the
     unsplit model and against the parts, each in one line."""
-    workdir = copy_workflow(tmp_path)
+    workdir = _reference_workflow(copy_workflow(tmp_path))
     factor = scaled_export(demo[0] / "results" / "demo" / "source", workdir / "exports", SMALL_DEMO["demo"]["hidden"])
-    run_snakemake(workdir, config_file=write_config(workdir, {"model": {"name": "mine", **USER_MODEL},
-                                                              "split": {"num_parts": 3},
-                                                              "bundle": {"embedding": "lut"}}))
+    config = {"model": {"name": "mine", **USER_MODEL}, "split": {"num_parts": 3}, "bundle": {"embedding": "lut"}}
+    run_snakemake(workdir, config_file=write_config(workdir, config))
     out = workdir / "results" / "mine"
     table = read_table_file(out / "embedding" / "embedding_table.bin")
     codes = np.fromfile(table.path, dtype=table.encoding.dtype).reshape(table.n_vocab, table.n_embd)
@@ -187,8 +201,13 @@ def test_a_correct_table_passes_where_the_graph_layouts_tokens_differ(tmp_path):
     table at 8 bits per channel) give different tokens. The host run holds the table to a reference that quantizes
     it as the table does, so the correct bundle passes (against the unsplit model converted as the graph layout, it
     failed)."""
-    workdir = copy_workflow(tmp_path)
+    workdir = _reference_workflow(copy_workflow(tmp_path))
     seeded = {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "seed": 5}}
-    graph_run, lut_run, _ = _both_layouts(workdir, seeded, "demo")
+    runs = {}
+    for layout in ("graph", "lut"):
+        run_snakemake(workdir, config_file=write_config(workdir, {**seeded, "bundle": {"embedding": layout}},
+                                                        name=f"{layout}.yaml"))
+        runs[layout] = load_json(workdir / "results" / "demo" / "host_run.json")
+    graph_run, lut_run = runs["graph"], runs["lut"]
     assert lut_run["new_ids"] == lut_run["reference_ids"] and "part 1's rows" in lut_run["compared_with"]
     assert lut_run["new_ids"] != graph_run["new_ids"]

@@ -103,7 +103,7 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
     assert load_json(workdir / f"{OUT}/bundle_check.json")["errors"] == 0
     host_run = load_json(workdir / f"{OUT}/host_run.json")
     assert len(host_run["new_ids"]) > 0 and host_run["new_ids"] == host_run["reference_ids"], family
-    assert host_run["compared_with"] == PARTS_REFERENCE
+    assert host_run["compared_with"].startswith(PARTS_REFERENCE)
     assert load_json(workdir / f"{OUT}/plan_check.json")["same_parts"]
     for graph in ("prompt", "token"):
         assert load_json(workdir / f"{OUT}/verify/{graph}.json")["reference"].startswith("transformers modules")
