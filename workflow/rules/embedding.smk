@@ -4,7 +4,10 @@
 
 rule embedding_table:
     input:
-        unpack(embedding_part_files),
+        # one function per name: an unpack()ed function waiting for the plan leaves the job's input unnamed, and a
+        # dry run formatting this command fails
+        onnx=embedding_part_graph,
+        encodings=embedding_part_encodings,
     output:
         table=EMBEDDING_TABLE,
         description=f"{EMBEDDING_TABLE}.json",

@@ -77,11 +77,13 @@ def bundle_part_labels():
     return labels[1:] if EMBEDDING_LUT else labels
 
 
-def embedding_part_files(wildcards):
-    """Part 1 of the prompt graph (which carries its weights' SHA-1, as for its convert job) and its encodings."""
-    label = part_labels()[0]
-    return {"onnx": SOURCE.part_graph("prompt", label),
-            "encodings": SOURCE.part_encodings("prompt", label, encodings_of(BUNDLE_VARIANT))}
+def embedding_part_graph(wildcards):
+    """Part 1 of the prompt graph, which carries its weights' SHA-1 (as for its convert job)."""
+    return SOURCE.part_graph("prompt", part_labels()[0])
+
+
+def embedding_part_encodings(wildcards):
+    return SOURCE.part_encodings("prompt", part_labels()[0], encodings_of(BUNDLE_VARIANT))
 
 
 # --- the converts and compiles (rules/convert.smk, rules/compile.smk)
