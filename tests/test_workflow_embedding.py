@@ -1,7 +1,9 @@
 """bundle.embedding: lut as a user meets it: a build with the embedding in the graph, then the same build with the
 embedding as a CPU table -- only the bundle's side reruns (no new demo, split or encodings), part 1 leaves the bundle,
 the table and dialog.embedding come in, and the host run's tokens are the graph layout's. On the demo and on the
-user's own ONNX export."""
+user's own ONNX export, with the reference toolchain: the demo's 8-bit per-channel embedding has no HTP form, so
+its qnn-htp bundle has no graph layout to switch from (tests/test_workflow.py builds the default qnn-htp bundle with
+the table; tests/test_qnn_htp.py checks the refusal of part 1)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import build_reference_bundle
-from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
+from workflow_helpers import (REFERENCE_BUILD, SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake,
+                              write_config)
 
 pytestmark = pytest.mark.workflow
 
@@ -37,7 +40,7 @@ def _both_layouts(workdir: Path, overrides: dict, model: str) -> tuple[dict, dic
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     workdir = copy_workflow(tmp_path_factory.mktemp("wf"))
-    return workdir, *_both_layouts(workdir, SMALL_DEMO, "demo")
+    return workdir, *_both_layouts(workdir, {**SMALL_DEMO, **REFERENCE_BUILD}, "demo")
 
 
 def test_switching_to_the_table_reruns_only_the_bundle_side(demo):
@@ -87,7 +90,7 @@ def test_the_users_onnx_export_gives_the_same_tokens_with_the_table(tmp_path_fac
         if path.is_file():
             shutil.copy2(path, workdir / "exports" / path.name)
     graph_run, lut_run, ran = _both_layouts(workdir, {"model": {"name": "mine", **USER_MODEL},
-                                                      "split": {"num_parts": 3}}, "mine")
+                                                      "split": {"num_parts": 3}, **REFERENCE_BUILD}, "mine")
     assert {rule for rule, _ in ran} <= BUNDLE_SIDE, ran
     assert lut_run["new_ids"] == graph_run["new_ids"] == lut_run["reference_ids"]
 
@@ -95,7 +98,7 @@ def test_the_users_onnx_export_gives_the_same_tokens_with_the_table(tmp_path_fac
 def test_the_evaluation_runs_the_parts_after_the_embedding_from_part_1s_vectors(demo):
     """``snakemake evaluate`` chains each variant's binaries; part 2 takes inputs_embeds, fed from part 1's graph."""
     workdir = demo[0]
-    run_snakemake(workdir, "evaluate", "--configfile", str(workdir / "lut.yaml"))  # the target before the file
+    run_snakemake(workdir, "evaluate", config_file=workdir / "lut.yaml")
     for variant in ("unpacked", "packed"):
         report = load_json(workdir / "results" / "demo" / "evaluation" / f"{variant}.json")
         assert 0 < report["top1_agreement"] <= 1, report
