@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -74,6 +75,13 @@ STAGES = {"export": ("export_part",), "export of the other lengths": ("export_le
 
 
 # ------------------------------------------------------------------------------------------- the checkpoint
+
+def _with_variants(config_path: Path, variants: dict) -> str:
+    """The default config with only ``variants`` (a config file replaces no mapping of the default: it merges)."""
+    config = yaml.safe_load(config_path.read_text())
+    config["variants"] = variants
+    return yaml.safe_dump(config, sort_keys=False)
+
 
 def tensor_shapes(shape: dict, layers: range) -> dict[str, tuple[int, ...]]:
     """Qwen2's tensors of ``layers`` ([out, in] Linear weights, q/k/v biases), as ``save_pretrained`` names them."""
@@ -262,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="export.context: one length or several, e.g. 512 1024 2048 4096 (default %(default)s)")
     parser.add_argument("--embedding", choices=("graph", "lut"), default="graph", help="bundle.embedding")
     parser.add_argument("--no-evaluate", action="store_true", help="build the bundle only, not the 'evaluate' target")
+    parser.add_argument("--variants", nargs="+", default=["reference", "qnn-htp"],
+                        help="the default config's variants to build (default %(default)s; the bundle's is qnn-htp)")
     parser.add_argument("--no-whole-path", action="store_true",
                         help="skip the whole-model path's measurement (step 3)")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
@@ -277,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True)
     python = sys.executable
     report: dict = {"shape": shape, "cores": args.cores, "num_parts": args.num_parts, "num_samples": args.num_samples,
-                    "context": args.context, "embedding": args.embedding, "evaluated": not args.no_evaluate}
+                    "context": args.context, "embedding": args.embedding, "evaluated": not args.no_evaluate,
+                    "variants": args.variants}
     try:
         seconds, status, peak = run_measured([python, __file__, "--generate", str(work / "checkpoint"),
                                               "--shape", json.dumps(shape)])
@@ -293,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         add_missing_benchmarks(workflow / "workflow" / "rules")
         hooks.mkdir()
         (hooks / "sitecustomize.py").write_text(RSS_HOOK)
+        variants = yaml.safe_load((workflow / "config" / "config.yaml").read_text())["variants"]
+        (workflow / "config" / "config.yaml").write_text(_with_variants(workflow / "config" / "config.yaml",
+                                                                        {name: variants[name] for name in args.variants}))
         (workflow / "bench.yaml").write_text(json.dumps({
             "model": {"name": "qwen7b", "hf_checkpoint": str(work / "checkpoint")},
             "split": {"num_parts": args.num_parts}, "quantize": {"num_samples": args.num_samples},

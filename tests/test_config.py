@@ -310,3 +310,93 @@ def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:
     with pytest.raises(GenieBuildError, match=r"^config variants.qnn-htp.recipe: 'w2a16' is not one of"):
         validate_config({**calibrating, "variants": {"reference": {}, "qnn-htp": {"toolchain": "qnn-htp",
                                                                                   "recipe": "w2a16"}}})
+
+
+def _resolved(schema: dict, node: dict) -> dict:
+    """``node`` with its ``$ref`` (into the schema's ``$defs``) followed."""
+    while "$ref" in node:
+        node = {**schema["$defs"][node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _types(node: dict) -> list[str]:
+    kinds = node.get("type", [])
+    return [kinds] if isinstance(kinds, str) else list(kinds)
+
+
+def _valid(schema: dict, node: dict) -> object:
+    """A value ``node`` accepts: its default, its first enum value, or one built from its type."""
+    node = _resolved(schema, node)
+    if node.get("default") is not None:
+        return copy.deepcopy(node["default"])
+    if "enum" in node:
+        return next(value for value in node["enum"] if value is not None)
+    if "oneOf" in node:
+        return _valid(schema, node["oneOf"][0])
+    kinds = _types(node)
+    if "integer" in kinds:
+        return max(node.get("minimum", 1), 2)
+    if "object" in kinds:
+        return {key: _valid(schema, node["properties"][key]) for key in node.get("required", [])}
+    if "array" in kinds:
+        return [_valid(schema, node["items"])]
+    return "x" if "string" in kinds else 1.5
+
+
+def _integer_keys(schema: dict, node: dict, path: tuple = (), value: object = None) -> list[tuple[tuple, object]]:
+    """Every key whose schema takes an integer, as (path, a valid integer): list items at index 0 (the list's default
+    when it is one integer), the one variant ``packed``, precision overrides' first rule."""
+    node = _resolved(schema, node)
+    found = [(path, _valid(schema, node) if value is None else value)] if "integer" in _types(node) else []
+    for key, child in node.get("properties", {}).items():
+        found += _integer_keys(schema, child, (*path, key))
+    if isinstance(node.get("additionalProperties"), dict):
+        found += _integer_keys(schema, node["additionalProperties"], (*path, "packed"))
+    if isinstance(node.get("items"), dict):
+        default = node.get("default")
+        found += _integer_keys(schema, node["items"], (*path, 0), default if isinstance(default, int) else None)
+    return found
+
+
+SCHEMA = read_schema()
+INTEGER_KEYS = _integer_keys(SCHEMA, SCHEMA)
+
+
+def _with_value(path: tuple, value: object) -> dict:
+    """The default config with ``value`` at ``path``, the objects and lists on the way made valid."""
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    node, schema = config, SCHEMA
+    for step, key in enumerate(path):
+        schema = _resolved(SCHEMA, schema)
+        child = (schema["items"] if isinstance(key, int) else
+                 schema.get("properties", {}).get(key) or schema["additionalProperties"])
+        if step == len(path) - 1:
+            node[key] = value
+        else:
+            if isinstance(key, int) or key not in node or not isinstance(node[key], (dict, list)):
+                made = _valid(SCHEMA, child)
+                if isinstance(key, int):
+                    node[:] = [made]
+                else:
+                    node[key] = made if isinstance(made, (dict, list)) else ([made] if "array" in _types(
+                        _resolved(SCHEMA, child)) else {})
+            node = node[key]
+        schema = child
+    return config
+
+
+def test_the_walk_finds_the_integer_keys_of_every_section() -> None:
+    paths = {".".join(map(str, path)) for path, _ in INTEGER_KEYS}
+    assert {"demo.context", "demo.context.0", "export.context.0", "split.num_parts", "bundle.context_size",
+            "variants.packed.optimization_type", "report.load.sessions", "precision.layers",
+            "precision.overrides.0.bitwidth", "quantize.num_samples", "evaluate.max_windows"} <= paths, paths
+
+
+@pytest.mark.parametrize("path, integer", INTEGER_KEYS, ids=[".".join(map(str, path)) for path, _ in INTEGER_KEYS])
+def test_every_integer_key_refuses_a_float_in_one_line_and_takes_the_integer(path: tuple, integer: int) -> None:
+    """An integral float (``256.0``) where the schema asks for an integer is refused at parse, naming the key; the
+    integer itself passes, so the refusal is the float's."""
+    validate_config(_with_value(path, integer))
+    message = error_of(_with_value(path, float(integer)))
+    dotted = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", ".".join(map(str, path)))
+    assert f"config {dotted}: {float(integer)!r} is not an integer (write {integer})" in message, message

@@ -102,8 +102,11 @@ def test_bad_length_lists_are_refused_in_one_line(lengths, message):
 def test_unpaired_user_graph_lists_are_refused_naming_the_key():
     model = {"name": "mine", "prompt_onnx": ["a.onnx", "b.onnx"], "token_onnx": "c.onnx",
              "tokenizer": "t.json", "hf_config": "c.json", "encodings": "e.json"}
-    with pytest.raises(GenieBuildError, match=r"config model\.token_onnx: give as many token graphs as prompt graphs"):
+    with pytest.raises(GenieBuildError, match=r"config model\.token_onnx: give as many token graphs as prompt graphs, "
+                                              r"one of each per context length \(got prompt_onnx: 2 paths, "
+                                              r"token_onnx: 1 path\)$"):
         _validated(model=model)
+    _validated(model={**model, "prompt_onnx": ["a.onnx"]})   # one graph each, as a list or a path
 
 
 # --- the demo's graphs at another length ----------------------------------------------------------------------

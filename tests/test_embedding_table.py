@@ -5,6 +5,8 @@ tests/qairt_api/test_vendor_embedding_table.py; the workflow: tests/test_workflo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +84,64 @@ def test_a_part_that_is_not_the_embedding_lookup_is_refused(tmp_path):
     onnx.save(model, onnx_path)
     with pytest.raises(GenieBuildError, match="no Gather of an embedding table by input_ids"):
         write_embedding_table(onnx_path, encodings, tmp_path / "t.bin")
+
+
+def _part_with(directory: Path, table: np.ndarray, nodes: list, inputs: list, initializers: list,
+               entries: list[dict]) -> tuple[Path, Path]:
+    """Part 1 as ``embedding_part`` writes it, with ``nodes`` after the Gather (the last gives ``embedded``)."""
+    onnx_path, encodings_path = embedding_part(directory, table, entries)
+    model = onnx.load(onnx_path)
+    model.graph.node.extend(nodes)
+    model.graph.input.extend(inputs)
+    model.graph.initializer.extend(initializers)
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("embedded", TensorProto.FLOAT, [1, 4, table.shape[1]]))
+    onnx.save(model, onnx_path)
+    return onnx_path, encodings_path
+
+
+def _embedding_table_command(onnx_path: Path, encodings: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "genie_build", "embedding-table", "--onnx", str(onnx_path),
+                           "--encodings", str(encodings), "--out", str(out)], capture_output=True, text=True,
+                          check=False)
+
+
+def test_the_table_holds_what_part_1_computes_after_its_gather(tmp_path):
+    """Part 1 scales the Gather's rows by sqrt(hidden) (Gemma's embedding): the table holds the scaled rows,
+    quantized with the scaled output's encoding, not the Gather's."""
+    table = np.random.default_rng(1).normal(0, 0.01, size=(10, 6)).astype(np.float32)
+    scale = np.float32(np.sqrt(6))
+    mul = helper.make_node("Mul", [OUTPUT, "scale"], ["embedded"])
+    wide = {**encoding("embedded"), "scale": [1e-4 * float(scale)]}
+    onnx_path, encodings = _part_with(tmp_path / "p", table, [mul], [], [numpy_helper.from_array(scale, "scale")],
+                                      [encoding(OUTPUT), wide])
+    result = _embedding_table_command(onnx_path, encodings, tmp_path / "t.bin")
+    assert result.returncode == 0, result.stderr
+    stored = TableEncoding(16, 1e-4 * float(scale), -32768)
+    assert (tmp_path / "t.bin").read_bytes() == quantize_table(table * scale, stored).tobytes()
+    assert json.loads((tmp_path / "t.bin.json").read_text())["scale"] == stored.scale
+
+
+def test_a_part_whose_rows_depend_on_more_than_the_token_is_refused_in_one_line(tmp_path):
+    """Learned positions added to the rows (an input besides input_ids), or a sum along the sequence (a row that
+    changes with the tokens beside it): no table holds them."""
+    table = np.random.default_rng(2).normal(0, 0.01, size=(10, 6)).astype(np.float32)
+    positions = [helper.make_node("Gather", ["wpe", "position_ids"], ["pos"]),
+                 helper.make_node("Add", [OUTPUT, "pos"], ["embedded"])]
+    onnx_path, encodings = _part_with(
+        tmp_path / "positions", table, positions,
+        [helper.make_tensor_value_info("position_ids", TensorProto.INT32, [1, 4])],
+        [numpy_helper.from_array(np.ones((8, 6), np.float32), "wpe")], [])
+    result = _embedding_table_command(onnx_path, encodings, tmp_path / "a.bin")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "takes 'position_ids' besides input_ids" in result.stderr and not (tmp_path / "a.bin").exists()
+    cumulative = [helper.make_node("CumSum", [OUTPUT, "axis"], ["embedded"])]
+    onnx_path, encodings = _part_with(tmp_path / "cumsum", table, cumulative, [],
+                                      [numpy_helper.from_array(np.array(1, np.int64), "axis")], [])
+    result = _embedding_table_command(onnx_path, encodings, tmp_path / "b.bin")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "is not a lookup: token 0's row changes with the tokens beside it" in result.stderr
+    assert not (tmp_path / "b.bin").exists()
 
 
 def lut_bundle(directory: Path, *, table_bytes: int | None = None, **block: object) -> Path:

@@ -195,6 +195,10 @@ def test_a_per_block_rule_that_does_not_divide_the_weight_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------- config == graph
 
+# the export dims of the demo below (its max_position_embeddings is its context, 16)
+DEMO_DIMS = ("--ar", "4", "--context", "16")
+
+
 @pytest.fixture(scope="module", params=["float32", "float16"])
 def demo(request, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp(f"demo_{request.param}")
@@ -420,7 +424,7 @@ def test_qwen_7b_estimate_runs_in_seconds_and_matches_the_field_report_part_2():
 
 def test_command_writes_plan_size_table_and_memory_plan(tmp_path, demo):
     out = tmp_path / "predicted"
-    assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
+    assert main(["estimate", "--hf-config", str(demo / "config.json"), *DEMO_DIMS, "--num-parts", "3",
                  "--precision", str(REPO / "config" / "qwen2_5_7b_6parts.yaml"), "--out-dir", str(out)]) == 0
     plan = read_plan(out / "plan.json")
     assert plan.num_parts == 3 and plan.parts[0].pieces == ("embedding",)
@@ -449,14 +453,14 @@ def test_command_from_a_graph_with_a_part_budget(tmp_path, demo):
 def test_command_takes_the_precision_as_json_and_the_memory_limits(tmp_path, demo, capsys):
     out = tmp_path / "predicted"
     option = "--precision-json"
-    assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
+    assert main(["estimate", "--hf-config", str(demo / "config.json"), *DEMO_DIMS, "--num-parts", "3",
                  option, '{"lm_head": 16}', "--max-context-mb", "0.01", "--out-dir", str(out)]) == 0
     assert json.loads((out / "estimate.json").read_text())["precision"]["lm_head"] == 16
     memory = json.loads((out / "memory_plan.json").read_text())
     assert memory["limits"]["max_context_bytes"]["value"] == round(0.01 * MIB)
     assert {warning["part"] for warning in memory["warnings"] if warning["check"] == "context_size"} == {1, 2, 3}
     for bad, problem in (('{"lm_head": 3}', "precision lm_head"), ("[4]", "expected a JSON object")):
-        assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3",
+        assert main(["estimate", "--hf-config", str(demo / "config.json"), *DEMO_DIMS, "--num-parts", "3",
                      option, bad, "--out-dir", str(out)]) == 2
         assert problem in capsys.readouterr().err
 
@@ -467,7 +471,7 @@ def test_command_takes_a_named_recipe_as_the_precision_it_gives(tmp_path, demo):
     predicted = {}
     for name in ("w4a16", "w8a16"):
         out = tmp_path / name
-        assert main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "3", "--recipe", name,
+        assert main(["estimate", "--hf-config", str(demo / "config.json"), *DEMO_DIMS, "--num-parts", "3", "--recipe", name,
                      "--out-dir", str(out)]) == 0
         direct = estimate(weights_from_hf_config(demo / "config.json"), precision_of(RECIPES[name]), num_parts=3)
         predicted[name] = predicted_bytes(out)
@@ -488,7 +492,7 @@ def test_a_build_that_calibrates_refuses_a_precision_section():
 
 
 def test_command_refuses_boundaries_with_a_config(tmp_path, demo, capsys):
-    code = main(["estimate", "--hf-config", str(demo / "config.json"), "--num-parts", "2",
+    code = main(["estimate", "--hf-config", str(demo / "config.json"), *DEMO_DIMS, "--num-parts", "2",
                  "--boundaries", "a", "b", "--out-dir", str(tmp_path)])
     assert code == 2 and "--boundaries" in capsys.readouterr().err
 
@@ -608,3 +612,40 @@ def test_an_lpbq_precision_counts_channel_and_block_scales(tmp_path):
     assert (len(down.scale), len(down.per_block_int_scale)) == (8, 4 * 8)          # [16, 8]: 8 channels x 4 blocks
     size = stored_size(by_name[down.name].spec, down, 16, packing=True)
     assert size == StoredSize(16 * 8 // 2 + 8 * 8 + 8 + 4 * 8 + 2 * 8, 5)
+
+
+def test_the_estimate_command_refuses_a_context_a_build_of_the_model_refuses(demo, tmp_path, capsys):
+    """Past ``max_position_embeddings`` (the demo's config.json says 16): one line, as the checkpoint's build says."""
+    code = main(["estimate", "--hf-config", str(demo / "config.json"), "--ar", "4", "--context", "16", "32",
+                 "--num-parts", "3", "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "config export.context: 32 exceeds the model's max_position_embeddings 16" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.workflow
+def test_the_estimate_target_refuses_a_context_past_the_models_when_the_workflow_is_parsed(tmp_path):
+    """``snakemake estimate`` of an estimate-only config whose export.context exceeds the model's
+    max_position_embeddings (32,768 for Qwen2.5-7B): refused before any job, as a build of the checkpoint is."""
+    workdir = copy_workflow(tmp_path)
+    (workdir / "long.yaml").write_text("export: {ar: 128, context: [4096, 65536]}\n")
+    result = run_snakemake(workdir, "estimate", "--configfile", "config/qwen2_5_7b_6parts.yaml", "long.yaml",
+                           check=False)
+    assert result.returncode != 0
+    assert ("config export.context: 65536 exceeds the model's max_position_embeddings 32768 "
+            "(config/hf/qwen2_5_7b_instruct.json)") in result.stdout + result.stderr
+    assert not (workdir / "results").exists()
+
+
+def test_auto_with_a_piece_no_session_holds_names_it_instead_of_asking_for_num_parts(tmp_path, capsys):
+    """Qwen2.5-7B on sessions of 500 MiB: its embedding alone (526 MiB) fits no session, so no count of parts holds
+    it and a fixed num_parts would build a part that does not map: one line says which and why."""
+    code = main(["estimate", "--hf-config", str(QWEN_7B), "--num-parts", "auto", "--load-json",
+                 '{"usable_mb": 500, "budget_mb": 450}', "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("split.num_parts: auto: part 1 of the 29-part split holds embedding alone, whose context needs 526 MiB, "
+            "more than the 500 MiB of an HTP session: no part count holds it, and a fixed num_parts would build a "
+            "part that does not map") in err
+    assert "give num_parts" not in err

@@ -169,7 +169,7 @@ def test_what_cannot_be_built_is_one_line_before_any_job(tmp_path, model_type, c
         return
     message = _refusal(root, **settings)
     assert expected in message
-    assert settings and message.startswith("export.") or str(root / "config.json") in message
+    assert settings and message.startswith("config export.") or str(root / "config.json") in message
 
 
 def test_mistral_without_sliding_window_has_transformers_window(tmp_path):

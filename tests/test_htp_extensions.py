@@ -48,10 +48,16 @@ def test_share_resources_without_async_init_is_a_warning(tmp_path):
 
 @pytest.mark.parametrize("section, body, message", [
     ("groupContext", {"share_resource": True}, "groupContext has key 'share_resource' that the HTP backend does not "
-                                               "know (known: share_resources, reused_io_limit_mb)"),
+                                               "know (known: share_resources, share_resources_optimization_type, "
+                                               "reused_io_limit_mb)"),
     ("groupContext", {"share_resources": "yes"}, "groupContext.share_resources must be bool, got 'yes'"),
     ("context", {"io_memory_estimation": 1}, "context.io_memory_estimation must be bool, got 1"),
     ("groupContext", [True], "groupContext must be an object, got [True]"),
+    ("context", {"concurrent_deserialization_patch": True},
+     "context.concurrent_deserialization_patch must be str, got True"),   # the library's schema: a string
+    ("context", [{"weight_sharing_enabled": True}, {"io_memory_estimation": "yes"}],   # qairt's list form
+     "context[1].io_memory_estimation must be bool, got 'yes'"),
+    ("memory", {"mem_type": "ion"}, "memory.mem_type is 'ion'; the HTP backend takes shared_buffer"),
 ])
 def test_unknown_or_mistyped_extension_keys_are_errors(tmp_path, section, body, message):
     bundle = write_bundle(tmp_path / "b")

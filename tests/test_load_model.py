@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -205,12 +206,31 @@ def small_config(tmp_path: Path, model_type: str) -> Path:
     return path
 
 
-def test_auto_refuses_when_no_part_count_maps(tmp_path):
+def test_auto_refuses_when_no_part_count_maps_naming_a_part_too_large_alone(tmp_path):
+    """The embedding alone needs more than the session: no count, nor a fixed one, holds it, and the message says so
+    (not "give num_parts")."""
     config = small_config(tmp_path, "qwen2")
     tiny = LoadParams(usable_bytes=2 * MIB, sessions=1, budget_bytes=2 * MIB, alignment="page", source="test")
-    with pytest.raises(GenieBuildError, match=r"^split\.num_parts: auto: no part count from 2 to \d+ keeps"):
+    with pytest.raises(GenieBuildError, match=r"^split\.num_parts: auto: part 1 of the 3-part split holds embedding "
+                                              r"alone, whose context needs \d+ MiB, more than the 2 MiB of an HTP "
+                                              r"session: no part count holds it, and a fixed num_parts would build a "
+                                              r"part that does not map"):
         plan_checkpoint(config, {"num_parts": "auto"}, recipe="w4a16", ar=8, context=64, unit_memory_mb=2000,
                         load=tiny)
+
+
+def test_auto_refuses_when_the_parts_do_not_map_together_naming_those_that_do_not():
+    """Every part maps alone, but one 40 MiB session holds only some: the split into the most parts names the rest."""
+    from genie_build.plan_file import Piece
+
+    pieces = [Piece("embedding", "embedding", 4 * MIB, output_boundary="b0"),
+              *(Piece(f"layer_{i}", "layer", 8 * MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(8)),
+              Piece("head", "head", 4 * MIB)]
+    params = LoadParams(usable_bytes=40 * MIB, sessions=1, budget_bytes=40 * MIB, alignment="page", source="test")
+    with pytest.raises(GenieBuildError, match=r"auto: no part count maps in 1 session of 40 MiB under the load model: "
+                                              r"at 9 parts, the most this model is cut into, \d+ of 9 contexts do "
+                                              r"not \(parts [\d, ]+\); a fixed num_parts would build contexts"):
+        auto_plan(pieces, True, io_dims_from_hf_config(QWEN_7B, 16, 1, 2), params)
 
 
 def test_auto_on_a_checkpoint_is_the_plan_of_the_count_it_names(tmp_path):
@@ -305,11 +325,47 @@ def test_memory_plan_command_tables_and_draws_a_failing_context(tmp_path, caplog
     assert "**1 of 3 contexts will not map** (parts 3)" in markdown
     assert "| 2 | 0 | 32 | 30 on 16 | 0 | 30 | yes | maps in session 0, ending at 62 MiB |" in markdown
     assert "| 3 | - | - | - | - | 30 | **no** | no session left" in markdown
-    assert "**part count**" not in markdown and "**embedding as a CPU table**" in markdown
+    assert "**part count**" not in markdown and "**bundle.embedding: lut**: the embedding as the table" in markdown
+    assert "not built" not in markdown
     assert "part 3 will not map: no session left" in caplog.text
     data = json.loads((tmp_path / "m.json").read_text())
     assert data["load"]["maps"] is False and [c["maps"] for c in data["load"]["contexts"]] == [True, True, False]
     assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_table_is_named_as_a_remedy_only_of_a_plan_without_it(tmp_path):
+    """bundle.embedding: lut is built: the remedy names the key (never "not built"), and a plan that has the table
+    does not offer it again."""
+    table = tmp_path / "embedding_table.bin"
+    table.write_bytes(bytes(64 * 8 * 2))
+    table.with_name(table.name + ".json").write_text(json.dumps({"n_vocab": 64, "n_embd": 8, "datatype": "ufixed16",
+                                                                 "bitwidth": 16, "scale": 1e-4, "offset": 0}))
+    assert _memory_plan(tmp_path, "--embedding-table", str(table)) == 0
+    markdown = (tmp_path / "m.md").read_text()
+    assert "will not map" in markdown and "### Remedies" in markdown
+    assert "**bundle.embedding: lut**" not in markdown and "not built" not in markdown
+
+
+def test_the_labels_of_six_small_contexts_are_drawn_apart(tmp_path):
+    """The demo's six parts fill a few hundred KiB of a 3,840 MiB session: memory_plan.png draws their labels one
+    above the other, none over another."""
+    from genie_build.load_report import load_plan_figure
+    from genie_build.memory_plan import MemoryLimits, plan_measured_memory
+
+    records = []
+    for part in range(1, 7):
+        path = tmp_path / f"part_{part}.json"
+        path.write_text(json.dumps({"part": part, "variant": "packed", "toolchain": "reference", "bytes": 300_000,
+                                    "weight_bytes": 250_000, "requested": {}, "applied": {}}))
+        records.append(str(path))
+    plan = plan_measured_memory(records, "packed", MemoryLimits(), tmp_path / "m.json", tmp_path / "m.md",
+                                tmp_path / "m.png")
+    assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG") and plan.load.maps
+    figure = load_plan_figure(plan.load, "packed")
+    renderer = figure.canvas.get_renderer()
+    boxes = [text.get_window_extent(renderer) for text in figure.axes[0].texts if "part" in text.get_text()]
+    assert len(boxes) == 6
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
 
 
 def test_memory_plan_command_with_strict_fails_on_a_context_that_will_not_map(tmp_path, capsys):
@@ -342,3 +398,14 @@ def test_accounting_counts_each_graphs_io_bytes_and_says_when_it_cannot(caplog):
     assert (prompt.io_bytes, prompt.kv_bytes) == (2 * 16 * 56 + 2 * 2 * 8 * 64, 2 * 16 * 56)
     assert (token.io_bytes, token.kv_bytes) == (0, 0)
     assert "graph token: IO tensors of unknown dtype (odd)" in caplog.text
+
+
+def test_the_vendors_context_limit_is_written_in_gib_wherever_a_user_reads_it():
+    """auto's limit is VENDOR_CONTEXT_BYTES, 3 GiB, as its messages say; the texts a user reads say so too (the
+    manual's own "3 GB" only in quotes)."""
+    assert VENDOR_CONTEXT_BYTES == 3 * 1024**3
+    repo = Path(__file__).resolve().parents[1]
+    for path in ("README.md", "config/config.yaml", "workflow/genie_build/schema/config.schema.yaml",
+                 "docs/memory-plan.md", "workflow/genie_build/auto_split.py"):
+        text = (repo / path).read_text()
+        assert not re.findall(r'(?<!")\b3 GB\b(?!")', text), path

@@ -318,3 +318,21 @@ def test_relative_paths_work_as_snakemake_passes_them(sdk, tmp_path, monkeypatch
     out = Path("results") / "compiled" / "cli-default" / "part_1_of_2.bin"
     QnnCliToolchain().compile(converted, out, options(packing=False))
     assert [graph.name for graph in QnnCliToolchain().inspect(out).graphs] == [PROMPT, TOKEN]
+
+
+def test_an_sdk_with_its_libqnnsystem_reads_binaries_with_it_not_the_utility(sdk, tmp_path):
+    """The SDK's own libQnnSystem.so (here: the wheel's, placed where an SDK has it) reads a real QNN binary in a
+    child process; the utility is not called."""
+    qnn_wheel = pytest.importorskip("genie_build.qnn_wheel")
+    try:
+        library = qnn_wheel.library_path("libQnnSystem.so")
+    except GenieBuildError as exc:
+        pytest.skip(str(exc))
+    from qnn_helpers import compile_context_binary, write_tiny_qdq
+
+    (sdk / "lib" / "x86_64-linux-clang" / "libQnnSystem.so").symlink_to(library)
+    binary = compile_context_binary([(write_tiny_qdq(tmp_path / "tiny.onnx").path, PROMPT)], tmp_path / "bin")
+    info = QnnCliToolchain().inspect(binary)
+    assert [graph.name for graph in info.graphs] == [PROMPT] and info.toolchain == "qnn-cli"
+    assert info.tool_version.startswith("QNN v2.51.0") and info.applied_options.soc_model == 69
+    assert calls(tmp_path, "qnn-context-binary-utility") == []

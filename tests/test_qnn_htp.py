@@ -260,3 +260,36 @@ def test_a_missing_wheel_is_one_line_naming_the_extra(build, tmp_path, command):
     assert done.stderr.strip().splitlines()[-1] == (
         f"genie-build: error: toolchain qnn-htp: the onnxruntime-qnn wheel is not installed for {sys.executable}: "
         "pip install -r envs/requirements-qnn.txt")
+
+
+def test_a_weight_with_a_float_encoding_stays_float_and_runs_on_the_htp(build, tmp_path):
+    """AIMET's float fallback: a norm weight given a float16 encoding is not quantized; its op runs in float16."""
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    document = json.loads(encodings.read_text())
+    norm = next(t.name for t in onnx.load(onnx_path, load_external_data=False).graph.initializer
+                if t.name.endswith("input_layernorm.weight"))
+    document["param_encodings"] = [entry for entry in document["param_encodings"] if entry["name"] != norm]
+    document["param_encodings"].append({"name": norm, "dtype": "FLOAT", "bw": 16, "enc_type": "PER_TENSOR"})
+    edited, out = tmp_path / "edited.encodings.json", tmp_path / "converted" / "prompt.onnx"
+    edited.write_text(json.dumps(document))
+    done = cli("convert", "--toolchain", "qnn-htp", "--onnx", onnx_path, "--encodings", edited, "--graph-name",
+               name_of(2, "prompt"), "--float-bitwidth", 16, "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = onnx.load(out, load_external_data=False)
+    assert norm in {t.name for t in model.graph.initializer}
+    assert not any(node.output[0] == norm for node in model.graph.node)
+    assert cli("compile", "--toolchain", "qnn-htp", "--graph", f"{name_of(2, 'prompt')}={out}", "--variant-json",
+               json.dumps(QNN_VARIANT), "--chipset", "SM8750", "--out", tmp_path / "p.bin").returncode == 0
+
+
+def test_check_bundle_refuses_a_binary_compiled_for_another_soc_than_the_extension_config_names(converted, tmp_path):
+    from genie_build.check_bundle import _check_binary_socs
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    assert compile_part(converted, 2, bundle / "demo_part_2_of_3.bin").returncode == 0
+    sm8750, sm8650 = {"devices": [{"soc_model": 69, "dsp_arch": "v79"}]}, {"devices": [{"soc_model": 57}]}
+    assert _check_binary_socs(bundle, ["demo_part_2_of_3.bin"], "ext.json", sm8750) == []
+    (finding,) = _check_binary_socs(bundle, ["demo_part_2_of_3.bin"], "ext.json", sm8650)
+    assert (finding.rule, finding.severity) == ("chipset", "error")
+    assert finding.message == "demo_part_2_of_3.bin was compiled for soc_model 69, but ext.json names 57"

@@ -510,6 +510,34 @@ def test_a_weight_whose_encoding_differs_is_quantized_again_and_the_others_taken
     assert set(locations.values()) == {"prompt.onnx.data"}
 
 
+def test_a_weight_changed_in_place_at_the_same_size_is_quantized_again_not_taken(tiny, tmp_path):
+    """``convert --share-weights-with`` after a weight's bytes were rewritten in the data file (same size, same place):
+    the weight is converted from its new bytes, the others are taken."""
+    sources, part, changed = one_data_file(tiny, tmp_path / "source"), tmp_path / "part", "lm_head.weight"
+    common = ["convert", "--toolchain", "reference", "--encodings", str(tiny["encodings_path"]),
+              "--float-bitwidth", "16"]
+    assert main([*common, "--onnx", str(sources[PROMPT]), "--graph-name", PROMPT, "--out",
+                 str(part / "prompt.onnx")]) == 0
+    tensor = next(t for t in onnx.load(sources[PROMPT], load_external_data=False).graph.initializer
+                  if t.name == changed)
+    where = {entry.key: entry.value for entry in tensor.external_data}
+    with open(sources[PROMPT].with_name(where["location"]), "r+b") as data:
+        data.seek(int(where["offset"]))
+        values = np.frombuffer(data.read(int(where["length"])), dtype=np.float32)
+        data.seek(int(where["offset"]))
+        data.write((values * np.float32(1.5)).tobytes())
+    assert main([*common, "--onnx", str(sources[TOKEN]), "--graph-name", TOKEN, "--out", str(part / "token.onnx"),
+                 "--share-weights-with", str(part / "prompt.onnx")]) == 0
+    locations = external_locations(part / "token.onnx")
+    assert locations.pop(f"{changed}_quantized") == "token.onnx.data"
+    assert set(locations.values()) == {"prompt.onnx.data"}
+    assert main([*common, "--onnx", str(sources[TOKEN]), "--graph-name", TOKEN, "--out",
+                 str(tmp_path / "alone" / "token.onnx")]) == 0
+    feed = feeds(part / "token.onnx")
+    for taken, alone in zip(run(part / "token.onnx", feed), run(tmp_path / "alone" / "token.onnx", feed), strict=True):
+        assert np.array_equal(taken, alone)
+
+
 def test_convert_shares_weights_only_with_a_graph_in_its_own_folder(tiny, tmp_path):
     with pytest.raises(GenieBuildError, match="shares weights only with a graph in the output's folder"):
         REFERENCE.convert(tiny["sources"][TOKEN], tiny["encodings_path"], tmp_path / "token.onnx", graph_name=TOKEN,

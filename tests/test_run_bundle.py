@@ -220,3 +220,79 @@ def test_a_container_whose_records_claim_more_than_it_holds_is_one_line_in_bound
     assert result.stderr.strip().splitlines()[-1] == (
         f"genie-build: error: {ctx_bin}: a graph record at offset 0, length {2**40} lies outside its section of 0 "
         "bytes (corrupt reference container)")
+
+
+def test_the_prompt_is_genies_first_query_its_bos_token_first(build: ReferenceBuild) -> None:
+    """Genie prepends context.bos-token to a dialog's first query; the tokenizer's own special tokens are not added
+    (a tokenizer whose post-processor adds the BOS would otherwise give it twice)."""
+    from tokenizers.processors import TemplateProcessing
+
+    loaded = load_bundle(build.bundle)
+    bos = json.loads((build.bundle / "genie_config.json").read_text())["dialog"]["context"]["bos-token"]
+    text_ids = loaded.tokenizer.encode(PROMPT).ids
+    result = run_bundle(build.bundle, PROMPT, 6)
+    assert loaded.bos_id == bos >= 0 and list(result.prompt_ids) == [bos, *text_ids]
+    assert list(result.new_ids) == generate(loaded.runner, [bos, *text_ids], 6)
+    assert list(result.new_ids) != generate(loaded.runner, text_ids, 6)  # the BOS changes this model's tokens
+    adding = loaded.tokenizer.from_str(loaded.tokenizer.to_str())
+    special = loaded.tokenizer.id_to_token(bos)
+    adding.post_processor = TemplateProcessing(single=f"{special} $A", special_tokens=[(special, bos)])
+    assert adding.encode(PROMPT).ids == [bos, *text_ids]
+    assert dataclasses.replace(loaded, tokenizer=adding).query_ids(PROMPT) == [bos, *text_ids]
+    assert dataclasses.replace(loaded, bos_id=-1).query_ids(PROMPT) == text_ids  # Genie: no BOS below 0
+
+
+def test_an_empty_cache_slot_holds_what_genies_cleared_cache_reads_as(build: ReferenceBuild,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Genie clears a 16-bit KV cache with code 32768 whatever the encoding's offset: the host's empty slots hold
+    (32768 + offset) * scale of the input's encoding as the ctx-bin records it, not 0."""
+    from genie_build.toolchains.reference.container_format import inspect_container
+
+    config = json.loads((build.bundle / "genie_config.json").read_text())
+    first_bin = build.bundle / config["dialog"]["engine"]["model"]["binary"]["ctx-bins"][1]
+    graph = next(graph for graph in inspect_container(first_bin).graphs if graph.name.startswith("prompt"))
+    kv = next(tensor for tensor in graph.inputs if tensor.name.startswith("past_key_") and tensor.name.endswith("_in"))
+    cleared = (2 ** (kv.quant.bitwidth - 1) + kv.quant.offset) * kv.quant.scale
+    assert kv.quant.bitwidth == 16 and cleared != 0
+    runner = load_bundle(build.bundle).runner
+    assert runner.graphs[1][TINY_DEMO["ar"], TINY_DEMO["context"]].empty[kv.name] == pytest.approx(cleared)
+    fed: list[np.ndarray] = []
+    original = GraphSession.run
+
+    def recording(session, feed):
+        if kv.name in feed:
+            fed.append(feed[kv.name].copy())
+        return original(session, feed)
+
+    monkeypatch.setattr(GraphSession, "run", recording)
+    generate(runner, [5, 77, 301], 2)
+    first_prompt, first_token = fed[0], fed[1]
+    assert np.all(first_prompt == np.float32(cleared))  # nothing cached yet
+    empty = first_token == np.float32(cleared)
+    assert np.all(empty[..., 3:]) and not np.all(empty[..., :3])  # three cached, the rest empty
+
+
+def test_a_graph_without_the_converters_record_gives_the_empty_slot_from_its_quantize_node():
+    """A graph genie-build's converters did not write (a qnn-htp twin) says its KV encoding only in the QuantizeLinear
+    that takes the input: (32768 - zero_point) * scale for a uint16 zero point, (128 - zero_point) * scale for uint8;
+    a float KV input has none."""
+    from onnx import TensorProto, helper
+
+    from genie_build.genie_runtime import empty_kv
+
+    def quantized(name: str, scale: float, zero_point: int, dtype: int) -> list:
+        return [helper.make_tensor(f"{name}_scale", TensorProto.FLOAT, [], [scale]),
+                helper.make_tensor(f"{name}_zero", dtype, [], [zero_point])]
+
+    nodes = [helper.make_node("QuantizeLinear", [name, f"{name}_scale", f"{name}_zero"], [f"{name}_q"])
+             for name in ("past_key_0_in", "past_value_0_in", "hidden_in")]
+    initializers = (quantized("past_key_0_in", 0.5, 33288, TensorProto.UINT16)
+                    + quantized("past_value_0_in", 0.25, 100, TensorProto.UINT8)
+                    + quantized("hidden_in", 1.0, 0, TensorProto.UINT16))
+    graph = helper.make_graph(nodes, "twin", [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1])
+                                              for name in ("past_key_0_in", "past_value_0_in", "hidden_in",
+                                                           "past_key_1_in")],
+                              [helper.make_tensor_value_info(f"{node.input[0]}_q", TensorProto.UINT16, [1])
+                               for node in nodes], initializers)
+    assert empty_kv(helper.make_model(graph)) == {"past_key_0_in": (32768 - 33288) * 0.5,
+                                                  "past_value_0_in": (128 - 100) * 0.25}

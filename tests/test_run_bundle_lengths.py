@@ -1,6 +1,6 @@
-"""Host run of a bundle whose parts hold their graphs at several context lengths: each step runs at the smallest CL
-that holds it, the cache carried over on a switch, and the tokens are those of the same model compiled at the
-largest length alone."""
+"""Host run of a bundle whose parts hold their graphs at several context lengths: each step runs on the graph Genie's
+KV manager picks (up a length one step before the cache fills one, back down when a smaller one holds it again), the
+cache carried over on a switch, and the tokens are those of the same model compiled at the largest length alone."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from genie_build.cli import main
 from genie_build.conventions import graph_name, part_encodings_path, part_graph_path, part_label
 from genie_build.demo import DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
-from genie_build.run_bundle import (GraphRun, choose_graph, generate, host_run, load_bundle, make_runner, run_bundle,
-                                    unsplit_tokens)
+from genie_build.genie_runtime import Step, genie_steps
+from genie_build.run_bundle import GraphRun, generate, host_run, load_bundle, make_runner, run_bundle, unsplit_tokens
 from genie_build.toolchains.reference.container import read_graphs
 
 LENGTHS = (TINY_DEMO["context"], 2 * TINY_DEMO["context"])
 AR = TINY_DEMO["ar"]
 NUM_PARTS = 3
-PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman"
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman and his wife"
 
 
 def _cli(*args: object) -> None:
@@ -103,19 +103,36 @@ def test_every_part_offers_both_lengths(bundles: dict[str, Path]) -> None:
     assert loaded.runner.context_length == loaded.context_size == LENGTHS[-1]
 
 
-def test_a_long_generation_moves_up_a_length_and_gives_the_largest_lengths_tokens(bundles: dict[str, Path]) -> None:
+def test_a_long_generation_moves_up_a_length_one_step_early_and_gives_the_largest_lengths_tokens(
+        bundles: dict[str, Path]) -> None:
     loaded = load_bundle(bundles["lengths"])
-    prompt_ids = loaded.tokenizer.encode(PROMPT).ids
+    prompt_ids = loaded.query_ids(PROMPT)
     assert 2 * AR < len(prompt_ids) < LENGTHS[0] - AR and len(prompt_ids) % AR  # chunks, the last padded, in CL 64
     new = LENGTHS[0] + AR - len(prompt_ids)  # the generation goes past CL 64
     result = run_bundle(bundles["lengths"], PROMPT, new)
-    # AR 1 at CL 64 holds the tokens until the cache holds 64, the rest run at CL 128
+    assert list(result.prompt_ids) == prompt_ids
+    # AR 1 at CL 64 holds the tokens until the cache holds 63 (Genie keeps one slot free), the rest run at CL 128
     assert result.graph_runs == (GraphRun(AR, LENGTHS[0], -(-len(prompt_ids) // AR)),
-                                 GraphRun(1, LENGTHS[0], LENGTHS[0] - len(prompt_ids)),
-                                 GraphRun(1, LENGTHS[1], len(prompt_ids) + new - 1 - LENGTHS[0]))
+                                 GraphRun(1, LENGTHS[0], LENGTHS[0] - 1 - len(prompt_ids)),
+                                 GraphRun(1, LENGTHS[1], len(prompt_ids) + new - LENGTHS[0]))
     assert list(result.new_ids) == generate(load_bundle(bundles["largest"]).runner, prompt_ids, new)
     assert host_run(bundles["lengths"], PROMPT, new).to_dict()["graph_runs"] == [
         {"ar": run.ar, "cl": run.cl, "steps": run.steps} for run in result.graph_runs]
+
+
+def test_a_prompt_that_moves_up_a_length_comes_back_down_for_the_tokens(bundles: dict[str, Path]) -> None:
+    """Genie moves its last chunk up to CL 128 (the cache after it might not leave room for another chunk at CL 64),
+    then runs the first tokens back at CL 64, which still holds the cache."""
+    loaded = load_bundle(bundles["lengths"])
+    words = (PROMPT.split() * 8)
+    prompt = " ".join(words[:next(count for count in range(len(words))
+                                  if len(loaded.query_ids(" ".join(words[:count]))) > LENGTHS[0] - AR)])
+    prompt_ids = loaded.query_ids(prompt)
+    assert LENGTHS[0] - AR < len(prompt_ids) <= LENGTHS[0] - 4  # a chunk at cache 56, three tokens at CL 64
+    result = run_bundle(bundles["lengths"], prompt, 4)
+    assert result.graph_runs == (GraphRun(AR, LENGTHS[0], LENGTHS[0] // AR - 1), GraphRun(AR, LENGTHS[1], 1),
+                                 GraphRun(1, LENGTHS[0], 3))
+    assert list(result.new_ids) == generate(load_bundle(bundles["largest"]).runner, prompt_ids, 4)
 
 
 def test_a_short_generation_stays_on_the_smallest_length(bundles: dict[str, Path]) -> None:
@@ -127,7 +144,7 @@ def test_a_short_generation_stays_on_the_smallest_length(bundles: dict[str, Path
 
 
 def test_the_unsplit_reference_may_hold_only_the_largest_length(bundles: dict[str, Path]) -> None:
-    prompt_ids = load_bundle(bundles["lengths"]).tokenizer.encode(PROMPT).ids
+    prompt_ids = load_bundle(bundles["lengths"]).query_ids(PROMPT)
     new = LENGTHS[0] + AR - len(prompt_ids)
     assert unsplit_tokens(bundles["lengths"], bundles["unsplit"], prompt_ids, new) == \
         generate(load_bundle(bundles["lengths"]).runner, prompt_ids, new)
@@ -156,27 +173,34 @@ def test_a_part_with_two_graphs_of_one_ar_and_cl_is_refused(bundles: dict[str, P
         make_runner([{**read_graphs(ctx_bin), "twin": twin}], head_dim=8, rope_theta=10000.0)
 
 
-@pytest.mark.parametrize(("past_len", "widest", "at_least", "expected"), [
-    (0, True, 0, (32, 128)),      # the start: the smallest CL, its widest AR
-    (96, True, 0, (32, 128)),     # 96 + 32 fits 128 exactly
-    (97, True, 0, (32, 256)),     # one more does not
-    (127, False, 0, (1, 128)),    # a token fits while a chunk would not
-    (128, False, 0, (1, 256)),
-    (10, False, 256, (1, 256)),   # never down: the current CL is the floor
-    (10, True, 0, (32, 128)),
+OFFERED = {(ar, cl) for ar in (1, 32) for cl in (128, 256)}
+
+
+@pytest.mark.parametrize(("valid", "count", "expected"), [
+    (0, 15, [Step(32, 128, 15)]),                       # the start: the smallest CL, the narrowest AR taking all
+    (0, 1, [Step(1, 128, 1)]),                          # one token: the token graph
+    (0, 100, [Step(32, 128, 32)] * 3 + [Step(32, 256, 4)]),  # the fourth chunk might not leave room at CL 128
+    (126, 1, [Step(1, 128, 1)]),
+    (127, 1, [Step(1, 256, 1)]),                        # one slot kept free: Genie moves up a step early
+    (100, 1, [Step(1, 128, 1)]),                        # back down once the smaller length holds the cache
+    (128, 1, [Step(1, 256, 1)]),
+    (255, 1, [Step(1, 256, 1)]),                        # the largest length is filled to the last slot
+    (96, 32, [Step(32, 256, 32)]),                      # 96 + 32 fits 128, but Genie moves up first
+    (10, 40, [Step(32, 128, 32), Step(32, 128, 8)]),    # no AR takes 40 at once: the widest, twice
 ])
-def test_the_choice_of_graph(past_len: int, widest: bool, at_least: int, expected: tuple[int, int]) -> None:
-    offered = {(ar, cl) for ar in (1, 32) for cl in (128, 256)}
-    assert choose_graph(offered, past_len, widest=widest, at_least=at_least) == expected
+def test_the_steps_genie_picks(valid: int, count: int, expected: list[Step]) -> None:
+    assert genie_steps(OFFERED, valid, count) == expected
 
 
-def test_the_choice_takes_each_lengths_own_ars() -> None:
+def test_the_steps_take_each_lengths_own_ars() -> None:
     offered = {(1, 128), (16, 128), (1, 256), (64, 256)}
-    assert choose_graph(offered, 0, widest=True) == (16, 128)
-    assert choose_graph(offered, 120, widest=True) == (64, 256)
-    assert choose_graph(offered, 120, widest=False) == (1, 128)
+    assert genie_steps(offered, 0, 10) == [Step(16, 128, 10)]
+    assert genie_steps(offered, 120, 5) == [Step(64, 256, 5)]
+    assert genie_steps(offered, 120, 1) == [Step(1, 128, 1)]
 
 
 def test_a_step_no_length_holds_is_refused() -> None:
-    with pytest.raises(GenieBuildError, match=r"prompt: a token at position 256 fits no graph"):
-        choose_graph({(1, 128), (1, 256)}, 256, widest=False)
+    with pytest.raises(GenieBuildError, match=r"^prompt: 1 tokens after 256 exceed the largest context length 256$"):
+        genie_steps({(1, 128), (1, 256)}, 256, 1)
+    with pytest.raises(GenieBuildError, match=r"^prompt: the cache's 240 entries do not fit the 224 past slots"):
+        genie_steps(OFFERED, 240, 5)

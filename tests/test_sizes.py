@@ -393,3 +393,22 @@ def test_evaluated_variants_quality_stands_beside_their_size_and_an_unknown_vari
     assert "top-1 agreement" not in size_table_markdown(build_size_table(ab_records, "unpacked"))
     with pytest.raises(GenieBuildError, match="reports of variants without binaries: w8"):
         build_size_table(ab_records, "unpacked", quality={"w8": packed})
+
+
+def test_packing_is_judged_against_the_same_toolchains_variant_that_does_not_pack():
+    """Against a baseline of another toolchain a packed QNN binary may well be smaller or larger; what says whether
+    the option did anything is the variant that differs from it in packing alone."""
+    import dataclasses
+
+    def qnn(part: int, variant: str, size: int, packing: bool) -> AccountRecord:
+        return dataclasses.replace(record(part, variant, size, requested={**UNPACKED, "weights_packing": packing}),
+                                   toolchain="qnn-htp")
+
+    records = [record(2, "reference", 900_000, requested=PACKED),
+               qnn(2, "qnn-htp", 1_146_880, False), qnn(2, "qnn-htp-packing", 1_146_880, True)]
+    table = build_size_table(records, "reference").set_index("variant")
+    assert table.loc["qnn-htp-packing", "flag"] == ("weights_packing requested but no effect: 1,146,880 bytes vs "
+                                                    "1,146,880 bytes in qnn-htp")
+    assert table.loc["qnn-htp-packing", "reduction_vs_baseline"] == pytest.approx(1 - 1_146_880 / 900_000)
+    halved = [*records[:2], qnn(2, "qnn-htp-packing", 573_440, True)]
+    assert build_size_table(halved, "reference").set_index("variant").loc["qnn-htp-packing", "flag"] == ""

@@ -6,6 +6,7 @@ w8a16 closer to the float model than w4a16, and a calibration on text unlike the
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -35,11 +36,13 @@ def trained_demo(tmp_path_factory):
 
 
 def float_greedy(model_dir, prompt: str, new_tokens: int) -> list[int]:
-    """The float prompt graph's greedy continuation of ``prompt``: the whole sequence run again for each token (the
-    cache left empty, the positions after the sequence masked off by causality)."""
+    """The float prompt graph's greedy continuation of ``prompt`` as Genie's first query (the config's BOS, then the
+    prompt's tokens): the whole sequence run again for each token (the cache left empty, the positions after the
+    sequence masked off by causality)."""
     session = ort.InferenceSession(str(model_dir / "prompt.onnx"), providers=["CPUExecutionProvider"])
     tokenizer = load_tokenizer(model_dir / "tokenizer.json")
-    ids = tokenizer.encode(prompt).ids
+    bos = json.loads((model_dir / "config.json").read_text())["bos_token_id"]
+    ids = [bos] + tokenizer.encode(prompt, add_special_tokens=False).ids
     shape, ar = TRAINED_SHAPE, TRAINED_SHAPE.ar
     cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(ar))
     feed = {spec.name: np.zeros(spec.dims, np.float32) for spec in graph_inputs(shape, "prompt")[4:]}

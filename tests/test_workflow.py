@@ -173,6 +173,12 @@ def test_dry_run_lists_jobs_and_uses_the_default_profile(tmp_path):
     ({"model": {"name": "../escape"}}, "does not match"),
     ({"bundle": {"variant": "nope"}}, "is not one of the variants"),
     ({"split": {"num_parts": None}}, "set exactly one of num_parts and max_part_mb"),
+    ({"demo": {"context": 256.0}}, "config demo.context: 256.0 is not an integer (write 256)"),
+    ({"demo": {"context": [128.0, 256]}}, "config demo.context[0]: 128.0 is not an integer (write 128)"),
+    ({"export": {"context": [32, 64.0]}}, "config export.context[1]: 64.0 is not an integer (write 64)"),
+    ({"demo": {"context": [100000000]}}, "config demo.context: 100000000: one layer's KV cache at this length is "
+                                         "23.8 GiB (keys and values, 128 wide, 1 byte a value), more than the 3,840 "
+                                         "MiB of an HTP session under the load model of SM8750"),
 ])
 def test_bad_config_is_rejected_before_any_job(tmp_path, override, message):
     workdir = copy_workflow(tmp_path)
@@ -180,3 +186,18 @@ def test_bad_config_is_rejected_before_any_job(tmp_path, override, message):
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert not (workdir / "results").exists()
+
+
+def test_a_host_prompt_the_context_cannot_hold_stops_the_build_before_any_convert(tmp_path):
+    """The host run's prompt and its 16 new tokens must fit the context: checked as soon as the tokenizer is there,
+    in one line naming the key, not after every other job."""
+    workdir = copy_workflow(tmp_path)
+    prompt = "And Moses said unto the LORD " * 8
+    config = write_config(workdir, {**SMALL_DEMO, "bundle": {"host_prompt": prompt}})
+    result = run_snakemake(workdir, config_file=config, check=False)
+    assert result.returncode != 0
+    log = (workdir / "results" / "demo" / "logs" / "check_host_prompt.log").read_text().strip().splitlines()
+    assert len(log) == 1 and log[0].startswith(f"genie-build: error: config bundle.host_prompt: {prompt!r} is ")
+    assert "with the host run's 16 new tokens it must fit the context size 64" in log[0]
+    assert not (workdir / "results" / "demo" / "converted").exists()
+    assert not (workdir / "results" / "demo" / "compiled").exists()

@@ -1,20 +1,31 @@
 """bundle.embedding: lut as a user meets it: a build with the embedding in the graph, then the same build with the
 embedding as a CPU table -- only the bundle's side reruns (no new demo, split or encodings), part 1 leaves the bundle,
 the table and dialog.embedding come in, and the host run's tokens are the graph layout's. On the demo and on the
-user's own ONNX export, with the reference toolchain: the demo's 8-bit per-channel embedding has no HTP form, so
-its qnn-htp bundle has no graph layout to switch from (tests/test_workflow.py builds the default qnn-htp bundle with
-the table; tests/test_qnn_htp.py checks the refusal of part 1)."""
+user's own ONNX export; an export whose part 1 scales the Gather's rows gets those rows scaled in the table, and a
+table that is not what part 1 computes fails the host run; a dry run lists the table's jobs for every source.
+
+The switches and the host runs against the unsplit model build the reference toolchain (REFERENCE_BUILD): the demo's
+8-bit per-channel embedding has no HTP form, so its qnn-htp bundle has no graph layout to switch from
+(tests/test_workflow.py builds the default qnn-htp bundle with the table; tests/test_qnn_htp.py checks the refusal
+of part 1)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 from bundle_helpers import build_reference_bundle
+from genie_build.embedding_table import quantize_table, read_table_file
+from genie_build.toolchains.reference.onnx_io import read_initializer
+from scaled_embedding import scaled_export
 from workflow_helpers import (REFERENCE_BUILD, SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake,
                               write_config)
 
@@ -102,3 +113,89 @@ def test_the_evaluation_runs_the_parts_after_the_embedding_from_part_1s_vectors(
     for variant in ("unpacked", "packed"):
         report = load_json(workdir / "results" / "demo" / "evaluation" / f"{variant}.json")
         assert 0 < report["top1_agreement"] <= 1, report
+
+
+def _table_of_part_1(out: Path, factor: float = 1.0) -> np.ndarray:
+    """The codes of part 1's Gather table times ``factor``, at the built table's encoding."""
+    part = out / "parts" / "part_1_of_3" / "prompt.onnx"
+    table = next(t for t in onnx.load(part, load_external_data=False).graph.initializer
+                 if t.name == "model.embed_tokens.weight")
+    return quantize_table(read_initializer(table, part) * np.float32(factor),
+                          read_table_file(out / "embedding" / "embedding_table.bin").encoding)
+
+
+def _run_bundle(bundle: Path, out: Path, reference: list[str]) -> subprocess.CompletedProcess:
+    part = ["--embedding-part", str(out / "parts" / "part_1_of_3" / "prompt.onnx"),
+            str(out / "encodings" / "source" / "part_1_of_3" / "prompt.encodings.json")]
+    return subprocess.run([sys.executable, "-m", "genie_build", "run-bundle", str(bundle), "--prompt",
+                           "What is 2+3? Explain briefly.", *reference, *part], capture_output=True, text=True,
+                          check=False)
+
+
+def test_a_scaled_embedding_is_in_the_table_and_a_table_without_the_scale_fails_the_host_run(demo, tmp_path):
+    """Part 1 multiplies the Gather's rows by sqrt(hidden) (as Gemma's does): the table holds the scaled rows, the
+    host run passes; the same bundle with the Gather's rows alone in its table fails the host run against the
+    unsplit model and against the parts, each in one line."""
+    workdir = copy_workflow(tmp_path)
+    factor = scaled_export(demo[0] / "results" / "demo" / "source", workdir / "exports", SMALL_DEMO["demo"]["hidden"])
+    run_snakemake(workdir, config_file=write_config(workdir, {"model": {"name": "mine", **USER_MODEL},
+                                                              "split": {"num_parts": 3}, **REFERENCE_BUILD,
+                                                              "bundle": {**REFERENCE_BUILD["bundle"],
+                                                                         "embedding": "lut"}}))
+    out = workdir / "results" / "mine"
+    table = read_table_file(out / "embedding" / "embedding_table.bin")
+    codes = np.fromfile(table.path, dtype=table.encoding.dtype).reshape(table.n_vocab, table.n_embd)
+    assert np.array_equal(codes, _table_of_part_1(out, factor))
+    host_run = load_json(out / "host_run.json")
+    assert host_run["new_ids"] == host_run["reference_ids"] and "part 1's rows" in host_run["compared_with"]
+
+    unscaled = shutil.copytree(out / "genie_bundle", tmp_path / "unscaled_bundle")
+    (unscaled / "embedding_table.bin").write_bytes(_table_of_part_1(out).tobytes())
+    manifest = load_json(unscaled / "manifest.json")
+    manifest["files"]["embedding_table.bin"]["sha256"] = hashlib.sha256(
+        (unscaled / "embedding_table.bin").read_bytes()).hexdigest()
+    (unscaled / "manifest.json").write_text(json.dumps(manifest))
+    converted = sorted(str(path) for path in (out / "converted").glob("*/*/part_[23]_of_3/*.onnx"))
+    for reference in (["--compare-with", str(out / "unsplit" / "model.bin")], ["--compare-with-parts", *converted]):
+        assert _run_bundle(out / "genie_bundle", out, reference).returncode == 0
+        failed = _run_bundle(unscaled, out, reference)
+        lines = failed.stderr.strip().splitlines()
+        assert failed.returncode == 2 and len(lines) == 1 and "differ from those of" in lines[0], failed.stderr
+
+
+def _dry_run_jobs(workdir: Path, overrides: dict) -> set[str]:
+    lut = {**overrides, "bundle": {**overrides.get("bundle", {}), "embedding": "lut"}}
+    return {rule for rule, _ in jobs_run(run_snakemake(workdir, "-n", config_file=write_config(workdir, lut)))}
+
+
+def test_a_dry_run_with_the_table_lists_its_jobs_for_the_demo_and_a_users_export(demo, tmp_path):
+    workdir = copy_workflow(tmp_path)
+    assert {"embedding_table", "bundle", "run_bundle"} <= _dry_run_jobs(workdir, SMALL_DEMO)
+    (tmp_path / "user").mkdir()
+    workdir = copy_workflow(tmp_path / "user")
+    shutil.copytree(demo[0] / "results" / "demo" / "source", workdir / "exports")
+    assert {"embedding_table", "bundle", "run_bundle"} <= _dry_run_jobs(
+        workdir, {"model": {"name": "mine", **USER_MODEL}, "split": {"num_parts": 3}})
+
+
+def test_a_dry_run_with_the_table_lists_its_jobs_for_a_checkpoint(tmp_path):
+    pytest.importorskip("transformers", reason="the checkpoint is written by transformers")
+    import hf_checkpoints
+
+    workdir = copy_workflow(tmp_path)
+    hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2", layers=2)
+    jobs = _dry_run_jobs(workdir, {"model": {"name": "hf", "hf_checkpoint": "checkpoint"},
+                                   "export": {"ar": 8, "context": 64}, "split": {"num_parts": 3}})
+    assert {"export_part", "embedding_table", "bundle", "run_bundle"} <= jobs
+
+
+def test_a_correct_table_passes_where_the_graph_layouts_tokens_differ(tmp_path):
+    """The small demo of seed 5: its table (the float rows at the 16-bit output encoding) and its graph layout (the
+    table at 8 bits per channel) give different tokens. The host run holds the table to a reference that quantizes
+    it as the table does, so the correct bundle passes (against the unsplit model converted as the graph layout, it
+    failed)."""
+    workdir = copy_workflow(tmp_path)
+    seeded = {**SMALL_DEMO, **REFERENCE_BUILD, "demo": {**SMALL_DEMO["demo"], "seed": 5}}
+    graph_run, lut_run, _ = _both_layouts(workdir, seeded, "demo")
+    assert lut_run["new_ids"] == lut_run["reference_ids"] and "part 1's rows" in lut_run["compared_with"]
+    assert lut_run["new_ids"] != graph_run["new_ids"]

@@ -308,6 +308,19 @@ def test_a_checkpoint_without_weights_is_a_config_error(tmp_path):
     assert "config model.hf_checkpoint:" in _log(result)
 
 
+def test_an_export_context_past_the_models_is_refused_naming_the_key_itself(tmp_path):
+    """A setting of the config's own is named as the key it is (not under model.hf_checkpoint)."""
+    workdir = copy_workflow(tmp_path)
+    hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2")   # max_position_embeddings 64
+    config = write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
+                                    "export": {"ar": AR, "context": [CONTEXT, 2 * CONTEXT]}})
+    result = run_snakemake(workdir, "-n", config_file=config, check=False)
+    assert result.returncode != 0
+    lines = [line for line in _log(result).splitlines() if "max_position_embeddings" in line]
+    assert lines == [f"config export.context: {2 * CONTEXT} exceeds the model's max_position_embeddings {CONTEXT} "
+                     "(checkpoint/config.json)"], _log(result)
+
+
 def test_a_checkpoint_the_export_cannot_build_is_a_config_error_at_once(tmp_path):
     workdir = copy_workflow(tmp_path)
     checkpoint = hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2")

@@ -9,9 +9,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import onnx
 import pandas as pd
 import pytest
 
+from genie_build.demo import DemoShape, generate_demo
 from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
@@ -63,6 +65,18 @@ def test_adding_a_length_regenerates_recalibrates_and_resplits_nothing(demo):
     # the second run is complete: a third has nothing to do
     again = run_snakemake(workdir, config_file=workdir / "two.yaml")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_the_lengths_in_another_order_or_a_section_the_demo_does_not_read_rerun_nothing(demo):
+    """The bundle's record of its config (and so the bundle's rerun) holds only what the bundle is made from: the
+    lengths listed longest first, or an export section a demo build does not read, leave everything up to date."""
+    workdir = demo[0]
+    for name, change in (("reordered", {"demo": {**SMALL_DEMO["demo"], "context": [LONG, SHORT]}}),
+                         ("export", {"demo": {**SMALL_DEMO["demo"], "context": [SHORT, LONG]},
+                                     "export": {"ar": 16, "context": [128, 256]}})):
+        config = write_config(workdir, {**SMALL_DEMO, **change}, name=f"{name}.yaml")
+        result = run_snakemake(workdir, "-n", config_file=config)
+        assert "Nothing to be done" in result.stdout + result.stderr, (name, jobs_run(result))
 
 
 def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
@@ -125,3 +139,64 @@ def test_the_users_onnx_graphs_one_per_length_make_the_same_bundle(demo, tmp_pat
     assert [_graph_names(out / "genie_bundle" / name) for name in binaries] == [_both_lengths(2), _both_lengths(3)]
     run = load_json(out / "host_run.json")   # the user's prompt, not the demo's
     assert run["new_ids"] == run["reference_ids"] and len(run["new_ids"]) == 16
+
+
+def _fewer_layers(exports: Path, tmp_path: Path) -> None:
+    """The short graphs of ``exports`` replaced by the demo's graphs of one layer fewer at that length, their weights
+    read from the long graphs' data files (the same bytes for every weight they name)."""
+    shape = {**SMALL_DEMO["demo"], "layers": SMALL_DEMO["demo"]["layers"] - 1, "context": SHORT}
+    generate_demo(DemoShape(**shape), tmp_path / "fewer")
+    for kind in ("prompt", "token"):
+        long = {t.name: t for t in onnx.load(exports / f"{kind}.onnx", load_external_data=False).graph.initializer}
+        short = onnx.load(tmp_path / "fewer" / f"{kind}.onnx", load_external_data=False)
+        for tensor in short.graph.initializer:
+            if tensor.name in long and long[tensor.name].data_location == onnx.TensorProto.EXTERNAL:
+                tensor.CopyFrom(long[tensor.name])
+        onnx.save(short, exports / f"{kind}_cl{SHORT}.onnx")
+
+
+def test_a_users_graph_at_a_length_with_fewer_layers_is_refused_when_the_workflow_is_parsed(demo, tmp_path):
+    """The short graphs hold one layer fewer, every weight they name the long graphs' own: one line naming the
+    user's file and the first weight it lacks, before any job (not a convert failing on a file under results/)."""
+    workdir, _, _ = demo
+    user = copy_workflow(tmp_path)
+    shutil.copytree(workdir / "results" / "demo" / "source", user / "exports")
+    _fewer_layers(user / "exports", tmp_path)
+    model = {"name": "mine", "prompt_onnx": [f"exports/prompt_cl{SHORT}.onnx", "exports/prompt.onnx"],
+             "token_onnx": ["exports/token.onnx", f"exports/token_cl{SHORT}.onnx"],
+             "encodings": {"prompt": "exports/prompt.encodings.json", "token": "exports/token.encodings.json"},
+             "tokenizer": "exports/tokenizer.json", "hf_config": "exports/config.json"}
+    result = run_snakemake(user, config_file=write_config(user, {"model": model, "split": {"num_parts": 3}}),
+                           check=False)
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "lacks" in line]
+    assert lines == [f"config model.prompt_onnx: exports/prompt_cl{SHORT}.onnx: lacks 7 weight(s) of "
+                     "exports/prompt.onnx, e.g. 'model.layers.3.mlp.down_proj.weight': the graphs at every context "
+                     "length must hold the same weights"], result.stdout + result.stderr
+    assert not (user / "results").exists()
+
+
+def test_with_the_embedding_as_a_table_every_length_reads_it_and_the_tokens_stay(demo, tmp_path):
+    """Both lengths and bundle.embedding: lut: part 1 leaves the bundle for the table, every remaining part still
+    holds both lengths' graphs, and the host run looks tokens up in the table, switches up and gives the same tokens;
+    only the bundle's side reruns (nothing is regenerated, split or sliced)."""
+    workdir, single, _ = demo
+    clone = clone_workdir(workdir, tmp_path / "wf")
+    two = yaml.safe_load((clone / "two.yaml").read_text())
+    lut = write_config(clone, {**two, "bundle": {**two.get("bundle", {}), "embedding": "lut"}}, name="lut.yaml")
+    ran = {rule for rule, _ in jobs_run(run_snakemake(clone, "-p", config_file=lut))}
+    assert ran <= LENGTH_SIDE | {"embedding_table"} and "split" not in ran, ran
+    out = clone / "results" / "demo"
+    dialog = load_json(out / "genie_bundle" / "genie_config.json")["dialog"]
+    assert dialog["embedding"]["type"] == "lut"
+    binaries = dialog["engine"]["model"]["binary"]["ctx-bins"]
+    assert [name.rsplit("_part_", 1)[1] for name in binaries] == ["2_of_3.bin", "3_of_3.bin"]
+    for index, name in enumerate(binaries, start=2):
+        graphs = sorted(graph["name"] for graph in read_header(out / "genie_bundle" / name)["graphs"])
+        assert graphs == sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for kind, ar in (("prompt", 8), ("token", 1))
+                                for cl in (SHORT, LONG)), graphs
+    assert load_json(out / "bundle_check.json")["errors"] == 0
+    run = load_json(out / "host_run.json")
+    assert run["new_ids"] == run["reference_ids"] == single["host_run"]["new_ids"]
+    lengths = [graph["cl"] for graph in run["graph_runs"]]
+    assert lengths[0] == SHORT and lengths[-1] == LONG, run["graph_runs"]

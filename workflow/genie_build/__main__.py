@@ -1,3 +1,3 @@
-from genie_build.cli import main
+from genie_build.cli import program
 
-raise SystemExit(main())
+program()

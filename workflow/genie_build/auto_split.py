@@ -1,4 +1,4 @@
-"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GB (and
+"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GiB (and
 ``split.max_part_mb`` when set) and which all map under the load model (:mod:`genie_build.load_model`).
 
 Also the one place a split request (a count, ``auto`` or a largest part) becomes a plan, and the readers of the IO
@@ -90,7 +90,7 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
     Raises:
         GenieBuildError: no part count does (naming the counts tried and the parameters).
     """
-    num_parts, last = 2, None
+    num_parts, most = 2, None
     while True:
         try:
             plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
@@ -103,11 +103,41 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
                 and place_contexts(contexts, load).maps):
             log.info("split.num_parts auto: %d parts, the fewest that map", num_parts)
             return plan
-        last, num_parts = num_parts, num_parts + 1
-    limit = "" if max_part_bytes is None else f", at most {max_part_bytes / MIB:,.0f} MiB a part"
-    raise GenieBuildError(NUM_PARTS_KEY, f"auto: no part count from 2 to {last} keeps every context under 3 GiB"
-                                         f"{limit} and maps in {load.sessions} sessions of "
-                                         f"{load.usable_bytes / MIB:,.0f} MiB; give num_parts")
+        most, num_parts = (plan, held, contexts), num_parts + 1
+    raise _no_part_count(most, dims, load, max_part_bytes)
+
+
+def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims, load: LoadParams,
+                   max_part_bytes: int | None) -> GenieBuildError:
+    """Why no part count does, from the split into the most parts: a part that alone is too large (its pieces
+    cannot be cut further, so no count holds them), else the parts that do not map together."""
+    if most is None:
+        return GenieBuildError(NUM_PARTS_KEY, "auto: this model cannot be cut into 2 parts")
+    plan, held, contexts = most
+    for part, context in zip(held, contexts, strict=True):
+        if context.charge >= VENDOR_CONTEXT_BYTES:
+            bound = "over the vendor's 3 GiB a context"
+        elif context.charge > load.usable_bytes:
+            bound = f"more than the {load.usable_bytes / MIB:,.0f} MiB of an HTP session"
+        elif max_part_bytes is not None and part.estimated_bytes > max_part_bytes:
+            bound = f"and weights over split.max_part_mb {max_part_bytes / MIB:,.0f} MiB"
+        elif not (alone := place_contexts([context], load).contexts[0]).maps:
+            bound = f"and alone {alone.reason}"
+        else:
+            continue
+        return GenieBuildError(NUM_PARTS_KEY, f"auto: part {part.index} of the {plan.num_parts}-part split holds "
+                                              f"{'+'.join(part.pieces)} alone, whose context needs "
+                                              f"{context.charge / MIB:,.0f} MiB, {bound}: no part count holds it, "
+                                              "and a fixed num_parts would build a part that does not map; store "
+                                              "it in fewer bits (precision or quantize.recipe)")
+    failing = place_contexts(contexts, load).failing
+    sessions = f"{load.sessions} session{'' if load.sessions == 1 else 's'}"
+    return GenieBuildError(NUM_PARTS_KEY, f"auto: no part count maps in {sessions} of "
+                                          f"{load.usable_bytes / MIB:,.0f} MiB under the load model: at "
+                                          f"{plan.num_parts} parts, the most this model is cut into, "
+                                          f"{len(failing)} of {len(contexts)} contexts do not (parts "
+                                          f"{', '.join(str(c.part) for c in failing)}); a fixed num_parts would "
+                                          "build contexts that do not map; store the weights in fewer bits")
 
 
 def bundle_parts(plan: Plan, embedding: str) -> list[PartPlan]:

@@ -7,7 +7,9 @@ followed), each within a size bound (:func:`genie_build.fileio.open_regular`).
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -74,11 +76,30 @@ def bundle_path(name: str) -> PurePosixPath | None:
 
 
 def load_bundle_json(bundle: Path, name: str) -> tuple[Any, list[Finding]]:
-    """A JSON document of the bundle: a regular file inside it of at most :data:`MAX_DOCUMENT_BYTES`."""
+    """A JSON document of the bundle: a regular file inside it of at most :data:`MAX_DOCUMENT_BYTES`, and JSON as
+    the vendor's parsers read it (Python's reader takes ``NaN`` and ``Infinity``; Genie's and the HTP extensions'
+    refuse the whole file: each is a finding, the document still returned for the other checks)."""
     try:
-        return read_json(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES), []
+        document = read_json(bundle / name, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)
     except GenieBuildError as exc:
         return None, [Finding("files", "error", f"{name}: {exc.problem}")]
+    return document, [Finding("files", "error", f"{name}: {key} is {value!r}, which is not JSON (Genie's and the HTP "
+                                                "backend's parsers refuse the file)")
+                      for key, value in _non_finite(document, "")]
+
+
+def _non_finite(document: Any, root: str) -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every NaN or infinity in a parsed JSON document, in document order (a stack, not
+    recursion: a document may nest as deep as the JSON reader allows)."""
+    stack = [(root, document)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            yield key or "the document", value
+        elif isinstance(value, dict):
+            stack += reversed([(f"{key}.{name}" if key else str(name), item) for name, item in value.items()])
+        elif isinstance(value, list):
+            stack += reversed([(f"{key}[{index}]", item) for index, item in enumerate(value)])
 
 
 def config_value(config: Any, dotted: str, kind: type | None = None) -> Any:

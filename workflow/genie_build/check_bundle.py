@@ -24,16 +24,16 @@ from pathlib import Path, PurePosixPath
 from genie_build.bundle_files import (MAX_CTX_BIN_BYTES, MAX_DOCUMENT_BYTES, MAX_HASHED_BYTES, Finding, Severity,
                                      bundle_file_problem, bundle_path, config_value, is_inside, load_bundle_json)
 from genie_build.check_embedding import RULE as EMBEDDING_RULE, check_embedding
+from genie_build.check_keys import check_keys
+from genie_build.check_vendor import RULES as VENDOR_RULES, check_vendor
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
 from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
-from genie_build.htp_extensions import share_resources_problems
+from genie_build.htp_extensions import extension_problems
 from genie_build.fileio import is_json_int, read_text, regular_file_size, resolve_inside, sha256_file
-from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS,
-                                      HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, ROPE_SCALING_TYPES, GenieSection,
-                                      load_tokenizer)
+from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, load_tokenizer
 from genie_build.genie_contract import graph_violations
 from genie_build.hf_config import load_hf_config
 from genie_build.manifest import MANIFEST_NAME
@@ -61,12 +61,16 @@ RULES = {
     "context-size": "context.size is at most the compiled context length",
     "tensor-dims": "kv-dim and pos-id-dim/rope-dim match the KV cache and RoPE tensors",
     "chipset": "soc_model and dsp_arch agree with the chipset table",
-    "htp-extensions": "the extension config's context and groupContext keys are the HTP backend's, and "
+    "htp-extensions": "the extension config's context, groupContext, memory and devices[].cores[] keys, types and "
+                      "perf_profile are the HTP backend's, and "
                       "groupContext.share_resources comes with allow-async-init (without it Genie ignores it) and "
                       "without enable-graph-switching (the HTP backend does not switch graphs of shared contexts)",
     "n-vocab": "n-vocab is at most the logits' width and the model's vocab_size (a smaller one is a warning), and "
                "every tokenizer id lies within the logits",
     "manifest": "manifest.json names files inside the bundle only, and their hashes match",
+    "sampler": "a sampler that asks for greedy decoding gets it from Genie (top-k 1 or temp 0: Genie 2.51 ignores "
+               "greedy)",
+    **VENDOR_RULES,
     EMBEDDING_RULE: "dialog.embedding's table (type lut) is n-vocab x size x the datatype's bytes, its datatype comes "
                     "with the quant-param it needs, and the first part's graphs take inputs_embeds of that size "
                     "(genie_build.check_embedding)",
@@ -94,8 +98,7 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     config, findings = load_bundle_json(bundle, GENIE_CONFIG_NAME)
     if not isinstance(config, dict):
         return findings or [Finding("files", "error", f"{GENIE_CONFIG_NAME} is not a JSON object")]
-    findings += _check_keys(config)
-    findings += _check_rope_style(config)
+    findings += check_keys(config)
     referenced, referenced_findings = _referenced_files(bundle, config)
     findings += referenced_findings
     ctx_bins = [name for name in config_value(config, "dialog.engine.model.binary.ctx-bins", list) or []
@@ -108,11 +111,13 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     if extensions is not None:
         findings += _check_chipset(bundle, extensions, chipset)
         htp_config = load_bundle_json(bundle, extensions)[0]
+        findings += _check_binary_socs(bundle, ctx_bins, extensions, htp_config)
         qnn_htp = "dialog.engine.backend.QnnHtp"
         switches = (config_value(config, f"{qnn_htp}.allow-async-init"),
                     config_value(config, f"{qnn_htp}.enable-graph-switching"))
         findings += [Finding("htp-extensions", severity, f"{extensions}: {message}") for severity, message in
-                     (share_resources_problems(htp_config, *switches) if isinstance(htp_config, dict) else ())]
+                     (extension_problems(htp_config, *switches) if isinstance(htp_config, dict) else ())]
+    findings += check_vendor(bundle, extensions)
     findings += _check_manifest(bundle) if manifest else []
     graphs, graph_findings = _load_graphs(bundle, ctx_bins)
     findings += graph_findings
@@ -142,59 +147,6 @@ def require_valid_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os
 
 
 # --- genie_config.json --------------------------------------------------------------------------------------
-
-def _check_keys(config: dict) -> list[Finding]:
-    """Mandatory keys, known keys, key types, versions and the values genie-build's checks need."""
-    if not isinstance(config.get("dialog"), dict):
-        return [Finding("required-keys", "error", "genie_config.json has no 'dialog' object")]
-    findings = []
-    for where, section in GENIE_CONFIG_SECTIONS.items():
-        body = config_value(config, where, dict)
-        if body is not None:  # an absent section is reported by its parent's mandatory keys
-            findings += _check_section(section, where, body)
-    if "engine" in config["dialog"] and not isinstance(config["dialog"]["engine"], dict):
-        findings.append(Finding("required-keys", "error", "dialog.engine must be one object for a basic dialog"))
-    binary = config_value(config, "dialog.engine.model.binary", dict)
-    if binary is not None and sum(key in binary for key in BINARY_SOURCES) != 1:
-        findings.append(Finding("required-keys", "error", "dialog.engine.model.binary needs exactly one of "
-                                                          f"{' and '.join(map(repr, BINARY_SOURCES))}"))
-    if binary is not None and "fcb" in binary:
-        findings.append(Finding("ctx-bins-exist", "warning", "binary.fcb (a multi-SoC DLC bundle): the ctx-bin "
-                                                             "and graph checks apply to ctx-bins only"))
-    rope_type = config_value(config, "dialog.engine.model.positional-encoding.rope-scaling.rope-type")
-    if rope_type is not None and rope_type not in ROPE_SCALING_TYPES:
-        findings.append(Finding("required-keys", "error", f"rope-scaling.rope-type {rope_type!r} is not one of "
-                                                          f"{', '.join(ROPE_SCALING_TYPES)}"))
-    return findings
-
-
-def _check_section(section: GenieSection, where: str, body: dict) -> list[Finding]:
-    findings = [Finding("required-keys", "error", f"{where} lacks mandatory key {key!r}")
-                for key in sorted(section.mandatory - set(body))]
-    if section.known is not None:
-        findings += [Finding("unknown-key", "error", f"{where} has key {key!r} that Genie does not know "
-                                                     f"(known: {', '.join(sorted(section.known))})")
-                     for key in body if key not in section.known]
-    findings += [Finding("required-keys", "error", f"{where}.{key} must be {kind.name}, got {body[key]!r}")
-                 for key, kind in section.types.items() if key in body and not kind.accepts(body[key])]
-    if "version" in body and body["version"] != 1:
-        findings.append(Finding("required-keys", "error", f"{where}.version must be 1, got {body['version']!r}"))
-    findings += [Finding("required-keys", "error", f"{where}.{key} is {body[key]!r}; genie-build checks bundles "
-                                                   f"with {key} {expected!r}")
-                 for key, expected in EXPECTED_VALUES.get(where, {}).items()
-                 if key in body and body[key] != expected]
-    return findings
-
-
-def _check_rope_style(config: dict) -> list[Finding]:
-    qnn_htp = config_value(config, "dialog.engine.backend.QnnHtp", dict) or {}
-    plain = [key for key in ("pos-id-dim", "rope-theta") if key in qnn_htp]
-    if plain and isinstance(config_value(config, "dialog.engine.model"), dict) \
-            and "positional-encoding" in config["dialog"]["engine"]["model"]:
-        return [Finding("rope-style", "error", f"QnnHtp gives {' and '.join(plain)} and model gives "
-                                               "positional-encoding; Genie accepts one rope style, not both")]
-    return []
-
 
 def _referenced_files(bundle: Path, config: dict) -> tuple[dict[str, str], list[Finding]]:
     """The tokenizer and backend extension config the config names (label -> its relative path), each a regular
@@ -292,6 +244,32 @@ def _check_chipset(bundle: Path, htp_config_name: str, chipset: str | None) -> l
         return [Finding("chipset", "error", str(exc))]
     for device in devices:
         findings += _check_device(device.get("soc_model"), device.get("dsp_arch"), expected)
+    return findings
+
+
+def _check_binary_socs(bundle: Path, ctx_bins: list[str], extensions: str, htp_config: object) -> list[Finding]:
+    """Every QNN ctx-bin was compiled for the SoC the extension config names (read back by libQnnSystem where the
+    wheel is installed; a reference container, an unreadable file or a missing wheel is left to the other checks):
+    a binary for another SoC loads on the phone and may compute garbage."""
+    devices = htp_config.get("devices") if isinstance(htp_config, dict) else None
+    named = devices[0].get("soc_model") if isinstance(devices, list) and devices and isinstance(devices[0], dict) \
+        else None
+    if not is_json_int(named):
+        return []
+    findings = []
+    for name in dict.fromkeys(ctx_bins):
+        try:
+            path = resolve_inside(bundle / bundle_path(name), [bundle])
+            with open(path, "rb") as handle:
+                if handle.read(len(CONTAINER_MAGIC)) == CONTAINER_MAGIC:
+                    continue
+            from genie_build.qnn_wheel.system import read_context_binary
+            compiled_for = read_context_binary(path).soc_model
+        except (GenieBuildError, OSError):
+            continue
+        if compiled_for is not None and compiled_for != named:
+            findings.append(Finding("chipset", "error", f"{name} was compiled for soc_model {compiled_for}, but "
+                                                        f"{extensions} names {named}"))
     return findings
 
 

@@ -21,7 +21,7 @@ from genie_build import __version__, commands
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_text
 
-__all__ = ["EXIT_USER_ERROR", "build_parser", "main"]
+__all__ = ["EXIT_USER_ERROR", "build_parser", "main", "program"]
 
 EXIT_USER_ERROR = 2
 
@@ -61,19 +61,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GenieBuildError as exc:
         print(f"genie-build: error: {exc}", file=sys.stderr)
         status = EXIT_USER_ERROR
-    _skip_vendor_teardown(status)
     return status
 
 
-def _skip_vendor_teardown(status: int) -> None:
-    """End the process now if it loaded the vendor's QNN backends: their static destructors crash (SIGBUS) once a
+def program() -> None:
+    """The ``genie-build`` program (``python -m genie_build``): :func:`main`, then the process ends with its status.
+
+    A process that loaded the vendor's QNN backends ends at once: their static destructors crash (SIGBUS) once a
     weight-shared context was left unfinished by a refused graph, which would turn a one-line error into a crash.
-    Every output is closed (atomic writes) by now."""
+    Every output is closed (atomic writes) by then. :func:`main` itself never ends the process (tests call it)."""
+    status = main()
     backend = sys.modules.get("genie_build.toolchains.qnn_htp.backend")
     if backend is not None and backend.backends_loaded():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+    sys.exit(status)
 
 
 def _write_benchmark(path: str, seconds: float) -> None:

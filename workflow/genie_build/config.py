@@ -22,13 +22,15 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from genie_build.chipsets import lookup
+from genie_build.chipsets import load_params, lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
+from genie_build.load_model import KV_BYTES
 
 __all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
-           "calibration_chain", "context_lengths", "load_config", "read_schema", "source_kind", "validate_config"]
+           "StrictValidator", "bundle_config", "calibration_chain", "context_lengths", "load_config", "read_schema",
+           "source_kind", "validate_config"]
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -111,7 +113,16 @@ def _fill_defaults(validator_class: type) -> type:
     return validators.extend(validator_class, {"properties": properties_with_defaults})
 
 
-_DefaultFillingValidator = _fill_defaults(Draft202012Validator)
+def _integers_are_ints(checker: Any, instance: Any) -> bool:
+    """JSON Schema's "integer" without the floats it also admits (``256.0``): the workflow passes a config value on
+    as it reads it, and ``256.0`` would name graphs ``cl256.0`` and meet ``int`` options as text."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12 with "integer" meaning a whole number written as one: every integer key of the schema refuses 256.0.
+StrictValidator = validators.extend(
+    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _integers_are_ints))
+_DefaultFillingValidator = _fill_defaults(StrictValidator)
 
 _SCALAR_TYPES = {"integer": int, "number": (int, float), "boolean": bool}
 
@@ -149,7 +160,7 @@ def read_schema(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA) -> dict:
 def _validators(schema_path: str) -> tuple[Draft202012Validator, Draft202012Validator]:
     """The default-filling validator and the plain one for the schema at ``schema_path``."""
     schema = read_schema(schema_path)
-    return _DefaultFillingValidator(schema), Draft202012Validator(schema)
+    return _DefaultFillingValidator(schema), StrictValidator(schema)
 
 
 def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
@@ -162,6 +173,8 @@ def _schema_error(error: ValidationError, where: str) -> GenieBuildError:
         return GenieBuildError(_key(where, (*path, unknown[0])),
                                f"unknown key (known: {', '.join(known)}){also}")
     problem = error.message
+    if error.validator == "type" and isinstance(error.instance, float) and error.instance.is_integer():
+        problem = f"{error.instance!r} is not an integer (write {int(error.instance)})"
     if error.validator == "pattern" and "description" in error.schema:
         problem += f" ({error.schema['description']})"
     return GenieBuildError(_key(where, path), problem)
@@ -243,6 +256,28 @@ def context_lengths(section: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(sorted(context)) if isinstance(context, list) else (context,)
 
 
+def bundle_config(config: Mapping[str, Any]) -> dict:
+    """What of a validated config a Genie bundle is made from, as its manifest records it (and what reruns the bundle
+    when it changes): the model and its encodings, the source's own section (``demo`` or ``export``, their context
+    lengths ascending), the chipset, the split (and the load model it is planned by when ``auto``), the bundle's
+    variant, the bundle section less the host run's keys, and ``quantize`` less its memory budget in a build that
+    calibrates. Not the other variants, the report, the evaluation, the converts' ``keep``, the estimate's
+    ``precision``, nor a section the source does not read."""
+    kind, variant = source_kind(config), config["bundle"]["variant"]
+    used: dict[str, Any] = {
+        "model": config["model"], "encodings": config["encodings"], "target": config["target"],
+        "split": config["split"], "variants": {variant: config["variants"][variant]},
+        "bundle": {key: value for key, value in config["bundle"].items() if key not in ("host_run", "host_prompt")}}
+    for section, source in (("demo", "demo"), ("export", "hf")):
+        if kind == source:
+            used[section] = {**config[section], "context": list(context_lengths(config[section]))}
+    if config["split"].get("num_parts") == "auto":
+        used["report"] = {"load": config["report"]["load"]}
+    if calibration_chain(config):
+        used["quantize"] = {key: value for key, value in config["quantize"].items() if key != "unit_memory_mb"}
+    return used
+
+
 DEFAULT_NUM_PARTS = 6
 
 
@@ -293,18 +328,37 @@ def _check_cross_fields(config: dict, where: str) -> None:
                 DemoShape(**{**shape_config(config["demo"]), "context": length})
             except GenieBuildError as exc:  # where is "demo.<field>"
                 raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
+        _check_demo_kv_cache(config, where)
     _check_user_lengths(config["model"], where)
+
+
+def _check_demo_kv_cache(config: dict, where: str) -> None:
+    """One layer's KV cache at the demo's largest context length -- the least a context of its bundle holds, mapped
+    on the HTP with the context -- fits one HTP session of the chipset's load model (``report.load`` applied): a
+    length past that maps in no split, and the jobs would first hold the cache on the host (``demo.context:
+    100000000`` is tens of GB a graph)."""
+    demo = config["demo"]
+    context, kv_width = max(context_lengths(demo)), demo["kv_heads"] * (demo["hidden"] // demo["heads"])
+    layer_bytes = 2 * kv_width * (context - 1) * KV_BYTES
+    load = load_params(config["target"]["chipset"], config["report"]["load"])
+    if layer_bytes > load.usable_bytes:
+        raise GenieBuildError(_key(where, ("demo", "context")),
+                              f"{context}: one layer's KV cache at this length is {layer_bytes / 1024**3:,.1f} GiB "
+                              f"(keys and values, {kv_width} wide, {KV_BYTES} byte a value), more than the "
+                              f"{load.usable_bytes / 1024**2:,.0f} MiB of an HTP session under the load model of "
+                              f"{config['target']['chipset']}: no part holding a layer would map; give a shorter "
+                              "context")
 
 
 def _check_user_lengths(model: Mapping[str, Any], where: str) -> None:
     """One prompt graph per token graph: a list of either pairs with a list of the other, one per length."""
     graphs = {key: model[key] for key in ("prompt_onnx", "token_onnx") if key in model}
-    counts = {key: len(value) if isinstance(value, list) else None for key, value in graphs.items()}
+    counts = {key: len(value) if isinstance(value, list) else 1 for key, value in graphs.items()}
     if len(set(counts.values())) > 1:
         raise GenieBuildError(_key(where, ("model", "token_onnx")),
                               "give as many token graphs as prompt graphs, one of each per context length (got "
-                              + ", ".join(f"{key}: {'one path' if n is None else f'{n} paths'}"
-                                          for key, n in counts.items()) + ")")
+                              + ", ".join(f"{key}: {n} path{'' if n == 1 else 's'}" for key, n in counts.items())
+                              + ")")
 
 
 def _check_embedding_table(config: dict, where: str) -> None:

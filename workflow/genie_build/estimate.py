@@ -37,6 +37,8 @@ from genie_build.embedding_table import table_bytes
 from genie_build.encodings import TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
+from genie_build.hf_checkpoint import check_settings
+from genie_build.hf_config import load_hf_config
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
@@ -291,7 +293,9 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
 
     Raises:
         GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
-            source, an infeasible split, or what :func:`_write_estimate` raises.
+            source, an AR or context length a build of the config's model refuses
+            (:func:`genie_build.hf_checkpoint.check_settings`), an infeasible split, or what :func:`_write_estimate`
+            raises.
     """
     if (hf_config is None) == (onnx is None):
         raise ValueError("give exactly one of hf_config and onnx")
@@ -300,6 +304,9 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
     if hf_config is not None:
         if ar is None or context_length is None:
             raise ValueError("an HF config's estimate needs the export's ar and context_length")
+        settings = load_hf_config(hf_config)
+        for length in [context_length] if isinstance(context_length, int) else context_length:
+            check_settings(settings, hf_config, ar=ar, context=length)   # what a build of these graphs is held to
         model = weights_from_hf_config(hf_config)
         dims = io_dims_from_hf_config(hf_config, precision.activations, ar, context_length)
     else:

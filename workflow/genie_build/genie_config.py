@@ -8,7 +8,8 @@ qairt-dev's own LLM builder writes for every RoPE model (``gen_ai_builder_htp.py
 of AIHA's Qwen config, because Genie rejects both at once.
 
 The keys Genie knows, requires and types are defined once, here beside the writer (:data:`GENIE_CONFIG_SECTIONS`):
-:mod:`genie_build.check_bundle` checks every bundle's ``genie_config.json`` by them.
+:mod:`genie_build.check_bundle` checks every bundle's ``genie_config.json`` by them, and by Genie itself where the
+vendor's library is installed (:mod:`genie_build.check_vendor`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from genie_build.htp_extensions import group_context
 __all__ = ["BINARY_SOURCES", "EXPECTED_VALUES", "GENIE_CONFIG_NAME", "GENIE_CONFIG_SECTIONS", "GENIE_ROPE_SCALING_KEYS",
            "GENIE_ROPE_TYPES", "GenieSection", "HTP_EXT_CONFIG_NAME", "JsonType", "MAX_TOKENIZER_BYTES",
            "ROPE_SCALING_TYPES", "TOKENIZER_NAME", "genie_rope_scaling", "load_tokenizer", "make_genie_config",
-           "make_htp_backend_ext_config"]
+           "make_htp_backend_ext_config", "sampler_problem"]
 
 GENIE_CONFIG_NAME = "genie_config.json"
 HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
@@ -151,7 +152,9 @@ class JsonType:
 
 
 INT = JsonType("int", lambda value: is_json_int(value))
+NON_NEGATIVE_INT = JsonType("int >= 0", lambda value: is_json_int(value) and value >= 0)
 NUMBER = JsonType("number", lambda value: is_json_number(value))
+NON_NEGATIVE_NUMBER = JsonType("number >= 0", lambda value: is_json_number(value) and value >= 0)
 BOOL = JsonType("bool", lambda value: isinstance(value, bool))
 STR = JsonType("str", lambda value: isinstance(value, str))
 OBJECT = JsonType("object", lambda value: isinstance(value, dict))
@@ -162,73 +165,112 @@ INT_OR_INTS = JsonType("int|int[]", lambda value: is_json_int(value) or (isinsta
 
 @dataclass(frozen=True)
 class GenieSection:
-    """A JSON object Genie validates: the keys it requires, the others it knows (None: not checked), key types."""
+    """A JSON object Genie validates: the keys it requires, the others it knows, key types."""
 
     mandatory: frozenset[str]
-    optional: frozenset[str] | None
+    optional: frozenset[str]
     types: Mapping[str, JsonType]
 
     @property
-    def known(self) -> frozenset[str] | None:
-        return None if self.optional is None else self.mandatory | self.optional
+    def known(self) -> frozenset[str]:
+        return self.mandatory | self.optional
 
 
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
-# Dotted path -> section. From Dialog.cpp / Context.cpp (QAIRT 2.4x), plus what qairt-dev 0.13.0's Genie config
-# models (modules/genie_execution/genie_config.py) write for newer Genie: model.linear-attention,
-# positional-encoding.rope-freqs-type, binary.fcb (instead of ctx-bins), rope types qwen2vl/qwen3vl. QnnHtp and
-# binary are mandatory here because genie-build checks QnnHtp bundles of ctx-bins (backend.type / model.type are
-# checked to say so).
+# Dotted path -> section: the keys Genie 2.51 (libGenie API 1.21, the onnxruntime-qnn 2.7.0 wheel) accepts in a
+# basic dialog, from the JSON schemas it embeds (urn:genie:schema:dialog, dialogContext, sampler, htpBackend,
+# engineModelBinary, enginePositionalEncoding, tokenEmbedding). genie-build checks basic dialogs of QnnHtp ctx-bins
+# (EXPECTED_VALUES), so the blocks Genie allows only with another dialog type, backend or model type (ssd-q1, lade,
+# spd, kv-share, multistream, eaglet; QnnGenAiTransformer, GTE, QnnGpu; library, checkpoint) and engine.role (for
+# spd, kv-share and eaglet only) are unknown here, and QnnHtp and binary are mandatory. tests/test_genie_library.py
+# compares this table with the schemas read from the installed library.
 GENIE_CONFIG_SECTIONS: dict[str, GenieSection] = {
-    "dialog": GenieSection(_keys("version", "type", "context", "tokenizer", "engine"), None,
-                           {"version": INT, "type": STR}),
+    "dialog": GenieSection(
+        _keys("version", "type", "context", "tokenizer", "engine"),
+        _keys("sampler", "embedding", "perlayer-embedding", "stop-sequence", "max-num-tokens", "harmony", "debug",
+              "nested-generator", "nested-policy", "accumulator-size", "callback-type"),
+        {"version": INT, "type": STR, "sampler": OBJECT, "embedding": OBJECT, "stop-sequence": STRS,
+         "max-num-tokens": NON_NEGATIVE_INT}),
     "dialog.context": GenieSection(
         _keys("version", "bos-token", "eos-token", "size", "n-vocab"),
-        _keys("eot-token", "img-token", "draft-n-vocab", "pad-token", "n-embd"),
-        {"version": INT, "bos-token": INT, "eos-token": INT_OR_INTS, "size": INT, "n-vocab": INT, "eot-token": INT}),
+        _keys("eot-token", "img-token", "draft-n-vocab", "pad-token", "n-embd", "embedding-length", "grammar"),
+        {"version": INT, "bos-token": INT, "eos-token": INT_OR_INTS, "size": NON_NEGATIVE_INT,
+         "n-vocab": NON_NEGATIVE_INT, "eot-token": INT, "draft-n-vocab": NON_NEGATIVE_INT, "pad-token": INT,
+         "n-embd": NON_NEGATIVE_INT, "embedding-length": INT, "grammar": OBJECT}),
+    "dialog.sampler": GenieSection(
+        _keys("version"), _keys("type", "seed", "temp", "top-k", "top-p", "greedy", "callback-name", "token-penalty"),
+        {"version": INT, "type": STR, "seed": INT, "temp": NON_NEGATIVE_NUMBER, "top-k": NON_NEGATIVE_INT,
+         "top-p": NON_NEGATIVE_NUMBER, "greedy": BOOL, "callback-name": STR, "token-penalty": OBJECT}),
     "dialog.tokenizer": GenieSection(_keys("version", "path"), _keys(), {"version": INT, "path": STR}),
     "dialog.engine": GenieSection(
         _keys("version", "backend", "model", "n-threads"),
-        _keys("type", "role", "longcontext", "cache-groups", "training-config", "optimizer-config"),
-        {"version": INT, "n-threads": INT, "backend": OBJECT, "model": OBJECT}),
+        _keys("type", "longcontext", "cache-groups", "training-config", "optimizer-config", "batching"),
+        {"version": INT, "n-threads": NON_NEGATIVE_INT, "backend": OBJECT, "model": OBJECT, "type": STR,
+         "longcontext": OBJECT, "batching": OBJECT}),
     "dialog.engine.backend": GenieSection(
-        _keys("version", "type", "QnnHtp"), _keys("extensions", "device", "QnnGenAiTransformer"),
-        {"version": INT, "type": STR, "extensions": STR, "QnnHtp": OBJECT}),
+        _keys("version", "type", "QnnHtp"), _keys("extensions", "device"),
+        {"version": INT, "type": STR, "extensions": STR, "device": STR, "QnnHtp": OBJECT}),
     "dialog.engine.backend.QnnHtp": GenieSection(
         _keys("version", "spill-fill-bufsize", "mmap-budget", "use-mmap", "cpu-mask", "poll"),
-        _keys("data-alignment-size", "pos-id-dim", "kv-dim", "batch-size", "kv-update-method", "allow-async-init",
-              "rope-theta", "enable-graph-switching", "shared-engine", "graph-switching-lora-policy",
-              "weight-shared-lora", "skip-lora-validation"),
-        {"version": INT, "spill-fill-bufsize": NUMBER, "mmap-budget": NUMBER, "use-mmap": BOOL, "cpu-mask": STR,
-         "poll": BOOL, "pos-id-dim": INT, "kv-dim": INT, "allow-async-init": BOOL, "rope-theta": NUMBER,
-         "enable-graph-switching": BOOL}),
+        _keys("data-alignment-size", "pos-id-dim", "kv-dim", "batch-size", "batch-multiplier", "kv-update-method",
+              "allow-async-init", "allow-async-enqueue", "rope-theta", "enable-graph-switching", "shared-engine",
+              "graph-switching-lora-policy", "graph-retention-order", "weight-shared-lora", "skip-lora-validation",
+              "multi-nsp-prefill", "execute-select-graphs", "direct-io"),
+        {"version": INT, "spill-fill-bufsize": NON_NEGATIVE_INT, "mmap-budget": NON_NEGATIVE_INT, "use-mmap": BOOL,
+         "cpu-mask": STR, "poll": BOOL, "pos-id-dim": INT, "kv-dim": INT, "batch-size": NON_NEGATIVE_INT,
+         "batch-multiplier": NON_NEGATIVE_INT, "allow-async-init": BOOL, "allow-async-enqueue": BOOL,
+         "rope-theta": NUMBER, "enable-graph-switching": BOOL, "shared-engine": BOOL, "graph-retention-order": STRS,
+         "weight-shared-lora": BOOL, "skip-lora-validation": BOOL, "multi-nsp-prefill": BOOL,
+         "execute-select-graphs": STRS, "kv-update-method": STR, "data-alignment-size": NON_NEGATIVE_INT,
+         "direct-io": BOOL}),
     "dialog.engine.model": GenieSection(
         _keys("version", "type", "binary"),
-        _keys("mask-type", "cross-attention", "library", "checkpoint", "positional-encoding", "draft-token-map",
-              "linear-attention"),
-        {"version": INT, "type": STR, "binary": OBJECT, "positional-encoding": OBJECT, "linear-attention": BOOL}),
+        _keys("mask-type", "cross-attention", "positional-encoding", "draft-token-map", "linear-attention"),
+        {"version": INT, "type": STR, "binary": OBJECT, "mask-type": STR, "cross-attention": BOOL,
+         "draft-token-map": STR, "linear-attention": BOOL}),
     "dialog.engine.model.binary": GenieSection(_keys("version"), _keys("ctx-bins", "fcb", "lora"),
                                                {"version": INT, "ctx-bins": STRS, "fcb": STRS}),
+    # Genie also takes a list of these (one per cache group); the table checks the object form genie-build writes
     "dialog.engine.model.positional-encoding": GenieSection(
-        _keys("type"), _keys("rope-dim", "rope-theta", "rope-scaling", "rope-freqs-type"),
-        {"type": STR, "rope-dim": INT, "rope-theta": NUMBER, "rope-scaling": OBJECT, "rope-freqs-type": STR}),
+        _keys("type"), _keys("rope-dim", "rope-theta", "rope-scaling", "rope-freqs-type", "prefix"),
+        {"type": STR, "rope-dim": INT, "rope-theta": NUMBER, "rope-scaling": OBJECT, "rope-freqs-type": STR,
+         "prefix": STR}),
     "dialog.engine.model.positional-encoding.rope-scaling": GenieSection(
         _keys(),
         _keys("rope-type", "factor", "low-freq-factor", "high-freq-factor", "original-max-position-embeddings",
               "time-step", "spatial-merge-size", "dim", "extrapolation-factor", "attn-factor", "beta-fast",
-              "beta-slow", "short-factor", "long-factor", "mrope-section"),
-        {"rope-type": STR}),
+              "beta-slow", "partial-rotary-factor", "short-factor", "long-factor", "mrope-section"),
+        {"rope-type": STR, "factor": NUMBER, "low-freq-factor": NUMBER, "high-freq-factor": NUMBER,
+         "original-max-position-embeddings": NUMBER, "attn-factor": NUMBER, "beta-fast": NUMBER,
+         "beta-slow": NUMBER, "partial-rotary-factor": NUMBER}),
+    "dialog.embedding": GenieSection(
+        _keys("version", "size"), _keys("type", "datatype", "lut-path", "quant-param"),
+        {"version": INT, "size": NON_NEGATIVE_INT, "type": STR, "datatype": STR, "lut-path": STR,
+         "quant-param": OBJECT}),
 }
 # section -> key -> the one value genie-build's checks understand (Genie accepts others, checked differently)
 EXPECTED_VALUES = {"dialog": {"type": "basic"}, "dialog.engine.backend": {"type": "QnnHtp"},
                    "dialog.engine.model": {"type": "binary"}}
-# Genie's rope-scaling.rope-type values (Dialog.cpp validateRopeScalingConfig, and qairt-dev 0.13.0's)
-ROPE_SCALING_TYPES = ("llama3", "default", "longrope", "qwen2vl", "qwen2vl-mrope", "qwen3vl", "qwen3vl-mrope",
-                      "yarnrope", "linear", "hunyuan")
-BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (qairt-dev ModelBinary.check_binary_source)
+# Genie 2.51's rope-scaling.rope-type values (the vision models' types only in their -mrope form)
+ROPE_SCALING_TYPES = ("llama3", "default", "longrope", "qwen2vl-mrope", "qwen3vl-mrope", "yarnrope", "linear",
+                      "hunyuan", "proportional")
+BINARY_SOURCES = ("ctx-bins", "fcb")  # exactly one (engineModelBinary's oneOf)
+
+
+def sampler_problem(sampler: Mapping[str, Any]) -> str | None:
+    """Why Genie would not honour the sampler's ``greedy: true``, or None.
+
+    Genie 2.51 ignores ``greedy``: its sampler, given the same logits, draws the same tokens with it as without it
+    (docs/genie-checks.md); only ``top-k: 1`` or ``temp: 0`` make it pick the most likely token every time.
+    """
+    if sampler.get("greedy") is not True or sampler.get("top-k") == 1 or sampler.get("temp") == 0:
+        return None
+    settings = ", ".join(f"{key} {sampler[key]}" for key in ("temp", "top-k", "top-p") if key in sampler)
+    return (f"sampler.greedy is true, but Genie ignores it and samples ({settings or 'its defaults'}): deterministic "
+            "output needs top-k 1 (or temp 0)")
 
 
 def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], ctx_bins: list[str],

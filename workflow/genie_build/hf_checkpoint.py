@@ -259,15 +259,15 @@ def check_settings(config: Mapping[str, Any], where: str | os.PathLike[str], *, 
     sliding window that takes effect within CL (Genie's graphs attend to the whole context in every layer).
 
     Raises:
-        GenieBuildError: naming the setting or the config key.
+        GenieBuildError: naming the config key (``config export.ar``, ``config export.context``) or ``where``.
     """
     if not 2 <= ar < context:
-        raise GenieBuildError("export.ar", f"{ar} must be at least 2 (the token graph has AR 1) and below "
-                                           f"export.context = {context}")
+        raise GenieBuildError("config export.ar", f"{ar} must be at least 2 (the token graph has AR 1) and below "
+                                                  f"export.context = {context}")
     limit = config.get("max_position_embeddings")
     if is_json_int(limit) and context > limit:
-        raise GenieBuildError("export.context", f"{context} exceeds the model's max_position_embeddings {limit} "
-                                                f"({where})")
+        raise GenieBuildError("config export.context", f"{context} exceeds the model's max_position_embeddings "
+                                                       f"{limit} ({os.fspath(where)})")
     scaling = read_rope(dict(config), where).scaling
     if scaling and rope_kind(scaling) == "longrope" and context > scaling["original_max_position_embeddings"]:
         raise GenieBuildError(where, f"longrope with export.context {context} above original_max_position_embeddings "

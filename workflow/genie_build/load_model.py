@@ -30,11 +30,11 @@ if TYPE_CHECKING:  # the memory-plan command starts without the plan file's json
     from genie_build.plan_file import PartPlan
     from genie_build.sizes import AccountRecord
 
-__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "LoadPlan", "PAGE",
-           "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round",
-           "place_contexts"]
+__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "KV_BYTES", "LoadPlan",
+           "PAGE", "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round", "place_contexts"]
 
 MIB = 1024 ** 2
+KV_BYTES = 1  # a KV cache value: 8 bits, as every recipe's KV cache encodings store it
 PAGE = 2 * MIB
 INPUT_IDS_BYTES = 4                          # int32
 
@@ -66,7 +66,8 @@ ASSUMPTIONS = (
                "there is no API to choose the session", _HTP_MANUAL, "documented"),
     Assumption("io_same_session", "a context's IO buffers are mapped into the session it was deserialized in",
                _HTP_MANUAL, "documented"),
-    Assumption("under_3gb", "keep the heap of a single context binary under 3 GB", _HTP_MANUAL, "documented"),
+    Assumption("under_3gb", "keep the heap of a single context binary under 3 GiB (the manual's \"3 GB\")",
+               _HTP_MANUAL, "documented"),
     Assumption("alignment", "each mapping is placed at a multiple of the largest power of two not above its size "
                "(a 298 MiB weights buffer on a 256 MiB boundary), so a session fragments", _OPEN_GENIE,
                "measured by a third party"),
@@ -171,7 +172,7 @@ class IoDims:
     ar: int                  # the prompt graph's tokens per call
     context_lengths: tuple[int, ...]   # every length a part's graphs are compiled at, ascending
     activation_bytes: int
-    kv_bytes: int = 1
+    kv_bytes: int = KV_BYTES
 
     @property
     def context_length(self) -> int:

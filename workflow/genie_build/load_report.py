@@ -7,12 +7,19 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from genie_build.load_model import ASSUMPTIONS, ContextPlacement, LoadPlan
 
-__all__ = ["RUNTIME_REMEDIES", "Remedy", "load_plan_json", "load_plan_markdown", "load_plan_png"]
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
+    from matplotlib.figure import Figure
+
+__all__ = ["EMBEDDING_TABLE_REMEDY", "RUNTIME_REMEDIES", "Remedy", "label_heights", "load_plan_figure",
+           "load_plan_json", "load_plan_markdown", "load_plan_png"]
 
 MIB = 1024 ** 2
+# a label's height in the figure, as a share of the session's address space drawn (7 pt of the axes' ~5 in is 2%)
+_LABEL_GAP = 0.03
 
 
 @dataclass(frozen=True)
@@ -23,13 +30,14 @@ class Remedy:
     predicted: str       # whether the load model can predict its effect
 
 
+EMBEDDING_TABLE_REMEDY = "bundle.embedding: lut"
 RUNTIME_REMEDIES = (
-    Remedy("embedding as a CPU table",
-           "run the embedding lookup on the CPU from a table instead of a context: one context and its mapping "
-           "fewer (not built by genie-build yet)",
+    Remedy(EMBEDDING_TABLE_REMEDY,
+           "the embedding as the table Genie looks tokens up in on the CPU (dialog.embedding) instead of part 1's "
+           "context: one context and its mapping fewer (docs/embedding-table.md)",
            "Genie Dialog.cpp and Embedding.cpp (public copies): dialog.embedding with type lut and lut-path; "
-           "qairt-dev 0.13.0's GenAIBuilder prepares such a table by default", "yes: rerun the plan without the "
-           "embedding part"),
+           "qairt-dev 0.13.0's GenAIBuilder prepares such a table by default", "yes: the plan without part 1's "
+           "context"),
     Remedy("bundle.share_resources: true",
            "htp_backend_ext_config.json's groupContext share_resources with Genie's allow-async-init: the contexts "
            "are created as one list with SHARE_RESOURCES (SEQUENTIAL_WITH_VA_OPTIMIZATION where the SoC supports "
@@ -60,9 +68,11 @@ def load_plan_json(load: LoadPlan) -> dict:
     }
 
 
-def load_plan_markdown(load: LoadPlan, remedies: Sequence[str] = ()) -> list[str]:
+def load_plan_markdown(load: LoadPlan, remedies: Sequence[str] = (), *,
+                       embedding_table: bool = False) -> list[str]:
     """The section of ``memory_plan.md`` on the load model: a row per context in load order, then what to do
-    about a plan that does not map, then the assumptions with their sources."""
+    about a plan that does not map (the table of ``bundle.embedding: lut`` unless ``embedding_table``: the plan has
+    it already), then the assumptions with their sources."""
     params = load.params
     verdict = ("every context maps" if load.maps else
                f"**{len(load.failing)} of {len(load.contexts)} contexts will not map** (parts "
@@ -86,7 +96,7 @@ def load_plan_markdown(load: LoadPlan, remedies: Sequence[str] = ()) -> list[str
     if not load.maps:
         lines += ["", "### Remedies", "", *(f"- {remedy}" for remedy in remedies),
                   *(f"- **{r.name}**: {r.what}. Source: {r.source}. Predicted by the model: {r.predicted}."
-                    for r in RUNTIME_REMEDIES)]
+                    for r in RUNTIME_REMEDIES if not (embedding_table and r.name == EMBEDDING_TABLE_REMEDY))]
     lines += ["", "### Assumptions", "", "| assumption | mark | source |", "|---|---|---|",
               *(f"| {a.text} | {a.mark} | {a.source} |" for a in ASSUMPTIONS)]
     return lines
@@ -102,8 +112,21 @@ def _context_row(context: ContextPlacement) -> str:
 
 
 def load_plan_png(load: LoadPlan, variant: str) -> bytes:
+    """:func:`load_plan_figure` as PNG bytes."""
+    from matplotlib import pyplot as plt
+
+    fig = load_plan_figure(load, variant)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def load_plan_figure(load: LoadPlan, variant: str) -> Figure:
     """Each session as a column of its usable address space, each context's mappings as bars at their offsets
-    (grey when it maps, red when it does not), a failing context drawn where it was refused."""
+    (grey when it maps, red when it does not), a failing context drawn where it was refused; each context's label
+    beside its weights, moved up clear of the label below it where contexts are small (the demo's six fill a few MiB
+    of a 3,840 MiB session)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,14 +139,20 @@ def load_plan_png(load: LoadPlan, variant: str) -> bytes:
     usable = params.usable_bytes / MIB
     for session in range(columns):
         ax.bar(session, usable, width=0.6, color="none", edgecolor="black", linewidth=1)
-    for context in load.contexts:
-        if context.maps:
-            for placed in context.placed:
-                ax.bar(context.session, placed.size / MIB, bottom=placed.offset / MIB, width=0.5,
-                       color="tab:blue" if placed.buffer.kind.startswith("shared") else "tab:cyan",
-                       edgecolor="white", linewidth=0.5)
-            ax.text(context.session + 0.3, context.weights.offset / MIB, f" part {context.part}", va="bottom",
-                    fontsize=7)
+    mapped = [context for context in load.contexts if context.maps]
+    for context in mapped:
+        for placed in context.placed:
+            ax.bar(context.session, placed.size / MIB, bottom=placed.offset / MIB, width=0.5,
+                   color="tab:blue" if placed.buffer.kind.startswith("shared") else "tab:cyan",
+                   edgecolor="white", linewidth=0.5)
+    for session in range(columns):
+        here = sorted((c for c in mapped if c.session == session), key=lambda c: c.weights.offset)
+        heights = label_heights([c.weights.offset / MIB for c in here], _LABEL_GAP * usable)
+        for context, height in zip(here, heights, strict=True):
+            offset = context.weights.offset / MIB
+            if height > offset:   # a leader from the moved label down to its weights
+                ax.plot([session + 0.25, session + 0.3], [offset, height], color="grey", linewidth=0.5)
+            ax.text(session + 0.3, height, f" part {context.part}", va="bottom", fontsize=7)
     failing = load.failing
     for row, context in enumerate(failing):
         # beside the sessions: a failing context has no address; its height is what it would have taken
@@ -136,8 +165,14 @@ def load_plan_png(load: LoadPlan, variant: str) -> bytes:
     ax.set_title(f"{variant}: {len(load.contexts) - len(failing)} of {len(load.contexts)} contexts map")
     ax.legend(handles=[Patch(color="tab:blue", label="shared weights"), Patch(color="tab:cyan", label="IO, KV, spill-fill"),
                        Patch(color="tab:red", label="does not map")], loc="upper right", fontsize=7)
-    buffer = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
+    return fig
+
+
+def label_heights(offsets: Sequence[float], gap: float) -> list[float]:
+    """Where labels of ascending ``offsets`` go: each at its offset, or ``gap`` above the label below it when that
+    is higher."""
+    heights: list[float] = []
+    for offset in offsets:
+        heights.append(max(offset, heights[-1] + gap) if heights else offset)
+    return heights

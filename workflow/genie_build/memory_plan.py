@@ -249,7 +249,7 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
         _check_row(plan, "context_count", "number of contexts", str(plan.num_contexts),
                    "none" if limits.max_contexts is None else str(limits.max_contexts)),
         "",
-        *load_report.load_plan_markdown(plan.load, plan.remedies),
+        *load_report.load_plan_markdown(plan.load, plan.remedies, embedding_table=bool(plan.cpu_table_bytes)),
         "",
         "## Warnings",
         "",

@@ -19,7 +19,7 @@ from typing import Literal
 import jsonschema
 import yaml
 
-from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_BYTES, read_schema
+from genie_build.config import DEFAULT_SCHEMA, MAX_CONFIG_BYTES, StrictValidator, read_schema
 from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind, TensorEncoding,
                                    block_grid)
 from genie_build.errors import GenieBuildError
@@ -103,11 +103,10 @@ def precision_from_dict(data: dict, where: str = "precision") -> Precision:
         GenieBuildError: an unknown key, a bad value, a per-block rule without ``block_size``, or a float
             override whose bitwidth is not 16 or 32.
     """
-    try:
-        jsonschema.validate(data, _precision_schema())
-    except jsonschema.ValidationError as exc:
-        field = "/".join(str(key) for key in exc.absolute_path) or "top level"
-        raise GenieBuildError(where, f"precision {field}: {exc.message}") from None
+    error = jsonschema.exceptions.best_match(StrictValidator(_precision_schema()).iter_errors(data))
+    if error is not None:
+        field = "/".join(str(key) for key in error.absolute_path) or "top level"
+        raise GenieBuildError(where, f"precision {field}: {error.message}")
     overrides = tuple(WeightRule(**rule) for rule in data.get("overrides", ()))
     precision = Precision(**{**data, "overrides": overrides})
     if precision.granularity in _BLOCKED and precision.block_size is None:

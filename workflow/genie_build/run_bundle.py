@@ -1,14 +1,14 @@
-"""Run a reference bundle on the host the way Genie runs a bundle on the phone.
+"""Run a reference bundle on the host the way Genie runs a bundle on the phone (docs/host-run.md).
 
-The prompt is processed in chunks of the prompt graphs' AR (the last chunk padded at its end), each chunk
-through every part in order; then the token graphs (AR 1) decode one token at a time, greedily. A bundle whose
-parts hold their graphs at several context lengths runs each step as Genie does (:func:`choose_graph`): at the
-smallest CL that holds it, moving up a length, never down, when the cache outgrows the current one, the cache
-carried over (docs/host-run.md). The host keeps the KV cache (docs/conventions.md): per layer, keys
-``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``, valid entries first, in one buffer of the
-largest CL. A graph with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask
-hiding the empty ones (``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real
-ones (not the padding).
+The prompt is Genie's first query: ``bos-token`` first, then the prompt's tokens. It is processed in chunks, each
+through every part in order; then one token at a time, greedily. Each chunk or token runs on the graph (AR, CL)
+Genie's KV manager picks (:mod:`genie_build.genie_runtime`): the smallest CL that holds the cache, moving up a
+length one step before the cache would fill it, and back down when a smaller one holds it again. The host keeps the
+KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``,
+valid entries first, in one buffer of the largest CL whose empty slots hold what Genie's cleared cache reads as. A
+graph with AR ``a`` and context ``CL`` sees the first ``CL - a`` cache columns and an additive mask hiding the empty
+ones (``MASK_MIN``); it returns only the ``a`` new entries, of which the host appends the real ones (not the
+padding).
 
 The graphs come from :func:`genie_build.toolchains.reference.container.read_graphs` (the host run is a
 reference-toolchain feature, so it reads the reference container directly); RoPE tables and the mask from
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,11 @@ from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
                                      graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.embedding_table import TableEncoding, dequantize_rows
-from genie_build.fileio import read_json, resolve_inside
+from genie_build.embedding_part import (EmbeddingLookup, PartLookup, PartRows, embedding_lookup, graph_after_embedding,
+                                        read_embedding_part)
+from genie_build.fileio import read_json
 from genie_build.families import FAMILIES
+from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
@@ -49,8 +51,8 @@ from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
-__all__ = ["EmbeddingLookup", "Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "choose_graph", "embedding_lookup", "generate",
+__all__ = ["Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "generate",
            "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
            "unsplit_tokens"]
 
@@ -75,6 +77,7 @@ class GraphSession:
 
     session: ort.InferenceSession
     weights: Mapping[str, np.ndarray]
+    empty: Mapping[str, float] = dataclasses.field(default_factory=dict)  # KV input -> what Genie's empty slot reads
 
     def inputs(self) -> list[ort.NodeArg]:
         """The graph's inputs other than its weights."""
@@ -103,7 +106,7 @@ class Runner:
     head_dim: int
     rope_theta: float
     rope_scaling: Mapping[str, Any] | None = None  # HF llama3 parameters when Genie's config scales RoPE
-    embedding: EmbeddingLookup | None = None  # the bundle's CPU table, when part 1 is not a graph
+    embedding: EmbeddingLookup | PartLookup | None = None  # the bundle's CPU table (or what it must hold)
 
     @property
     def offered(self) -> frozenset[tuple[int, int]]:
@@ -132,26 +135,18 @@ class GraphRun:
 
 
 @dataclass(frozen=True)
-class EmbeddingLookup:
-    """The bundle's embedding table (``dialog.embedding``, type lut) as Genie reads it: the stored codes, mmapped,
-    and how to read them back."""
-
-    codes: np.ndarray  # [n_vocab, n_embd]
-    encoding: TableEncoding
-
-    def vectors(self, tokens: Sequence[int]) -> np.ndarray:
-        """``inputs_embeds`` ``[1, len(tokens), n_embd]``: each token's row, dequantized."""
-        return dequantize_rows(self.codes[np.asarray(tokens, dtype=np.int64)], self.encoding)[np.newaxis]
-
-
-@dataclass(frozen=True)
 class LoadedBundle:
-    """A bundle ready to run: its graphs, tokenizer, stop tokens and ``context.size``."""
+    """A bundle ready to run: its graphs, tokenizer, stop tokens, ``context.size`` and ``bos-token``."""
 
     runner: Runner
     tokenizer: Tokenizer
     eos_ids: frozenset[int]
     context_size: int
+    bos_id: int = -1  # Genie prepends it to a first query when it is >= 0
+
+    def query_ids(self, prompt: str) -> list[int]:
+        """The tokens Genie feeds for ``prompt`` as the dialog's first query (:func:`first_query_ids`)."""
+        return first_query_ids(self.tokenizer, prompt, self.bos_id)
 
 
 @dataclass(frozen=True)
@@ -172,7 +167,8 @@ class Generation:
 
 
 def make_runner(parts: Iterable[Mapping[str, ContainerGraph | GraphFile]], *, head_dim: int, rope_theta: float,
-                rope_scaling: Mapping[str, Any] | None = None, embedding: EmbeddingLookup | None = None) -> Runner:
+                rope_scaling: Mapping[str, Any] | None = None,
+                embedding: EmbeddingLookup | PartLookup | None = None) -> Runner:
     """Sessions for each part's graphs (as :func:`read_graphs` gives them), keyed by the (AR, CL) each graph takes.
 
     The graphs' models are consumed (their initializers become inputs fed from the graphs' weight arrays), so
@@ -226,7 +222,8 @@ def load_bundle(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.Pat
         parts = (read_graphs(binary, inside=[bundle]) for binary in binaries)
     return LoadedBundle(runner=make_runner(parts, **rope, embedding=embedding_lookup(bundle, dialog)),
                         tokenizer=load_tokenizer(bundle / dialog["tokenizer"]["path"], inside=[bundle]),
-                        eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"])
+                        eos_ids=_eos_ids(dialog), context_size=dialog["context"]["size"],
+                        bos_id=dialog["context"]["bos-token"])
 
 
 def _twin_parts(bundle: Path, binaries: Sequence[Path], twins: Sequence[str | os.PathLike[str]]
@@ -247,31 +244,10 @@ def _twin_parts(bundle: Path, binaries: Sequence[Path], twins: Sequence[str | os
     return parts
 
 
-def embedding_lookup(bundle: Path, dialog: dict) -> EmbeddingLookup | None:
-    """The checked bundle's embedding table, mmapped (None when the embedding is part 1's graph).
-
-    Raises:
-        GenieBuildError: a table the host run does not read (a callback, or a datatype other than ufixed8/16 and
-            float32).
-    """
-    block = dialog.get("embedding")
-    if block is None:
-        return None
-    bits = {"float32": 32, "ufixed8": 8, "ufixed16": 16}.get(block.get("datatype"))
-    if block.get("type") != "lut" or bits is None:
-        raise GenieBuildError(bundle / GENIE_CONFIG_NAME, f"the host run reads lut tables of float32, ufixed8 or "
-                                                          f"ufixed16, not {block.get('type')!r} {block.get('datatype')!r}")
-    quant = block.get("quant-param", {})
-    encoding = TableEncoding(bits, float(quant.get("scale", 1.0)), int(quant.get("offset", 0)))
-    path = resolve_inside(bundle / block["lut-path"], [bundle])
-    codes = np.memmap(path, dtype=encoding.dtype, mode="r", shape=(dialog["context"]["n-vocab"], block["size"]))
-    return EmbeddingLookup(codes, encoding)
-
-
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
-    """Greedy decoding: the prompt in chunks through the widest graphs, then one token at a time, each step at the
-    smallest context length that holds it (:func:`choose_graph`).
+    """Greedy decoding: the prompt in chunks, then one token at a time, each on the graph Genie picks
+    (:func:`genie_build.genie_runtime.genie_steps`).
 
     Args:
         runner: the model's parts.
@@ -291,10 +267,10 @@ def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
 
 def run_bundle(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int,
                twins: Sequence[str | os.PathLike[str]] = ()) -> Generation:
-    """Tokenize ``prompt``, generate greedily from the bundle (its QNN binaries through ``twins``) and decode the new
-    tokens."""
+    """Tokenize ``prompt`` as Genie does for a first query (:meth:`LoadedBundle.query_ids`), generate greedily from
+    the bundle (its QNN binaries through ``twins``) and decode the new tokens."""
     loaded = load_bundle(bundle_dir, twins)
-    prompt_ids = loaded.tokenizer.encode(prompt).ids
+    prompt_ids = loaded.query_ids(prompt)
     new_ids, prompt_seconds, decode_seconds, runs = _generate_timed(loaded.runner, prompt_ids, max_new_tokens,
                                                                     loaded.eos_ids, loaded.context_size)
     return Generation(prompt_ids=tuple(prompt_ids), new_ids=tuple(new_ids),
@@ -327,28 +303,37 @@ class HostRun:
 UNSPLIT_REFERENCE = "the unsplit model, converted with the whole encodings and compiled with the bundle's options"
 PARTS_REFERENCE = ("the parts' converted graphs chained on the host, without the bundle's context binaries (a model "
                    "calibrated part by part has no whole encodings to convert an unsplit graph with)")
+TABLE_REFERENCE = (", from part 1's output on, fed part 1's rows computed for each token and quantized as the table "
+                   "stores them")
 
 
 def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: int, *,
              compare_with: str | os.PathLike[str] | None = None,
              compare_with_parts: Sequence[str | os.PathLike[str]] = (),
-             twins: Sequence[str | os.PathLike[str]] = ()) -> HostRun:
+             twins: Sequence[str | os.PathLike[str]] = (),
+             embedding_part: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None) -> HostRun:
     """Generate from the bundle (:func:`run_bundle`) and check that its greedy tokens are those of a reference run
     on the same prompt: the unsplit model's container (``compare_with``, :func:`unsplit_tokens`) or the parts'
-    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`).
+    converted graphs (``compare_with_parts``, :func:`_converted_parts_tokens`). For a bundle whose embedding is a
+    table, ``embedding_part`` (part 1's float graph and its encodings) gives the reference its embedding: part 1's
+    rows computed for each token and quantized as the table stores them, never read from the bundle's table.
 
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
     generation = run_bundle(bundle_dir, prompt, max_new_tokens, twins)
+    embedding = None if embedding_part is None else PartLookup(PartRows(read_embedding_part(*embedding_part)))
     if compare_with is not None:
-        expected, reference = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens), \
-            UNSPLIT_REFERENCE
+        expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding)
+        reference = UNSPLIT_REFERENCE
     elif compare_with_parts:
-        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens)
+        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens,
+                                           embedding)
         reference = PARTS_REFERENCE
     else:
         return HostRun(prompt, generation)
+    if embedding is not None:
+        reference += TABLE_REFERENCE
     if expected != list(generation.new_ids):
         raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from those of "
                                           f"{reference}: {expected}")
@@ -356,19 +341,26 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
 
 
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
-                   prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+                   prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None) -> list[int]:
     """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,
-    compiled with the bundle variant's options): what the bundle's parts must reproduce.
+    compiled with the bundle variant's options): what the bundle's parts must reproduce. With ``embedding`` (a
+    bundle whose part 1 is a table), the model from part 1's output on, fed that embedding.
 
     RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
     loaded (run :func:`load_bundle` first to check the bundle)."""
-    return _reference_tokens(bundle_dir, [read_graphs(unsplit_binary)], prompt_ids, max_new_tokens)
+    graphs = read_graphs(unsplit_binary)
+    if embedding is not None:
+        graphs = {name: graph_after_embedding(graph, embedding.rows.part.output, unsplit_binary)
+                  for name, graph in graphs.items()}
+    return _reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding)
 
 
 def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
-                            prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+                            prompt_ids: Sequence[int], max_new_tokens: int,
+                            embedding: PartLookup | None = None) -> list[int]:
     """Greedy tokens of the parts' converted graphs (``graphs``: the reference converter's ONNX files, every graph of
-    every part, grouped by the part their graph name gives), run as they are, without a context binary.
+    every part, grouped by the part their graph name gives), run as they are, without a context binary; fed
+    ``embedding`` when they start at ``inputs_embeds``.
 
     Raises:
         GenieBuildError: a graph cannot be read or its name gives no part.
@@ -381,7 +373,8 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
         if match is None:
             raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
         parts.setdefault(match.group(0), {})[name] = graph
-    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens)
+    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
+                             embedding)
 
 
 def _converted_graph(path: str | os.PathLike[str]) -> ContainerGraph | GraphFile:
@@ -411,34 +404,14 @@ def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
 
 
 def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
-                      prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size."""
+                      prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None) -> list[int]:
+    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size, fed ``embedding`` when
+    they start at ``inputs_embeds`` (without it, that input is one nobody provides)."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
-    # parts that start at inputs_embeds (a bundle whose part 1 is its table) look tokens up in the bundle's table
-    takes_embeddings = any(INPUTS_EMBEDS in {t.name for t in graph.model.graph.input} for graph in parts[0].values())
-    runner = make_runner(parts, **host_rope(dialog["engine"], config_path),
-                         embedding=embedding_lookup(Path(bundle_dir), dialog) if takes_embeddings else None)
+    runner = make_runner(parts, **host_rope(dialog["engine"], config_path), embedding=embedding)
     return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
                     context_size=dialog["context"]["size"])
-
-
-def choose_graph(offered: Collection[tuple[int, int]], past_len: int, *, widest: bool,
-                 at_least: int = 0) -> tuple[int, int]:
-    """The graph (AR, CL) Genie runs a step on after ``past_len`` tokens (KVManager's strategy): the smallest CL,
-    not below ``at_least`` (the current one: Genie never moves down during a dialog), whose widest AR (a prompt
-    chunk, ``widest``) or narrowest (a token) holds the step: ``past_len + AR <= CL``.
-
-    Raises:
-        GenieBuildError: no CL holds the step.
-    """
-    for cl in sorted({cl for _, cl in offered if cl >= at_least}):
-        ars = [ar for ar, length in offered if length == cl]
-        ar = max(ars) if widest else min(ars)
-        if past_len + ar <= cl:
-            return ar, cl
-    raise GenieBuildError("prompt", f"a {'prompt chunk' if widest else 'token'} at position {past_len} fits no "
-                                    f"graph (AR, CL) of {sorted(offered)}")
 
 
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
@@ -455,24 +428,23 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
     rope = rope_tables(runner.head_dim, runner.rope_theta, np.arange(runner.context_length), runner.rope_scaling)
     runs: list[GraphRun] = []
 
-    def step(tokens: Sequence[int], ar: int, cl: int) -> np.ndarray:
-        if runs and (runs[-1].ar, runs[-1].cl) == (ar, cl):
-            runs[-1] = dataclasses.replace(runs[-1], steps=runs[-1].steps + 1)
-        else:
-            runs.append(GraphRun(ar, cl, 1))
-        return _step(runner, cache, rope, tokens, ar, cl)
-
-    def next_graph(widest: bool) -> tuple[int, int]:
-        return choose_graph(runner.offered, cache.length, widest=widest, at_least=runs[-1].cl if runs else 0)
+    def run(tokens: Sequence[int]) -> np.ndarray:
+        """``tokens`` (the query, or one generated token) through Genie's steps; the logits of the last one."""
+        first = cache.length
+        for chosen in genie_steps(runner.offered, first, len(tokens)):
+            if runs and (runs[-1].ar, runs[-1].cl) == (chosen.ar, chosen.cl):
+                runs[-1] = dataclasses.replace(runs[-1], steps=runs[-1].steps + 1)
+            else:
+                runs.append(GraphRun(chosen.ar, chosen.cl, 1))
+            done = cache.length - first
+            logits = _step(runner, cache, rope, tokens[done:done + chosen.count], chosen.ar, chosen.cl)
+        return logits
 
     started = time.perf_counter()
-    while cache.length < len(prompt_ids):
-        ar, cl = next_graph(widest=True)
-        logits = step(prompt_ids[cache.length:cache.length + ar], ar, cl)
-    new_ids = [int(np.argmax(logits))]
+    new_ids = [int(np.argmax(run(prompt_ids)))]
     prompt_done = time.perf_counter()
     while len(new_ids) < max_new_tokens and new_ids[-1] not in eos_ids:
-        new_ids.append(int(np.argmax(step(new_ids[-1:], *next_graph(widest=False)))))
+        new_ids.append(int(np.argmax(run(new_ids[-1:]))))
     return new_ids, prompt_done - started, time.perf_counter() - prompt_done, tuple(runs)
 
 
@@ -489,8 +461,8 @@ def _step(runner: Runner, cache: KVCache, rope: tuple[np.ndarray, np.ndarray], t
             POS_COS: rope[0][:, :, positions], POS_SIN: rope[1][:, :, positions]}
     for part in runner.graphs:
         graph = part[ar, cl]
-        inputs = {node.name: feed[node.name] if node.name in feed else cache.past(node.name, node.shape)
-                  for node in graph.inputs()}
+        inputs = {node.name: feed[node.name] if node.name in feed
+                  else cache.past(node.name, node.shape, graph.empty.get(node.name, 0.0)) for node in graph.inputs()}
         outputs = graph.run(inputs)
         cache.store(outputs, count)
         feed.update(outputs)
@@ -506,8 +478,9 @@ class KVCache:
         self.length = 0
         self.buffers: dict[str, np.ndarray] = {}
 
-    def past(self, input_name: str, shape: Sequence[int]) -> np.ndarray:
-        """The feed of input ``past_*_in`` of ``shape``: its first slots (valid entries, then zeros)."""
+    def past(self, input_name: str, shape: Sequence[int], empty: float = 0.0) -> np.ndarray:
+        """The feed of input ``past_*_in`` of ``shape``: its first slots (valid entries, then slots holding
+        ``empty``, the value the buffer is created with)."""
         if not input_name.startswith((KV_KEY_PREFIX, KV_VALUE_PREFIX)) or not input_name.endswith("_in"):
             raise GenieBuildError(input_name, "is an input that neither the host nor an earlier part provides")
         axis = -1 if input_name.startswith(KV_KEY_PREFIX) else -2
@@ -515,7 +488,7 @@ class KVCache:
         if key not in self.buffers:
             buffer_shape = list(shape)
             buffer_shape[axis] = self.context_length
-            self.buffers[key] = np.zeros(buffer_shape, dtype=np.float32)
+            self.buffers[key] = np.full(buffer_shape, empty, dtype=np.float32)
         return np.take(self.buffers[key], np.arange(shape[axis]), axis=axis)
 
     def store(self, outputs: Mapping[str, np.ndarray], count: int) -> None:
@@ -579,15 +552,16 @@ def _graph_session(graph: ContainerGraph | GraphFile) -> GraphSession:
     if isinstance(graph, GraphFile):
         if graph.htp is None:
             return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), cpu_session_options(),
-                                                             providers=["CPUExecutionProvider"]), weights={})
+                                                             providers=["CPUExecutionProvider"]), weights={},
+                                empty=empty_kv(graph.model))
         from genie_build.toolchains.qnn_htp.backend import session_options
         return GraphSession(session=ort.InferenceSession(os.fspath(graph.path), session_options(graph.htp)),
-                            weights={})
+                            weights={}, empty=empty_kv(graph.model))
     model = graph.model
     for tensor in model.graph.initializer:
         model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     model.graph.ClearField("initializer")
-    return GraphSession(session=_session(model), weights=graph.weights)
+    return GraphSession(session=_session(model), weights=graph.weights, empty=empty_kv(model))
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:

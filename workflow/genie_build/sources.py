@@ -350,6 +350,9 @@ class CheckpointSource(Source):
             write_units(f"{out}/calibration_units.json", units, unless_same=True)
             write_graph_config(hf_config, source.graph_config)
         except GenieBuildError as exc:
+            key = exc.where.removeprefix("config ")
+            if key.split(".")[0] in config:   # a setting of the config's own (export.context, split.num_parts)
+                raise GenieBuildError(f"config {key}", exc.problem) from None
             raise GenieBuildError("config model.hf_checkpoint", str(exc)) from None
         return source
 
@@ -357,6 +360,23 @@ class CheckpointSource(Source):
 @dataclass(frozen=True, kw_only=True)
 class EstimateSource(Source):
     """A ``config.json`` and no graphs: the shape-only estimate (target ``estimate``) and nothing else."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], out: str) -> EstimateSource:
+        """The estimate of the graphs a build would export: the export's AR and every context length are held to
+        the model as a build holds them (:func:`genie_build.hf_checkpoint.check_settings`: within
+        ``max_position_embeddings``, no sliding window that takes effect)."""
+        from genie_build.hf_checkpoint import check_settings
+        from genie_build.hf_config import load_hf_config
+
+        hf_config = config["model"]["hf_config"]
+        try:
+            settings = load_hf_config(hf_config)
+        except GenieBuildError as exc:
+            raise GenieBuildError("config model.hf_config", str(exc)) from None
+        for length in context_lengths(config["export"]):
+            check_settings(settings, hf_config, ar=config["export"]["ar"], context=length)
+        return cls(out=out, hf_config=hf_config)
 
 
     @property
@@ -378,7 +398,7 @@ def source_of(config: Mapping[str, Any]) -> Source:
     if kind == "hf":
         return CheckpointSource.from_config(config, out)
     if kind == "estimate":
-        return EstimateSource(out=out, hf_config=config["model"]["hf_config"])
+        return EstimateSource.from_config(config, out)
     return DemoSource.from_config(config, out)
 
 
@@ -397,23 +417,26 @@ def _generated_graphs(section: Mapping[str, Any], files) -> dict[str, Graph]:
 
 def _user_graphs(model: Mapping[str, Any]) -> dict[str, Graph]:
     """The user's graphs (``model.prompt_onnx``/``token_onnx``: one path, or one per context length), each read
-    (:func:`_read_user_graph`) and paired by the CL read from it."""
-    by_length: dict[str, dict[int, Graph]] = {}
+    (:func:`_read_user_graph`) and paired by the CL read from it; each graph at another length names the weights of
+    its kind's graph at the largest (their bytes are the ``check_model`` job's)."""
+    from genie_build.onnx_graph import check_same_weight_names
+
+    by_length: dict[str, dict[int, tuple[Graph, Any]]] = {}
     for kind in conventions.GRAPH_KINDS:
         paths = model[f"{kind}_onnx"]
         by_length[kind] = {}
         for path in paths if isinstance(paths, list) else [paths]:
-            graph = _read_user_graph(kind, path)
+            graph, proto = _read_user_graph(kind, path)
             if graph.context in by_length[kind]:
-                raise GenieBuildError(f"config model.{kind}_onnx", f"{path} and {by_length[kind][graph.context].onnx} "
-                                                                   f"are both at context length {graph.context}: give "
-                                                                   "one graph per length")
-            by_length[kind][graph.context] = graph
+                raise GenieBuildError(f"config model.{kind}_onnx",
+                                      f"{path} and {by_length[kind][graph.context][0].onnx} are both at context length "
+                                      f"{graph.context}: give one graph per length")
+            by_length[kind][graph.context] = (graph, proto)
     if set(by_length["prompt"]) != set(by_length["token"]):
         raise GenieBuildError("config model.token_onnx",
                               f"the token graphs' context lengths {sorted(by_length['token'])} are not the prompt "
                               f"graphs' {sorted(by_length['prompt'])}")
-    ars = {graph.ar for graph in by_length["prompt"].values()}
+    ars = {graph.ar for graph, _ in by_length["prompt"].values()}
     if len(ars) > 1:
         raise GenieBuildError("config model.prompt_onnx", f"the prompt graphs take different ARs {sorted(ars)}: give "
                                                           "one AR")
@@ -421,14 +444,20 @@ def _user_graphs(model: Mapping[str, Any]) -> dict[str, Graph]:
     graphs = {}
     for cl in sorted(by_length["prompt"], reverse=True):
         for kind in conventions.GRAPH_KINDS:
+            (graph, proto), (base, base_proto) = by_length[kind][cl], by_length[kind][largest]
+            try:
+                check_same_weight_names(base_proto, proto, base.onnx, graph.onnx)
+            except GenieBuildError as exc:
+                raise GenieBuildError(f"config model.{kind}_onnx", str(exc)) from None
             key = kind if cl == largest else conventions.length_graph_key(kind, cl)
-            graphs[key] = dataclasses.replace(by_length[kind][cl], key=key)
+            graphs[key] = dataclasses.replace(graph, key=key)
     return graphs
 
 
-def _read_user_graph(kind: str, path: str) -> Graph:
+def _read_user_graph(kind: str, path: str) -> tuple[Graph, Any]:
     """A user's graph as the workflow is parsed (structure only, no weights): its external data files, every stored
-    tensor checked before any job (inside the model's folder, regular files, ranges), and (AR, CL)."""
+    tensor checked before any job (inside the model's folder, regular files, ranges), and (AR, CL); and the graph
+    itself (its ``onnx.ModelProto``)."""
     from genie_build import genie_contract, onnx_graph
 
     where = f"config model.{kind}_onnx"
@@ -443,4 +472,4 @@ def _read_user_graph(kind: str, path: str) -> Graph:
         violations = genie_contract.model_violations({kind: (io.inputs, io.outputs)})[1]
         raise GenieBuildError(where, f"{path}: Genie cannot read AR and CL from this graph: "
                                      + "; ".join(map(str, violations)))
-    return Graph(kind, kind, dims[0], dims[1], onnx=path, data=data_files)
+    return Graph(kind, kind, dims[0], dims[1], onnx=path, data=data_files), model

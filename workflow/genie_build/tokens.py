@@ -16,12 +16,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open, is_json_int, read_text, regular_file_size
+from genie_build.fileio import atomic_open, is_json_int, read_text, regular_file_size, write_json
 from genie_build.genie_config import load_tokenizer
 from genie_build.hf_config import load_hf_config
 
-__all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_tokenizer", "chunk_starts", "mapped_array",
-           "read_tokens", "text_token_ids", "tokenize_text", "vocab_size"]
+__all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_host_prompt", "check_tokenizer", "chunk_starts",
+           "mapped_array", "read_tokens", "text_token_ids", "tokenize_text", "vocab_size"]
 
 # A few windows of text are used: a larger file is a mistake
 MAX_TEXT_BYTES = 64 * 1024**2
@@ -142,6 +142,28 @@ def tokenize_text(text_path: str | os.PathLike[str], tokenizer_path: str | os.Pa
     with atomic_open(out) as handle:
         np.save(handle, ids, allow_pickle=False)
     return int(ids.size)
+
+
+def check_host_prompt(tokenizer_path: str | os.PathLike[str], prompt: str, out: str | os.PathLike[str], *,
+                      context_size: int, new_tokens: int) -> list[int]:
+    """The ``check-host-prompt`` stage: the host run's prompt, tokenized as Genie tokenizes a first query (a BOS
+    first, counted here whether the model has one or not), is not empty and leaves room for its ``new_tokens``
+    within ``context_size``; its ids (without the BOS) go to ``out`` (JSON). A job that runs as soon as the tokenizer
+    is there, so a prompt the host run cannot take stops the build before the jobs it would end.
+
+    Raises:
+        GenieBuildError: ``config bundle.host_prompt``: the prompt's token count, the new tokens and the context size.
+    """
+    ids = load_tokenizer(tokenizer_path).encode(prompt, add_special_tokens=False).ids
+    if not ids or 1 + len(ids) + new_tokens > context_size:
+        raise GenieBuildError("config bundle.host_prompt", f"{prompt!r} is {len(ids)} tokens and a BOS; with the "
+                                                           f"host run's "
+                                                           f"{new_tokens} new tokens it must fit the context size "
+                                                           f"{context_size} (bundle.context_size, else the largest "
+                                                           "context length): give a shorter prompt, or set "
+                                                           "bundle.host_run: false")
+    write_json(out, {"prompt": prompt, "prompt_ids": ids, "context_size": context_size, "new_tokens": new_tokens})
+    return ids
 
 
 def mapped_array(path: str | os.PathLike[str], kind: str, dtype: np.dtype, ndim: int, what: str) -> np.ndarray:

@@ -28,11 +28,10 @@ rule bundle:
         table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
         graph_switching=lambda wc: ([] if config["bundle"].get("graph_switching") is None
                                     else ["--graph-switching", str(config["bundle"]["graph_switching"])]),
-        # The bundle's own variant only: another variant's options do not change the bundle; nor does the
-        # calibration's memory budget (the chain's encodings are the same whatever its units).
-        config_used=json.dumps({**config, "variants": {BUNDLE_VARIANT: config["variants"][BUNDLE_VARIANT]},
-                                "quantize": {key: value for key, value in config["quantize"].items()
-                                             if key != "unit_memory_mb"}}, sort_keys=True),
+        # what the bundle is made from, as its manifest records it (genie_build.config.bundle_config): not another
+        # variant's options, the report, the host run's prompt, the calibration's memory budget or another source's
+        # section, nor the order the context lengths are listed in
+        config_used=json.dumps(bundle_config(config), sort_keys=True),
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:

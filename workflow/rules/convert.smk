@@ -77,6 +77,7 @@ rule convert_part_sdk:
 rule convert_part_qnn_htp:
     input:
         unpack(convert_inputs),
+        shared=shared_weights_graph,
     output:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
         data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
@@ -87,6 +88,7 @@ rule convert_part_qnn_htp:
         graph_name=graph_name_of,
         float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
         takes_embeddings=takes_embeddings,
+        shared=lambda wc, input: ["--share-weights-with", input.shared[0]] if input.shared else [],
         tool_version=toolchain_version("qnn-htp"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -101,4 +103,4 @@ rule convert_part_qnn_htp:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain qnn-htp"
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
-        " --out {output.onnx:q} > {log:q} 2>&1"
+        " {params.shared:q} --out {output.onnx:q} > {log:q} 2>&1"

@@ -1,13 +1,13 @@
-# bundle.embedding: lut -- the embedding as the table Genie reads on the CPU (dialog.embedding), made from part 1's
-# graph and encodings (of the bundle variant's recipe); part 1, the embedding alone, is then not one of the bundle's
-# context binaries, and the part after it takes the embedding vectors as inputs_embeds (rules/convert.smk).
+# bundle.embedding: lut -- the embedding as the table Genie reads on the CPU (dialog.embedding): part 1's rows for every
+# token, computed from part 1's graph and quantized with its encodings (of the bundle variant's recipe); part 1, the
+# embedding alone, is then not one of the bundle's context binaries, and the part after it takes the embedding vectors
+# as inputs_embeds (rules/convert.smk).
 
 rule embedding_table:
+    # each a function of its own: while a checkpoint is pending (a dry run) Snakemake names its output in their place
     input:
-        # one function per name: an unpack()ed function waiting for the plan leaves the job's input unnamed, and a
-        # dry run formatting this command fails
-        onnx=embedding_part_graph,
-        encodings=embedding_part_encodings,
+        onnx=lambda wc: embedding_part_files(wc)["onnx"],
+        encodings=lambda wc: embedding_part_files(wc)["encodings"],
     output:
         table=EMBEDDING_TABLE,
         description=f"{EMBEDDING_TABLE}.json",

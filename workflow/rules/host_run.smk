@@ -1,7 +1,9 @@
 # Host run (reference toolchain only): the bundle generates text on the CPU, and its greedy tokens must equal those of
 # the model without its bundle: the unsplit model converted with the whole encodings and compiled with the same
 # options; a model calibrated part by part has no whole encodings (nor, exported part by part, a whole graph), so
-# there the parts' converted graphs, chained on the host, stand in for it (the run's report says which).
+# there the parts' converted graphs, chained on the host, stand in for it (the run's report says which). With the
+# embedding as a table, the reference starts after part 1 and is fed part 1's rows, computed from part 1's graph and
+# quantized as the table stores them: the bundle's table is checked, not used.
 
 
 rule convert_unsplit:
@@ -51,19 +53,51 @@ rule compile_unsplit:
         " --variant-json {params.options:q} --chipset {params.chipset:q} --out {output:q} > {log:q} 2>&1"
 
 
+# The host run's prompt checked as soon as the tokenizer is there: a prompt that leaves no room for the tokens the run
+# generates stops the build before the jobs the host run would end it after.
+rule check_host_prompt:
+    input:
+        tokenizer=lambda wc: SOURCE.tokenizer,
+    output:
+        HOST_PROMPT_IDS,
+    params:
+        prompt=HOST_PROMPT,
+        # the tokens a run may hold: bundle.context_size, at most the largest context length
+        context_size=lambda wc: min(config["bundle"].get("context_size") or SOURCE.graphs["prompt"].context,
+                                    SOURCE.graphs["prompt"].context),
+        new_tokens=HOST_NEW_TOKENS,
+        python=PYTHON,
+    priority: QUICK_REFUSALS
+    log:
+        f"{OUT}/logs/check_host_prompt.log",
+    benchmark:
+        f"{OUT}/benchmarks/check_host_prompt.tsv"
+    shell:
+        "{params.python} -m genie_build check-host-prompt --tokenizer {input.tokenizer:q} --prompt {params.prompt:q}"
+        " --context-size {params.context_size:q} --max-new-tokens {params.new_tokens:q} --out {output:q} > {log:q} 2>&1"
+
+
 rule run_bundle:
     input:
         manifest=BUNDLE,
+        prompt=HOST_PROMPT_IDS,
         check=f"{OUT}/bundle_check.json",
         reference=host_run_reference,
         twins=host_run_twins,
+        # with the table: part 1's graph and encodings, from which the reference computes the rows the table must
+        # hold (each a function of its own, as the table's rule has them)
+        embedding_onnx=lambda wc: embedding_part_files(wc)["onnx"] if EMBEDDING_LUT else [],
+        embedding_encodings=lambda wc: embedding_part_files(wc)["encodings"] if EMBEDDING_LUT else [],
     output:
         f"{OUT}/host_run.json",
     params:
-        prompt=config["bundle"]["host_prompt"] or SOURCE.host_prompt,
+        prompt=HOST_PROMPT,
+        new_tokens=HOST_NEW_TOKENS,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
         if SOURCE.calibrates or HOST_TWINS else ["--compare-with", input.reference[0]],
-        twins=lambda wc, input: ["--twin", *input.twins] if input.twins else [],
+        twins=lambda wc, input: ["--twin", *input.twins] if HOST_TWINS else [],
+        embedding_part=lambda wc, input: ["--embedding-part", input.embedding_onnx, input.embedding_encodings]
+        if EMBEDDING_LUT else [],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
@@ -71,5 +105,5 @@ rule run_bundle:
     benchmark:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
-        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens 16"
-        " {params.compare:q} {params.twins:q} --out {output:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens {params.new_tokens:q}"
+        " {params.compare:q} {params.twins:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"

@@ -77,13 +77,11 @@ def bundle_part_labels():
     return labels[1:] if EMBEDDING_LUT else labels
 
 
-def embedding_part_graph(wildcards):
-    """Part 1 of the prompt graph, which carries its weights' SHA-1 (as for its convert job)."""
-    return SOURCE.part_graph("prompt", part_labels()[0])
-
-
-def embedding_part_encodings(wildcards):
-    return SOURCE.part_encodings("prompt", part_labels()[0], encodings_of(BUNDLE_VARIANT))
+def embedding_part_files(wildcards):
+    """Part 1 of the prompt graph (which carries its weights' SHA-1, as for its convert job) and its encodings."""
+    label = part_labels()[0]
+    return {"onnx": SOURCE.part_graph("prompt", label),
+            "encodings": SOURCE.part_encodings("prompt", label, encodings_of(BUNDLE_VARIANT))}
 
 
 # --- the converts and compiles (rules/convert.smk, rules/compile.smk)
@@ -141,6 +139,9 @@ def evaluation_mem_mb(wildcards):
 # --- the host run (rules/host_run.smk)
 
 UNSPLIT = f"{OUT}/unsplit"
+HOST_PROMPT = config["bundle"]["host_prompt"] or SOURCE.host_prompt
+HOST_PROMPT_IDS = f"{OUT}/host_prompt.json"
+HOST_NEW_TOKENS = 16  # what the host run generates
 
 
 HOST_TWINS = toolchain_of(BUNDLE_VARIANT) == "qnn-htp"
@@ -153,8 +154,8 @@ def host_run_twins(wildcards):
 
 def host_run_reference(wildcards):
     """The unsplit model compiled alike, or the bundle variant's converted prompt and token graphs of the parts in the
-    bundle (with the table, the parts after it: the host run looks tokens up in the bundle's table): a qnn-htp
-    bundle's QDQ graphs, the graphs its binaries were compiled from."""
+    bundle (with the table, the parts after it, fed part 1's rows as the table must hold them): a qnn-htp bundle's QDQ
+    graphs, the graphs its binaries were compiled from."""
     if SOURCE.calibrates or HOST_TWINS:
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]

@@ -22,6 +22,8 @@ CHAIN_FIRST = 100
 # measured on, which the profile's set-threads can raise.
 _CORES = workflow.resource_settings.cores
 CHAIN_THREADS = max(min(_CORES, 2), _CORES - 1) if _CORES else 2
+# A check of a second that can refuse the whole build (the host run's prompt) before anything else that is ready.
+QUICK_REFUSALS = CHAIN_FIRST + 1
 # Then the whole-model checks (check_model, verify_split: 5-12 s each, against 1-3 s for a per-part job): left to
 # Snakemake's own order they ran last, one alone on a core while the other idled and the bundle waited for it.
 LONG_CHECKS = 5

@@ -1,4 +1,5 @@
-"""Check a Genie bundle against the rules Genie enforces when it loads one (also bundles made elsewhere)."""
+"""Check a Genie bundle against the rules Genie enforces when it loads one (also bundles made elsewhere), by Genie's
+own libraries where the onnxruntime-qnn wheel is installed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import asdict
 
 from genie_build.bundle import withdraw_bundle
 from genie_build.check_bundle import RULES, check_bundle
+from genie_build.check_vendor import checkers
 from genie_build.fileio import write_json
 
 __all__ = ["register_parser", "run"]
@@ -27,10 +29,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print every finding; exit 1 when any is an error."""
+    """Print every finding and who checked each config (the vendor's libraries, or why they were skipped); exit 1
+    when any finding is an error."""
     findings = check_bundle(args.bundle, hf_config=args.hf_config, chipset=args.chipset)
     for finding in findings:
         print(finding)
+    found = checkers()
+    for name, checker in found.items():
+        print(checker.line(name))
     errors = sum(f.severity == "error" for f in findings)
     print(f"{args.bundle}: {errors} errors, {len(findings) - errors} warnings")
     if errors:
@@ -38,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.bundle}: moved aside to {withdraw_bundle(args.bundle)}")
         return 1
     if args.out:
-        write_json(args.out, {"bundle": str(args.bundle), "rules_checked": sorted(RULES), "errors": 0,
-                              "warnings": [asdict(finding) for finding in findings]})
+        skipped = {checker.rule for checker in found.values() if checker.skipped is not None}
+        write_json(args.out, {"bundle": str(args.bundle), "rules_checked": sorted(set(RULES) - skipped),
+                              "checked_by": {name: checker.to_dict() for name, checker in found.items()},
+                              "errors": 0, "warnings": [asdict(finding) for finding in findings]})
     return 0

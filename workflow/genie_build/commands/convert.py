@@ -11,7 +11,8 @@ from genie_build.toolchains import TOOLCHAINS, get_toolchain
 
 __all__ = ["RENAMING_TOOLCHAINS", "register_parser", "run"]
 
-# The toolchains whose converter renames a graph input (inputs_embeds, the part after an embedding table).
+# The toolchains whose converter writes ONNX: it renames a graph input (inputs_embeds, the part after an embedding
+# table) and refers to another graph's data file for the weights they share.
 RENAMING_TOOLCHAINS = ("reference", "qnn-htp")
 
 
@@ -26,11 +27,11 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--out", required=True, type=Path, help="the converted graph (.onnx or .dlc)")
     parser.add_argument("--takes-embeddings", action="store_true",
                         help="the first part after an embedding table (bundle.embedding: lut; reference and qnn-htp "
-                             "toolchains): "
-                             "its hidden-state input becomes inputs_embeds, the input Genie feeds from the table")
+                             "toolchains): its hidden-state input becomes inputs_embeds, the input Genie feeds from "
+                             "the table")
     parser.add_argument("--share-weights-with", type=Path,
-                        help="reference toolchain: a converted graph in --out's folder (the part's prompt graph) whose "
-                             "data file holds the weights this graph shares; they are not written again")
+                        help="reference and qnn-htp toolchains: a converted graph in --out's folder (the part's prompt "
+                             "graph) whose data file holds the weights this graph shares; they are not written again")
     return parser
 
 
@@ -44,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
                                                         f"rename graph inputs, not {args.toolchain}")
         extra["input_names"] = {_hidden_state_input(args.onnx): "inputs_embeds"}
     if args.share_weights_with is not None:
-        if args.toolchain != "reference":
-            raise GenieBuildError("--share-weights-with", f"only the reference toolchain's graphs share a data file, "
-                                                          f"not {args.toolchain}'s")
+        if args.toolchain not in RENAMING_TOOLCHAINS:
+            raise GenieBuildError("--share-weights-with", f"only the {' and '.join(RENAMING_TOOLCHAINS)} toolchains' "
+                                                          f"graphs share a data file, not {args.toolchain}'s")
         extra["share_weights_with"] = args.share_weights_with
     toolchain.convert(args.onnx, args.encodings, args.out, graph_name=args.graph_name,
                       float_bitwidth=args.float_bitwidth, **extra)

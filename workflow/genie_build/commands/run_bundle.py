@@ -25,13 +25,18 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     compare.add_argument("--compare-with-parts", metavar="ONNX", nargs="+", default=(),
                          help="instead, every part's graphs as the converter wrote them (a model exported part by "
                               "part has no unsplit graph; a qnn-htp bundle is compared with its QDQ graphs)")
+    parser.add_argument("--embedding-part", nargs=2, metavar=("ONNX", "ENCODINGS"),
+                        help="for a bundle whose embedding is a table: part 1's graph and encodings, from which the "
+                             "reference computes each token's row as the table must hold it (never read from the "
+                             "bundle's table)")
     parser.add_argument("--out", help="also write the result as JSON here")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     result = host_run(args.bundle, args.prompt, args.max_new_tokens, compare_with=args.compare_with,
-                      compare_with_parts=args.compare_with_parts, twins=args.twin)
+                      compare_with_parts=args.compare_with_parts, twins=args.twin,
+                      embedding_part=args.embedding_part)
     generation = result.generation
     print(f"{args.prompt}{generation.text}")
     print(f"prompt: {len(generation.prompt_ids)} tokens in {generation.prompt_seconds:.3f} s; generated "

@@ -11,7 +11,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph.model import dtype_name, load_graph
 from genie_build.onnx_graph.values import scan_tensor
 
-__all__ = ["check_same_weights", "check_shared_initializers"]
+__all__ = ["check_same_weight_names", "check_same_weights", "check_shared_initializers"]
 
 _MAX_LISTED_DIFFERENCES = 3
 
@@ -56,22 +56,37 @@ def check_shared_initializers(prompt_path: str | os.PathLike[str], token_path: s
                                           "(export both with the same exporter settings)")
 
 
+def check_same_weight_names(base: onnx.ModelProto, other: onnx.ModelProto, base_path: str | os.PathLike[str],
+                            other_path: str | os.PathLike[str]) -> None:
+    """Check that a graph at another context length names the same weights (initializers stored as external data) as
+    the graph of its kind at the largest (``base``): a graph of fewer or other layers is not the same model at
+    another length. Reads the graphs' structure only.
+
+    Raises:
+        GenieBuildError: naming ``other_path``, how many weights it lacks or adds and the first of them.
+    """
+    names = [{tensor.name for tensor in model.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL}
+             for model in (base, other)]
+    for missing, verb in ((sorted(names[0] - names[1]), "lacks"), (sorted(names[1] - names[0]), "adds")):
+        if missing:
+            raise GenieBuildError(other_path, f"{verb} {len(missing)} weight(s) of {os.fspath(base_path)}, e.g. "
+                                              f"{missing[0]!r}: the graphs at every context length must hold the "
+                                              "same weights")
+
+
 def check_same_weights(base_path: str | os.PathLike[str], other_path: str | os.PathLike[str]) -> int:
-    """Check that every weight (initializer stored as external data) of a graph at another context length is the
-    same tensor in the graph of its kind at the largest (``base_path``): the context binary stores a weight once for
-    all lengths only when name, shape, dtype and bytes agree, so one that differs would be stored twice. Inline
+    """Check that a graph at another context length holds the weights (initializers stored as external data) of the
+    graph of its kind at the largest (``base_path``), each the same tensor: the context binary stores a weight once
+    for all lengths only when name, shape, dtype and bytes agree, so one that differs would be stored twice. Inline
     constants may differ (a shape at the graph's own length). Returns the number of weights checked.
 
     Raises:
-        GenieBuildError: naming ``other_path``, a weight missing from the base graph or what differs.
+        GenieBuildError: naming ``other_path``, a weight one graph has and the other lacks, or what differs.
     """
     base, other = load_graph(base_path), load_graph(other_path)
+    check_same_weight_names(base, other, base_path, other_path)
     base_tensors = {tensor.name: tensor for tensor in base.graph.initializer}
     weights = [tensor for tensor in other.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
-    missing = [tensor.name for tensor in weights if tensor.name not in base_tensors]
-    if missing:
-        raise GenieBuildError(other_path, f"{len(missing)} weight(s) are not in {base_path}, e.g. {missing[0]!r}: "
-                                          "the graphs at every context length must hold the same weights")
     differences = [f"{tensor.name!r} {difference}" for tensor in weights if (difference := _tensor_difference(
         base_tensors[tensor.name], tensor, scan_tensor(base_tensors[tensor.name], base_path, digest=True),
         scan_tensor(tensor, other_path, digest=True), ("graph at the largest length", "graph")))]

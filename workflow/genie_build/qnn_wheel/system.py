@@ -24,8 +24,6 @@ import errno
 import json
 import mmap
 import os
-import resource
-import signal
 import struct
 import subprocess
 import sys
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from genie_build.errors import GenieBuildError
+from genie_build.qnn_wheel.child import child_environment, limit_resources, signal_name
 from genie_build.qnn_wheel import library_path
 from genie_build.toolchains.base import GraphInfo, QuantInfo, TensorInfo
 
@@ -113,8 +112,9 @@ class Dlc:
 
 
 def read_context_binary(path: str | os.PathLike[str], *, timeout: float = TIMEOUT_S,
-                        address_space: int | None = None) -> ContextBinary:
-    """Read a context binary with the wheel's libQnnSystem, in a child process.
+                        address_space: int | None = None, library: Path | None = None) -> ContextBinary:
+    """Read a context binary with the wheel's libQnnSystem (or ``library``, another libQnnSystem.so: a QAIRT SDK's),
+    in a child process.
 
     Args:
         timeout: seconds the child may take.
@@ -126,7 +126,7 @@ def read_context_binary(path: str | os.PathLike[str], *, timeout: float = TIMEOU
             not a binary the library reads (the library's refusal, the child's signal or the timeout).
     """
     path = Path(path)
-    data, size = _run_child("binary", path, timeout, address_space)
+    data, size = _run_child("binary", path, timeout, address_space, library)
     return ContextBinary(path=str(path), file_bytes=size, backend_id=data["backend_id"], build_id=data["build_id"],
                          core_api_version=data["core_api_version"], backend_api_version=data["backend_api_version"],
                          context_blob_version=data["context_blob_version"],
@@ -159,7 +159,8 @@ def _tensor(data: dict[str, Any]) -> TensorInfo:
 
 # --- The parent: run the child, turn every failure into one line ---------------------------------------------------
 
-def _run_child(kind: str, path: Path, timeout: float, address_space: int | None) -> tuple[dict[str, Any], int]:
+def _run_child(kind: str, path: Path, timeout: float, address_space: int | None,
+               library: Path | None = None) -> tuple[dict[str, Any], int]:
     """The child's JSON about ``path``, and the file's size."""
     refused = _REFUSED[kind]
     if not path.is_file():
@@ -167,11 +168,12 @@ def _run_child(kind: str, path: Path, timeout: float, address_space: int | None)
     size = path.stat().st_size
     if size == 0:
         raise GenieBuildError(path, f"{refused}: the file is empty")
-    library = library_path("libQnnSystem.so", _WHAT)
+    # resolved: the library finds the ones it needs beside its real path ($ORIGIN), not beside a link to it
+    library = (library or library_path("libQnnSystem.so", _WHAT)).resolve()
     limit = address_space if address_space is not None else size + ADDRESS_SPACE_HEADROOM
     try:
         done = subprocess.run(_child_command(kind, path, library, limit), check=False, capture_output=True,
-                              timeout=timeout, env=_child_environment())
+                              timeout=timeout, env=child_environment())
     except subprocess.TimeoutExpired:
         raise GenieBuildError(path, f"{refused}: libQnnSystem gave no answer within {timeout:g} s") from None
     return _child_result(done, path, refused), size
@@ -181,16 +183,9 @@ def _child_command(kind: str, path: Path, library: Path, address_space: int) -> 
     return [sys.executable, "-m", __name__, kind, str(path.resolve()), str(library), str(address_space)]
 
 
-def _child_environment() -> dict[str, str]:
-    """The caller's environment with this package first on the path: the child runs this very module."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    inherited = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + inherited if inherited else "")}
-
-
 def _child_result(done: subprocess.CompletedProcess[bytes], path: Path, refused: str) -> dict[str, Any]:
     if done.returncode < 0:
-        raise GenieBuildError(path, f"{refused}: reading it crashed ({_signal_name(-done.returncode)})")
+        raise GenieBuildError(path, f"{refused}: reading it crashed ({signal_name(-done.returncode)})")
     try:
         data = json.loads(done.stdout)
     except ValueError:
@@ -201,13 +196,6 @@ def _child_result(done: subprocess.CompletedProcess[bytes], path: Path, refused:
     if "error" in data:
         raise GenieBuildError(path, f"{refused}: {data['error']}")
     return data
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 # --- The layouts (facts of QNN's C ABI on x86-64, see the module docstring) ----------------------------------------
@@ -534,17 +522,11 @@ class _System:
         return _quant_dict(definition, encoding, bits, scale_offset)
 
 
-def _limit_resources(address_space: int) -> None:
-    """Bound the child's memory, and keep a crash from writing a core file."""
-    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 def _child_main(argv: list[str]) -> int:
     """``KIND PATH LIBRARY ADDRESS_SPACE``: print the file's JSON, or ``{"error": reason}``, on the original
     stdout; the library's own prints go to stderr."""
     kind, path, library, address_space = argv
-    _limit_resources(int(address_space))
+    limit_resources(int(address_space))
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     try:

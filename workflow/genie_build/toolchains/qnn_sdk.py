@@ -37,6 +37,7 @@ __all__ = ["CALIBRATION", "INPUT_LAYOUT", "IO_TENSOR_MEM_TYPE", "Sdk", "backend_
 logger = logging.getLogger(__name__)
 
 HOST_PLATFORM = "x86_64-linux-clang"
+SYSTEM_LIBRARY = "libQnnSystem.so"
 STDERR_TAIL_LINES = 5
 
 # The SDK may rewrite other characters in graph names, and a graph name must reach the binary unchanged
@@ -269,8 +270,14 @@ def graph_inputs(onnx_path: Path) -> list[tuple[str, str]]:
 
 
 def inspect_with_sdk(toolchain: str, binary_path: Path) -> BinaryInfo:
-    """Read a context binary back through the SDK's ``qnn-context-binary-utility``."""
+    """Read a context binary back through the SDK's own ``libQnnSystem.so`` where the SDK has it (in a child process:
+    graphs, IO, spill-fill, the SoC; :func:`genie_build.toolchains.qnn_htp.toolchain.qnn_binary_info`), else
+    through its ``qnn-context-binary-utility``."""
     sdk = locate_sdk(toolchain, (CONTEXT_BINARY_UTILITY,))
+    library = _lib_dir(sdk.root) / SYSTEM_LIBRARY
+    if library.is_file():
+        from genie_build.toolchains.qnn_htp.toolchain import qnn_binary_info
+        return qnn_binary_info(require_file(binary_path), toolchain, library)
     return _inspect_context_binary(require_file(binary_path), sdk.executables[CONTEXT_BINARY_UTILITY],
                                    sdk.environment(), toolchain)
 

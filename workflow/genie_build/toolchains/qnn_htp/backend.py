@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import mmap
 import os
 import tempfile
@@ -45,7 +44,6 @@ _CUSTOM_CONTEXT_OPTION, _HTP_WEIGHT_SHARING = 0, 1
 _CUSTOM_GRAPH_OPTION, _HTP_WEIGHTS_PACKING = 0, 12
 _CONFIG_BYTES, _HTP_GRAPH_CUSTOM_CONFIG_BYTES = 16, 56
 _SUCCESS = 0
-log = logging.getLogger(__name__)
 
 _GraphCreate = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p)
 _ContextCreate = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -93,24 +91,22 @@ class _Interface:
         if get_providers(ctypes.byref(providers), ctypes.byref(count)) != _SUCCESS or count.value < 1:
             raise GenieBuildError(_WHAT, f"{name} gives no interface provider")
         self._library, self._table = library, providers[0]
-        self._graph_create = _GraphCreate(self._replace(_GRAPH_CREATE, _GraphCreate, self._wrap_graph_create))
-        self._context_create = _ContextCreate(self._replace(_CONTEXT_CREATE, _ContextCreate,
-                                                            self._wrap_context_create))
+        self._replace(_GRAPH_CREATE, _GraphCreate, self._wrap_graph_create)
+        self._replace(_CONTEXT_CREATE, _ContextCreate, self._wrap_context_create)
 
-    def _replace(self, offset: int, prototype: type, wrap) -> int:
-        """Point the table's entry at ``offset`` at ``wrap(original)``; returns the original's address."""
+    def _replace(self, offset: int, prototype: type, wrap) -> None:
+        """Point the table's entry at ``offset`` at ``wrap(original)``."""
         slot = self._table + offset
         original = ctypes.c_void_p.from_address(slot).value
         page = slot & ~(mmap.PAGESIZE - 1)
         # the table lies in relocated read-only data: make its page writable for the one pointer
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        if libc.mprotect(page, 2 * mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+        if libc.mprotect(page, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
             raise GenieBuildError(_WHAT, f"cannot patch a QNN backend's interface: {os.strerror(ctypes.get_errno())}")
         wrapper = prototype(wrap(prototype(original)))
         setattr(self, f"_wrapper_{offset}", wrapper)   # kept alive: the table points at it
         ctypes.c_void_p.from_address(slot).value = ctypes.cast(wrapper, ctypes.c_void_p).value
-        return original
 
     def _wrap_graph_create(self, original):
         def graph_create(context, name, configs, graph):

@@ -14,7 +14,7 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
 - **Float constants the encodings leave out** (norm weights, biases, eps, the attention scale): quantized per
   tensor at 16 bits, asymmetric over their own range with 0 on the grid, as QNN's quantizer treats a static
   tensor without an override at the activation width (:data:`CONSTANT_BITWIDTH`); integer constants (shapes,
-  indices) stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
+  indices), and weights with a float encoding (AIMET's float fallback), stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
 - **Activations the encodings leave out** (aimet-onnx encodes a supergroup's output, not each tensor inside it):
   the output of a data-movement op (:data:`_MOVES`: Reshape, Transpose, Split, ...) takes its input's encoding, as
   QNN propagates it; a MatMul or Gemm output feeding only the Add of a constant bias takes that Add's range at 16
@@ -50,8 +50,8 @@ from genie_build.onnx_graph import (WeightLayout, check_external_data, load_grap
                                     require_finite)
 from genie_build.toolchains.graph_edits import (drop_exporter_annotations, inline_stored_tensors, io_encodings,
                                                 rename_inputs, replace_weights)
-from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, default_opset, read_initializer, \
-    set_metadata_json
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
+                                                     read_initializer, set_metadata_json)
 from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
 
 __all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph",
@@ -96,7 +96,8 @@ class _Rewrite:
 
 def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
                     out_path: str | os.PathLike[str], *, graph_name: str,
-                    input_names: Mapping[str, str] | None = None) -> None:
+                    input_names: Mapping[str, str] | None = None,
+                    share_weights_with: str | os.PathLike[str] | None = None) -> None:
     """Write the QDQ graph of one part to ``out_path`` and its weights to ``out_path + ".data"`` (atomically).
 
     Args:
@@ -105,6 +106,9 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
         out_path: the QDQ graph to write.
         graph_name: the graph's name (the context binary's graph name).
         input_names: graph inputs to rename (old -> new): ``inputs_embeds`` for the part after an embedding table.
+        share_weights_with: a QDQ graph in ``out_path``'s folder (the part's prompt graph): each stored tensor it
+            holds with the same name, type, shape and bytes is referred to in its data file, not written again (a
+            part's graphs at every length hold the same weights).
 
     Raises:
         GenieBuildError: an unreadable model or encodings file, encodings that do not fit the model, a weight
@@ -113,6 +117,10 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     onnx_path, out_path = Path(onnx_path), Path(out_path)
     if out_path.resolve() == onnx_path.resolve():
         raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
+    shared = None if share_weights_with is None else SharedWeights(share_weights_with)
+    if shared is not None and shared.folder != os.path.dirname(os.path.abspath(out_path)):
+        raise GenieBuildError(share_weights_with, f"shares weights only with a graph in the output's folder "
+                                                  f"{out_path.parent}")
     model = load_graph(onnx_path)
     check_external_data(model, onnx_path)
     model.ClearField("training_info")
@@ -133,8 +141,7 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
             rewrite = _rewrite_initializer(array, tensor.name, encodings, names.param_layouts.get(tensor.name),
                                            os.fspath(encodings_path))
             del array
-            initializers += [writer.add(stored.name, stored.values, data_type=stored.data_type, dims=stored.dims)
-                             for stored in rewrite.tensors]
+            initializers += [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
             rebuilds.append((tensor.name, list(rewrite.nodes)))
             if rewrite.constant:
                 constants[tensor.name] = CONSTANT_BITWIDTH
@@ -150,6 +157,13 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     set_metadata_json(model, FILLED_KEY, filled)
     with atomic_open(out_path) as handle:
         handle.write(model.SerializeToString())
+
+
+def _stored_tensor(writer: ExternalDataWriter, shared: SharedWeights | None, stored: _Stored) -> onnx.TensorProto:
+    """The initializer of a tensor to store: the shared graph's, where it holds the same, else written."""
+    reused = None if shared is None else shared.find(stored.name, stored.values, data_type=stored.data_type,
+                                                     dims=stored.dims)
+    return reused or writer.add(stored.name, stored.values, data_type=stored.data_type, dims=stored.dims)
 
 
 def is_qdq_graph(model: onnx.ModelProto) -> bool:
@@ -179,9 +193,8 @@ def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, con
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     if enc is None:
         return _constant(name, array)
-    if enc.dtype != "int":
-        raise GenieBuildError(where, f"encoding {name!r}: a float{enc.bitwidth} encoding on a weight; the qnn-htp "
-                                     "toolchain stores weights as integers (give it an integer encoding)")
+    if enc.dtype != "int":  # a float encoding: the weight stays float, its op runs in float16 on the HTP
+        return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     section = "param" if name in encodings.params else "activation"
     try:
         layout = layout_of(enc, array.shape, consumer_layout)

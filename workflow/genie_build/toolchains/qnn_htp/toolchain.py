@@ -20,7 +20,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import locate_wheel
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions
 
-__all__ = ["NAME", "QnnHtpToolchain", "device_runtime", "htp_target"]
+__all__ = ["NAME", "QnnHtpToolchain", "device_runtime", "htp_target", "qnn_binary_info"]
 
 NAME = "qnn-htp"
 DLC_SUFFIX = ".dlc"
@@ -43,7 +43,8 @@ class QnnHtpToolchain:
         locate_wheel(f"toolchain {NAME}")
 
     def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
-                float_bitwidth: int, input_names: Mapping[str, str] | None = None) -> None:
+                float_bitwidth: int, input_names: Mapping[str, str] | None = None,
+                share_weights_with: Path | None = None) -> None:
         """The QDQ graph at ``out_path`` (+ ``.data``) and its DLC at ``out_path`` with suffix ``.dlc``.
 
         ``float_bitwidth`` does not apply: every float constant the encodings leave out is quantized
@@ -52,7 +53,8 @@ class QnnHtpToolchain:
         from genie_build.toolchains.qnn_htp.backend import HtpTarget, write_dlc
         from genie_build.toolchains.qnn_htp.qdq import write_qdq_model
 
-        write_qdq_model(onnx_path, encodings_path, out_path, graph_name=graph_name, input_names=input_names)
+        write_qdq_model(onnx_path, encodings_path, out_path, graph_name=graph_name, input_names=input_names,
+                        share_weights_with=share_weights_with)
         # The DLC is the graph in QNN's own form, whatever the SoC: any chipset's target writes the same one.
         device = CHIPSETS["SM8750"]
         write_dlc(out_path, graph_name, Path(out_path).with_suffix(DLC_SUFFIX),
@@ -75,22 +77,29 @@ class QnnHtpToolchain:
 
     def inspect(self, binary_path: Path) -> BinaryInfo:
         """The binary as libQnnSystem reads it: graphs with their IO and quantization, the SoC, the QNN build."""
-        from genie_build.qnn_wheel.system import read_context_binary
+        return qnn_binary_info(binary_path, NAME)
 
-        binary = read_context_binary(binary_path)
-        blobs = {graph.info.name: graph.htp for graph in binary.graphs if graph.htp is not None}
-        shared = max((blob.shared_weights_bytes or 0 for blob in blobs.values()), default=0)
-        applied = AppliedOptions(soc_model=binary.soc_model, dsp_arch=binary.dsp_arch,
-                                 weight_sharing_enabled=shared > 0 if blobs else None,
-                                 optimization_type={name: blob.optimization_level for name, blob in blobs.items()},
-                                 vtcm_size={name: blob.vtcm_bytes for name, blob in blobs.items()})
-        graphs = tuple(dataclasses.replace(graph.info, spill_fill_bytes=_blob(graph, "spill_fill_bytes"),
-                                           op_data_bytes=_blob(graph, "op_data_bytes")) for graph in binary.graphs)
-        # the weights as stored: once for all graphs when shared, else each graph's constants
-        weights = shared or sum(blob.const_bytes or 0 for blob in blobs.values())
-        return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=weights,
-                          graphs=graphs, toolchain=NAME, tool_version=f"QNN {binary.build_id}", applied_options=applied,
-                          device_runtime=device_runtime(binary.build_id, binary.context_blob_version))
+
+def qnn_binary_info(binary_path: Path, toolchain: str, library: Path | None = None) -> BinaryInfo:
+    """A QNN context binary read back by libQnnSystem (the wheel's, or ``library``): graphs with their IO,
+    quantization, spill-fill and op data, the weights as stored, the SoC, the QNN build and the device runtime it
+    needs, and what it says was applied (O level and VTCM per graph, weight sharing)."""
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    binary = read_context_binary(binary_path, library=library)
+    blobs = {graph.info.name: graph.htp for graph in binary.graphs if graph.htp is not None}
+    shared = max((blob.shared_weights_bytes or 0 for blob in blobs.values()), default=0)
+    applied = AppliedOptions(soc_model=binary.soc_model, dsp_arch=binary.dsp_arch,
+                             weight_sharing_enabled=shared > 0 if blobs else None,
+                             optimization_type={name: blob.optimization_level for name, blob in blobs.items()},
+                             vtcm_size={name: blob.vtcm_bytes for name, blob in blobs.items()})
+    graphs = tuple(dataclasses.replace(graph.info, spill_fill_bytes=_blob(graph, "spill_fill_bytes"),
+                                       op_data_bytes=_blob(graph, "op_data_bytes")) for graph in binary.graphs)
+    # the weights as stored: once for all graphs when shared, else each graph's constants
+    weights = shared or sum(blob.const_bytes or 0 for blob in blobs.values())
+    return BinaryInfo(path=os.fspath(binary_path), file_bytes=binary.file_bytes, weight_bytes=weights,
+                      graphs=graphs, toolchain=toolchain, tool_version=f"QNN {binary.build_id}", applied_options=applied,
+                      device_runtime=device_runtime(binary.build_id, binary.context_blob_version))
 
 
 def device_runtime(build_id: str, blob_version: str) -> str:

@@ -25,14 +25,14 @@ The model records in its ``metadata_props`` (JSON values): :data:`QUANTIZED_WEIG
 ``weight``, ``bitwidth`` stored, ``encoding`` kind, channel ``axis``, ``block_size``, ``scale`` and
 ``zero_point`` tensor names), :data:`IO_ENCODINGS_KEY` (graph input/output -> its activation encoding) and
 :data:`FLOAT_BITWIDTH_KEY`, and :data:`CONVERTED_FROM_KEY` (initializer -> a digest of what its conversion read:
-its stored bytes' place and shape, its encoding, layout and float bitwidth; the tensors and nodes it became).
+its stored bytes' sha256, dtype and shape, its encoding, layout and float bitwidth; the tensors and nodes it became).
 Tensors of 1 KiB and more go to ``<out>.data`` beside the output, 64-byte aligned; smaller ones stay inline.
 
 Given a converted graph in the same folder to share weights with (a part's prompt graph, for its token graph and its
-graphs at other context lengths), an initializer it converted from the same bytes of the same data file with the
-same encoding is taken from it as it is (tensors, nodes, quantization record), not quantized again -- the graphs a
-checkpoint's export writes all read one data file; any other converted tensor it holds with the same name and bytes
-is not written again: the initializer points at its data file.
+graphs at other context lengths), an initializer it converted from the same bytes (their sha256, read from this
+graph's data file) with the same encoding is taken from it as it is (tensors, nodes, quantization record), not
+quantized again; any other converted tensor it holds with the same name and bytes is not written again: the
+initializer points at its data file.
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, TensorEncoding, bl
                                    read_encodings, validate_against_model)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import (GraphTensors, StoredTensor, WeightLayout, check_external_data,
-                                    external_data, load_graph, read_graph_tensors,
-                                    require_finite)
+from genie_build.onnx_graph import (GraphTensors, WeightLayout, check_external_data, load_graph, read_graph_tensors,
+                                    require_finite, tensor_sha256)
 from genie_build.toolchains.graph_edits import (drop_exporter_annotations, inline_stored_tensors, io_encodings,
                                                 rename_inputs, replace_weights)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
@@ -182,15 +181,14 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
 
 def _made_from(tensor: onnx.TensorProto, onnx_path: Path, enc: TensorEncoding | None, is_param: bool,
                layout: WeightLayout | None, float_bitwidth: int, opset: int) -> str | None:
-    """A digest of everything an external initializer's conversion reads: its data file (real path and size), the
-    byte range, dtype and shape, its encoding, layout and float bitwidth, and the opset (which decides the nodes).
-    None for an inline tensor: it is small, and converted again."""
+    """A digest of everything an external initializer's conversion reads: the sha256 of its stored bytes (read
+    again, so a weight changed in place at the same size is converted again), its dtype and shape, its encoding,
+    layout and float bitwidth, and the opset (which decides the nodes). None for an inline tensor: it is small, and
+    converted again."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return None
-    ref = external_data(StoredTensor(f"initializer {tensor.name!r}", tensor), onnx_path)
-    read = {"data": [os.fspath(ref.real_path), os.path.getsize(ref.real_path), ref.offset, ref.length],
-            "dtype": tensor.data_type, "dims": list(tensor.dims), "is_param": is_param,
-            "encoding": None if enc is None else dataclasses.asdict(enc),
+    read = {"sha256": tensor_sha256(tensor, onnx_path), "dtype": tensor.data_type, "dims": list(tensor.dims),
+            "is_param": is_param, "encoding": None if enc is None else dataclasses.asdict(enc),
             "layout": None if layout is None else dataclasses.asdict(layout),
             "float_bitwidth": float_bitwidth, "opset": opset}
     return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()

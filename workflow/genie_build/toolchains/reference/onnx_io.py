@@ -148,13 +148,14 @@ class SharedWeights:
     def folder(self) -> str:
         return os.path.dirname(os.path.abspath(self._path))
 
-    def find(self, name: str, array: np.ndarray) -> onnx.TensorProto | None:
+    def find(self, name: str, array: np.ndarray, *, data_type: int | None = None,
+             dims: tuple[int, ...] | None = None) -> onnx.TensorProto | None:
         """An initializer called ``name`` pointing at the shared graph's tensor of that name, if it holds exactly
-        ``array`` (dtype, shape and bytes); None otherwise. Compared a chunk at a time: no second copy of a weight
-        is held."""
+        ``array`` (type, shape and bytes; ``data_type`` and ``dims`` as for :meth:`ExternalDataWriter.add`); None
+        otherwise. Compared a chunk at a time: no second copy of a weight is held."""
         tensor = self._tensors.get(name)
-        if (tensor is None or tuple(tensor.dims) != array.shape
-                or tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype)):
+        if (tensor is None or tuple(tensor.dims) != (array.shape if dims is None else tuple(dims))
+                or tensor.data_type != (data_type or onnx.helper.np_dtype_to_tensor_dtype(array.dtype))):
             return None
         wanted = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         with open_external_data(StoredTensor(f"initializer {name!r}", tensor), self._path) as (data, ref):
