@@ -11,7 +11,7 @@ import time
 import pytest
 
 from genie_build.encodings import read_encodings
-from genie_build.run_bundle import PARTS_REFERENCE
+from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 from workflow_helpers import (SMALL_DEMO, TEST_VARIANTS, changed_since, copy_workflow, load_json, output_mtimes,
                               run_snakemake, scale_encoding, write_config)
 
@@ -52,7 +52,7 @@ def test_host_run_of_the_twins_in_the_htp_simulation_gives_the_bundle_variants_g
     out = workdir / "results" / "demo"
     host_run = load_json(out / "host_run.json")
     assert len(host_run["new_ids"]) == 16 and host_run["new_ids"] == host_run["reference_ids"]
-    assert host_run["compared_with"] == PARTS_REFERENCE
+    assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
     assert sorted(path.name for path in (out / "twin").iterdir()) == ["part_2_of_3", "part_3_of_3"]
 
 
