@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from genie_build.encodings import read_encodings
 from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 from workflow_helpers import (SMALL_DEMO, TEST_VARIANTS, changed_since, copy_workflow, load_json, output_mtimes,
-                              run_snakemake, scale_encoding, write_config)
+                              read_back_qnn_bundle, run_snakemake, scale_encoding, write_config)
 
 pytestmark = pytest.mark.workflow
 
@@ -92,34 +91,11 @@ def test_full_build_writes_every_contract_output(built):
 
 def test_the_bundles_binaries_read_back_with_the_graphs_names_soc_and_encodings_they_were_built_with(built):
     """Each ctx-bin, read by the vendor's libQnnSystem: the part's prompt and token graphs under the bundle's names,
-    compiled for SM8750 (soc_model 69, v79) by QNN 2.51, and every IO tensor's scale/offset the part's encodings'
-    (part 2's input inputs_embeds takes the embedding's output encoding: the table's grid)."""
-    from genie_build.qnn_wheel.system import read_context_binary
-
+    compiled for SM8750 by QNN 2.51, every IO tensor's scale/offset the part's encodings' (read_back_qnn_bundle)."""
     workdir, _ = built
-    out = workdir / "results" / "demo"
-    plan = load_json(out / "plan.json")
-    bundle = out / "genie_bundle"
-    binaries = load_json(bundle / "genie_config.json")["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
-    assert binaries == ["demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]
-    renamed = {"inputs_embeds": plan["parts"][0]["output_boundary"]}
-    for index, name in enumerate(binaries, start=2):
-        binary = read_context_binary(bundle / name)
-        assert (binary.soc_model, binary.dsp_arch, binary.build_id[:7]) == (69, "v79", "v2.51.0")
-        assert sorted(graph.info.name for graph in binary.graphs) == [f"prompt_ar8_cl64_{index}_of_3",
-                                                                      f"token_ar1_cl64_{index}_of_3"]
-        for graph in binary.graphs:
-            kind = graph.info.name.split("_")[0]
-            activations = read_encodings(out / "encodings" / "source" / f"part_{index}_of_3" /
-                                         f"{kind}.encodings.json").activations
-            tensors = (*graph.info.inputs, *graph.info.outputs)
-            names = {tensor.name for tensor in tensors}
-            assert {"attention_mask", "position_ids_cos"} <= names and any(
-                name.startswith("past_key_") for name in names), names
-            for tensor in tensors:
-                enc = activations[renamed.get(tensor.name, tensor.name)]
-                assert (tensor.quant.bitwidth, tensor.quant.offset) == (enc.bitwidth, enc.offset[0]), tensor.name
-                assert tensor.quant.scale == pytest.approx(enc.scale[0], rel=1e-6), tensor.name
+    assert read_back_qnn_bundle(workdir / "results" / "demo", "source") == {
+        f"demo_part_{index}_of_3.bin": [f"prompt_ar8_cl64_{index}_of_3", f"token_ar1_cl64_{index}_of_3"]
+        for index in (2, 3)}
 
 
 def test_second_run_does_nothing(built):

@@ -135,3 +135,37 @@ def stated_axes_encodings(encodings, axis_of) -> dict:
 
     return {"version": "2.0.0", "encodings": [entry(encoding) for encoding in (*encodings.activations.values(),
                                                                                *encodings.params.values())]}
+
+
+def read_back_qnn_bundle(out: Path, encodings: str) -> dict[str, list[str]]:
+    """The ctx-bins of the qnn-htp bundle under ``out`` (results/<model>), read back by the vendor's libQnnSystem:
+    each name -> its graphs' names, once each is checked to be compiled for SM8750 (soc_model 69, v79) by QNN 2.51
+    with every IO tensor of every graph at its part's encoding (``encodings/<encodings>/part_*/<kind>``; the table's
+    part 2 takes inputs_embeds at part 1's output encoding) and each graph fed its mask, RoPE and KV cache."""
+    import pytest
+
+    from genie_build.encodings import read_encodings
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    parts = load_json(out / "plan.json")["parts"]
+    renamed = {"inputs_embeds": parts[0]["output_boundary"]}
+    bundle = out / "genie_bundle"
+    read = {}
+    for name in load_json(bundle / "genie_config.json")["dialog"]["engine"]["model"]["binary"]["ctx-bins"]:
+        binary = read_context_binary(bundle / name)
+        assert (binary.soc_model, binary.dsp_arch, binary.build_id[:7]) == (69, "v79", "v2.51.0"), name
+        label = name.rsplit("_part_", 1)[1].removesuffix(".bin")
+        for graph in binary.graphs:
+            kind = graph.info.name.split("_")[0]
+            activations = read_encodings(out / "encodings" / encodings / f"part_{label}" /
+                                         f"{kind}.encodings.json").activations
+            tensors = (*graph.info.inputs, *graph.info.outputs)
+            names = {tensor.name for tensor in tensors}
+            assert {"attention_mask", "position_ids_cos"} <= names and any(
+                name.startswith("past_key_") for name in names), (graph.info.name, names)
+            for tensor in tensors:
+                enc = activations[renamed.get(tensor.name, tensor.name)]
+                assert (tensor.quant.bitwidth, tensor.quant.offset) == (enc.bitwidth, enc.offset[0]), tensor.name
+                assert tensor.quant.scale == pytest.approx(enc.scale[0], rel=1e-6), tensor.name
+        read[name] = sorted(graph.info.name for graph in binary.graphs)
+    return read
