@@ -49,13 +49,18 @@ AR, CONTEXT = 8, 64   # the host run: a 24-token prompt + 16 new tokens
 MODEL = "hf"
 OUT = f"results/{MODEL}"
 NUM_PARTS = 3          # 3 layers: [embedding] [layer 0, layer 1] [layer 2, head]
+# Qwen2 builds the default config's qnn-htp bundle, its binaries read back by libQnnSystem; the other families build
+# the reference toolchain's: qnn-htp stops at their parts (ops the HTP backend leaves on the CPU, or a graph it
+# splits in several)
+QNN_HTP_FAMILY = "qwen2"
 
 
-def _config(workdir, name="test-config.yaml", **quantize):
+def _config(workdir, name="test-config.yaml", family=QNN_HTP_FAMILY, **quantize):
     return write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
                                   "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
                                   "quantize": {"recipe": "w4a16", "num_samples": 4, **quantize},
-                                  "convert": {"keep": False}}, name=name)
+                                  "convert": {"keep": False},
+                                  **({} if family == QNN_HTP_FAMILY else REFERENCE_BUILD)}, name=name)
 
 
 def _log(result) -> str:
@@ -86,7 +91,7 @@ def _build(family, tmp_path_factory):
         root = copy_workflow(tmp_path_factory.mktemp(family))
         hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB", layers=3,
                                        **BUILD_KEYS.get(family, {}))
-        config = _config(root)
+        config = _config(root, family=family)
         ran = {rule for rule, _ in jobs_run(run_snakemake(root, "-p", config_file=config))}
         assert {"tokenize_text", "export_part", "calibrate_unit", "part_encodings", "check_plan", "verify_parts"} <= ran
         _BUILDS[family] = family, root, config
@@ -107,12 +112,14 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
     assert load_json(workdir / f"{OUT}/bundle_check.json")["errors"] == 0
     host_run = load_json(workdir / f"{OUT}/host_run.json")
     assert len(host_run["new_ids"]) > 0 and host_run["new_ids"] == host_run["reference_ids"], family
-    assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
     assert load_json(workdir / f"{OUT}/plan_check.json")["same_parts"]
-    # the qnn-htp bundle's binaries (part 1 is the CPU table), read back by the vendor's libQnnSystem
-    assert read_back_qnn_bundle(workdir / OUT, "w4a16") == {
-        f"{MODEL}_part_{index}_of_3.bin": [f"prompt_ar{AR}_cl{CONTEXT}_{index}_of_3",
-                                           f"token_ar1_cl{CONTEXT}_{index}_of_3"] for index in (2, 3)}
+    if family == QNN_HTP_FAMILY:   # the qnn-htp bundle (part 1 is the CPU table), read back by libQnnSystem
+        assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
+        assert read_back_qnn_bundle(workdir / OUT, "w4a16") == {
+            f"{MODEL}_part_{index}_of_3.bin": [f"prompt_ar{AR}_cl{CONTEXT}_{index}_of_3",
+                                               f"token_ar1_cl{CONTEXT}_{index}_of_3"] for index in (2, 3)}
+    else:
+        assert host_run["compared_with"] == PARTS_REFERENCE
     for graph in ("prompt", "token"):
         assert load_json(workdir / f"{OUT}/verify/{graph}.json")["reference"].startswith("transformers modules")
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")
@@ -243,8 +250,11 @@ def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float
     calibrated = {wildcards.split(",")[0] for rule, wildcards in jobs if rule == "calibrate_unit"}
     assert calibrated == {"recipe=w8a16", "recipe=w4a16-lpbq"}
     assert not {rule for rule, _ in jobs} & {"export_part", "verify_parts"}
-    compiled = {wildcards for rule, wildcards in jobs if rule == "compile_part"}
-    assert {re.search(r"variant=([^,]+)", wildcards)[1] for wildcards in compiled} == {"unpacked", "w8a16", "lpbq"}
+    compiled = {(re.search(r"variant=([^,]+)", wildcards)[1], re.search(r"part=([^,]+)", wildcards)[1])
+                for rule, wildcards in jobs if rule == "compile_part"}
+    # every part of the new variants; of the reference's, part 1 alone: the evaluation runs it, the bundle has the table
+    assert compiled == {(variant, f"{index}_of_3") for variant in ("unpacked", "w8a16", "lpbq")
+                        for index in (1, 2, 3)} | {("reference", "1_of_3")}
 
     sizes: dict[str, int] = {}
     for row in csv.DictReader((workdir / OUT / "size_table.csv").read_text().splitlines()):
@@ -358,8 +368,14 @@ def test_the_embedding_as_a_table_reexports_and_recalibrates_nothing_and_gives_t
     run_snakemake(workdir, config_file=write_config(workdir, settings, name="graph.yaml"))
     graph_run = load_json(workdir / f"{OUT}/host_run.json")
     lut = write_config(workdir, {**settings, "bundle": {**settings["bundle"], "embedding": "lut"}}, name="lut.yaml")
-    ran = {rule for rule, _ in jobs_run(run_snakemake(workdir, "-p", config_file=lut))}
-    assert "embedding_table" in ran and not ran & {"export_part", "calibrate_unit", "part_encodings"}, ran
+    switched = jobs_run(run_snakemake(workdir, "-p", config_file=lut))
+    ran = {rule for rule, _ in switched}
+    assert "bundle" in ran and not ran & {"export_part", "calibrate_unit", "part_encodings"}, ran
+    converted = {wildcards for rule, wildcards in switched if rule == "convert_part_reference"}
+    assert converted and all("part=2_of_3" in wildcards for wildcards in converted), converted
+    # the table (made by the copied build, which had it already) is in the bundle
+    assert (workdir / f"{OUT}/genie_bundle/embedding_table.bin").read_bytes() == (
+        workdir / f"{OUT}/embedding/embedding_table.bin").read_bytes()
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")["dialog"]
     assert genie["engine"]["model"]["binary"]["ctx-bins"] == ["hf_part_2_of_3.bin", "hf_part_3_of_3.bin"]
     assert genie["embedding"]["type"] == "lut"

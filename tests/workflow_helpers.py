@@ -141,7 +141,8 @@ def read_back_qnn_bundle(out: Path, encodings: str) -> dict[str, list[str]]:
     """The ctx-bins of the qnn-htp bundle under ``out`` (results/<model>), read back by the vendor's libQnnSystem:
     each name -> its graphs' names, once each is checked to be compiled for SM8750 (soc_model 69, v79) by QNN 2.51
     with every IO tensor of every graph at its part's encoding (``encodings/<encodings>/part_*/<kind>``; the table's
-    part 2 takes inputs_embeds at part 1's output encoding) and each graph fed its mask, RoPE and KV cache."""
+    part 2 takes inputs_embeds at part 1's output encoding), float where they give none, and each graph fed its
+    mask, RoPE and KV cache."""
     import pytest
 
     from genie_build.encodings import read_encodings
@@ -164,7 +165,10 @@ def read_back_qnn_bundle(out: Path, encodings: str) -> dict[str, list[str]]:
             assert {"attention_mask", "position_ids_cos"} <= names and any(
                 name.startswith("past_key_") for name in names), (graph.info.name, names)
             for tensor in tensors:
-                enc = activations[renamed.get(tensor.name, tensor.name)]
+                enc = activations.get(renamed.get(tensor.name, tensor.name))
+                if enc is None:   # no encoding: float, as the encodings say
+                    assert tensor.quant is None and tensor.dtype.startswith("float"), tensor
+                    continue
                 assert (tensor.quant.bitwidth, tensor.quant.offset) == (enc.bitwidth, enc.offset[0]), tensor.name
                 assert tensor.quant.scale == pytest.approx(enc.scale[0], rel=1e-6), tensor.name
         read[name] = sorted(graph.info.name for graph in binary.graphs)
