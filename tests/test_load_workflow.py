@@ -52,9 +52,9 @@ def _demo(workdir, name: str, **sections) -> object:
 
 
 def test_a_build_whose_plan_will_not_map_warns_and_with_strict_publishes_no_bundle(tmp_path):
-    """One session of 14 MiB: the demo's contexts take a 2 MiB page for each buffer they map (the embedding's
-    weights and IO, each layer part's weights, KV cache and IO as read back), 4 + 6 + 6 MiB, so the third finds no
-    session left."""
+    """One session of 14 MiB: the demo's contexts (parts 2 and 3 of its qnn-htp bundle: part 1 is the CPU table)
+    take a 2 MiB page for each buffer they map (each part's weights, KV cache, IO, spill-fill and op data as
+    libQnnSystem reads them back), 8 + 8 MiB, so the second finds no session left."""
     workdir = copy_workflow(tmp_path)
     tiny = {"usable_mb": 14, "sessions": 1, "budget_mb": 14}
     out = workdir / "results" / "demo"
@@ -62,14 +62,14 @@ def test_a_build_whose_plan_will_not_map_warns_and_with_strict_publishes_no_bund
     strict = run_snakemake(workdir, config_file=_demo(workdir, "strict.yaml", report={"strict": True, "load": tiny}),
                            check=False)
     assert strict.returncode != 0
-    assert "report.strict: part 3 of 'packed' will not map (no session left" in (out / "logs" / "memory_plan.log").read_text()
+    assert "report.strict: part 3 of 'qnn-htp' will not map (no session left" in (out / "logs" / "memory_plan.log").read_text()
     assert not (out / "genie_bundle").exists()
 
     run_snakemake(workdir, config_file=_demo(workdir, "warn.yaml", report={"load": tiny}))
     log = (out / "logs" / "memory_plan.log").read_text()
     assert "WARNING" in log and "part 3 will not map: no session left" in log
-    assert "part 3, `packed`: will not map on the device (memory plan)" in (out / "size_table.md").read_text()
-    assert "**1 of 3 contexts will not map** (parts 3)" in (out / "memory_plan.md").read_text()
+    assert "part 3, `qnn-htp`: will not map on the device (memory plan)" in (out / "size_table.md").read_text()
+    assert "**1 of 2 contexts will not map** (parts 3)" in (out / "memory_plan.md").read_text()
     assert (out / "genie_bundle" / "manifest.json").is_file()
 
 

@@ -19,7 +19,7 @@ from genie_build.demo import TRAINED_SHAPE, TRAINED_WEIGHTS, generate_demo, grap
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import load_tokenizer
 from genie_build.train_tokenizer import train_tokenizer
-from workflow_helpers import REPO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import REFERENCE_BUILD, REPO, copy_workflow, load_json, run_snakemake, write_config
 
 HOST_PROMPT = "And Moses said unto the LORD"
 RECIPE_OF = {"packed": "w4a16", "w8a16": "w8a16"}
@@ -92,9 +92,12 @@ def test_the_quick_starts_bundle_prints_the_float_models_greedy_text(trained_dem
 
 # ------------------------------------------------------------------------------ the evaluation, calibrated by aimet
 
-RECIPES_CONFIG = {"demo": {"calibrator": "aimet"}, "split": {"num_parts": 2, "embedding_alone": False},
-                  "variants": {"w8a16": {"recipe": "w8a16"}},   # beside the default's unpacked and packed (w4a16)
-                  "bundle": {"enabled": False}, "evaluate": {"enabled": True, "max_windows": 8}}
+# the evaluation runs the reference toolchain's binaries: its unpacked and packed variants (w4a16) and one of w8a16
+RECIPES_CONFIG = {**REFERENCE_BUILD, "demo": {"calibrator": "aimet"},
+                  "split": {"num_parts": 2, "embedding_alone": False},
+                  "variants": {**REFERENCE_BUILD["variants"], "w8a16": {"recipe": "w8a16"}},
+                  "bundle": {**REFERENCE_BUILD["bundle"], "enabled": False},
+                  "evaluate": {"enabled": True, "max_windows": 8}}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +113,7 @@ def evaluated(tmp_path_factory):
 @pytest.mark.workflow
 @pytest.mark.hf
 def test_w8a16_agrees_with_the_float_model_more_than_w4a16_and_each_report_says_what_it_clipped(evaluated):
-    """At the default windows and calibrator (``packed`` is the default config's w4a16 variant)."""
+    """At the default windows and calibrator (``packed`` is the reference toolchain's w4a16 variant)."""
     reports = {variant: load_json(evaluated / "results" / "demo" / "evaluation" / f"{variant}.json")
                for variant in ("packed", "w8a16")}
     assert reports["w8a16"]["top1_agreement"] > reports["packed"]["top1_agreement"]
@@ -137,7 +140,8 @@ def test_a_calibration_on_text_unlike_the_held_out_text_shows_up_as_clipping(eva
     unlike = {**RECIPES_CONFIG,
               "evaluate": {**RECIPES_CONFIG["evaluate"], "weights_only": False},
               "quantize": {"corpus": "resources/tokenizer_corpus.txt"},
-              "report": {"max_clipped_share": 1.5 * genesis["clipping"]["share"], "strict": True}}
+              "report": {**RECIPES_CONFIG["report"], "max_clipped_share": 1.5 * genesis["clipping"]["share"],
+                         "strict": True}}
     result = run_snakemake(evaluated, config_file=write_config(evaluated, unlike, "unlike.yaml"), check=False)
     assert result.returncode != 0
     docstrings = load_json(evaluated / "results" / "demo" / "evaluation" / "w8a16.json")
