@@ -258,6 +258,8 @@ def _check_binary_socs(bundle: Path, ctx_bins: list[str], extensions: str, htp_c
         return []
     findings = []
     for name in dict.fromkeys(ctx_bins):
+        if bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES) is not None:
+            continue   # a name outside the bundle or not a regular file (a FIFO would block the read) is judged elsewhere
         try:
             path = resolve_inside(bundle / bundle_path(name), [bundle])
             with open(path, "rb") as handle:
