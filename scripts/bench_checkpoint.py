@@ -208,13 +208,14 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
         "export": ("from genie_build.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
         "calibration": ("from pathlib import Path; from genie_build import calibrate_unit as q; "
+                        "from genie_build import calibration_feeds as f; "
                         "from genie_build.recipes import RECIPES; "
                         f"p = Path({str(export / 'prompt.onnx')!r}); c = Path({str(checkpoint / 'config.json')!r}); "
                         "from genie_build.tokens import text_token_ids; "
-                        "s = q.feed_shape(q.load_graph(p), p, c); "
+                        "s = f.feed_shape(q.load_graph(p), p, c); "
                         f"ids = text_token_ids({str(REPO / 'resources' / 'calibration_corpus.txt')!r}, "
                         f"{str(checkpoint / 'tokenizer.json')!r}); "
-                        "q.calibrate_prompt(p, RECIPES['w4a16'], q.text_forward_pass(s, ids, 4))"),
+                        "q.calibrate_prompt(p, RECIPES['w4a16'], f.text_forward_pass(s, ids, 4))"),
     }
     ratios = {}
     for stage, code in steps.items():

@@ -283,7 +283,7 @@ def test_no_rule_file_decides_the_source_kind_from_the_model_keys() -> None:
                for number, line in enumerate(path.read_text().splitlines(), 1)
                if re.search(r'"(prompt_onnx|hf_checkpoint|hf_config|encodings)" (not )?in config\["model"\]', line)]
     assert guessed == []
-    assert "SOURCE = source_of(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "SOURCE = source_of(config, RUN_MEMORY)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
 
 
 def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:

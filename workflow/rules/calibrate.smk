@@ -7,7 +7,7 @@
 # own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
 # export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
 # plan (a checkpoint of Snakemake's).
-from genie_build.calibration_units import predicted_peak_mb
+from genie_build.calibration_units import unit_peak_mb
 
 
 wildcard_constraints:
@@ -36,7 +36,7 @@ rule calibrate_unit:
     priority: CHAIN_FIRST
     threads: CHAIN_THREADS
     resources:
-        mem_mb=lambda wc: predicted_peak_mb(unit_named(chain_units(), wc.unit).float_bytes),
+        mem_mb=lambda wc: unit_peak_mb(unit_named(chain_units(), wc.unit)),
     log:
         f"{OUT}/logs/calibrate_unit/{{recipe}}/{{unit}}.log",
     benchmark:
