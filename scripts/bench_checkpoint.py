@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                              "kv_heads, vocab)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--num-parts", type=int, default=6)
-    parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--num-samples", type=int,
+                        help="calibration windows (default: the workflow's, the windows that hold 2,048 tokens)")
     parser.add_argument("--context", type=int, nargs="+", default=[4096],
                         help="export.context: one length or several, e.g. 512 1024 2048 4096 (default %(default)s)")
     parser.add_argument("--embedding", choices=("graph", "lut"), default="graph", help="bundle.embedding")
@@ -296,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         (hooks / "sitecustomize.py").write_text(RSS_HOOK)
         (workflow / "bench.yaml").write_text(json.dumps({
             "model": {"name": "qwen7b", "hf_checkpoint": str(work / "checkpoint")},
-            "split": {"num_parts": args.num_parts}, "quantize": {"num_samples": args.num_samples},
+            "split": {"num_parts": args.num_parts},
+            **({"quantize": {"num_samples": args.num_samples}} if args.num_samples else {}),
             "export": {"context": args.context}, "convert": {"keep": False},
             "bundle": {"host_run": False, "embedding": args.embedding}}))
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import (DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain, load_config, read_schema,
-                                source_kind, validate_config)
+from genie_build.config import (DEFAULT_CALIBRATION_TOKENS, DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain,
+                                calibration_windows, load_config, read_schema, source_kind, validate_config)
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,3 +303,12 @@ def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:
     assert all(variant["recipe"] is None for variant in validate_config(DEFAULT_CONFIG)["variants"].values())
     with pytest.raises(GenieBuildError, match=r"^config variants.packed.recipe: 'w2a16' is not one of"):
         validate_config({**calibrating, "variants": {"unpacked": {}, "packed": {"recipe": "w2a16"}}})
+
+
+@pytest.mark.parametrize("num_samples, ar, windows", [(None, 128, 16), (None, 32, 64), (None, 96, 22), (8, 128, 8)])
+def test_the_calibration_windows_hold_the_default_tokens_unless_num_samples_says(num_samples, ar, windows):
+    """quantize.num_samples unset: the windows that hold DEFAULT_CALIBRATION_TOKENS of the prompt graph's AR (rounded
+    up); set, it is the count."""
+    quantize = validate_config({**DEFAULT_CONFIG, "quantize": {"num_samples": num_samples}})["quantize"]
+    assert calibration_windows(quantize, ar) == windows
+    assert DEFAULT_CALIBRATION_TOKENS == 2048

@@ -32,7 +32,7 @@ from genie_build import conventions
 from genie_build.calibrate import DEFAULT_NUM_SAMPLES as BUILTIN_NUM_SAMPLES
 from genie_build.calibration_units import CalibrationUnit, PieceFloat, write_units
 from genie_build.chipsets import load_params
-from genie_build.config import calibration_chain, context_lengths, source_kind
+from genie_build.config import calibration_chain, calibration_windows, context_lengths, source_kind
 from genie_build.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
@@ -172,7 +172,7 @@ class Source:
     def calibration_seen(self, config: Mapping[str, Any], recipe: str | None) -> dict[str, Any]:
         """What the calibration of a variant's encodings saw, for its evaluation report (docs/evaluate.md)."""
         if self.calibrates:
-            windows = config["quantize"]["num_samples"]
+            windows = calibration_windows(config["quantize"], self.graphs["prompt"].ar)
             return {"calibrator": f"aimet-onnx {config['quantize']['calibrator']}", "recipe": recipe,
                     "windows": windows, "tokens": windows * self.graphs["prompt"].ar,
                     "text": os.path.basename(config["quantize"]["corpus"])}

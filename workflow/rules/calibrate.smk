@@ -8,6 +8,7 @@
 # export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
 # plan (a checkpoint of Snakemake's).
 from genie_build.calibration_units import unit_peak_mb
+from genie_build.config import calibration_windows
 
 
 wildcard_constraints:
@@ -25,7 +26,7 @@ rule calibrate_unit:
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), unit_named(chain_units(), wc.unit).part)),
         boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
-        num_samples=config["quantize"]["num_samples"],
+        num_samples=calibration_windows(config["quantize"], SOURCE.graphs["prompt"].ar),
         calibrator=config["quantize"]["calibrator"],
         ar=SOURCE.graphs["prompt"].ar,
         context=SOURCE.graphs["prompt"].context,
