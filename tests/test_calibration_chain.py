@@ -130,6 +130,17 @@ def whole_model_encodings(root: Path, checkpoint: Path, recipe: str, calibrator:
     return copy_kv_input_encodings(encodings, read_graph_tensors(prompt).tensor_names)
 
 
+def assert_part_equals_whole(root: Path, chain: Path, whole, label: str, case: tuple):
+    """The chain's prompt encodings of part ``label`` equal whole-model calibration's slice of it, every activation
+    and weight; returns them."""
+    names, initializers = part_tensor_names(root / "split" / f"part_{label}" / "prompt.onnx")
+    expected = slice_encodings(whole, names, initializers)
+    actual = read_encodings(chain / f"prompt_{label}.json")
+    assert actual.activations == expected.activations, (*case, label)
+    assert actual.params == expected.params, (*case, label)
+    return actual
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, recipe, record_property):
     family, root, checkpoint, plan, units = model
@@ -138,11 +149,7 @@ def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, rec
     whole = whole_model_encodings(root, checkpoint, recipe)
     compared = 0
     for part in plan.parts:
-        names, initializers = part_tensor_names(root / "split" / f"part_{part.label}" / "prompt.onnx")
-        expected = slice_encodings(whole, names, initializers)
-        actual = read_encodings(chain / f"prompt_{part.label}.json")
-        assert actual.activations == expected.activations, (family, recipe, part.label)
-        assert actual.params == expected.params, (family, recipe, part.label)
+        actual = assert_part_equals_whole(root, chain, whole, part.label, (family, recipe))
         compared += len(actual.activations) + len(actual.params)
         token = read_encodings(chain / f"token_{part.label}.json")
         token_names = read_graph_tensors(part_files(root / "parts" / part.label)[0]["token"]).tensor_names
@@ -215,11 +222,7 @@ def test_the_table_in_place_and_the_head_in_slices_give_whole_model_calibrations
     assert f"LM head rows 0..{320 // HEAD_SLICES - 1} (slice 1 of {HEAD_SLICES})" in caplog.text
     whole = whole_model_encodings(root, checkpoint, recipe, calibrator)
     for part in plan.parts:
-        names, initializers = part_tensor_names(root / "split" / f"part_{part.label}" / "prompt.onnx")
-        expected = slice_encodings(whole, names, initializers)
-        actual = read_encodings(chain / f"prompt_{part.label}.json")
-        assert actual.activations == expected.activations, (recipe, calibrator, part.label)
-        assert actual.params == expected.params, (recipe, calibrator, part.label)
+        assert_part_equals_whole(root, chain, whole, part.label, (recipe, calibrator))
     assert len(read_encodings(chain / f"prompt_{plan.parts[2].label}.json").params["lm_head.weight"].scale) == 320
 
 
