@@ -79,13 +79,15 @@ def verify_part(checkpoint_dir: str | os.PathLike[str], part: PartPlan, graphs: 
     """
     checkpoint = read_checkpoint(checkpoint_dir)
     span = GraphSpan.of_part(part)
-    feeds = [_step_feed(checkpoint.config, checkpoint.directory / CONFIG_NAME, span, graph, ar, seed)
-             for graph in graphs]
-    expected = piece_outputs(checkpoint, span, feeds)
+
+    def feed_of(graph: PartGraph) -> dict[str, np.ndarray]:
+        return _step_feed(checkpoint.config, checkpoint.directory / CONFIG_NAME, span, graph, ar, seed)
+
+    expected = piece_outputs(checkpoint, span, [feed_of(graph) for graph in graphs])
     log.info("part %s: transformers' modules ran on the inputs of its %d graphs", part.label, len(graphs))
     checks = []
-    for graph, feed, reference in zip(graphs, feeds, expected, strict=True):
-        actual = run_graph(graph.path, feed)
+    for graph, reference in zip(graphs, expected, strict=True):
+        actual = run_graph(graph.path, feed_of(graph))   # made again: beside the session, one graph's inputs
         for name, value in reference.items():
             check = PartCheck(graph.key, name, float(np.max(np.abs(actual[name] - value))),
                               float(np.max(np.abs(value))))
