@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import (DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain, load_config, read_schema,
-                                source_kind, validate_config)
+from genie_build.config import (DEFAULT_CALIBRATION_TOKENS, DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain,
+                                calibration_windows, load_config, read_schema, source_kind, validate_config)
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -288,7 +288,7 @@ def test_no_rule_file_decides_the_source_kind_from_the_model_keys() -> None:
                for number, line in enumerate(path.read_text().splitlines(), 1)
                if re.search(r'"(prompt_onnx|hf_checkpoint|hf_config|encodings)" (not )?in config\["model"\]', line)]
     assert guessed == []
-    assert "SOURCE = source_of(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "SOURCE = source_of(config, RUN_MEMORY)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
 
 
 def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:
@@ -400,3 +400,12 @@ def test_every_integer_key_refuses_a_float_in_one_line_and_takes_the_integer(pat
     message = error_of(_with_value(path, float(integer)))
     dotted = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", ".".join(map(str, path)))
     assert f"config {dotted}: {float(integer)!r} is not an integer (write {integer})" in message, message
+
+
+@pytest.mark.parametrize("num_samples, ar, windows", [(None, 128, 16), (None, 32, 64), (None, 96, 22), (8, 128, 8)])
+def test_the_calibration_windows_hold_the_default_tokens_unless_num_samples_says(num_samples, ar, windows):
+    """quantize.num_samples unset: the windows that hold DEFAULT_CALIBRATION_TOKENS of the prompt graph's AR (rounded
+    up); set, it is the count."""
+    quantize = validate_config({**DEFAULT_CONFIG, "quantize": {"num_samples": num_samples}})["quantize"]
+    assert calibration_windows(quantize, ar) == windows
+    assert DEFAULT_CALIBRATION_TOKENS == 2048

@@ -175,28 +175,3 @@ def test_a_users_graph_at_a_length_with_fewer_layers_is_refused_when_the_workflo
                      "length must hold the same weights"], result.stdout + result.stderr
     assert not (user / "results").exists()
 
-
-def test_with_the_embedding_as_a_table_every_length_reads_it_and_the_tokens_stay(demo, tmp_path):
-    """Both lengths and bundle.embedding: lut: part 1 leaves the bundle for the table, every remaining part still
-    holds both lengths' graphs, and the host run looks tokens up in the table, switches up and gives the same tokens;
-    only the bundle's side reruns (nothing is regenerated, split or sliced)."""
-    workdir, single, _ = demo
-    clone = clone_workdir(workdir, tmp_path / "wf")
-    two = yaml.safe_load((clone / "two.yaml").read_text())
-    lut = write_config(clone, {**two, "bundle": {**two.get("bundle", {}), "embedding": "lut"}}, name="lut.yaml")
-    ran = {rule for rule, _ in jobs_run(run_snakemake(clone, "-p", config_file=lut))}
-    assert ran <= LENGTH_SIDE | {"embedding_table"} and "split" not in ran, ran
-    out = clone / "results" / "demo"
-    dialog = load_json(out / "genie_bundle" / "genie_config.json")["dialog"]
-    assert dialog["embedding"]["type"] == "lut"
-    binaries = dialog["engine"]["model"]["binary"]["ctx-bins"]
-    assert [name.rsplit("_part_", 1)[1] for name in binaries] == ["2_of_3.bin", "3_of_3.bin"]
-    for index, name in enumerate(binaries, start=2):
-        graphs = sorted(graph["name"] for graph in read_header(out / "genie_bundle" / name)["graphs"])
-        assert graphs == sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for kind, ar in (("prompt", 8), ("token", 1))
-                                for cl in (SHORT, LONG)), graphs
-    assert load_json(out / "bundle_check.json")["errors"] == 0
-    run = load_json(out / "host_run.json")
-    assert run["new_ids"] == run["reference_ids"] == single["host_run"]["new_ids"]
-    lengths = [graph["cl"] for graph in run["graph_runs"]]
-    assert lengths[0] == SHORT and lengths[-1] == LONG, run["graph_runs"]
