@@ -32,8 +32,8 @@ from genie_build.onnx_graph import load_graph
 from genie_build.plan import model_pieces
 from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import write_plan
+from genie_build.units import MIB
 
-MIB = 1024 * 1024
 # 24 layers, hidden 2048, vocab 32000: about 2.7 GB of fp32 weights per graph (prompt and token).
 DEMO_SIZE = {"layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 4, "intermediate": 2048,
              "vocab": 32000, "context": 256, "ar": 32}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from genie_build import cli
-from genie_build.auto_split import VENDOR_CONTEXT_BYTES, auto_plan, io_dims_from_graph, io_dims_from_hf_config
-from genie_build.chipsets import HTP_LOAD, CHIPSETS, LoadParams, load_params
+from genie_build.auto_split import auto_plan, io_dims_from_graph, io_dims_from_hf_config
+from genie_build.chipsets import HTP_CONTEXT_BYTES, HTP_LOAD, CHIPSETS, LoadParams, load_params
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import estimate
 from genie_build.load_model import (ASSUMPTIONS, PAGE, Buffer, ContextLoad, alignment_of, estimated_contexts,
@@ -188,7 +188,7 @@ def test_auto_on_qwen_7b_picks_the_fewest_parts_that_map_under_3_gib():
     plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto")
     assert plan.num_parts == 3
     two = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts=2)
-    assert max(part.estimated_bytes for part in two.parts) > VENDOR_CONTEXT_BYTES
+    assert max(part.estimated_bytes for part in two.parts) > HTP_CONTEXT_BYTES
     bounded = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto",
                                   max_part_bytes=1100 * MIB)
     fewest = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, max_part_bytes=1100 * MIB)
@@ -422,9 +422,9 @@ def test_accounting_counts_each_graphs_io_bytes_and_says_when_it_cannot(caplog):
 
 
 def test_the_vendors_context_limit_is_written_in_gib_wherever_a_user_reads_it():
-    """auto's limit is VENDOR_CONTEXT_BYTES, 3 GiB, as its messages say; the texts a user reads say so too (the
+    """auto's limit is HTP_CONTEXT_BYTES, 3 GiB, as its messages say; the texts a user reads say so too (the
     manual's own "3 GB" only in quotes)."""
-    assert VENDOR_CONTEXT_BYTES == 3 * 1024**3
+    assert HTP_CONTEXT_BYTES == 3 * 1024**3
     repo = Path(__file__).resolve().parents[1]
     for path in ("README.md", "config/config.yaml", "workflow/genie_build/schema/config.schema.yaml",
                  "docs/memory-plan.md", "workflow/genie_build/auto_split.py"):

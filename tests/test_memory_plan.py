@@ -9,11 +9,13 @@ import pytest
 
 from genie_build import cli
 from genie_build.errors import GenieBuildError
-from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
-                                     PartSize, memory_plan_json, memory_plan_markdown, part_sizes_from_records,
+from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
+from genie_build.config import read_schema
+from genie_build.memory_plan import (MemoryLimits, PartSize, memory_plan_json, memory_plan_markdown, part_sizes_from_records,
                                      plan_memory, write_memory_plan)
 from genie_build.sizes import AccountRecord
 from genie_build.toolchains.base import AppliedOptions
+from genie_build.units import MIB
 
 GIB = 1024 ** 3
 
@@ -23,9 +25,17 @@ def checks(plan) -> list[tuple[str, int | None]]:
 
 
 def test_defaults_are_the_documented_limits():
-    assert DEFAULT_MAX_CONTEXT_BYTES == 2 * GIB
-    assert DEFAULT_MAX_SESSION_BYTES == int(3.75 * GIB)
+    assert MemoryLimits().max_context_bytes == 2 * GIB
+    assert MemoryLimits().max_session_bytes == int(3.75 * GIB)
     assert MemoryLimits().max_contexts is None
+
+
+def test_the_configs_default_limits_are_the_devices():
+    """report.max_context_mb and max_session_mb default to the chipset module's limits: the schema cannot import
+    them, so this holds the two in step."""
+    report = read_schema()["properties"]["report"]["properties"]
+    assert report["max_context_mb"]["default"] * MIB == HTP_MODEL_BYTES
+    assert report["max_session_mb"]["default"] * MIB == HTP_SESSION_BYTES
 
 
 @pytest.mark.parametrize("delta, warned", [(-1, False), (0, False), (1, True)])

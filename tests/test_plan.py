@@ -20,7 +20,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import InitializerSpec, initializer_specs
 from genie_build.plan import initializer_pieces, model_pieces, quantized_bytes, weighed_pieces
 from genie_build.plan_file import Piece, Plan, read_plan, write_plan
-from genie_build.planners import MIB, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.units import MIB
 from scoped_graph import EMBED_OUT, build_scoped_graph, layer_out
 
 

@@ -18,24 +18,23 @@ from dataclasses import dataclass
 
 import onnx
 
-from genie_build.chipsets import LoadParams
+from genie_build.chipsets import HTP_CONTEXT_BYTES, LoadParams
 from genie_build.conventions import kv_name
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import load_hf_config, read_model_shape
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
-from genie_build.planners import MIB, NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.units import GIB, MIB
 
-__all__ = ["AUTO", "JobMemory", "VENDOR_CONTEXT_BYTES", "auto_plan", "bundle_parts", "io_dims_from_graph",
+__all__ = ["AUTO", "JobMemory", "auto_plan", "bundle_parts", "io_dims_from_graph",
            "io_dims_from_hf_config", "plan_request"]
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-# "It is recommended that clients limit the heap required for a single context binary to be under 3 GB" (Qualcomm
-# QNN HTP backend manual 80-63442-10, "Multiple cDSP Sessions"); the manual's "4 GB" session is 2**32 bytes, so GiB.
-VENDOR_CONTEXT_BYTES = 3 * 1024 ** 3
+_CONTEXT_GIB = f"{HTP_CONTEXT_BYTES / GIB:.0f} GiB"   # the vendor's bound on a context, as the messages name it
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str 
 def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,
               max_part_bytes: int | None = None, embedding: str = "graph", jobs: JobMemory | None = None) -> Plan:
     """The plan with the fewest parts whose contexts (their weights as the planner weighs them, their IO at
-    ``dims``) each need less than :data:`VENDOR_CONTEXT_BYTES`, whose parts are each at most ``max_part_bytes``,
+    ``dims``) each need less than :data:`genie_build.chipsets.HTP_CONTEXT_BYTES`, whose parts are each at most ``max_part_bytes``,
     which all map under ``load`` (every part's context, or with ``embedding`` "lut", ``bundle.embedding``: part 1
     is a table on the CPU, every part's but part 1's), and whose jobs each fit ``jobs.limit_mb``. The plan's
     ``chosen_by`` says which bound chose the count.
@@ -122,7 +121,7 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
             break       # past the most parts this model can be cut into
         held = bundle_parts(plan, embedding)
         contexts = estimated_contexts(held, [part.estimated_bytes for part in held], dims)
-        if (all(context.charge < VENDOR_CONTEXT_BYTES for context in contexts)
+        if (all(context.charge < HTP_CONTEXT_BYTES for context in contexts)
                 and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
                 and place_contexts(contexts, load).maps):
             device = device or plan
@@ -147,8 +146,8 @@ def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims
         return GenieBuildError(NUM_PARTS_KEY, "auto: this model cannot be cut into 2 parts")
     plan, held, contexts = most
     for part, context in zip(held, contexts, strict=True):
-        if context.charge >= VENDOR_CONTEXT_BYTES:
-            bound = "over the vendor's 3 GiB a context"
+        if context.charge >= HTP_CONTEXT_BYTES:
+            bound = f"over the vendor's {_CONTEXT_GIB} a context"
         elif context.charge > load.usable_bytes:
             bound = f"more than the {load.usable_bytes / MIB:,.0f} MiB of an HTP session"
         elif max_part_bytes is not None and part.estimated_bytes > max_part_bytes:
@@ -175,7 +174,8 @@ def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims
 def _chosen_by(plan: Plan, device: Plan, jobs: JobMemory | None) -> str:
     """Which bound chose ``plan``'s count: the device's (``device``: the fewest parts that map is ``plan``) or the
     build box's."""
-    mapped = "the fewest whose contexts each stay under 3 GiB and all map on the device (the memory plan's load model)"
+    mapped = (f"the fewest whose contexts each stay under {_CONTEXT_GIB} and all map on the device (the memory plan's "
+              "load model)")
     if jobs is None:
         return f"split.num_parts auto: {plan.num_parts} parts, {mapped}"
     if device.num_parts == plan.num_parts:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, regular_file_size, resolve_inside
+from genie_build.units import GIB, MIB
 
 __all__ = ["Finding", "MAX_CTX_BIN_BYTES", "MAX_DOCUMENT_BYTES", "MAX_HASHED_BYTES", "Severity", "bundle_file_problem",
            "bundle_path", "config_value", "is_inside", "load_bundle_json"]
@@ -25,9 +26,9 @@ Severity = Literal["error", "warning"]
 # Bounds of what the checker reads. The JSON and YAML documents of a bundle are kilobytes to a few megabytes (a
 # many-part metadata.yaml); a ctx-bin an HTP session can map is under 4 GB (3.75 GB of a session's address space is
 # usable), so a file larger than this is no ctx-bin; and all the hashing a manifest can ask for stays bounded.
-MAX_DOCUMENT_BYTES = 16 * 1024**2
-MAX_CTX_BIN_BYTES = 8 * 1024**3
-MAX_HASHED_BYTES = 64 * 1024**3
+MAX_DOCUMENT_BYTES = 16 * MIB
+MAX_CTX_BIN_BYTES = 8 * GIB
+MAX_HASHED_BYTES = 64 * GIB
 
 
 @dataclass(frozen=True)

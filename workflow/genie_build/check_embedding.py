@@ -16,6 +16,7 @@ from genie_build.conventions import INPUT_IDS, INPUTS_EMBEDS
 from genie_build.embedding_table import table_bytes
 from genie_build.fileio import is_json_int, is_json_number, regular_file_size
 from genie_build.toolchains.base import GraphInfo
+from genie_build.units import GIB
 
 __all__ = ["DATATYPE_BITS", "MAX_TABLE_BYTES", "RULE", "check_embedding"]
 
@@ -23,7 +24,7 @@ RULE = "embedding-table"
 # dialog.embedding.datatype -> bits per entry (Dialog.cpp's list; "native" is the graph input's own type: unchecked)
 DATATYPE_BITS = {"float32": 32, "ufixed4": 4, "ufixed8": 8, "sfixed8": 8, "ufixed16": 16, "sfixed16": 16,
                  "native": None}
-MAX_TABLE_BYTES = 4 * 1024**3  # Genie indexes the table with a uint32_t offset
+MAX_TABLE_BYTES = 4 * GIB  # Genie indexes the table with a uint32_t offset
 
 
 def check_embedding(bundle: Path, config: dict, first_graphs: tuple[GraphInfo, ...] | None) -> list[Finding]:

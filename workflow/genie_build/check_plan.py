@@ -22,8 +22,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.onnx_graph import initializer_specs, load_graph
 from genie_build.plan import initializer_pieces, quantized_bytes
-from genie_build.planners import MIB, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.units import MIB
 
 __all__ = ["PlanCheck", "check_plan", "measured_pieces"]
 

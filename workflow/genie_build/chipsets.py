@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int
+from genie_build.units import GIB, MIB
 
-__all__ = ["ALIGNMENTS", "CHIPSETS", "Chipset", "HTP_LOAD", "LoadParams", "check_device", "load_params", "lookup"]
+__all__ = ["ALIGNMENTS", "CHIPSETS", "Chipset", "HTP_CONTEXT_BYTES", "HTP_LOAD", "HTP_MANUAL", "HTP_MODEL_BYTES",
+           "HTP_SESSION_BYTES", "LoadParams", "check_device", "load_params", "lookup"]
 
 _DSP_ARCH = re.compile(r"^v\d{2}$")
 
@@ -29,7 +31,17 @@ _AIHA_EXECUTORCH_LITERT = "AIHA manual_bundle.md; ExecuTorch qc_schema.py; LiteR
 # How the load model (genie_build.load_model) places mappings in a session: on the largest power of two not above
 # the mapping's size (measured by a third party), or on a 2 MiB page alone.
 ALIGNMENTS = ("power_of_two", "page")
-_MIB = 1024 ** 2
+
+# The device's size limits, read by the planner, the load model, the memory plan and the config's checks.
+HTP_MANUAL = ("Qualcomm QNN HTP backend manual 80-63442-10 Rev AL, \"Multiple cDSP Sessions\" "
+              "(https://docs.qualcomm.com/doc/80-63442-10/topic/htp_backend.html)")
+# The manual: each cDSP session has a 4 GB virtual address space of which 3.75 GB is usable; "it is recommended that
+# clients limit the heap required for a single context binary to be under 3 GB". Its "4 GB" is 2**32 bytes, so GiB.
+HTP_SESSION_BYTES = 3840 * MIB
+HTP_CONTEXT_BYTES = 3 * GIB
+# qai-hub-models' LLM onboarding guide: the NPU "is a 32-bit co-processor. This restricts individual compiled models
+# to approximately 1-2 GB" (the memory plan warns above the upper end).
+HTP_MODEL_BYTES = 2 * GIB
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,7 @@ class LoadParams:
 # One phone has been observed (SM8750, the field report); every chipset gets its parameters until a device
 # measurement says otherwise.
 HTP_LOAD = LoadParams(
-    usable_bytes=3840 * _MIB, sessions=2, budget_bytes=3_400_000_000, alignment="power_of_two",
+    usable_bytes=HTP_SESSION_BYTES, sessions=2, budget_bytes=3_400_000_000, alignment="power_of_two",
     source="usable 3.75 GiB: Qualcomm QNN HTP backend manual 80-63442-10, \"Multiple cDSP Sessions\" (documented); "
            "budget about 3.4-3.5 GB and power-of-two alignment: TadayukiOkada/open-genie-server "
            "docs/PLATFORM_NOTES.md (measured by a third party on SA8255P); 2 sessions: the fewest under which the "
@@ -129,7 +141,7 @@ def lookup(name: str) -> Chipset:
 
 
 # report.load's keys -> LoadParams fields and the factor to bytes (None: a name)
-_LOAD_KEYS = {"usable_mb": ("usable_bytes", _MIB), "sessions": ("sessions", 1), "budget_mb": ("budget_bytes", _MIB),
+_LOAD_KEYS = {"usable_mb": ("usable_bytes", MIB), "sessions": ("sessions", 1), "budget_mb": ("budget_bytes", MIB),
               "alignment": ("alignment", None)}
 
 

@@ -27,6 +27,7 @@ from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
 from genie_build.load_model import KV_BYTES
+from genie_build.units import GIB, MIB
 
 __all__ = ["DEFAULT_CALIBRATION_TOKENS", "DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES",
            "SourceKind", "StrictValidator", "bundle_config", "calibration_chain", "calibration_windows",
@@ -39,7 +40,7 @@ DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yam
 _SCHEMA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # A config or recipe file is a few kB; a larger one is not one (read as a regular file, never a FIFO or a device).
-MAX_CONFIG_BYTES = 16 * 1024**2
+MAX_CONFIG_BYTES = 16 * MIB
 # A config holds hundreds of values (a long split.boundaries list, a few thousand).
 MAX_CONFIG_VALUES = 100_000
 
@@ -352,9 +353,9 @@ def _check_demo_kv_cache(config: dict, where: str) -> None:
     load = load_params(config["target"]["chipset"], config["report"]["load"])
     if layer_bytes > load.usable_bytes:
         raise GenieBuildError(_key(where, ("demo", "context")),
-                              f"{context}: one layer's KV cache at this length is {layer_bytes / 1024**3:,.1f} GiB "
+                              f"{context}: one layer's KV cache at this length is {layer_bytes / GIB:,.1f} GiB "
                               f"(keys and values, {kv_width} wide, {KV_BYTES} byte a value), more than the "
-                              f"{load.usable_bytes / 1024**2:,.0f} MiB of an HTP session under the load model of "
+                              f"{load.usable_bytes / MIB:,.0f} MiB of an HTP session under the load model of "
                               f"{config['target']['chipset']}: no part holding a layer would map; give a shorter "
                               "context")
 

@@ -45,7 +45,6 @@ from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
 from genie_build.plan import weighed_pieces
-from genie_build.planners import MIB
 from genie_build.plan_file import Piece, Plan, write_plan
 from genie_build.precision import Precision, weight_encoding
 from genie_build.shape_plan import part_jobs, piece_floats
@@ -53,6 +52,7 @@ from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
+from genie_build.units import MIB
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
 __all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",

@@ -12,11 +12,12 @@ from dataclasses import asdict, dataclass
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, read_text, write_bytes, write_text
+from genie_build.units import MIB
 
 __all__ = ["ClippedTensor", "Clipping", "Diagnosis", "MAX_TABLE_BYTES", "Quality", "QualityBounds", "QualityRow",
            "quality_flags", "quality_rows", "read_quality", "read_report", "write_quality_table"]
 
-MAX_TABLE_BYTES = 16 * 1024 * 1024
+MAX_TABLE_BYTES = 16 * MIB
 
 
 @dataclass(frozen=True)

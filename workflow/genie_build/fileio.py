@@ -24,15 +24,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from genie_build.errors import GenieBuildError
+from genie_build.units import GIB, MIB
 
 __all__ = ["COPY_CHUNK_BYTES", "HashingWriter", "atomic_directory", "atomic_open", "copy_range", "is_json_int",
            "is_json_number", "open_regular", "read_json", "read_regular", "read_text", "regular_file_size",
            "resolve_inside", "sha256_file", "staging_directory", "write_bytes", "write_json", "write_text"]
 
-COPY_CHUNK_BYTES = 16 * 1024 * 1024
+COPY_CHUNK_BYTES = 16 * MIB
 # The largest JSON document read whole (encodings of a 7B model with per-block scales are a few hundred MB; parsing
 # takes about ten times the file's size in memory, so a larger one could not be held anyway).
-MAX_JSON_BYTES = 2 * 1024**3
+MAX_JSON_BYTES = 2 * GIB
 
 
 def _current_umask() -> int:

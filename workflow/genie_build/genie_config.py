@@ -27,6 +27,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, is_json_number, read_text
 from genie_build.hf_config import head_dim, read_rope, rope_kind
 from genie_build.htp_extensions import group_context
+from genie_build.units import MIB
 
 __all__ = ["BINARY_SOURCES", "EXPECTED_VALUES", "GENIE_CONFIG_NAME", "GENIE_CONFIG_SECTIONS", "GENIE_ROPE_SCALING_KEYS",
            "GENIE_ROPE_TYPES", "GenieSection", "HTP_EXT_CONFIG_NAME", "JsonType", "MAX_TOKENIZER_BYTES",
@@ -38,7 +39,7 @@ HTP_EXT_CONFIG_NAME = "htp_backend_ext_config.json"
 TOKENIZER_NAME = "tokenizer.json"
 
 # Real tokenizer.json files are 2-35 MB (Qwen, Llama 3, Gemma): anything far larger is not one.
-MAX_TOKENIZER_BYTES = 256 * 1024**2
+MAX_TOKENIZER_BYTES = 256 * MIB
 DEFAULT_N_THREADS = 3
 DEFAULT_SAMPLER = {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95}
 

@@ -34,6 +34,7 @@ from genie_build.fileio import is_json_int, read_json
 from genie_build.genie_config import TOKENIZER_NAME
 from genie_build.hf_config import (StoredTensor, head_dim, load_hf_config, read_model_shape, read_rope, rope_kind,
                                    stored_tensors, supported_text)
+from genie_build.units import MIB
 
 __all__ = ["CONFIG_NAME", "Checkpoint", "FP8_SCALE_SUFFIX", "INDEX_NAME", "StoredHeader", "check_checkpoint",
            "check_config", "check_settings", "folder_boundary", "read_checkpoint", "sliding_window", "stored_name",
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 CONFIG_NAME = "config.json"
 SINGLE_WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
-SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024   # safetensors' own limit on its JSON header
+SAFETENSORS_HEADER_LIMIT = 100 * MIB   # safetensors' own limit on its JSON header
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 # An FP8 checkpoint (quantization_config.quant_method fp8, as the Hub's *-FP8 models ship): a Linear weight in
 # F8_E4M3 with its block scales beside it, which the export multiplies out as transformers does.

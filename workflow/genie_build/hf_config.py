@@ -16,11 +16,12 @@ from genie_build.conventions import EMBED_WEIGHT, FINAL_NORM_WEIGHT, LM_HEAD_WEI
 from genie_build.errors import GenieBuildError
 from genie_build.families import FAMILIES, Family, family_of
 from genie_build.fileio import is_json_int, is_json_number, read_json
+from genie_build.units import MIB
 
 __all__ = ["ModelShape", "Rope", "StoredTensor", "head_dim", "load_hf_config", "read_model_shape", "read_rope",
            "rope_kind", "stored_tensors", "supported_text"]
 
-MAX_HF_CONFIG_BYTES = 16 * 1024**2  # a config.json is a few kB
+MAX_HF_CONFIG_BYTES = 16 * MIB  # a config.json is a few kB
 
 
 @dataclass(frozen=True)

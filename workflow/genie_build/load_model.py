@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from genie_build.chipsets import ALIGNMENTS, LoadParams
+from genie_build.chipsets import ALIGNMENTS, HTP_MANUAL, LoadParams
+from genie_build.units import MIB
 
 if TYPE_CHECKING:  # the memory-plan command starts without the plan file's jsonschema
     from genie_build.plan_file import PartPlan
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # the memory-plan command starts without the plan file's json
 __all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "KV_BYTES", "LoadPlan",
            "PAGE", "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round", "place_contexts"]
 
-MIB = 1024 ** 2
 KV_BYTES = 1  # a KV cache value: 8 bits, as every recipe's KV cache encodings store it
 PAGE = 2 * MIB
 INPUT_IDS_BYTES = 4                          # int32
@@ -41,8 +41,6 @@ INPUT_IDS_BYTES = 4                          # int32
 Mark = Literal["documented", "measured by a third party", "inferred"]
 Basis = Literal["measured", "estimated", "not known"]
 
-_HTP_MANUAL = ("Qualcomm QNN HTP backend manual 80-63442-10 Rev AL, \"Multiple cDSP Sessions\" "
-               "(https://docs.qualcomm.com/doc/80-63442-10/topic/htp_backend.html)")
 _OPEN_GENIE = "TadayukiOkada/open-genie-server docs/PLATFORM_NOTES.md (SA8255P, QAIRT 2.49-2.50)"
 _FIELD = ("the field report: Qwen2.5-7B on an SM8750 phone, 11 parts failed to map contexts 8-10 (\"fastrpc memory "
           "map ... length: 352321536 failed\"), 6 parts mapped all")
@@ -60,14 +58,14 @@ class Assumption:
 
 ASSUMPTIONS = (
     Assumption("usable", "each cDSP session has 4 GB of virtual address space of which 3.75 GB is usable",
-               _HTP_MANUAL, "documented"),
-    Assumption("no_span", "a context binary cannot be split across sessions", _HTP_MANUAL, "documented"),
+               HTP_MANUAL, "documented"),
+    Assumption("no_span", "a context binary cannot be split across sessions", HTP_MANUAL, "documented"),
     Assumption("next_session", "when a session is full the backend deserializes the context on the next one; "
-               "there is no API to choose the session", _HTP_MANUAL, "documented"),
+               "there is no API to choose the session", HTP_MANUAL, "documented"),
     Assumption("io_same_session", "a context's IO buffers are mapped into the session it was deserialized in",
-               _HTP_MANUAL, "documented"),
+               HTP_MANUAL, "documented"),
     Assumption("under_3gb", "keep the heap of a single context binary under 3 GiB (the manual's \"3 GB\")",
-               _HTP_MANUAL, "documented"),
+               HTP_MANUAL, "documented"),
     Assumption("alignment", "each mapping is placed at a multiple of the largest power of two not above its size "
                "(a 298 MiB weights buffer on a 256 MiB boundary), so a session fragments", _OPEN_GENIE,
                "measured by a third party"),

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from genie_build.load_model import ASSUMPTIONS, ContextPlacement, LoadPlan
+from genie_build.units import MIB
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
     from matplotlib.figure import Figure
@@ -17,7 +18,6 @@ if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
 __all__ = ["EMBEDDING_TABLE_REMEDY", "RUNTIME_REMEDIES", "Remedy", "label_heights", "load_plan_figure",
            "load_plan_json", "load_plan_markdown", "load_plan_png"]
 
-MIB = 1024 ** 2
 # a label's height in the figure, as a share of the session's address space drawn (7 pt of the axes' ~5 in is 2%)
 _LABEL_GAP = 0.03
 

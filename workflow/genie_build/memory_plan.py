@@ -15,20 +15,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 from genie_build import fileio, load_report
-from genie_build.chipsets import HTP_LOAD, LoadParams
+from genie_build.chipsets import HTP_LOAD, HTP_MODEL_BYTES, HTP_SESSION_BYTES, LoadParams
 from genie_build.errors import GenieBuildError
 from genie_build.load_model import Buffer, ContextLoad, LoadPlan, measured_contexts, place_contexts
 from genie_build.sizes import AccountRecord, read_record
+from genie_build.units import MIB
 
-__all__ = ["DEFAULT_MAX_CONTEXT_BYTES", "DEFAULT_MAX_SESSION_BYTES", "MIB", "MemoryLimits", "MemoryPlan",
-           "MemoryWarning", "PartSize", "memory_plan_json", "memory_plan_markdown", "part_sizes_from_records",
-           "plan_measured_memory", "plan_memory", "write_memory_plan"]
+__all__ = ["MemoryLimits", "MemoryPlan", "MemoryWarning", "PartSize", "memory_plan_json", "memory_plan_markdown",
+           "part_sizes_from_records", "plan_measured_memory", "plan_memory", "write_memory_plan"]
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 ** 2
-DEFAULT_MAX_CONTEXT_BYTES = 2048 * MIB      # 2 GiB
-DEFAULT_MAX_SESSION_BYTES = 3840 * MIB      # 3.75 GiB
 
 SOURCES = {
     "AIHM": "qai-hub-models v0.46.1 (https://github.com/quic/ai-hub-models), tutorials/llm/onboarding.md: "
@@ -69,8 +66,8 @@ class PartSize:
 class MemoryLimits:
     """Limits to warn against; ``max_contexts`` None means no limit on the number of contexts."""
 
-    max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES
-    max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES
+    max_context_bytes: int = HTP_MODEL_BYTES
+    max_session_bytes: int = HTP_SESSION_BYTES
     max_contexts: int | None = None
 
 

@@ -26,7 +26,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
                                     check_shared_initializers, initializer_specs, load_graph)
 from genie_build.plan_file import Piece, Plan, write_plan
-from genie_build.planners import MIB, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.units import MIB
 
 __all__ = ["initializer_pieces", "model_pieces", "plan_graphs", "plan_split", "quantized_bytes", "weighed_pieces"]
 

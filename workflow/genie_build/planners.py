@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from genie_build.conventions import part_label
 from genie_build.errors import GenieBuildError
 from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.units import MIB
 
-__all__ = ["MAX_PART_KEY", "MIB", "NUM_PARTS_KEY", "plan_by_max_part_bytes", "plan_by_num_parts"]
+__all__ = ["MAX_PART_KEY", "NUM_PARTS_KEY", "plan_by_max_part_bytes", "plan_by_num_parts"]
 
 NUM_PARTS_KEY = "split.num_parts"
 MAX_PART_KEY = "split.max_part_mb"
-MIB = 1024 * 1024
 
 
 def plan_by_num_parts(pieces: Sequence[Piece], num_parts: int, embedding_alone: bool = True) -> Plan:

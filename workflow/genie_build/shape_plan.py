@@ -32,10 +32,10 @@ from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, INDEX_NAME
 from genie_build.hf_config import load_hf_config, read_model_shape
 from genie_build.job_memory import RunMemory, part_job_mb
 from genie_build.plan import plan_graphs, weighed_pieces
-from genie_build.planners import MIB
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
 from genie_build.precision import weight_encoding
 from genie_build.recipes import precision_of, recipe_named
+from genie_build.units import MIB
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
 __all__ = ["part_jobs", "part_tensor_names", "part_weight_files", "piece_floats", "plan_checkpoint", "plan_from_hf_config",

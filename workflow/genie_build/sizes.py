@@ -23,6 +23,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.evaluation_table import Quality, read_quality
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, TensorInfo
+from genie_build.units import MIB
 
 __all__ = ["AccountRecord", "GraphCount", "QUALITY_COLUMNS", "TABLE_COLUMNS", "account_binary", "account_part",
            "build_size_table", "check_part_graphs", "read_record", "size_chart_png", "size_table_from_records",
@@ -250,7 +251,7 @@ def _unapplied_graph_options(requested: dict[str, Any], applied: AppliedOptions)
     sizes, wanted_mb = applied.vtcm_size, requested.get("vtcm_mb")
     if isinstance(sizes, dict) and wanted_mb:
         reasons += [f"vtcm_mb {wanted_mb} requested but the binary reports VTCM size {size} for graph {graph}"
-                    for graph, size in sizes.items() if size not in (wanted_mb, wanted_mb * 2**20)]
+                    for graph, size in sizes.items() if size not in (wanted_mb, wanted_mb * MIB)]
     return reasons
 
 

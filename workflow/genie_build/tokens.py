@@ -19,12 +19,13 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open, is_json_int, read_text, regular_file_size, write_json
 from genie_build.genie_config import load_tokenizer
 from genie_build.hf_config import load_hf_config
+from genie_build.units import MIB
 
 __all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_host_prompt", "check_tokenizer", "chunk_starts",
            "mapped_array", "read_tokens", "text_token_ids", "tokenize_text", "vocab_size"]
 
 # A few windows of text are used: a larger file is a mistake
-MAX_TEXT_BYTES = 64 * 1024**2
+MAX_TEXT_BYTES = 64 * MIB
 TOKEN_DTYPE = np.dtype("<i4")
 CHUNK_CHARS = 1 << 20
 SEAM_CHARS = 1 << 10   # far more than a pre-tokenizer looks around a character

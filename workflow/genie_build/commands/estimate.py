@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import argparse
 
+from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
 from genie_build.cli_args import (add_embedding_option, add_load_options, add_split_options, json_object, load_params, positive_float,
                                  positive_int, split_options)
 from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.job_memory import RunMemory
-from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
-from genie_build.planners import MIB
+from genie_build.memory_plan import MemoryLimits
 from genie_build.precision import Precision, precision_from_dict, read_precision
 from genie_build.recipes import RECIPES, precision_of, recipe_named
+from genie_build.units import MIB
 
 __all__ = ["register_parser", "run"]
 
@@ -41,9 +42,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                 "recipe (the workflow passes quantize.recipe when it calibrates)")
     parser.add_argument("--memory-variant", default=MEMORY_VARIANT, choices=[variant.name for variant in PREDICTED_VARIANTS],
                         help="the variant the memory plan checks (default %(default)s)")
-    parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+    parser.add_argument("--max-context-mb", type=positive_float, default=HTP_MODEL_BYTES / MIB,
                         help="memory plan: per context binary, MiB (default %(default)s)")
-    parser.add_argument("--max-session-mb", type=positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+    parser.add_argument("--max-session-mb", type=positive_float, default=HTP_SESSION_BYTES / MIB,
                         help="memory plan: per HTP session, MiB (default %(default)s)")
     parser.add_argument("--ar", type=positive_int, default=128,
                         help="with --hf-config: the export's prompt AR (default %(default)s)")

@@ -8,8 +8,9 @@ from pathlib import Path
 from genie_build.cli_args import add_load_options, add_strict_option, load_params, positive_float, positive_int
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
-                                     plan_measured_memory)
+from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
+from genie_build.memory_plan import MemoryLimits, plan_measured_memory
+from genie_build.units import MIB
 
 __all__ = ["register_parser", "run"]
 
@@ -19,9 +20,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                                                        "per-context and per-session memory guidance")
     parser.add_argument("--records", required=True, nargs="+", type=Path, help="accounting records (account)")
     parser.add_argument("--variant", required=True, help="the variant to plan (the bundled one)")
-    parser.add_argument("--max-context-mb", type=positive_float, default=DEFAULT_MAX_CONTEXT_BYTES / MIB,
+    parser.add_argument("--max-context-mb", type=positive_float, default=HTP_MODEL_BYTES / MIB,
                         help="per context binary, MiB (default %(default)s: AIHM's ~1-2 GB per compiled model)")
-    parser.add_argument("--max-session-mb", type=positive_float, default=DEFAULT_MAX_SESSION_BYTES / MIB,
+    parser.add_argument("--max-session-mb", type=positive_float, default=HTP_SESSION_BYTES / MIB,
                         help="per HTP session, MiB (default %(default)s: 3.75 GiB usable, HTP manual)")
     parser.add_argument("--max-contexts", type=positive_int, default=None,
                         help="warn above this many contexts (default: no limit)")

@@ -10,8 +10,8 @@ import argparse
 from genie_build.cli_args import add_embedding_option, add_load_options, add_split_options, load_params, positive_int, split_options
 from genie_build.errors import GenieBuildError
 from genie_build.plan import plan_split
-from genie_build.planners import MIB
 from genie_build.recipes import RECIPES
+from genie_build.units import MIB
 
 __all__ = ["register_parser", "run"]
 

@@ -13,6 +13,7 @@ from google.protobuf.message import Error as ProtobufError
 from genie_build.conventions import graph_ar_cl
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_regular
+from genie_build.units import GIB
 
 __all__ = ["Dim", "FOUR_BIT_TYPES", "GraphIO", "InitializerSpec", "MAX_GRAPH_BYTES", "Shape", "TensorSpec",
            "ar_and_context_length", "dtype_name", "graph_io", "initializer_specs", "load_graph", "stored_nbytes",
@@ -51,7 +52,7 @@ class GraphIO:
 
 
 # The protobuf limit: an ONNX file larger than this cannot be a model (its weights must be external data).
-MAX_GRAPH_BYTES = 2 * 1024**3
+MAX_GRAPH_BYTES = 2 * GIB
 
 
 def load_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:

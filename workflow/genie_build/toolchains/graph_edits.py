@@ -15,12 +15,13 @@ from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import FLOAT_TYPES, external_data, graph_io, model_tensors, require_finite, subgraphs
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
+from genie_build.units import GIB
 
 __all__ = ["MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors", "io_encodings", "rename_inputs",
            "replace_weights"]
 
 # The most bytes of attribute and subgraph tensors a converted graph holds inline (a protobuf is at most 2 GiB).
-MAX_INLINE_BYTES = 1024**3
+MAX_INLINE_BYTES = GIB
 
 
 def inline_stored_tensors(model: onnx.ModelProto, onnx_path: Path) -> None:

@@ -14,6 +14,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import open_regular
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 from genie_build.toolchains.reference.records import WeightEntry
+from genie_build.units import MIB
 
 __all__ = ["FORMAT_VERSION", "Layout", "MAGIC", "PREAMBLE", "TOOLCHAIN", "WEIGHT_SECTION_ALIGNMENT",
            "inspect_container", "padding", "read_header", "read_layout"]
@@ -25,7 +26,7 @@ TOOLCHAIN = "reference"
 PREAMBLE = struct.Struct("<8sIIQ")
 # A header lists graphs' IO and the weight table: megabytes for a 7B model. A length beyond this (or beyond the
 # file) is a corrupt or hostile file, refused before anything is allocated for it.
-MAX_HEADER_BYTES = 256 * 1024**2
+MAX_HEADER_BYTES = 256 * MIB
 
 
 @dataclass(frozen=True)
