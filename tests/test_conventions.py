@@ -11,8 +11,8 @@ import re
 
 from genie_build.calibration_units import units_from_dicts
 from genie_build.conventions import (KV_TENSOR, PART_LABEL_PATTERN, PART_SUFFIX, UNIT_LABEL_PATTERN, graph_ar,
-                                     graph_ar_cl, graph_name, kv_name, length_graph_key, parse_part_label, part_label,
-                                     piece_names, unit_label, unsplit_graph_name)
+                                     graph_ar_cl, graph_keys, graph_name, kv_name, length_graph_key, parse_part_label,
+                                     part_label, piece_names, unit_label, unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 
 
@@ -94,6 +94,13 @@ def test_a_graph_at_another_context_length_is_keyed_by_its_kind_and_length() -> 
     assert [length_graph_key(kind, 1024) for kind in ("prompt", "token")] == ["prompt_cl1024", "token_cl1024"]
     with pytest.raises(ValueError, match="graph kind"):
         length_graph_key("decode", 1024)
+
+
+def test_the_largest_length_keeps_the_kinds_key() -> None:
+    assert graph_keys([512, 4096, 1024]) == [(4096, "prompt", "prompt"), (4096, "token", "token"),
+                                             (1024, "prompt", "prompt_cl1024"), (1024, "token", "token_cl1024"),
+                                             (512, "prompt", "prompt_cl512"), (512, "token", "token_cl512")]
+    assert graph_keys([256]) == [(256, "prompt", "prompt"), (256, "token", "token")]
 
 
 def test_kv_names_are_what_the_kv_pattern_reads() -> None:

@@ -41,7 +41,7 @@ __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBEDDING_LAYOUTS"
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
-           "graph_ar_cl", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
+           "graph_ar_cl", "graph_keys", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
            "part_encodings_path", "part_folder", "part_graph_path", "part_label", "piece_names", "read_ar", "read_cl",
            "rope_tables", "shape_text",
            "tensors_by_name", "unit_label", "unsplit_graph_name"]
@@ -180,6 +180,14 @@ def length_graph_key(kind: str, cl: int) -> str:
     if kind not in GRAPH_KINDS:
         raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
     return f"{kind}_cl{cl}"
+
+
+def graph_keys(lengths: Iterable[int]) -> list[tuple[int, str, str]]:
+    """(CL, kind, key) of every graph at the context ``lengths``, the largest length first: its graphs keep the kind's
+    own key, the others' are :func:`length_graph_key`'s."""
+    ordered = sorted(set(lengths), reverse=True)
+    return [(cl, kind, kind if cl == ordered[0] else length_graph_key(kind, cl))
+            for cl in ordered for kind in GRAPH_KINDS]
 
 
 def graph_name(kind: str, ar: int, cl: int, index: int, num_parts: int) -> str:

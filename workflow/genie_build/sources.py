@@ -435,15 +435,10 @@ def source_of(config: Mapping[str, Any], memory: RunMemory | None = None) -> Sou
 
 def _generated_graphs(section: Mapping[str, Any], files) -> dict[str, Graph]:
     """The graphs of a source the workflow makes at the AR and context lengths of a config section (``demo``,
-    ``export``): the largest length's under the kind's key, the others' under :func:`conventions.length_graph_key`;
+    ``export``), keyed by :func:`conventions.graph_keys`;
     ``files(key, kind)`` gives each one's ``onnx`` and ``data``."""
-    lengths = context_lengths(section)
-    graphs = {}
-    for cl in reversed(lengths):
-        for kind in conventions.GRAPH_KINDS:
-            key = kind if cl == lengths[-1] else conventions.length_graph_key(kind, cl)
-            graphs[key] = Graph(key, kind, conventions.graph_ar(kind, section["ar"]), cl, **files(key, kind))
-    return graphs
+    return {key: Graph(key, kind, conventions.graph_ar(kind, section["ar"]), cl, **files(key, kind))
+            for cl, kind, key in conventions.graph_keys(context_lengths(section))}
 
 
 def _user_graphs(model: Mapping[str, Any]) -> dict[str, Graph]:
@@ -473,15 +468,13 @@ def _user_graphs(model: Mapping[str, Any]) -> dict[str, Graph]:
                                                           "one AR")
     largest = max(by_length["prompt"])
     graphs = {}
-    for cl in sorted(by_length["prompt"], reverse=True):
-        for kind in conventions.GRAPH_KINDS:
-            (graph, proto), (base, base_proto) = by_length[kind][cl], by_length[kind][largest]
-            try:
-                check_same_weight_names(base_proto, proto, base.onnx, graph.onnx)
-            except GenieBuildError as exc:
-                raise GenieBuildError(f"config model.{kind}_onnx", str(exc)) from None
-            key = kind if cl == largest else conventions.length_graph_key(kind, cl)
-            graphs[key] = dataclasses.replace(graph, key=key)
+    for cl, kind, key in conventions.graph_keys(by_length["prompt"]):
+        (graph, proto), (base, base_proto) = by_length[kind][cl], by_length[kind][largest]
+        try:
+            check_same_weight_names(base_proto, proto, base.onnx, graph.onnx)
+        except GenieBuildError as exc:
+            raise GenieBuildError(f"config model.{kind}_onnx", str(exc)) from None
+        graphs[key] = dataclasses.replace(graph, key=key)
     return graphs
 
 
