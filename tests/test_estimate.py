@@ -33,10 +33,10 @@ from genie_build.recipes import RECIPES, precision_of
 from genie_build.split import split_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
+from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
 from genie_build.toolchains.reference.container import stored_nbytes, write_container
 from genie_build.toolchains.reference.container_format import inspect_container, read_header
-from genie_build.toolchains.reference.convert import (FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY, QUANTIZED_WEIGHTS_KEY,
-                                                      convert_model)
+from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, QUANTIZED_WEIGHTS_KEY, convert_model
 from genie_build.toolchains.reference.onnx_io import set_metadata_json
 from genie_build.weight_inventory import weights_from_hf_config, weights_from_onnx
 from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake

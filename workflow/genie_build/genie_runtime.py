@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from genie_build.conventions import KV_TENSOR
 from genie_build.errors import GenieBuildError
-from genie_build.toolchains.reference.convert import IO_ENCODINGS_KEY
+from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
 from genie_build.toolchains.reference.onnx_io import metadata_json
 
 __all__ = ["Step", "empty_kv", "first_query_ids", "genie_steps"]

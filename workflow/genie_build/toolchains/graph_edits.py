@@ -1,27 +1,90 @@
-"""Edits of a part's graph that every converter makes: tensors stored outside the initializers moved in, the
-graph's IO encodings recorded, initializers swapped for their converted form (each rebuilt just before its first
-use), graph inputs renamed, exporter annotations dropped."""
+"""Edits of a part's graph that every converter makes: the graph and its encodings read and checked, tensors
+stored outside the initializers moved in, the graph's IO encodings recorded, initializers swapped for their converted
+form (each rebuilt just before its first use), graph inputs renamed, exporter annotations dropped, the converted graph
+written."""
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 from onnx import numpy_helper
 
-from genie_build.encodings import Encodings
+from genie_build.encodings import Encodings, read_encodings, validate_against_model
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import FLOAT_TYPES, external_data, graph_io, model_tensors, require_finite, subgraphs
-from genie_build.toolchains.reference.onnx_io import load_external_bytes
+from genie_build.fileio import atomic_open
+from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, check_external_data, external_data, graph_io,
+                                    load_graph, model_tensors, read_graph_tensors, require_finite, subgraphs)
+from genie_build.toolchains.reference.onnx_io import SharedWeights, load_external_bytes, set_metadata_json
 from genie_build.units import GIB
 
-__all__ = ["MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors", "io_encodings", "rename_inputs",
-           "replace_weights"]
+__all__ = ["ConvertInput", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors", "io_encodings",
+           "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
 
+# The converted graph's metadata key of its IO encodings (:func:`io_encodings`), every converter's.
+IO_ENCODINGS_KEY = "genie_build.io_encodings"
 # The most bytes of attribute and subgraph tensors a converted graph holds inline (a protobuf is at most 2 GiB).
 MAX_INLINE_BYTES = GIB
+
+
+@dataclass(frozen=True)
+class ConvertInput:
+    """A part's graph as every converter reads it before converting its weights."""
+
+    path: Path                      # the graph's file
+    model: onnx.ModelProto          # its external data checked, no training graphs, its attribute tensors inline
+    encodings: Encodings            # checked against the graph's tensors
+    names: GraphTensors             # the graph's tensor names and its parameters' shapes and layouts
+    recorded_io: dict[str, dict]    # the IO encodings the converted graph records (:func:`io_encodings`)
+    shared: SharedWeights | None    # the converted graph whose stored tensors the new one refers to
+
+
+def read_convert_input(onnx_path: Path, encodings_path: str | os.PathLike[str], out_path: Path,
+                       share_weights_with: str | os.PathLike[str] | None = None) -> ConvertInput:
+    """The graph at ``onnx_path`` and its encodings, read and checked for a convert writing ``out_path``, and the
+    converted graph ``share_weights_with`` (in ``out_path``'s folder) whose stored tensors it may refer to.
+
+    Raises:
+        GenieBuildError: ``out_path`` is the input, ``share_weights_with`` lies in another folder, an unreadable
+            model or encodings file, or encodings that do not fit the model.
+    """
+    if out_path.resolve() == onnx_path.resolve():
+        raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
+    shared = None if share_weights_with is None else SharedWeights(share_weights_with)
+    if shared is not None and shared.folder != os.path.dirname(os.path.abspath(out_path)):
+        raise GenieBuildError(share_weights_with, f"shares weights only with a graph in the output's folder "
+                                                  f"{out_path.parent}")
+    model = load_graph(onnx_path)
+    check_external_data(model, onnx_path)
+    model.ClearField("training_info")  # inference only: a device binary holds no training graphs
+    inline_stored_tensors(model, onnx_path)
+    encodings = read_encodings(encodings_path)
+    names = read_graph_tensors(onnx_path)
+    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
+    return ConvertInput(onnx_path, model, encodings, names, io_encodings(model, encodings, os.fspath(encodings_path)),
+                        shared)
+
+
+def write_converted(model: onnx.ModelProto, source: ConvertInput, out_path: Path, *, graph_name: str,
+                    input_names: Mapping[str, str] | None, metadata: Mapping[str, object]) -> None:
+    """Finish and write ``source``'s converted graph (its weights already swapped in): exporter annotations dropped,
+    inputs renamed (``input_names``, old -> new, in ``source.recorded_io`` too), the graph named, ``metadata`` (key ->
+    JSON value, in order) recorded.
+
+    Raises:
+        GenieBuildError: an input to rename that the graph lacks (naming ``source.path``).
+    """
+    drop_exporter_annotations(model.graph)
+    rename_inputs(model.graph, source.recorded_io, dict(input_names or {}), source.path)
+    model.graph.name = graph_name
+    for key, value in metadata.items():
+        set_metadata_json(model, key, value)
+    with atomic_open(out_path) as handle:
+        handle.write(model.SerializeToString())
 
 
 def inline_stored_tensors(model: onnx.ModelProto, onnx_path: Path) -> None:

@@ -42,20 +42,15 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
-from genie_build.encodings import Encodings, TensorEncoding, blocked_shape, layout_of, read_encodings, \
-    validate_against_model
+from genie_build.encodings import Encodings, TensorEncoding, blocked_shape, layout_of
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import (WeightLayout, check_external_data, load_graph, read_graph_tensors,
-                                    require_finite)
-from genie_build.toolchains.graph_edits import (drop_exporter_annotations, inline_stored_tensors, io_encodings,
-                                                rename_inputs, replace_weights)
-from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
-                                                     read_initializer, set_metadata_json)
+from genie_build.onnx_graph import WeightLayout, require_finite
+from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY, read_convert_input, replace_weights, write_converted
+from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, SharedWeights, default_opset, read_initializer
 from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "IO_ENCODINGS_KEY", "QDQ_OPSET", "is_qdq_graph",
-           "write_qdq_model"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
 
 QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
 CONSTANT_BITWIDTH = 16
@@ -65,7 +60,6 @@ FILLED_KEY = "genie_build.filled_encodings"
 # Ops that move or cut their input's values without computing new ones: their output is on the input's grid.
 _MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Expand",
                     "Identity", "Gather", "Tile"})
-IO_ENCODINGS_KEY = "genie_build.io_encodings"
 _SIGNED = {4: onnx.TensorProto.INT4, 8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
 _UNSIGNED = {4: onnx.TensorProto.UINT4, 8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
 _ACTIVATION_BITWIDTHS = (8, 16)
@@ -115,21 +109,9 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
             that cannot be quantized as its encoding says, or an encoding QNN has no form for.
     """
     onnx_path, out_path = Path(onnx_path), Path(out_path)
-    if out_path.resolve() == onnx_path.resolve():
-        raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
-    shared = None if share_weights_with is None else SharedWeights(share_weights_with)
-    if shared is not None and shared.folder != os.path.dirname(os.path.abspath(out_path)):
-        raise GenieBuildError(share_weights_with, f"shares weights only with a graph in the output's folder "
-                                                  f"{out_path.parent}")
-    model = load_graph(onnx_path)
-    check_external_data(model, onnx_path)
-    model.ClearField("training_info")
-    inline_stored_tensors(model, onnx_path)
-    encodings = read_encodings(encodings_path)
-    names = read_graph_tensors(onnx_path)
-    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
-    recorded_io = io_encodings(model, encodings, os.fspath(encodings_path))
-    model = _at_qdq_opset(model, onnx_path)
+    source = read_convert_input(onnx_path, encodings_path, out_path, share_weights_with)
+    encodings, layouts, shared = source.encodings, source.names.param_layouts, source.shared
+    model = _at_qdq_opset(source.model, onnx_path)
     initializers, rebuilds, constants = [], [], {}
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
@@ -138,7 +120,7 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
             array = read_initializer(tensor, onnx_path)
             if array.dtype.kind == "f":
                 require_finite(array, f"initializer {tensor.name!r}", onnx_path)
-            rewrite = _rewrite_initializer(array, tensor.name, encodings, names.param_layouts.get(tensor.name),
+            rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
                                            os.fspath(encodings_path))
             del array
             initializers += [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
@@ -149,14 +131,8 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     weights = {name for name, _ in rebuilds}
     activations, filled = _filled_activations(model.graph, encodings.activations, weights)
     _quantize_activations(model.graph, activations, skip=weights)
-    drop_exporter_annotations(model.graph)
-    rename_inputs(model.graph, recorded_io, dict(input_names or {}), onnx_path)
-    model.graph.name = graph_name
-    set_metadata_json(model, IO_ENCODINGS_KEY, recorded_io)
-    set_metadata_json(model, CONSTANTS_KEY, constants)
-    set_metadata_json(model, FILLED_KEY, filled)
-    with atomic_open(out_path) as handle:
-        handle.write(model.SerializeToString())
+    write_converted(model, source, out_path, graph_name=graph_name, input_names=input_names,
+                    metadata={IO_ENCODINGS_KEY: source.recorded_io, CONSTANTS_KEY: constants, FILLED_KEY: filled})
 
 
 def _stored_tensor(writer: ExternalDataWriter, shared: SharedWeights | None, stored: _Stored) -> onnx.TensorProto:

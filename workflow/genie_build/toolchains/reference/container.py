@@ -37,10 +37,10 @@ from genie_build.fileio import atomic_open, copy_range, open_regular
 from genie_build.onnx_graph import (StoredTensor, TensorSpec, check_external_data, external_data, graph_io,
                                     load_graph)
 from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInfo, QuantInfo, TensorInfo
+from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
 from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
                                                                WEIGHT_SECTION_ALIGNMENT, Layout, padding, read_layout)
-from genie_build.toolchains.reference.convert import (CONVERTED_FROM_KEY, FLOAT_BITWIDTH_KEY, IO_ENCODINGS_KEY,
-                                                      quantized_weights)
+from genie_build.toolchains.reference.convert import CONVERTED_FROM_KEY, FLOAT_BITWIDTH_KEY, quantized_weights
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer, remove_metadata
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,

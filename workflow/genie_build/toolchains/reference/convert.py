@@ -50,27 +50,23 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, TensorEncoding, blocked_shape, layout_of,
-                                   read_encodings, validate_against_model)
+from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, TensorEncoding, blocked_shape, layout_of
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import (GraphTensors, WeightLayout, check_external_data, load_graph, read_graph_tensors,
-                                    require_finite, tensor_sha256)
-from genie_build.toolchains.graph_edits import (drop_exporter_annotations, inline_stored_tensors, io_encodings,
-                                                rename_inputs, replace_weights)
+from genie_build.onnx_graph import GraphTensors, WeightLayout, require_finite, tensor_sha256
+from genie_build.toolchains.graph_edits import (IO_ENCODINGS_KEY, ConvertInput, read_convert_input, replace_weights,
+                                                write_converted)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
-                                                     metadata_json, read_initializer,
-                                                     set_metadata_json)
+                                                     metadata_json, read_initializer)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
 from genie_build.toolchains.reference.records import Quantization
 
-__all__ = ["CONVERTED_FROM_KEY", "FLOAT_BITWIDTHS", "FLOAT_BITWIDTH_KEY", "IO_ENCODINGS_KEY", "QUANTIZED_WEIGHTS_KEY",
-           "convert_model", "quantized_weights"]
+__all__ = ["CONVERTED_FROM_KEY", "FLOAT_BITWIDTHS", "FLOAT_BITWIDTH_KEY", "QUANTIZED_WEIGHTS_KEY", "convert_model",
+           "quantized_weights"]
 
 QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
 CONVERTED_FROM_KEY = "genie_build.converted_from"
-IO_ENCODINGS_KEY = "genie_build.io_encodings"
 FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
 FLOAT_BITWIDTHS = SUPPORTED_FLOAT_BITWIDTHS  # what a float weight or fallback is stored as
 
@@ -116,67 +112,72 @@ def convert_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.Pa
         raise GenieBuildError("float_bitwidth", f"{float_bitwidth} is not one of {FLOAT_BITWIDTHS}")
     if not graph_name:
         raise GenieBuildError("graph_name", "must not be empty")
-    if out_path.resolve() == onnx_path.resolve():
-        raise GenieBuildError(out_path, "is the input model; write the converted model elsewhere")
-    shared = None if share_weights_with is None else SharedWeights(share_weights_with)
-    if shared is not None and shared.folder != os.path.dirname(os.path.abspath(out_path)):
-        raise GenieBuildError(share_weights_with, f"shares weights only with a graph in the output's folder "
-                                                  f"{out_path.parent}")
-    model = load_graph(onnx_path)
-    check_external_data(model, onnx_path)
-    model.ClearField("training_info")  # inference only: a device binary holds no training graphs
-    inline_stored_tensors(model, onnx_path)
-    encodings = read_encodings(encodings_path)
-    names = read_graph_tensors(onnx_path)
-    validate_against_model(encodings, encodings_path, names.tensor_names, names.param_shapes, names.param_layouts)
-    recorded_io = io_encodings(model, encodings, os.fspath(encodings_path))
+    source = read_convert_input(onnx_path, encodings_path, out_path, share_weights_with)
+    weights = _convert_weights(source, out_path, float_bitwidth, os.fspath(encodings_path))
+    if share_weights_with is not None:
+        log.info("%s: %d of %d weights taken as %s converted them (the same bytes and encoding), %d converted",
+                 out_path.name, weights.taken, len(weights.rebuilds), share_weights_with,
+                 len(weights.rebuilds) - weights.taken)
+    model = source.model
+    _check_new_names_are_free(weights.initializers, [node for _, nodes in weights.rebuilds for node in nodes],
+                              source.names, onnx_path)
+    replace_weights(model.graph, weights.initializers, weights.rebuilds)
+    write_converted(model, source, out_path, graph_name=graph_name, input_names=input_names,
+                    metadata={QUANTIZED_WEIGHTS_KEY: weights.quantized, IO_ENCODINGS_KEY: source.recorded_io,
+                              FLOAT_BITWIDTH_KEY: float_bitwidth, CONVERTED_FROM_KEY: weights.converted_from})
 
+
+@dataclass
+class _ConvertedWeights:
+    """A graph's initializers converted: the initializers to store, the nodes rebuilding each weight, the
+    :data:`QUANTIZED_WEIGHTS_KEY` and :data:`CONVERTED_FROM_KEY` records."""
+
+    initializers: list[onnx.TensorProto] = dataclasses.field(default_factory=list)
+    rebuilds: list[tuple[str, tuple[onnx.NodeProto, ...]]] = dataclasses.field(default_factory=list)
+    quantized: dict[str, dict] = dataclasses.field(default_factory=dict)
+    converted_from: dict[str, dict] = dataclasses.field(default_factory=dict)
+    taken: int = 0      # initializers taken as the shared graph converted them
+
+
+def _convert_weights(source: ConvertInput, out_path: Path, float_bitwidth: int, where: str) -> _ConvertedWeights:
+    """Every initializer of ``source``'s graph converted, its stored tensors written to ``out_path + ".data"``: one
+    the shared graph converted from the same bytes with the same encoding taken as it made it, a stored tensor it
+    holds the same referred to there, the rest written."""
+    model, encodings, shared, onnx_path = source.model, source.encodings, source.shared, source.path
     opset = default_opset(model)
-    initializers, rebuilds, quantized, converted_from = [], [], {}, {}
+    done = _ConvertedWeights()
     done_before = _ConvertedBefore(shared)
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
             enc, is_param, layout = (encodings.of_initializer(tensor.name), tensor.name in encodings.params,
-                                     names.param_layouts.get(tensor.name))
+                                     source.names.param_layouts.get(tensor.name))
             made_from = _made_from(tensor, onnx_path, enc, is_param, layout, float_bitwidth, opset)
             taken = done_before.take(tensor.name, made_from)
             if taken is not None:
                 tensors, nodes, quantization = taken
-                initializers += tensors
+                done.initializers += tensors
             else:
                 array = read_initializer(tensor, onnx_path)
                 require_finite(array, f"initializer {tensor.name!r}", onnx_path)
                 converted = _convert_initializer(array, tensor.name, enc, is_param, layout, float_bitwidth, opset,
-                                                 os.fspath(encodings_path))
+                                                 where)
                 del array  # a quantized table's codes are written while its float values are freed
                 for name, stored in converted.tensors:
                     reused = None if shared is None else shared.find(name, stored)
-                    initializers.append(writer.add(name, stored) if reused is None else reused)
+                    done.initializers.append(writer.add(name, stored) if reused is None else reused)
                 nodes = converted.nodes
                 quantization = None if converted.quantization is None else converted.quantization.to_dict()
-                tensors = initializers[len(initializers) - len(converted.tensors):]
-            rebuilds.append((tensor.name, nodes))
+                tensors = done.initializers[len(done.initializers) - len(converted.tensors):]
+            done.rebuilds.append((tensor.name, nodes))
             if quantization is not None:
-                quantized[tensors[0].name] = quantization
+                done.quantized[tensors[0].name] = quantization
             if made_from is not None:
-                converted_from[tensor.name] = {"from": made_from, "tensors": [t.name for t in tensors],
-                                               "nodes": [node.name for node in nodes]}
-    if shared is not None:
-        log.info("%s: %d of %d weights taken as %s converted them (the same bytes and encoding), %d converted",
-                 out_path.name, done_before.taken, len(rebuilds), share_weights_with, len(rebuilds) - done_before.taken)
-    _check_new_names_are_free(initializers, [node for _, nodes in rebuilds for node in nodes], names, onnx_path)
-    replace_weights(model.graph, initializers, rebuilds)
-    drop_exporter_annotations(model.graph)
-    rename_inputs(model.graph, recorded_io, dict(input_names or {}), onnx_path)
-    model.graph.name = graph_name
-    set_metadata_json(model, QUANTIZED_WEIGHTS_KEY, quantized)
-    set_metadata_json(model, IO_ENCODINGS_KEY, recorded_io)
-    set_metadata_json(model, FLOAT_BITWIDTH_KEY, float_bitwidth)
-    set_metadata_json(model, CONVERTED_FROM_KEY, converted_from)
-    with atomic_open(out_path) as handle:
-        handle.write(model.SerializeToString())
+                done.converted_from[tensor.name] = {"from": made_from, "tensors": [t.name for t in tensors],
+                                                    "nodes": [node.name for node in nodes]}
+    done.taken = done_before.taken
+    return done
 
 
 def _made_from(tensor: onnx.TensorProto, onnx_path: Path, enc: TensorEncoding | None, is_param: bool,
