@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_CONTEXT_BYTES, LoadParams
 from genie_build.conventions import kv_name
 from genie_build.errors import GenieBuildError
@@ -28,7 +29,7 @@ from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_
 from genie_build.plan_file import PartPlan, Piece, Plan
 from genie_build.units import GIB, MIB
 
-__all__ = ["AUTO", "JobMemory", "auto_plan", "bundle_parts", "io_dims_from_graph",
+__all__ = ["AUTO", "JobMemory", "auto_plan", "io_dims_from_graph",
            "io_dims_from_hf_config", "plan_request"]
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
             plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
         except GenieBuildError:
             break       # past the most parts this model can be cut into
-        held = bundle_parts(plan, embedding)
+        held = BundleLayout(embedding).binaries(plan.parts)
         contexts = estimated_contexts(held, [part.estimated_bytes for part in held], dims)
         if (all(context.charge < HTP_CONTEXT_BYTES for context in contexts)
                 and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
@@ -186,12 +187,6 @@ def _chosen_by(plan: Plan, device: Plan, jobs: JobMemory | None) -> str:
     return (f"split.num_parts auto: {plan.num_parts} parts, the fewest that map on the device and whose jobs fit "
             f"{jobs.describe()}; the build box chose the count: {device.num_parts} parts would map, but part "
             f"{part.label}'s largest job would take {mb:,} MB")
-
-
-def bundle_parts(plan: Plan, embedding: str) -> list[PartPlan]:
-    """The parts whose contexts a bundle of ``plan`` holds: every one, or with the embedding as a table (``embedding``
-    "lut") every one but part 1."""
-    return [part for part in plan.parts if not (embedding == "lut" and part.index == 1)]
 
 
 def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_part_bytes: int | None,

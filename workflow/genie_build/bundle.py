@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from genie_build import __version__
+from genie_build.bundle_layout import BundleLayout
 from genie_build.check_bundle import require_valid_bundle
 from genie_build.conventions import graph_ar_cl, part_label
 from genie_build.embedding_table import EMBEDDING_TABLE_NAME, dialog_embedding, read_table_file
@@ -91,7 +92,7 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
     if not binaries:
         raise GenieBuildError(out_dir, "no ctx-bins to bundle")
     table = read_table_file(embedding_table) if embedding_table is not None else None
-    first = 1 if table is None else 2  # the table stands for part 1
+    first = BundleLayout("graph" if table is None else "lut").first_binary
     num_parts = len(binaries) + first - 1
     names = [ctx_bin_name(model_name, index, num_parts) for index in range(first, num_parts + 1)]
     infos = {name: _inspect(toolchain, Path(path)) for name, path in zip(names, binaries)}

@@ -22,6 +22,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import load_params, lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
@@ -325,7 +326,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
         raise GenieBuildError(_key(where, ("demo", "weight_dtype")),
                               f"{config['demo']['weight_dtype']!r} with calibrator aimet: aimet-onnx quantizes "
                               "float32 weights only (a weight reaching its op through a Cast stays unquantized)")
-    if config["bundle"]["embedding"] == "lut":
+    if BundleLayout(config["bundle"]["embedding"]).table:
         _check_embedding_table(config, where)
     if config["bundle"].get("graph_switching") is True and config["bundle"]["share_resources"]:
         # the HTP manual: graph switching "can not be used together with QNN_HTP_CONTEXT_CONFIG_OPTION_SHARE_RESOURCES"

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
-from genie_build.auto_split import (JobMemory, auto_plan, bundle_parts, io_dims_from_graph, io_dims_from_hf_config,
-                                   plan_request)
+from genie_build.auto_split import JobMemory, auto_plan, io_dims_from_graph, io_dims_from_hf_config, plan_request
+from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
 from genie_build.embedding_table import table_bytes
@@ -233,7 +233,7 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
     """
     out = Path(out_dir)
     records = _size_records(result)
-    on_htp = frozenset(part.index for part in bundle_parts(result.plan, embedding))
+    on_htp = frozenset(part.index for part in BundleLayout(embedding).binaries(result.plan.parts))
     memory_sizes = [PartSize(part.part, part.weight_bytes, part.file_bytes)
                     for part in result.parts if part.variant == memory_variant and part.part in on_htp]
     if not memory_sizes:
@@ -267,13 +267,13 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
 
 def _cpu_table_bytes(dims: IoDims, embedding: str) -> int:
     """The table's bytes when the embedding is one (0 in the graph layout)."""
-    return table_bytes(dims.vocab, dims.hidden, 8 * dims.activation_bytes) if embedding == "lut" else 0
+    return table_bytes(dims.vocab, dims.hidden, 8 * dims.activation_bytes) if BundleLayout(embedding).table else 0
 
 
 def _part_count_remedy(plan: Plan, dims: IoDims, load: LoadParams, embedding: str) -> tuple[str, ...]:
     """The part count that would map, when ``plan``'s contexts (in the ``embedding`` layout) do not (empty when they
     do)."""
-    held = bundle_parts(plan, embedding)
+    held = BundleLayout(embedding).binaries(plan.parts)
     contexts = estimated_contexts(held, [part.estimated_bytes for part in held], dims)
     if place_contexts(contexts, load).maps:
         return ()

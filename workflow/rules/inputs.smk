@@ -3,6 +3,7 @@
 # kind.
 import dataclasses
 
+from genie_build.bundle_layout import BundleLayout
 from genie_build.calibration_units import part_units, read_units, unit_before, unit_named
 from genie_build.config import calibration_windows
 
@@ -69,14 +70,14 @@ def units_json(units):
 
 # --- the embedding as a CPU table (rules/embedding.smk): part 1, the embedding alone, then not in the bundle
 
-EMBEDDING_LUT = config["bundle"]["embedding"] == "lut"
+BUNDLE_LAYOUT = BundleLayout(config["bundle"]["embedding"])
+EMBEDDING_LUT = BUNDLE_LAYOUT.table
 EMBEDDING_TABLE = f"{OUT}/embedding/embedding_table.bin"
 
 
 def bundle_part_labels():
     """The parts whose context binaries go into the bundle: all, or with the table all but part 1."""
-    labels = part_labels()
-    return labels[1:] if EMBEDDING_LUT else labels
+    return [label for label in part_labels() if BUNDLE_LAYOUT.holds(label)]
 
 
 def embedding_part_files(wildcards):
@@ -107,7 +108,7 @@ def shared_weights_graph(wildcards):
 def takes_embeddings(wildcards):
     """The convert option of the part after the embedding table, which takes the embedding vectors as inputs_embeds
     (none without the table)."""
-    return ["--takes-embeddings"] if EMBEDDING_LUT and conventions.parse_part_label(wildcards.part)[0] == 2 else []
+    return ["--takes-embeddings"] if BUNDLE_LAYOUT.takes_embeddings(wildcards.part) else []
 
 
 def converted_graphs(wildcards, variant=None):
