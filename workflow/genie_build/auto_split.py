@@ -27,14 +27,14 @@ from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.split_request import SplitRequest
 from genie_build.units import GIB, MIB
 
-__all__ = ["AUTO", "JobMemory", "auto_plan", "io_dims_from_graph",
+__all__ = ["JobMemory", "auto_plan", "io_dims_from_graph",
            "io_dims_from_hf_config", "plan_request"]
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 _CONTEXT_GIB = f"{HTP_CONTEXT_BYTES / GIB:.0f} GiB"   # the vendor's bound on a context, as the messages name it
 
 
@@ -189,20 +189,19 @@ def _chosen_by(plan: Plan, device: Plan, jobs: JobMemory | None) -> str:
             f"{part.label}'s largest job would take {mb:,} MB")
 
 
-def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_part_bytes: int | None,
-                 embedding_alone: bool, dims: IoDims | None = None, load: LoadParams | None = None,
-                 embedding: str = "graph", jobs: JobMemory | None = None) -> Plan:
-    """The plan a split request asks for: ``num_parts`` parts, the fewest of at most ``max_part_bytes`` each, or
-    (``num_parts`` :data:`AUTO`, with ``max_part_bytes`` as an extra bound) :func:`auto_plan` under ``dims``,
-    ``load``, the ``embedding`` layout and the build's ``jobs``.
+def plan_request(pieces: Sequence[Piece], request: SplitRequest, *, dims: IoDims | None = None,
+                 load: LoadParams | None = None, embedding: str = "graph", jobs: JobMemory | None = None) -> Plan:
+    """The plan the split ``request`` asks for: its ``num_parts`` parts, the fewest of at most its ``max_part_bytes``
+    each, or (``auto``, with ``max_part_bytes`` as an extra bound) :func:`auto_plan` under ``dims``, ``load``, the
+    ``embedding`` layout and the build's ``jobs``. The one place a request becomes a plan.
 
     Raises:
         GenieBuildError: an infeasible request (from the planner or :func:`auto_plan`).
     """
-    if num_parts == AUTO:
+    if request.auto:
         if dims is None or load is None:
             raise ValueError("num_parts auto needs the IO dimensions and the load parameters")
-        return auto_plan(pieces, embedding_alone, dims, load, max_part_bytes, embedding, jobs)
-    if num_parts is not None:
-        return plan_by_num_parts(pieces, num_parts, embedding_alone)
-    return plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone)
+        return auto_plan(pieces, request.embedding_alone, dims, load, request.max_part_bytes, embedding, jobs)
+    if request.num_parts is not None:
+        return plan_by_num_parts(pieces, request.num_parts, request.embedding_alone)
+    return plan_by_max_part_bytes(pieces, request.max_part_bytes, request.embedding_alone)

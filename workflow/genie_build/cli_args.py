@@ -9,6 +9,7 @@ from genie_build.chipsets import LoadParams
 from genie_build.chipsets import load_params as chipset_load_params
 from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.errors import GenieBuildError
+from genie_build.split_request import check_split_request
 
 __all__ = ["add_embedding_option", "add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
            "part_count", "positive_float", "positive_int", "split_options"]
@@ -118,7 +119,6 @@ def split_options(args: argparse.Namespace) -> dict:
         raise GenieBuildError("--split-json", "holds embedding_alone and boundaries: give them there")
     split = json_object(args.split_json, "--split-json")
     num_parts, max_part_mb = split.get("num_parts"), split.get("max_part_mb")
-    if (num_parts is None) == (max_part_mb is None) and num_parts != "auto":
-        raise GenieBuildError("--split-json", "needs exactly one of num_parts and max_part_mb (or num_parts auto)")
+    check_split_request(num_parts, max_part_mb, "--split-json")
     return {"num_parts": num_parts, "max_part_mb": max_part_mb,
             "embedding_alone": split.get("embedding_alone", True), "boundaries": split.get("boundaries") or None}

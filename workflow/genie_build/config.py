@@ -28,6 +28,7 @@ from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
 from genie_build.load_model import KV_BYTES
+from genie_build.split_request import check_split_request
 from genie_build.units import GIB, MIB
 
 __all__ = ["DEFAULT_CALIBRATION_TOKENS", "DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES",
@@ -297,10 +298,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
     if "num_parts" not in split and split.get("max_part_mb") is None:
         # a checkpoint (or an estimate of one) splits by the load model; the demo and ONNX graphs as they always have
         split["num_parts"] = "auto" if source_kind(config) in ("hf", "estimate") else DEFAULT_NUM_PARTS
-    if (split.get("num_parts") is None) == (split.get("max_part_mb") is None) and split.get("num_parts") != "auto":
-        raise GenieBuildError(_key(where, ("split",)),
-                              "set exactly one of num_parts and max_part_mb (the other to null), got "
-                              f"num_parts={split.get('num_parts')!r}, max_part_mb={split.get('max_part_mb')!r}")
+    check_split_request(split.get("num_parts"), split.get("max_part_mb"), _key(where, ("split",)))
     variants = config["variants"]
     for section, key in (("bundle", "variant"), ("report", "baseline_variant")):
         name = config[section][key]

@@ -49,6 +49,7 @@ from genie_build.plan_file import Piece, Plan, write_plan
 from genie_build.precision import Precision, weight_encoding
 from genie_build.shape_plan import part_jobs, piece_floats
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
+from genie_build.split_request import SplitRequest
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
@@ -183,8 +184,8 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
     pieces = weighed_pieces({weight.spec.name: weight.spec for weight in model.weights},
                             {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
                             model.boundaries)
-    plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                        dims=dims, load=load, embedding=embedding, jobs=jobs)
+    plan = plan_request(pieces, SplitRequest(num_parts, max_part_bytes, embedding_alone), dims=dims, load=load,
+                        embedding=embedding, jobs=jobs)
     index_of = {piece.name: index for index, piece in enumerate(pieces)}
     parts = []
     for part in plan.parts:

@@ -19,14 +19,14 @@ import onnx
 from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
 from genie_build.boundaries import find_boundaries
 from genie_build.chipsets import HTP_LOAD, LoadParams
-from genie_build.auto_split import auto_plan, io_dims_from_graph
+from genie_build.auto_split import io_dims_from_graph, plan_request
 from genie_build.conventions import piece_names
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
                                     check_shared_initializers, initializer_specs, load_graph)
 from genie_build.plan_file import Piece, Plan, write_plan
-from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.split_request import SplitRequest
 from genie_build.units import MIB
 
 __all__ = ["initializer_pieces", "model_pieces", "plan_graphs", "plan_split", "quantized_bytes", "weighed_pieces"]
@@ -90,8 +90,7 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
     Raises:
         GenieBuildError: as :func:`plan_split`.
     """
-    if (num_parts is None) == (max_part_bytes is None) and num_parts != "auto":
-        raise GenieBuildError("plan", "give exactly one of num_parts and max_part_bytes")
+    request = SplitRequest(num_parts, max_part_bytes, embedding_alone)
     prompt, token = load_graph(prompt_path), load_graph(token_path)
     check_external_data(prompt, prompt_path)
     check_external_data(token, token_path)
@@ -103,12 +102,8 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
         raise GenieBuildError(token_path, f"the token graph's boundaries {list(token_boundaries)} differ from the "
                                           f"prompt graph's {list(found)}; set {BOUNDARIES_KEY}")
     pieces = weigh(prompt, found)
-    if num_parts == "auto":
-        dims = io_dims_from_graph(prompt, activation_bits, prompt_path, other_lengths)
-        plan = auto_plan(pieces, embedding_alone, dims, load, max_part_bytes, embedding)
-    else:
-        plan = (plan_by_num_parts(pieces, num_parts, embedding_alone) if num_parts is not None
-                else plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone))
+    dims = io_dims_from_graph(prompt, activation_bits, prompt_path, other_lengths) if request.auto else None
+    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding)
     return dataclasses.replace(plan, **_graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
 
 

@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from pathlib import Path
 
-from genie_build.auto_split import AUTO, JobMemory, io_dims_from_hf_config, plan_request
+from genie_build.auto_split import JobMemory, io_dims_from_hf_config, plan_request
 from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibration_units, part_units, write_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
@@ -35,6 +35,7 @@ from genie_build.plan import plan_graphs, weighed_pieces
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
 from genie_build.precision import weight_encoding
 from genie_build.recipes import precision_of, recipe_named
+from genie_build.split_request import SplitRequest
 from genie_build.units import MIB
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
@@ -58,13 +59,11 @@ def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
             config key).
     """
-    if (num_parts is None) == (max_part_bytes is None) and num_parts != AUTO:
-        raise GenieBuildError("split", "give exactly one of num_parts and max_part_mb")
+    request = SplitRequest(num_parts, max_part_bytes, embedding_alone)
     model = weights_from_hf_config(config_path)
     pieces = _weighed(model, recipe)
     dims = io_dims_from_hf_config(config_path, precision_of(recipe_named(recipe)).activations, ar, context)
-    plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                        dims=dims, load=load, embedding=embedding,
+    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding,
                         jobs=None if memory is None else part_jobs(_piece_floats(model), memory, evaluate))
     return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
 
