@@ -11,8 +11,8 @@ from genie_build import cli
 from genie_build.errors import GenieBuildError
 from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
 from genie_build.config import read_schema
-from genie_build.memory_plan import (MemoryLimits, PartSize, memory_plan_json, memory_plan_markdown, part_sizes_from_records,
-                                     plan_memory, write_memory_plan)
+from genie_build.memory_plan import (MemoryLimits, PartSize, memory_plan_json, memory_plan_markdown,
+                                     part_sizes_from_records, plan_memory, write_memory_plan)
 from genie_build.sizes import AccountRecord
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.units import MIB

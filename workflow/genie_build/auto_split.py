@@ -106,10 +106,10 @@ def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str 
 def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,
               max_part_bytes: int | None = None, embedding: str = "graph", jobs: JobMemory | None = None) -> Plan:
     """The plan with the fewest parts whose contexts (their weights as the planner weighs them, their IO at
-    ``dims``) each need less than :data:`genie_build.chipsets.HTP_CONTEXT_BYTES`, whose parts are each at most ``max_part_bytes``,
-    which all map under ``load`` (every part's context, or with ``embedding`` "lut", ``bundle.embedding``: part 1
-    is a table on the CPU, every part's but part 1's), and whose jobs each fit ``jobs.limit_mb``. The plan's
-    ``chosen_by`` says which bound chose the count.
+    ``dims``) each need less than the vendor's :data:`genie_build.chipsets.HTP_CONTEXT_BYTES`, whose parts are each
+    at most ``max_part_bytes``, which all map under ``load`` (the parts :class:`genie_build.bundle_layout.BundleLayout`
+    makes binaries in the ``embedding`` layout, ``bundle.embedding``), and whose jobs each fit ``jobs.limit_mb``. The
+    plan's ``chosen_by`` says which bound chose the count.
 
     Raises:
         GenieBuildError: no part count does (naming the counts tried and the parameters).

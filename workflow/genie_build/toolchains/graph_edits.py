@@ -22,8 +22,8 @@ from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, check_external_da
 from genie_build.toolchains.reference.onnx_io import SharedWeights, load_external_bytes, set_metadata_json
 from genie_build.units import GIB
 
-__all__ = ["ConvertInput", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors", "io_encodings",
-           "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
+__all__ = ["ConvertInput", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors",
+           "io_encodings", "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
 
 # The converted graph's metadata key of its IO encodings (:func:`io_encodings`), every converter's.
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
