@@ -11,9 +11,6 @@ the file being read. Whatever goes wrong there is the verdict on that file, neve
 from __future__ import annotations
 
 import json
-import os
-import resource
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -22,6 +19,12 @@ from pathlib import Path
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_regular
+from genie_build.qnn_wheel.child import (
+    answer_stream,
+    child_environment,
+    limit_resources,
+    signal_name,
+)
 
 __all__ = ["ADDRESS_SPACE", "KINDS", "TIMEOUT_S", "Verdict", "judge"]
 
@@ -45,7 +48,7 @@ def judge(bundle: Path, files: Mapping[str, str], max_bytes: int, *, timeout: fl
     command = [sys.executable, "-m", __name__, str(bundle), str(max_bytes),
                *(f"{kind}={name}" for kind, name in files.items())]
     try:
-        done = subprocess.run(command, check=False, capture_output=True, timeout=timeout, env=_child_environment())
+        done = subprocess.run(command, check=False, capture_output=True, timeout=timeout, env=child_environment())
         stdout, ended = done.stdout, _ending(done)
     except subprocess.TimeoutExpired as expired:
         stdout, ended = expired.stdout or b"", f"it gave no answer within {timeout:g} s"
@@ -58,30 +61,17 @@ def judge(bundle: Path, files: Mapping[str, str], max_bytes: int, *, timeout: fl
 
 def _ending(done: subprocess.CompletedProcess[bytes]) -> str:
     if done.returncode < 0:
-        try:
-            name = signal.Signals(-done.returncode).name
-        except ValueError:
-            name = f"signal {-done.returncode}"
-        return f"it crashed reading it ({name})"
+        return f"it crashed reading it ({signal_name(-done.returncode)})"
     last = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
     return f"the judging process failed (exit {done.returncode}): {last[0]}"
-
-
-def _child_environment() -> dict[str, str]:
-    """The caller's environment with this package first on the path: the child runs this very module."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    inherited = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + inherited if inherited else "")}
 
 
 def _child_main(argv: list[str]) -> int:
     """``BUNDLE MAX_BYTES KIND=NAME...``: one JSON line per file on the original stdout (the libraries' own prints go
     to stderr), each written before the next file is read."""
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    limit_resources(ADDRESS_SPACE)
     bundle, max_bytes = Path(argv[0]), int(argv[1])
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    out = answer_stream()
     for item in argv[2:]:
         kind, name = item.split("=", 1)
         try:

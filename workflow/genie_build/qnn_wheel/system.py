@@ -24,8 +24,6 @@ import errno
 import json
 import mmap
 import os
-import resource
-import signal
 import struct
 import subprocess
 import sys
@@ -36,6 +34,12 @@ from typing import Any
 
 from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import library_path
+from genie_build.qnn_wheel.child import (
+    answer_stream,
+    child_environment,
+    limit_resources,
+    signal_name,
+)
 from genie_build.toolchains.base import GraphInfo, QuantInfo, TensorInfo
 
 __all__ = ["ADDRESS_SPACE_HEADROOM", "TIMEOUT_S", "ContextBinary", "Dlc", "HtpGraphBlob", "QnnGraph",
@@ -174,7 +178,7 @@ def _run_child(kind: str, path: Path, timeout: float, address_space: int | None,
     limit = address_space if address_space is not None else size + ADDRESS_SPACE_HEADROOM
     try:
         done = subprocess.run(_child_command(kind, path, library, limit), check=False, capture_output=True,
-                              timeout=timeout, env=_child_environment())
+                              timeout=timeout, env=child_environment())
     except subprocess.TimeoutExpired:
         raise GenieBuildError(path, f"{refused}: libQnnSystem gave no answer within {timeout:g} s") from None
     return _child_result(done, path, refused), size
@@ -184,16 +188,9 @@ def _child_command(kind: str, path: Path, library: Path, address_space: int) -> 
     return [sys.executable, "-m", __name__, kind, str(path.resolve()), str(library), str(address_space)]
 
 
-def _child_environment() -> dict[str, str]:
-    """The caller's environment with this package first on the path: the child runs this very module."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    inherited = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + inherited if inherited else "")}
-
-
 def _child_result(done: subprocess.CompletedProcess[bytes], path: Path, refused: str) -> dict[str, Any]:
     if done.returncode < 0:
-        raise GenieBuildError(path, f"{refused}: reading it crashed ({_signal_name(-done.returncode)})")
+        raise GenieBuildError(path, f"{refused}: reading it crashed ({signal_name(-done.returncode)})")
     try:
         data = json.loads(done.stdout)
     except ValueError:
@@ -204,13 +201,6 @@ def _child_result(done: subprocess.CompletedProcess[bytes], path: Path, refused:
     if "error" in data:
         raise GenieBuildError(path, f"{refused}: {data['error']}")
     return data
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 # --- The layouts (facts of QNN's C ABI on x86-64, see the module docstring) ----------------------------------------
@@ -537,19 +527,12 @@ class _System:
         return _quant_dict(definition, encoding, bits, scale_offset)
 
 
-def _limit_resources(address_space: int) -> None:
-    """Bound the child's memory, and keep a crash from writing a core file."""
-    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 def _child_main(argv: list[str]) -> int:
     """``KIND PATH LIBRARY ADDRESS_SPACE``: print the file's JSON, or ``{"error": reason}``, on the original
     stdout; the library's own prints go to stderr."""
     kind, path, library, address_space = argv
-    _limit_resources(int(address_space))
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    limit_resources(int(address_space))
+    out = answer_stream()
     try:
         system = _System(library)
         result, code = system.read_binary(path) if kind == "binary" else system.read_dlc(path), 0
