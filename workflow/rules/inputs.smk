@@ -160,3 +160,16 @@ def host_run_reference(wildcards):
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]
     return [f"{UNSPLIT}/model.bin"]
+
+
+# --- Genie's run on the build box (rules/genie_run.smk, the evaluation's genie_accuracy)
+
+GENIE_RUN = config["bundle"]["genie_run"]
+# a qnn-htp bundle: the vendor's Genie loads its twins (a reference container is genie-build's own format)
+GENIE_RUNS = config["bundle"]["enabled"] and HOST_TWINS and GENIE_RUN is not False
+
+
+def genie_float_graphs(wildcards):
+    """Every part's float prompt and token graph by its graph name: the float model whose tokens stand beside
+    Genie's."""
+    return {graph_name_for(key, label): part_graph(key, label) for label in part_labels() for key in GRAPHS}
