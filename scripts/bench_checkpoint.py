@@ -216,13 +216,14 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
         "export": ("from genie_build.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
         "calibration": ("from pathlib import Path; from genie_build import calibrate_unit as q; "
+                        "from genie_build import calibration_feeds as f; "
                         "from genie_build.recipes import RECIPES; "
                         f"p = Path({str(export / 'prompt.onnx')!r}); c = Path({str(checkpoint / 'config.json')!r}); "
                         "from genie_build.tokens import text_token_ids; "
-                        "s = q.feed_shape(q.load_graph(p), p, c); "
+                        "s = f.feed_shape(q.load_graph(p), p, c); "
                         f"ids = text_token_ids({str(REPO / 'resources' / 'calibration_corpus.txt')!r}, "
                         f"{str(checkpoint / 'tokenizer.json')!r}); "
-                        "q.calibrate_prompt(p, RECIPES['w4a16'], q.text_forward_pass(s, ids, 4))"),
+                        "q.calibrate_prompt(p, RECIPES['w4a16'], f.text_forward_pass(s, ids, 4))"),
     }
     ratios = {}
     for stage, code in steps.items():
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                              "kv_heads, vocab)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--num-parts", type=int, default=6)
-    parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--num-samples", type=int,
+                        help="calibration windows (default: the workflow's, the windows that hold 2,048 tokens)")
     parser.add_argument("--context", type=int, nargs="+", default=[4096],
                         help="export.context: one length or several, e.g. 512 1024 2048 4096 (default %(default)s)")
     parser.add_argument("--embedding", choices=("graph", "lut"), default="graph", help="bundle.embedding")
@@ -309,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                         {name: variants[name] for name in args.variants}))
         (workflow / "bench.yaml").write_text(json.dumps({
             "model": {"name": "qwen7b", "hf_checkpoint": str(work / "checkpoint")},
-            "split": {"num_parts": args.num_parts}, "quantize": {"num_samples": args.num_samples},
+            "split": {"num_parts": args.num_parts},
+            **({"quantize": {"num_samples": args.num_samples}} if args.num_samples else {}),
             "export": {"context": args.context}, "convert": {"keep": False},
             "bundle": {"host_run": False, "embedding": args.embedding}}))
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20

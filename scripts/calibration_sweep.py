@@ -1,19 +1,21 @@
-"""Calibration windows × calibrator on the trained demo: agreement, KL, clipping and the chain's time, per recipe.
+"""Calibration windows × calibrator on a trained model: agreement, KL, clipping and the chain's time, per recipe.
 
 For each ``quantize.num_samples`` (``--windows``) and ``quantize.calibrator`` (``--calibrators``), a copy of the
-workflow builds the demo (its trained weights) calibrated by aimet-onnx's chain under each recipe of ``--recipes``
+workflow builds the demo (its trained weights), or with ``--checkpoint`` a Hugging Face checkpoint (the Llama model
+``scripts/train_demo.py --family llama`` trains), calibrated by aimet-onnx's chain under each recipe of ``--recipes``
 and evaluates every variant on the held-out text (``evaluate.enabled``; no bundle). It reads each variant's report
 (top-1 agreement, mean KL, the share of activation values outside their grids, the weights-only KL) and the chain's
 time (the ``calibrate_unit`` jobs' benchmarks, summed), and prints one Markdown table.
 
-Minutes at 7B are computed, not measured: the 7B chain took 16.9 min for 8 windows of 128 tokens with min-max
-(docs/large-models.md); the table scales that by the windows (every minute counted as per-window, so an upper
-bound) and by the calibrator's cost per window against min-max on the demo (the slope of its chain time over the
-windows, fitted here).
+Minutes at 7B are computed, not measured: the 7B chain took 16.9 min for 8 windows of 128 tokens with min-max, and a
+window costs about 100 s more through its 28 layers (3.5 s a layer, measured on one-layer units of that shape:
+docs/large-models.md, "The largest jobs, measured alone"); the table adds that per window beyond 8, scaled by the
+calibrator's cost per window against min-max on the demo (the slope of its chain time over the windows, fitted here).
 
 Usage (needs envs/requirements-hf.txt; about 2 minutes a build on 2 cores)::
 
     .venv-test/bin/python scripts/calibration_sweep.py --work-dir bench/sweep [--windows 4 8 32 128]
+    .venv-test/bin/python scripts/calibration_sweep.py --work-dir bench/sweep-llama --checkpoint bench/llama-demo
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config", "resources")
-CHAIN_7B_MINUTES, CHAIN_7B_WINDOWS = 16.9, 8   # docs/large-models.md: calibration chain + part encodings, min-max
+# docs/large-models.md: the calibration chain and part encodings at 8 windows, min-max; a window through 28 layers
+CHAIN_7B_MINUTES, CHAIN_7B_WINDOWS, WINDOW_7B_MINUTES = 16.9, 8, 28 * 3.5 / 60
 
 
-def build_config(windows: int, calibrator: str, recipes: list[str], corpus: str | None) -> dict:
-    return {"model": {"name": f"sweep_{calibrator}_{windows}"}, "demo": {"calibrator": "aimet"},
+def build_config(windows: int, calibrator: str, recipes: list[str], corpus: str | None,
+                 checkpoint: Path | None = None, ar: int = 32, context: int = 256) -> dict:
+    model = ({"model": {"name": f"sweep_{calibrator}_{windows}"}, "demo": {"calibrator": "aimet"}} if checkpoint is None
+             else {"model": {"name": f"sweep_{calibrator}_{windows}", "hf_checkpoint": str(checkpoint.resolve())},
+                   "export": {"ar": ar, "context": context}})
+    return {**model,
             "variants": {recipe: {"recipe": recipe, "weights_packing": recipe != "w8a16"} for recipe in recipes},
             "report": {"baseline_variant": recipes[0]}, "bundle": {"enabled": False, "variant": recipes[0]},
             "evaluate": {"enabled": True},
@@ -70,6 +77,9 @@ def main() -> int:
     parser.add_argument("--calibrators", nargs="+", default=["min-max", "tf-enhanced", "percentile"])
     parser.add_argument("--recipes", nargs="+", default=["w4a16", "w8a16"])
     parser.add_argument("--corpus", help="calibration text (default: the workflow's, Genesis 1-12)")
+    parser.add_argument("--checkpoint", type=Path, help="a Hugging Face checkpoint folder instead of the demo")
+    parser.add_argument("--ar", type=int, default=32, help="the checkpoint's prompt AR (the demo's: 32)")
+    parser.add_argument("--context", type=int, default=256, help="the checkpoint's context length (the demo's: 256)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--out", type=Path, help="the figures as JSON")
     args = parser.parse_args()
@@ -83,7 +93,9 @@ def main() -> int:
     rows = []
     for calibrator in args.calibrators:
         for windows in args.windows:
-            results = run_build(work, build_config(windows, calibrator, args.recipes, args.corpus), args.cores)
+            config = build_config(windows, calibrator, args.recipes, args.corpus, args.checkpoint, args.ar,
+                                  args.context)
+            results = run_build(work, config, args.cores)
             for recipe in args.recipes:
                 report = json.loads((results / "evaluation" / f"{recipe}.json").read_text())
                 rows.append({"calibrator": calibrator, "windows": windows, "recipe": recipe,
@@ -103,7 +115,8 @@ def main() -> int:
           "chain (s, demo) | minutes at 7B |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        minutes = CHAIN_7B_MINUTES * row["windows"] / CHAIN_7B_WINDOWS * per_window[row["calibrator"]] / base
+        factor = 1.0 if row["calibrator"] == "min-max" else per_window[row["calibrator"]] / base
+        minutes = CHAIN_7B_MINUTES + (row["windows"] - CHAIN_7B_WINDOWS) * WINDOW_7B_MINUTES * factor
         row["minutes_at_7b"] = minutes
         print(f"| {row['calibrator']} | {row['windows']} | {row['recipe']} | {row['top1_agreement']:.1%} | "
               f"{row['mean_kl']:.3g} | {row['clipped_share']:.4%} | {row['weights_only_kl']:.3g} | "

@@ -1,7 +1,11 @@
-"""Train the demo model: a Qwen2 decoder of the demo's shape on the demo's public-domain text, on the CPU.
+"""Train the demo model: a Qwen2 decoder of the demo's shape on the demo's public-domain text, on the CPU; or, with
+``--family llama``, a Llama 3 decoder of another shape trained the same way, written as a Hugging Face checkpoint.
 
 The weights go to ``resources/demo_model.safetensors`` (float16, Hugging Face names and layout), which
-:mod:`genie_build.demo` builds the demo's graphs from, so a build needs no torch. The text is the King James
+:mod:`genie_build.demo` builds the demo's graphs from, so a build needs no torch. The Llama model (4 layers, hidden
+256, vocabulary 4096, Llama 3's RoPE base and ``llama3`` scaling, :data:`LLAMA_SHAPE`) goes to a checkpoint folder
+(``config.json``, ``model.safetensors`` in float16, its own ``tokenizer.json``) that ``model.hf_checkpoint`` builds:
+a second trained model of another family, on which the calibration's defaults were chosen (docs/quantize.md). The text is the King James
 Version's Genesis and Exodus 5-40 (``resources/calibration_corpus.txt`` and ``resources/training_corpus.txt``);
 Exodus 1-4 (``resources/evaluation_text.txt``) is held out for the evaluation. The tokenizer is the demo's own,
 trained by the workflow's ``train-tokenizer`` on ``resources/tokenizer_corpus.txt``.
@@ -14,6 +18,7 @@ unigram model's.
 Usage (needs torch and transformers, ``envs/requirements-hf.txt``; about ten minutes on one core of an idle machine)::
 
     .venv-test/bin/python scripts/train_demo.py [--steps 800] [--out resources/demo_model.safetensors]
+    .venv-test/bin/python scripts/train_demo.py --family llama --out bench/llama-demo   # a checkpoint folder
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from genie_build.demo import TRAINED_SHAPE, hf_config
+from genie_build.demo import BOS_TOKEN_ID, EOS_TOKEN_ID, TRAINED_SHAPE, hf_config
 from genie_build.genie_config import load_tokenizer
 from genie_build.train_tokenizer import train_tokenizer
 
@@ -39,6 +44,15 @@ RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 TRAINING_TEXTS = ("calibration_corpus.txt", "training_corpus.txt")
 HELD_OUT = "evaluation_text.txt"
 SEED = 20261203
+# The second family: Llama 3's layout (no q/k/v biases, RoPE base 500000 with llama3 scaling), half the demo's layers
+# and twice its vocabulary; its attention as the demo's (4 heads of 64, 2 KV heads) unless --heads gives more heads
+LLAMA_SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+               "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "vocab_size": 4096, "max_position_embeddings": 256, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
+               "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+               "bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "torch_dtype": "float16"}
 
 
 def text_of(path: Path) -> str:
@@ -69,7 +83,7 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def perplexity(model: Qwen2ForCausalLM, ids: torch.Tensor, length: int) -> float:
+def perplexity(model: PreTrainedModel, ids: torch.Tensor, length: int) -> float:
     """Teacher-forced perplexity over consecutive windows of ``length`` tokens."""
     model.eval()
     nll, count = 0.0, 0
@@ -95,25 +109,36 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=256, help="tokens per training window (the demo's context)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the result depends on it)")
-    parser.add_argument("--out", type=Path, default=RESOURCES / "demo_model.safetensors")
+    parser.add_argument("--family", choices=("qwen2", "llama"), default="qwen2",
+                        help="qwen2: the demo's model; llama: LLAMA_SHAPE, written as a checkpoint folder")
+    parser.add_argument("--heads", type=int, default=4, help="--family llama: attention heads (of 2 KV heads)")
+    parser.add_argument("--out", type=Path, help="the demo's weights file, or the Llama checkpoint's folder "
+                                                 "(default: resources/demo_model.safetensors for the demo)")
     args = parser.parse_args()
+    if args.out is None and args.family == "llama":
+        parser.error("--family llama needs --out (a checkpoint folder)")
+    out = args.out or RESOURCES / "demo_model.safetensors"
 
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(args.threads)
-    shape = TRAINED_SHAPE
+    shape = hf_config(TRAINED_SHAPE) if args.family == "qwen2" else {**LLAMA_SHAPE, "num_attention_heads": args.heads}
+    vocab = shape["vocab_size"]
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer_path = Path(scratch) / "tokenizer.json"
-        train_tokenizer(RESOURCES / "tokenizer_corpus.txt", shape.vocab, tokenizer_path)
-        tokenizer_sha = hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()
+        train_tokenizer(RESOURCES / "tokenizer_corpus.txt", vocab, tokenizer_path)
+        tokenizer_bytes = tokenizer_path.read_bytes()
+        tokenizer_sha = hashlib.sha256(tokenizer_bytes).hexdigest()
         train = token_ids(tokenizer_path, [RESOURCES / name for name in TRAINING_TEXTS])
         held_out = token_ids(tokenizer_path, [RESOURCES / HELD_OUT])
     print(f"{len(train)} training tokens, {len(held_out)} held-out tokens")
 
-    config = Qwen2Config(**{key: value for key, value in hf_config(shape).items() if key != "architectures"},
-                         attn_implementation="eager")
+    config_class, model_class = (Qwen2Config, Qwen2ForCausalLM) if args.family == "qwen2" else (LlamaConfig,
+                                                                                              LlamaForCausalLM)
+    config = config_class(**{key: value for key, value in shape.items() if key != "architectures"},
+                          attn_implementation="eager")
     config.torch_dtype = "float32"
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     started = time.monotonic()
     for step, batch in enumerate(batches(train, args.length, args.batch, args.steps, SEED)):
@@ -128,16 +153,22 @@ def main() -> int:
         if step % 50 == 0 or step == args.steps - 1:
             print(f"step {step}: loss {loss.item():.3f} ({time.monotonic() - started:.0f} s)", flush=True)
     held = perplexity(model, held_out, args.length)
-    unigram = unigram_perplexity(train, held_out, shape.vocab)
+    unigram = unigram_perplexity(train, held_out, vocab)
     print(f"held-out perplexity {held:.2f}, unigram {unigram:.2f}")
 
     weights = {name: tensor.detach().to(torch.float16).contiguous() for name, tensor in model.state_dict().items()}
-    metadata = {"shape": json.dumps(hf_config(shape), sort_keys=True), "tokenizer_sha256": tokenizer_sha,
+    metadata = {"shape": json.dumps(shape, sort_keys=True), "tokenizer_sha256": tokenizer_sha,
                 "steps": str(args.steps), "batch": str(args.batch), "length": str(args.length), "seed": str(SEED),
                 "held_out_perplexity": f"{held:.4f}", "unigram_perplexity": f"{unigram:.4f}",
                 "torch": torch.__version__}
-    save_file(weights, str(args.out), metadata=metadata)
-    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
+    if args.family == "llama":   # a checkpoint folder, as the Hub's
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(shape, indent=1, sort_keys=True) + "\n")
+        (out / "tokenizer.json").write_bytes(tokenizer_bytes)
+        out = out / "model.safetensors"
+        metadata["format"] = "pt"
+    save_file(weights, str(out), metadata=metadata)
+    print(f"wrote {out} ({out.stat().st_size:,} bytes)")
     return 0
 
 

@@ -12,7 +12,9 @@ RoPE frequencies of the positions the tests use.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from genie_build.families import FAMILIES as REGISTERED
 from genie_build.fileio import write_text
@@ -52,14 +54,19 @@ def hf_model(family: str, *, tied: bool = False, layers: int = 2, hidden: int = 
 
 
 def make_checkpoint(out_dir: str | os.PathLike[str], family: str, *, tied: bool = False,
-                    max_shard_size: str | None = None, dtype: str = "float32", **sizes) -> Path:
+                    max_shard_size: str | None = None, dtype: str = "float32",
+                    edit: Callable[[Any], None] | None = None, **sizes) -> Path:
     """Write a random checkpoint of ``family`` with a tokenizer.json to ``out_dir``; ``max_shard_size`` (e.g.
     ``"100KB"``) shards the weights with a ``model.safetensors.index.json``; ``dtype`` ``"bfloat16"`` stores them
-    as the Hub's checkpoints do."""
+    as the Hub's checkpoints do; ``edit`` changes the model's weights (under ``torch.no_grad``) before it is saved."""
     import torch
 
     out = Path(out_dir)
-    model = hf_model(family, tied=tied, **sizes).to(getattr(torch, dtype))
+    model = hf_model(family, tied=tied, **sizes)
+    if edit is not None:
+        with torch.no_grad():
+            edit(model)
+    model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     write_text(out / "tokenizer.json", build_tokenizer(CORPUS, model.config.vocab_size).to_str())
     return out

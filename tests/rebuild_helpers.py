@@ -27,8 +27,7 @@ def export_small_demo(workdir: Path) -> Path:
     """
     source = Path("results") / "demo" / "source"
     config_file = write_config(workdir, SMALL_DEMO, name="demo-config.yaml")
-    # Targets before --configfile, which takes every word up to the next option.
-    run_snakemake(workdir, *(str(source / name) for name in SOURCE_FILES), "--configfile", str(config_file))
+    run_snakemake(workdir, *(str(source / name) for name in SOURCE_FILES), config_file=config_file)
     exports = workdir / EXPORTS
     exports.mkdir()
     for name in SOURCE_FILES:

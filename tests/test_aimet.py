@@ -257,7 +257,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     bundle passes Genie's load-time rules and its host run gives the tokens of the parts' converted graphs."""
     from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
-    from genie_build.run_bundle import PARTS_REFERENCE
+    from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     workdir = copy_workflow(tmp_path)
     config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "calibrator": "aimet"},
@@ -271,7 +271,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     assert load_json(out / "plan_check.json")["same_parts"]
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE
+    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
 
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):

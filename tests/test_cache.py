@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 
 from rebuild_helpers import USER_MODEL, export_small_demo, scale_initializer, user_model_checkout, user_model_config
-from workflow_helpers import copy_workflow, load_json, run_snakemake
+from workflow_helpers import TEST_VARIANTS, copy_workflow, load_json, run_snakemake
 
 pytestmark = pytest.mark.workflow
 
-CACHED_RULES = ("convert_part_reference", "compile_part")
+CACHED_RULES = ("convert_part_reference", "convert_part_qnn_htp", "compile_part")
+# a converted graph's files: the reference's ONNX and its data; qnn-htp's QDQ ONNX, its data and its DLC
+CONVERTED_FILES = {"reference": 2, "qnn-htp": 3}
 TARGET = f"results/{USER_MODEL}/size_table.csv"  # everything the cached rules feed, nothing after it
 LAYER = 1
 
@@ -23,9 +25,8 @@ def build_with_cache(workdir, cache):
     """Build TARGET in ``workdir`` with the cache at ``cache``; Snakemake's log."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SNAKEMAKE_OUTPUT_CACHE", str(cache))
-        # The target first: --configfile and --cache take every word up to the next option.
-        result = run_snakemake(workdir, TARGET, "--configfile", str(user_model_config(workdir)),
-                               "--cache", *CACHED_RULES)
+        # The target first: --cache takes every word up to the next option.
+        result = run_snakemake(workdir, TARGET, "--cache", *CACHED_RULES, config_file=user_model_config(workdir))
     return result.stdout + result.stderr
 
 
@@ -57,7 +58,10 @@ def builds(tmp_path_factory):
 def test_first_build_stores_every_part_in_the_cache(builds):
     workdirs, logs, cache = builds
     outputs = cached_outputs(workdirs["first"])
-    assert len(outputs) == 3 * 2 * 2 + 3 * 2  # converted: parts x graphs x (.onnx, .onnx.data); compiled: parts x variants
+    parts = 2   # parts 2 and 3: part 1, the embedding alone, is the bundle's CPU table
+    assert set(CONVERTED_FILES) == set(TEST_VARIANTS)
+    # converted: parts x graphs x files per variant; compiled: parts x variants
+    assert len(outputs) == parts * 2 * sum(CONVERTED_FILES.values()) + parts * len(TEST_VARIANTS)
     for output in outputs:
         assert f"Moving output file {output} to cache." in logs["first"], output
         assert (workdirs["first"] / output).resolve().parent == cache.resolve(), output

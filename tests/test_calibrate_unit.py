@@ -33,8 +33,8 @@ from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, 
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import fake_quantize_activations
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.calibrate_unit import (FeedShape, feed_shape, kv_cache_io, lm_head_weight, recipe_sim,
-                                  session_outputs, text_forward_pass)
+from genie_build.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
+from genie_build.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
 from genie_build.recipes import LPBQ_BLOCK_SIZE, RECIPES
 from genie_build.tokens import text_token_ids
 
@@ -332,7 +332,7 @@ def test_each_calibrator_reaches_aimets_activation_quantizers_and_leaves_the_mat
     """quantize.calibrator sets the activation quantizers' scheme: percentile's grids lie within min-max's (the
     windows' extremes; AIMET takes the percentile from a histogram, whose bins leave up to 0.3% over), and cut
     tensors with rare outliers by more than 1%; TF-enhanced's differ; the MatMul weights' encodings are min-max's."""
-    from genie_build.calibrate_unit import CALIBRATORS, calibrate_prompt, text_forward_pass
+    from genie_build.calibrate_unit import CALIBRATORS, calibrate_prompt
 
     shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
     ids = text_token_ids(CORPUS, pair / "tokenizer.json")

@@ -25,14 +25,14 @@ import pytest
 
 from workflow_helpers import REPO
 
-from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, predicted_peak_mb
+from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
 from genie_build.conventions import EMBEDDING_BOUNDARY, unit_label
 from genie_build.encodings import read_encodings, slice_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_tensors
 from genie_build.check_plan import check_plan, measured_pieces
 from genie_build.recipes import RECIPES
-from genie_build.shape_plan import plan_from_hf_config
+from genie_build.shape_plan import piece_floats, plan_from_hf_config
 from genie_build.split import split_graph
 
 pytestmark = pytest.mark.hf
@@ -46,8 +46,8 @@ import hf_checkpoints  # noqa: E402
 
 from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
 from genie_build.part_encodings import write_part_encodings  # noqa: E402
-from genie_build.calibrate_unit import (calibrate_prompt, calibrate_unit, copy_kv_input_encodings,  # noqa: E402
-                                  feed_shape, text_forward_pass)
+from genie_build.calibrate_unit import calibrate_prompt, calibrate_unit, copy_kv_input_encodings  # noqa: E402
+from genie_build.calibration_feeds import feed_shape, text_forward_pass  # noqa: E402
 from genie_build.tokens import text_token_ids, tokenize_text  # noqa: E402
 
 CORPUS = REPO / "resources" / "calibration_corpus.txt"
@@ -76,9 +76,9 @@ def corpus_tokens(root: Path, checkpoint: Path) -> Path:
     return path
 
 
-def run_chain(root: Path, checkpoint: Path, plan, units, recipe: str) -> Path:
+def run_chain(root: Path, checkpoint: Path, plan, units, recipe: str, calibrator: str = "min-max") -> Path:
     """Every unit in chain order, then every part's encodings; returns the folder holding them."""
-    out = root / f"chain-{recipe}"
+    out = root / f"chain-{recipe}-{calibrator}"
     out.mkdir()
     for index, unit in enumerate(units):
         before = units[index - 1] if index else None
@@ -86,7 +86,7 @@ def run_chain(root: Path, checkpoint: Path, plan, units, recipe: str) -> Path:
                        out / f"unit_{unit.label}.json", out / f"unit_{unit.label}.npy",
                        hf_config_path=checkpoint / "config.json", tokens_path=corpus_tokens(root, checkpoint),
                        recipe=recipe, num_samples=NUM_SAMPLES, ar=AR, context=CONTEXT,
-                       boundary_in=out / f"unit_{before.label}.npy" if before else None)
+                       boundary_in=out / f"unit_{before.label}.npy" if before else None, calibrator=calibrator)
     for part in plan.parts:
         mine = part_units(units, part.label)
         first = units.index(mine[0])
@@ -105,6 +105,13 @@ def model(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     checkpoint = hf_checkpoints.make_checkpoint(root / "checkpoint", request.param, tied=True, layers=3,
                                                 context=CONTEXT)
+    plan = exported(root, checkpoint)
+    return request.param, root, checkpoint, plan, one_piece_units(plan, plan.parts[1].label)
+
+
+def exported(root: Path, checkpoint: Path):
+    """The 3-layer checkpoint's plan ([embedding] [layer 0, layer 1] [layer 2, head]), its whole export split by it,
+    and its parts exported part by part."""
     plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=AR, context=CONTEXT, num_parts=3)
     assert [part.pieces for part in plan.parts] == [("embedding",), ("layer_0", "layer_1"), ("layer_2", "head")]
     export_checkpoint(checkpoint, root / "whole", ar=AR, context=CONTEXT)
@@ -112,15 +119,26 @@ def model(request, tmp_path_factory):
         split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split", kind)
     for part in plan.parts:
         export_part(checkpoint, part, root / "parts" / part.label, num_parts=3, ar=AR, context=CONTEXT)
-    return request.param, root, checkpoint, plan, one_piece_units(plan, plan.parts[1].label)
+    return plan
 
 
-def whole_model_encodings(root: Path, checkpoint: Path, recipe: str):
+def whole_model_encodings(root: Path, checkpoint: Path, recipe: str, calibrator: str = "min-max"):
     prompt = root / "whole" / "prompt.onnx"
     shape = feed_shape(load_graph(prompt), prompt, checkpoint / "config.json")
     ids = text_token_ids(CORPUS, checkpoint / "tokenizer.json")
-    encodings = calibrate_prompt(prompt, RECIPES[recipe], text_forward_pass(shape, ids, NUM_SAMPLES))
+    encodings = calibrate_prompt(prompt, RECIPES[recipe], text_forward_pass(shape, ids, NUM_SAMPLES), calibrator)
     return copy_kv_input_encodings(encodings, read_graph_tensors(prompt).tensor_names)
+
+
+def assert_part_equals_whole(root: Path, chain: Path, whole, label: str, case: tuple):
+    """The chain's prompt encodings of part ``label`` equal whole-model calibration's slice of it, every activation
+    and weight; returns them."""
+    names, initializers = part_tensor_names(root / "split" / f"part_{label}" / "prompt.onnx")
+    expected = slice_encodings(whole, names, initializers)
+    actual = read_encodings(chain / f"prompt_{label}.json")
+    assert actual.activations == expected.activations, (*case, label)
+    assert actual.params == expected.params, (*case, label)
+    return actual
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
@@ -131,11 +149,7 @@ def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, rec
     whole = whole_model_encodings(root, checkpoint, recipe)
     compared = 0
     for part in plan.parts:
-        names, initializers = part_tensor_names(root / "split" / f"part_{part.label}" / "prompt.onnx")
-        expected = slice_encodings(whole, names, initializers)
-        actual = read_encodings(chain / f"prompt_{part.label}.json")
-        assert actual.activations == expected.activations, (family, recipe, part.label)
-        assert actual.params == expected.params, (family, recipe, part.label)
+        actual = assert_part_equals_whole(root, chain, whole, part.label, (family, recipe))
         compared += len(actual.activations) + len(actual.params)
         token = read_encodings(chain / f"token_{part.label}.json")
         token_names = read_graph_tensors(part_files(root / "parts" / part.label)[0]["token"]).tensor_names
@@ -160,7 +174,7 @@ def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, rec
 
 def test_a_plan_the_encodings_would_cut_elsewhere_is_refused(model, tmp_path):
     _, root, checkpoint, plan, units = model
-    chain = root / "chain-w4a16"
+    chain = root / "chain-w4a16-min-max"
     if not chain.exists():
         chain = run_chain(root, checkpoint, plan, units, "w4a16")
     graphs = {part.label: (part_files(root / "parts" / part.label)[0]["prompt"], chain / f"prompt_{part.label}.json")
@@ -174,24 +188,110 @@ def test_a_plan_the_encodings_would_cut_elsewhere_is_refused(model, tmp_path):
     assert not (tmp_path / "check.json").exists()
 
 
+# --- the embedding read in place, the LM head in slices --------------------------------------------------------
+
+HEAD_SLICES = 3
+
+
+@pytest.fixture(scope="module")
+def wide_head(tmp_path_factory):
+    """``(root, checkpoint, plan, units)``: an untied 3-layer Qwen2 checkpoint whose LM head's first rows are 8 times
+    the others (so the logits' extremes come from the first of its slices, not the last), its units one piece each,
+    the head in :data:`HEAD_SLICES` slices of its vocabulary."""
+    def widen(model) -> None:
+        model.lm_head.weight[:8] *= 8
+
+    root = tmp_path_factory.mktemp("wide_head")
+    checkpoint = hf_checkpoints.make_checkpoint(root / "checkpoint", "qwen2", layers=3, context=CONTEXT, edit=widen)
+    plan = exported(root, checkpoint)
+    units = tuple(dataclasses.replace(unit, slices=HEAD_SLICES) if unit.pieces == ("head",) else unit
+                  for unit in one_piece_units(plan, plan.parts[2].label))
+    assert [unit.pieces for unit in units][0::len(units) - 1] == [("embedding",), ("head",)]
+    return root, checkpoint, plan, units
+
+
+@pytest.mark.parametrize("calibrator", ["min-max", "tf-enhanced", "percentile"])
+@pytest.mark.parametrize("recipe", ["w4a16", "w8a16"])
+def test_the_table_in_place_and_the_head_in_slices_give_whole_model_calibrations_encodings(wide_head, recipe,
+                                                                                          calibrator, caplog):
+    """The embedding's unit reads its table in place and the head's is calibrated a third of its vocabulary at a
+    time; every part's encodings still equal whole-model calibration's, bit for bit, under every calibrator."""
+    root, checkpoint, plan, units = wide_head
+    with caplog.at_level("INFO", logger="genie_build.calibrate_unit"):
+        chain = run_chain(root, checkpoint, plan, units, recipe, calibrator)
+    assert f"LM head rows 0..{320 // HEAD_SLICES - 1} (slice 1 of {HEAD_SLICES})" in caplog.text
+    whole = whole_model_encodings(root, checkpoint, recipe, calibrator)
+    for part in plan.parts:
+        assert_part_equals_whole(root, chain, whole, part.label, (recipe, calibrator))
+    assert len(read_encodings(chain / f"prompt_{plan.parts[2].label}.json").params["lm_head.weight"].scale) == 320
+
+
+# --- memory: a window, not the count ----------------------------------------------------------------------------
+
+WIDE_AR, WIDE_CONTEXT, FEW, MANY = 128, 256, 8, 96
+
+
+def peak_rss_mb(command: list[str]) -> float:
+    """The peak RSS of ``command`` (its own process, measured by a wrapper that runs nothing else)."""
+    wrapper = ("import resource, subprocess, sys; result = subprocess.run(sys.argv[1:]); "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(result.returncode)")
+    result = subprocess.run([sys.executable, "-c", wrapper, *command], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return int(result.stdout.split()[-1]) / 1024
+
+
+def test_a_units_memory_does_not_grow_with_the_windows(tmp_path):
+    """A layer's unit fed the stream of the unit before it and writing its own: 96 windows of 128 tokens of a
+    1024-wide stream (48 MiB in, 48 MiB out) take no more memory than 8 (each stream read and written a window at a
+    time; held whole, the two streams and their stack would add about 140 MiB)."""
+    checkpoint = hf_checkpoints.make_checkpoint(tmp_path / "checkpoint", "qwen2", layers=1, hidden=1024,
+                                                intermediate=1024, heads=8, kv_heads=2, context=WIDE_CONTEXT)
+    plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=WIDE_AR, context=WIDE_CONTEXT,
+                               num_parts=2)
+    for part in plan.parts:
+        export_part(checkpoint, part, tmp_path / "parts" / part.label, num_parts=2, ar=WIDE_AR, context=WIDE_CONTEXT)
+    units = one_piece_units(plan, plan.parts[1].label)
+    layer = next(unit for unit in units if unit.pieces == ("layer_0",))
+    tokens = corpus_tokens(tmp_path, checkpoint)
+    peaks = {}
+    for count in (FEW, MANY):
+        stream = tmp_path / f"stream_{count}.npy"
+        np.save(stream, np.random.default_rng(0).standard_normal((count, 1, WIDE_AR, 1024)).astype(np.float32))
+        peaks[count] = peak_rss_mb([
+            sys.executable, "-m", "genie_build", "calibrate-unit",
+            "--part-graph", str(part_files(tmp_path / "parts" / layer.part)[0]["prompt"]),
+            "--part-units-json", json.dumps([dataclasses.asdict(u) for u in part_units(units, layer.part)]),
+            "--unit", layer.label, "--boundary-in", str(stream), "--hf-config", str(checkpoint / "config.json"),
+            "--tokens", str(tokens), "--recipe", "w4a16", "--num-samples", str(count), "--ar", str(WIDE_AR),
+            "--context", str(WIDE_CONTEXT), "--out-encodings", str(tmp_path / f"unit_{count}.json"),
+            "--out-boundary", str(tmp_path / f"out_{count}.npy")])
+        assert np.load(tmp_path / f"out_{count}.npy").shape == (count, 1, WIDE_AR, 1024)
+    assert peaks[MANY] - peaks[FEW] < 30, peaks
+
+
 # --- the units ---------------------------------------------------------------------------------------------------
 
 def test_units_never_cross_a_part_and_fit_the_budget():
-    pieces = {"embedding": 2_180_000_000, **{f"layer_{i}": 930_000_000 for i in range(4)}, "head": 2_180_000_000}
+    """Qwen2.5-7B in 6 parts at 8,000 MB a unit: the embedding alone (its table read in place), two layers a unit,
+    the head alone in two slices of its vocabulary; every unit's planned memory within the budget."""
     plan = plan_from_hf_config(REPO / "config" / "hf" / "qwen2_5_7b_instruct.json", recipe="w4a16", ar=128,
                                context=4096, num_parts=6)
-    floats = {piece.name: pieces.get(piece.name, 930_000_000) for piece in plan.pieces}
-    units = calibration_units(plan, floats, 10240)
+    floats = piece_floats(REPO / "config" / "hf" / "qwen2_5_7b_instruct.json")
+    units = calibration_units(plan, floats, 8000)
     assert [u.pieces for u in units][:2] == [("embedding",), ("layer_0", "layer_1")]
     assert len(units) == 17 and units[-1].pieces == ("head",) and units[-2].pieces == ("layer_26", "layer_27")
+    assert units[-1].slices == 2 and all(unit.slices == 1 for unit in units[:-1])
     for unit in units:
         part = next(p for p in plan.parts if p.label == unit.part)
         assert set(unit.pieces) <= set(part.pieces)
-        assert predicted_peak_mb(unit.float_bytes) <= 10240
+        assert unit_peak_mb(unit) <= 8000
     assert all(b.input_boundary == a.output_boundary for a, b in zip(units, units[1:]))
-    with pytest.raises(GenieBuildError, match="quantize.unit_memory_mb: 8000 MB cannot hold piece embedding") as error:
-        calibration_units(plan, floats, 8000)
-    assert "set at least 9720" in str(error.value)
+    # a larger budget holds the head whole, a smaller one cuts it finer
+    assert calibration_units(plan, floats, 10240)[-1].slices == 1
+    assert calibration_units(plan, floats, 5000)[-1].slices == 3
+    with pytest.raises(GenieBuildError, match="quantize.unit_memory_mb: 3500 MB cannot hold piece layer_0") as error:
+        calibration_units(plan, floats, 3500)
+    assert "set at least 4069" in str(error.value)
 
 
 # --- the command -------------------------------------------------------------------------------------------------

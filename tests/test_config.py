@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from genie_build.config import (DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain, load_config, read_schema,
-                                source_kind, validate_config)
+from genie_build.config import (DEFAULT_CALIBRATION_TOKENS, DEFAULT_SCHEMA, MAX_CONFIG_VALUES, calibration_chain,
+                                calibration_windows, load_config, read_schema, source_kind, validate_config)
 from genie_build.errors import GenieBuildError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+DEFAULT_VARIANTS = "reference, qnn-htp, qnn-htp-separate, qnn-htp-packing"
 TOP_LEVEL_KEYS = ", ".join(yaml.safe_load(DEFAULT_SCHEMA.read_text())["properties"])
 
 
@@ -49,9 +50,13 @@ def test_default_config_is_valid_and_gets_the_schema_defaults() -> None:
     original = copy.deepcopy(DEFAULT_CONFIG)
     config = validate_config(DEFAULT_CONFIG)
     assert DEFAULT_CONFIG == original, "the caller's dict must not be changed"
-    assert config["variants"]["packed"] == {"toolchain": "reference", "weights_packing": True,
-                                            "optimization_type": 3, "weight_sharing_enabled": True,
-                                            "vtcm_mb": 0, "float_bitwidth": 16, "recipe": None}
+    assert config["variants"]["reference"] == {"toolchain": "reference", "weights_packing": True,
+                                               "optimization_type": 3, "weight_sharing_enabled": True,
+                                               "vtcm_mb": 0, "float_bitwidth": 16, "recipe": None}
+    assert config["variants"]["qnn-htp"] == {**config["variants"]["reference"], "toolchain": "qnn-htp",
+                                             "weights_packing": False}
+    assert (config["bundle"]["variant"], config["bundle"]["embedding"]) == ("qnn-htp", "lut")
+    assert config["report"]["baseline_variant"] == "reference"
     assert config["report"]["max_session_mb"] == 3840 and config["toolchains"] == {"qairt": {}}
 
 
@@ -66,7 +71,7 @@ def test_a_config_naming_only_its_variants_gets_every_other_section_from_the_def
 @pytest.mark.parametrize("bundle", [{"graph_switching": True}, {"graph_switching": False, "share_resources": True},
                                     {"share_resources": True}, {}])
 def test_graph_switching_goes_with_anything_but_shared_resources(bundle: dict) -> None:
-    assert validate_config(changed(bundle=bundle))["bundle"].get("graph_switching") == bundle.get("graph_switching")
+    assert validate_config(changed(bundle={**DEFAULT_CONFIG["bundle"], **bundle}))["bundle"].get("graph_switching") == bundle.get("graph_switching")
 
 
 def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
@@ -87,9 +92,9 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
     (changed(split={"boundaries": ["a", 3]}), "config split.boundaries[1]: 3 is not of type 'string'"),
     (changed(variants={"a b": {}}), "config variants: 'a b' does not match '^[A-Za-z0-9_][A-Za-z0-9_-]*$'"),
     (changed(target__chipset="SM0000"), "config target.chipset: unknown chipset 'SM0000'; known: SM8550,"),
-    (changed(bundle__variant="nope"), "config bundle.variant: 'nope' is not one of the variants: unpacked, packed"),
+    (changed(bundle__variant="nope"), f"config bundle.variant: 'nope' is not one of the variants: {DEFAULT_VARIANTS}"),
     (changed(report__baseline_variant="nope"),
-     "config report.baseline_variant: 'nope' is not one of the variants: unpacked, packed"),
+     f"config report.baseline_variant: 'nope' is not one of the variants: {DEFAULT_VARIANTS}"),
     (changed(split={"num_parts": None}), "config split: set exactly one of num_parts and max_part_mb (the other "
                                          "to null), got num_parts=None, max_part_mb=None"),
     (changed(split={"num_parts": 4, "max_part_mb": 10}), "config split: set exactly one of num_parts and "
@@ -103,7 +108,7 @@ def test_defaults_are_copies_not_the_schemas_own_objects() -> None:
                                                             "'prompt_onnx'"),
     (changed(variants={1: {}}), "config variants.1: key 1 is not a string; quote it"),
     (changed(demo={"": 1}), "config demo.'': unknown key (known: layers,"),
-    (changed(bundle={"graph_switching": True, "share_resources": True}),
+    (changed(bundle__graph_switching=True, bundle__share_resources=True),
      "config bundle.graph_switching: true cannot go with bundle.share_resources: true (the HTP backend does not "
      "switch graphs of contexts that share resources): unset one"),
     (changed(bundle={"graph_switching": 3}), "config bundle.graph_switching: 3 is not of type 'boolean'"),
@@ -283,26 +288,28 @@ def test_no_rule_file_decides_the_source_kind_from_the_model_keys() -> None:
                for number, line in enumerate(path.read_text().splitlines(), 1)
                if re.search(r'"(prompt_onnx|hf_checkpoint|hf_config|encodings)" (not )?in config\["model"\]', line)]
     assert guessed == []
-    assert "SOURCE = source_of(config)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "SOURCE = source_of(config, RUN_MEMORY)" in (REPO / "workflow" / "rules" / "common.smk").read_text()
 
 
 def test_a_variant_names_its_recipe_only_in_a_build_that_calibrates() -> None:
     """A calibrating build fills each variant's recipe with quantize.recipe, which some variant must have (the split
     is weighed and checked by it); a build whose encodings come with its source has no recipe to name."""
     calibrating = {**DEFAULT_CONFIG, "demo": {**DEFAULT_CONFIG["demo"], "calibrator": "aimet"},
-                   "variants": {"unpacked": {}, "packed": {"weights_packing": True},
-                                "w8": {"recipe": "w8a16", "weights_packing": True}}}
+                   "variants": {"reference": {}, "qnn-htp": {"toolchain": "qnn-htp"},
+                                "w8": {"toolchain": "qnn-htp", "recipe": "w8a16"}}}
     recipes = {name: variant["recipe"] for name, variant in validate_config(calibrating)["variants"].items()}
-    assert recipes == {"unpacked": "w4a16", "packed": "w4a16", "w8": "w8a16"}
+    assert recipes == {"reference": "w4a16", "qnn-htp": "w4a16", "w8": "w8a16"}
     with pytest.raises(GenieBuildError, match=r"^config quantize.recipe: 'w4a16', the recipe the split is weighed and "
                                               r"checked by, is no variant's \(theirs: w8a16\)"):
-        validate_config({**calibrating, "variants": {"unpacked": {"recipe": "w8a16"}, "packed": {"recipe": "w8a16"}}})
+        validate_config({**calibrating, "variants": {"reference": {"recipe": "w8a16"},
+                                                     "qnn-htp": {"toolchain": "qnn-htp", "recipe": "w8a16"}}})
     with pytest.raises(GenieBuildError, match=r"^config variants.w8.recipe: this build's encodings come with its "
                                               r"source"):
         validate_config({**DEFAULT_CONFIG, "variants": calibrating["variants"]})
     assert all(variant["recipe"] is None for variant in validate_config(DEFAULT_CONFIG)["variants"].values())
-    with pytest.raises(GenieBuildError, match=r"^config variants.packed.recipe: 'w2a16' is not one of"):
-        validate_config({**calibrating, "variants": {"unpacked": {}, "packed": {"recipe": "w2a16"}}})
+    with pytest.raises(GenieBuildError, match=r"^config variants.qnn-htp.recipe: 'w2a16' is not one of"):
+        validate_config({**calibrating, "variants": {"reference": {}, "qnn-htp": {"toolchain": "qnn-htp",
+                                                                                  "recipe": "w2a16"}}})
 
 
 def _resolved(schema: dict, node: dict) -> dict:
@@ -393,3 +400,12 @@ def test_every_integer_key_refuses_a_float_in_one_line_and_takes_the_integer(pat
     message = error_of(_with_value(path, float(integer)))
     dotted = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", ".".join(map(str, path)))
     assert f"config {dotted}: {float(integer)!r} is not an integer (write {integer})" in message, message
+
+
+@pytest.mark.parametrize("num_samples, ar, windows", [(None, 128, 16), (None, 32, 64), (None, 96, 22), (8, 128, 8)])
+def test_the_calibration_windows_hold_the_default_tokens_unless_num_samples_says(num_samples, ar, windows):
+    """quantize.num_samples unset: the windows that hold DEFAULT_CALIBRATION_TOKENS of the prompt graph's AR (rounded
+    up); set, it is the count."""
+    quantize = validate_config({**DEFAULT_CONFIG, "quantize": {"num_samples": num_samples}})["quantize"]
+    assert calibration_windows(quantize, ar) == windows
+    assert DEFAULT_CALIBRATION_TOKENS == 2048

@@ -193,12 +193,15 @@ def _config(**bundle: object) -> dict:
     return {**config, "bundle": {**config["bundle"], **bundle}}
 
 
-def test_the_config_defaults_to_the_graph_layout_and_refuses_a_table_without_part_1_alone():
-    assert validate_config(_config())["bundle"]["embedding"] == "graph"
+def test_the_layout_defaults_to_the_graph_the_default_config_asks_for_the_table_and_it_needs_part_1_alone():
+    unset = _config()
+    del unset["bundle"]["embedding"]
+    assert validate_config(unset)["bundle"]["embedding"] == "graph"
+    assert validate_config(_config())["bundle"]["embedding"] == "lut"   # the demo's qnn-htp bundle
     with pytest.raises(GenieBuildError, match="bundle.embedding: lut takes part 1 out of the bundle"):
         validate_config({**_config(embedding="lut"), "split": {"num_parts": 6, "embedding_alone": False}})
     with pytest.raises(GenieBuildError, match="bundle.embedding: .*reference and qnn-htp toolchains only"):
-        validate_config({**_config(embedding="lut"), "variants": {"packed": {"toolchain": "qairt"}},
+        validate_config({**_config(embedding="lut", variant="packed"), "variants": {"packed": {"toolchain": "qairt"}},
                          "report": {"baseline_variant": "packed"}})
 
 

@@ -30,7 +30,8 @@ from genie_build.evaluation_table import (Clipping, ClippedTensor, Quality, Qual
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import (EXPORTS, USER_MODEL, export_small_demo, scale_initializer, user_model_checkout,
                              user_model_config)
-from workflow_helpers import copy_workflow, load_json, run_snakemake, scale_encoding, stated_axes_encodings
+from workflow_helpers import (REFERENCE_BUILD, copy_workflow, load_json, run_snakemake, scale_encoding,
+                              stated_axes_encodings, write_config)
 
 LAYER_1_WEIGHTS = [f"model.layers.1.{module}.weight" for module in
                    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -173,14 +174,14 @@ def test_the_table_puts_each_variants_size_beside_its_quality_and_strict_writes_
     assert out["png"].read_bytes().startswith(b"\x89PNG")
 
 
-# ------------------------------------------------------------------------------------------- workflow
+# ------------------------------------------- workflow (the evaluation runs the reference toolchain's binaries)
 
 @pytest.mark.workflow
 def test_without_a_reference_variant_the_target_says_so(tmp_path):
     workdir = copy_workflow(tmp_path)
-    config = tmp_path / "device_only.yaml"
-    config.write_text("variants:\n  unpacked: {toolchain: qairt}\n  packed: {toolchain: qairt}\n")
-    result = run_snakemake(workdir, "evaluate", "--dry-run", "--configfile", str(config), check=False)
+    device_only = {name: {**variant, "toolchain": "qairt"} for name, variant in REFERENCE_BUILD["variants"].items()}
+    config = write_config(workdir, {**REFERENCE_BUILD, "variants": device_only}, name="device_only.yaml")
+    result = run_snakemake(workdir, "evaluate", "--dry-run", config_file=config, check=False)
     assert result.returncode != 0
     assert "target 'evaluate': no variant of the reference toolchain" in result.stdout + result.stderr
 
@@ -195,7 +196,7 @@ def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fai
             scale_encoding(broken / EXPORTS / f"{graph}.encodings.json", weight, 4.0)
     results = {}
     for name, workdir in (("good", good), ("broken", broken)):
-        run_snakemake(workdir, "evaluate", "--configfile", str(user_model_config(workdir)))
+        run_snakemake(workdir, "evaluate", config_file=user_model_config(workdir, REFERENCE_BUILD))
         out = workdir / "results" / USER_MODEL
         results[name] = {variant: load_json(out / "evaluation" / f"{variant}.json")
                          for variant in ("unpacked", "packed")}
@@ -212,8 +213,9 @@ def test_a_variant_with_one_layers_scales_x4_is_told_apart_and_strict_bounds_fai
     assert results["good"]["packed"] == {**results["good"]["unpacked"], "variant": "packed"}
 
     bound = (results["good"]["packed"]["top1_agreement"] + results["broken"]["packed"]["top1_agreement"]) / 2
-    strict = user_model_config(broken, {"report": {"strict": True, "min_top1_agreement": bound}}, name="strict.yaml")
-    result = run_snakemake(broken, "evaluate", "--configfile", str(strict), check=False)
+    strict = user_model_config(broken, {**REFERENCE_BUILD, "report": {**REFERENCE_BUILD["report"], "strict": True,
+                                                                      "min_top1_agreement": bound}}, name="strict.yaml")
+    result = run_snakemake(broken, "evaluate", config_file=strict, check=False)
     assert result.returncode != 0 and "min_top1_agreement" in result.stdout + result.stderr
     assert not (broken / "results" / USER_MODEL / "evaluation.md").exists()   # no table that looks done
 
@@ -251,8 +253,8 @@ def test_a_weight_quantized_along_the_wrong_axis_is_told_apart(tmp_path):
             rule = consumer_axis(model)
             path.write_text(json.dumps(stated_axes_encodings(
                 encodings, lambda name: axis if name == weight else rule(name))))  # noqa: B023 (called at once)
-        config = user_model_config(workdir, {"evaluate": {"max_windows": 64}})
-        run_snakemake(workdir, "evaluate", "--configfile", str(config))
+        config = user_model_config(workdir, {**REFERENCE_BUILD, "evaluate": {"max_windows": 64}})
+        run_snakemake(workdir, "evaluate", config_file=config)
         results[name] = load_json(workdir / "results" / USER_MODEL / "evaluation" / "packed.json")
     right, wrong = results["right"], results["wrong"]
     assert right["float_perplexity"] == wrong["float_perplexity"]   # one float model
@@ -266,8 +268,8 @@ def test_enabled_the_build_evaluates_and_a_changed_encoding_reevaluates_without_
     draws evaluation.png; an edited encoding re-evaluates the variants, not the float model."""
     (tmp_path / "exporter").mkdir()
     workdir = user_model_checkout(tmp_path / "user", export_small_demo(copy_workflow(tmp_path / "exporter")))
-    config = user_model_config(workdir, {"evaluate": {"enabled": True}})
-    run_snakemake(workdir, "--configfile", str(config))
+    config = user_model_config(workdir, {**REFERENCE_BUILD, "evaluate": {"enabled": True}})
+    run_snakemake(workdir, config_file=config)
     out = workdir / "results" / USER_MODEL
     sizes = list(csv.DictReader((out / "size_table.csv").read_text().splitlines()))
     reports = {variant: load_json(out / "evaluation" / f"{variant}.json") for variant in ("unpacked", "packed")}
@@ -280,7 +282,7 @@ def test_enabled_the_build_evaluates_and_a_changed_encoding_reevaluates_without_
 
     scale_encoding(workdir / EXPORTS / "prompt.encodings.json", LAYER_1_WEIGHTS[0], 2.0)
     scale_encoding(workdir / EXPORTS / "token.encodings.json", LAYER_1_WEIGHTS[0], 2.0)
-    result = run_snakemake(workdir, "--configfile", str(config))
+    result = run_snakemake(workdir, config_file=config)
     ran = re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.MULTILINE)
     assert ran.count("evaluate_variant") == 2 and "evaluate_float" not in ran
     assert load_json(out / "evaluation" / "packed.json") != reports["packed"]

@@ -44,7 +44,7 @@ import hf_checkpoints  # noqa: E402  (needs torch)
 
 from genie_build.export import export_part, part_files  # noqa: E402
 from genie_build.export_length import export_length, length_files  # noqa: E402
-from genie_build.verify_parts import TOLERANCE, verify_parts  # noqa: E402
+from genie_build.verify_parts import TOLERANCE, PartGraph, verify_part  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS, MAX_POSITIONS = 8, 32, 3, 64
 LENGTHS = (16, MAX_POSITIONS)   # one shorter than the part's own, one longer
@@ -121,12 +121,12 @@ def test_the_parts_own_files_are_left_as_they_were(exported):
 
 def test_each_length_computes_what_transformers_modules_compute(exported, tmp_path):
     checkpoint, plan, parts, _ = exported
-    for context in LENGTHS:
-        at_length = dataclasses.replace(plan, context_length=context)
-        for kind in ("prompt", "token"):
-            graphs = [length_files(parts / part.label, context)[kind] for part in plan.parts]
-            checks = verify_parts(checkpoint, at_length, kind, graphs, tmp_path / f"{kind}_{context}.json")
-            assert checks and all(check.within_tolerance for check in checks)
+    for part in plan.parts:
+        graphs = [PartGraph(f"{kind}_cl{context}", kind, context, path) for context in LENGTHS
+                  for kind, path in length_files(parts / part.label, context).items()]
+        checks = verify_part(checkpoint, part, graphs, ar=AR, out=tmp_path / f"{part.label}.json")
+        assert {check.graph for check in checks} == {graph.key for graph in graphs}
+        assert all(check.within_tolerance for check in checks)
 
 
 def _chained_logits(checkpoint: Path, plan, graphs_of, context: int, prompt_ids: np.ndarray,
@@ -220,9 +220,9 @@ REFUSALS = {  # case -> (how the part's folder is broken, context, the file name
     "other-dtype": (lambda folder: _edit_initializer(folder, _as_int32), 16, "prompt.onnx", "is int32"),
     "inline-weight": (lambda folder: _edit_initializer(folder, _inline), 16, "prompt.onnx",
                       "not all in weights.onnx.data"),
-    # the settings, as export-part refuses them (naming the setting)
-    "beyond-max-positions": (None, 2 * MAX_POSITIONS, "export.context", "max_position_embeddings"),
-    "context-not-above-ar": (None, AR, "export.ar", "below"),
+    # the settings, as export-part refuses them (naming the config's key)
+    "beyond-max-positions": (None, 2 * MAX_POSITIONS, "config export.context", "max_position_embeddings"),
+    "context-not-above-ar": (None, AR, "config export.ar", "below"),
 }
 
 

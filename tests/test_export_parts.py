@@ -40,7 +40,7 @@ import hf_checkpoints  # noqa: E402  (needs torch)
 from test_export import as_hub_config, _hf_steps  # noqa: E402
 
 from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
-from genie_build.verify_parts import verify_parts  # noqa: E402
+from genie_build.verify_parts import PartGraph, verify_part  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS = 8, 32, 3
 CASES = {  # name -> (family, tied, max_shard_size, dtype, config.json in the Hub's transformers-4 layout, keys)
@@ -157,16 +157,22 @@ def test_a_part_reads_only_its_own_tensors(exported, tmp_path, monkeypatch):
     assert all(name.startswith(("model.layers.0.", "model.layers.1.")) for name in read)
 
 
+def own_graphs(folder: Path) -> list[PartGraph]:
+    """A part's prompt and token graphs at the export's context."""
+    return [PartGraph(kind, kind, CONTEXT, path) for kind, path in part_files(folder)[0].items()]
+
+
 def test_each_part_computes_what_transformers_modules_compute(exported, tmp_path):
     case, checkpoint, plan, _, parts = exported
-    for kind in ("prompt", "token"):
-        checks = verify_parts(checkpoint, plan, kind, [part_files(parts / p.label)[0][kind] for p in plan.parts],
-                              tmp_path / f"{kind}.json")
-        assert {check.part for check in checks} == {p.label for p in plan.parts}
+    for part in plan.parts:
+        checks = verify_part(checkpoint, part, own_graphs(parts / part.label), ar=AR,
+                             out=tmp_path / f"{part.label}.json")
+        assert {check.graph for check in checks} == {"prompt", "token"}
         assert all(check.within_tolerance for check in checks)
-        assert max(check.max_abs_reference for check in checks if check.output == LOGITS) > 0.1
-        report = json.loads((tmp_path / f"{kind}.json").read_text())
-        assert report["reference"].startswith("transformers modules") and len(report["parts"]) == len(checks)
+        report = json.loads((tmp_path / f"{part.label}.json").read_text())
+        assert report["reference"].startswith("transformers modules") and len(report["outputs"]) == len(checks)
+        if part.output_boundary is None:
+            assert max(check.max_abs_reference for check in checks if check.output == LOGITS) > 0.1
 
 
 def test_a_wrong_weight_in_a_part_is_caught_against_transformers(exported, tmp_path):
@@ -183,10 +189,8 @@ def test_a_wrong_weight_in_a_part_is_caught_against_transformers(exported, tmp_p
     values = bytearray(data.read_bytes())
     values[offset:offset + 4] = np.float32(3.0).tobytes()   # one weight of layer 0's MLP
     data.write_bytes(bytes(values))
-    paths = [part_files(parts / p.label)[0]["prompt"] for p in plan.parts]
-    paths[1] = graphs["prompt"]
     with pytest.raises(GenieBuildError, match="differs from transformers' modules") as error:
-        verify_parts(checkpoint, plan, "prompt", paths, tmp_path / "report.json")
+        verify_part(checkpoint, plan.parts[1], own_graphs(broken), ar=AR, out=tmp_path / "report.json")
     assert str(graphs["prompt"]) in str(error.value)
     assert not (tmp_path / "report.json").exists()
 

@@ -52,13 +52,15 @@ def model_folder(workdir: Path, name: str, edit: Callable[[Path], None] | None =
 
 
 def config_for(workdir: Path, name: str, folder: Path | None = None, **sections: dict) -> Path:
-    """A config building the files of ``folder`` (default exports/) as model ``name``: one packed variant."""
+    """A config building the files of ``folder`` (default exports/) as model ``name``: one packed variant of the
+    reference toolchain, whose containers the tests read back, with the embedding in the graph."""
     files = (folder or workdir / "exports").relative_to(workdir)
     model = {"name": name, "prompt_onnx": f"{files}/prompt.onnx", "token_onnx": f"{files}/token.onnx",
              "encodings": {graph: f"{files}/{graph}.encodings.json" for graph in GRAPHS},
              "tokenizer": f"{files}/tokenizer.json", "hf_config": f"{files}/config.json"}
     overrides = {"model": model, "split": {"num_parts": 3}, "variants": {"packed": VARIANT},
-                 "report": {"baseline_variant": "packed"}, **sections}
+                 "bundle": {"variant": "packed", "embedding": "graph"}, "report": {"baseline_variant": "packed"},
+                 **sections}
     return write_config(workdir, overrides, name=f"{name}.yaml")
 
 

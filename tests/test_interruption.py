@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import ReferenceBuild, build_reference_bundle
-from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import CONFIG_OPTIONS, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
 # The small demo cut to 2 layers and 2 parts: fewer jobs, the same rules.
 TINY_WORKFLOW = {"demo": {**SMALL_DEMO["demo"], "layers": 2, "hidden": 32, "intermediate": 64, "vocab": 300},
@@ -133,7 +133,7 @@ def _start_snakemake(workdir: Path, config_file: Path, log: Path) -> subprocess.
     """Snakemake in its own session, so that the whole process group (jobs included) can be killed at once."""
     env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
     with open(log, "w") as handle:
-        return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config_file)],
+        return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *CONFIG_OPTIONS, str(config_file)],
                                 cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -194,8 +194,8 @@ def test_a_run_killed_during_compile_resumes_to_the_bundle_of_an_uninterrupted_r
     assert temporaries(interrupted / "results") == []
 
     uninterrupted = copy_workflow(_fresh_dir(tmp_path / "uninterrupted"))  # only as far as the bundle
-    run_snakemake(uninterrupted, "results/demo/genie_bundle/manifest.json", "--configfile",
-                  str(write_config(uninterrupted, TINY_WORKFLOW)))  # the target first: --configfile takes a list
+    run_snakemake(uninterrupted, "results/demo/genie_bundle/manifest.json",
+                  config_file=write_config(uninterrupted, TINY_WORKFLOW))
     resumed = load_json(out / "genie_bundle" / "manifest.json")["files"]
     reference = load_json(uninterrupted / "results" / "demo" / "genie_bundle" / "manifest.json")["files"]
     assert resumed == reference

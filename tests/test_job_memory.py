@@ -10,20 +10,38 @@ import pytest
 from onnx import helper, numpy_helper
 
 from genie_build import job_memory
-from genie_build.calibration_units import predicted_peak_mb
+from genie_build.calibration_units import CalibrationUnit, unit_peak_mb
 
 MIB = 2**20 / 1e6   # MB per MiB
 
 
+LAYER, LARGEST, TABLE = 932_231_168, 271_581_184, 2_180_003_840   # Qwen2.5-7B: a layer, its largest weight, the head
+
+
+def unit(pieces: tuple[str, ...], float_bytes: int, largest: int, slices: int = 1) -> CalibrationUnit:
+    return CalibrationUnit("u01_of_01", "1_of_1", pieces, None, None, float_bytes, largest, slices)
+
+
 @pytest.mark.parametrize("planned, measured_mb", [
-    # the 7B export's largest part: 6.5 GB of float32 weights, 7.86 GB peak
-    (job_memory.export_mb(6500), 7860),
-    # the parts against transformers' modules: one part's session, 7.79 GB
-    (job_memory.verify_parts_mb(6500), 7790),
+    # the 7B export's parts: 6.53 GB of float32 weights, 7.86 GB peak; 4.05 GB (two layers and the head), 5.53 GB;
+    # the embedding's 2.18 GB, 3.67 GB
+    (job_memory.export_mb(6530), 7860),
+    (job_memory.export_mb(4050), 5530),
+    (job_memory.export_mb(2180), 3670),
+    # a 7B-shaped part's graphs against transformers' modules: a layer and the head (3.11 GB, the head's 2.18 GB
+    # the largest weight), 5.88 GB; a layer alone, 1.82 GB
+    (job_memory.verify_parts_mb(3110, 2180), 5880),
+    (job_memory.verify_parts_mb(932, 272), 1820),
     # the float model's evaluation, one part at a time: 8.06 GB
-    (job_memory.evaluation_mb(6500), 8060),
-    # the LM head's calibration unit: 152,064 x 3,584 float32 weights, 9.47 GB
-    (predicted_peak_mb(152064 * 3584 * 4), 9470),
+    (job_memory.evaluation_mb(6530), 8060),
+    # calibration units: the LM head whole, 9.47 GB; in two slices, 5.94 GB; in four, 3.34 GB; the embedding's
+    # table read in place, 2.60 GB; two layers, 6.71 GB; one, 3.92 GB
+    (unit_peak_mb(unit(("head",), TABLE, TABLE)), 9470),
+    (unit_peak_mb(unit(("head",), TABLE, TABLE, slices=2)), 5940),
+    (unit_peak_mb(unit(("head",), TABLE, TABLE, slices=4)), 3340),
+    (unit_peak_mb(unit(("embedding",), TABLE, TABLE)), 2600),
+    (unit_peak_mb(unit(("layer_0", "layer_1"), 2 * LAYER, LARGEST)), 6710),
+    (unit_peak_mb(unit(("layer_0",), LAYER, LARGEST)), 3920),
     # 20 MB of text tokenized: 0.42 GB
     (job_memory.tokenize_mb(20), 420),
     # the 7B embedding part converted: its float32 table of 2.18 GB, 3.38 GB peak

@@ -196,6 +196,27 @@ def test_auto_on_qwen_7b_picks_the_fewest_parts_that_map_under_3_gib():
     assert max(part.estimated_bytes for part in bounded.parts) <= 1100 * MIB
 
 
+@pytest.mark.parametrize("given_mb, parts, bound", [(24_000, 9, "the build box"), (25_276, 6, "the build box"),
+                                                     (64_000, 3, "the device")])
+def test_auto_on_qwen_7b_keeps_every_part_job_within_a_third_of_the_run_memory(given_mb, parts, bound):
+    """On a 24 GB box (as --resources mem_mb, or its 25,276 MB as the machine's) no job holding a part takes more
+    than a third of it: the build box, not the device, chose the count; on 64 GB the device's 3 parts fit."""
+    from genie_build.job_memory import RunMemory
+    from genie_build.shape_plan import part_jobs, piece_floats, plan_from_hf_config
+
+    memory = RunMemory(given_mb, "the run is given")
+    plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto", memory=memory)
+    jobs = part_jobs(piece_floats(QWEN_7B), memory, evaluate=False)
+    assert plan.num_parts == parts
+    assert max(map(jobs.part_mb, plan.parts)) <= given_mb // 3
+    assert f"{bound} chose the count" in plan.chosen_by
+    if bound == "the build box":   # the device's own choice would have held a job above the limit
+        device = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto")
+        assert max(map(jobs.part_mb, device.parts)) > given_mb // 3
+    evaluated = part_jobs(piece_floats(QWEN_7B), memory, evaluate=True)
+    assert all(evaluated.part_mb(part) >= jobs.part_mb(part) for part in plan.parts)
+
+
 def small_config(tmp_path: Path, model_type: str) -> Path:
     """A checkpoint's config.json (the plan reads nothing else): Qwen2.5-7B's keys at a toy size."""
     config = {**json.loads(QWEN_7B.read_text()), "model_type": model_type, "hidden_size": 64, "intermediate_size": 128,

@@ -52,9 +52,9 @@ def _demo(workdir, name: str, **sections) -> object:
 
 
 def test_a_build_whose_plan_will_not_map_warns_and_with_strict_publishes_no_bundle(tmp_path):
-    """One session of 14 MiB: the demo's contexts take a 2 MiB page for each buffer they map (the embedding's
-    weights and IO, each layer part's weights, KV cache and IO as read back), 4 + 6 + 6 MiB, so the third finds no
-    session left."""
+    """One session of 14 MiB: the demo's contexts (parts 2 and 3 of its qnn-htp bundle: part 1 is the CPU table)
+    take a 2 MiB page for each buffer they map (each part's weights, KV cache, IO, spill-fill and op data as
+    libQnnSystem reads them back), 8 + 8 MiB, so the second finds no session left."""
     workdir = copy_workflow(tmp_path)
     tiny = {"usable_mb": 14, "sessions": 1, "budget_mb": 14}
     out = workdir / "results" / "demo"
@@ -62,14 +62,14 @@ def test_a_build_whose_plan_will_not_map_warns_and_with_strict_publishes_no_bund
     strict = run_snakemake(workdir, config_file=_demo(workdir, "strict.yaml", report={"strict": True, "load": tiny}),
                            check=False)
     assert strict.returncode != 0
-    assert "report.strict: part 3 of 'packed' will not map (no session left" in (out / "logs" / "memory_plan.log").read_text()
+    assert "report.strict: part 3 of 'qnn-htp' will not map (no session left" in (out / "logs" / "memory_plan.log").read_text()
     assert not (out / "genie_bundle").exists()
 
     run_snakemake(workdir, config_file=_demo(workdir, "warn.yaml", report={"load": tiny}))
     log = (out / "logs" / "memory_plan.log").read_text()
     assert "WARNING" in log and "part 3 will not map: no session left" in log
-    assert "part 3, `packed`: will not map on the device (memory plan)" in (out / "size_table.md").read_text()
-    assert "**1 of 3 contexts will not map** (parts 3)" in (out / "memory_plan.md").read_text()
+    assert "part 3, `qnn-htp`: will not map on the device (memory plan)" in (out / "size_table.md").read_text()
+    assert "**1 of 2 contexts will not map** (parts 3)" in (out / "memory_plan.md").read_text()
     assert (out / "genie_bundle" / "manifest.json").is_file()
 
 
@@ -105,3 +105,51 @@ def test_auto_is_the_default_split_of_a_checkpoint(tmp_path):
     assert "num_parts" not in load_json_yaml(config)["split"]  # the default config leaves it unset
     result = run_snakemake(workdir, "-n", config_file=config)
     assert "part=1_of_2" in result.stdout and "part=2_of_2" in result.stdout and "_of_3" not in result.stdout
+
+
+@pytest.mark.parametrize("given_mb, parts, bound", [(24_000, 9, "the build box"), (64_000, 3, "the device")])
+def test_auto_weighs_the_memory_the_run_is_given(tmp_path, given_mb, parts, bound):
+    """Qwen2.5-7B with split.num_parts auto through the 'estimate' target: given 24 GB (--resources mem_mb), the
+    fewest parts that map and whose every export and verification fits a third of it; given 64 GB, the device's
+    3. The memory plan says which bound chose the count."""
+    from genie_build.job_memory import RunMemory
+    from genie_build.plan_file import read_plan
+    from genie_build.shape_plan import part_jobs, piece_floats
+
+    workdir = copy_workflow(tmp_path)
+    config = write_config(workdir, {"model": {"name": "qwen7b", "hf_config": "config/hf/qwen2_5_7b_instruct.json"},
+                                    "split": {"num_parts": "auto"}}, name="auto.yaml")
+    run_snakemake(workdir, "estimate", "--resources", f"mem_mb={given_mb}", "--configfile", str(config))
+    predicted = workdir / "results" / "qwen7b" / "predicted"
+    plan = read_plan(predicted / "plan.json")
+    jobs = part_jobs(piece_floats(workdir / "config" / "hf" / "qwen2_5_7b_instruct.json"),
+                     RunMemory(given_mb, ""), evaluate=False)
+    assert plan.num_parts == parts and max(map(jobs.part_mb, plan.parts)) <= given_mb // 3
+    line = next(line for line in (predicted / "memory_plan.md").read_text().splitlines()
+                if line.startswith("**Part count**"))
+    assert f"{bound} chose the count" in line and f"a third of the {given_mb:,} MB the run is given" in line
+    assert load_json(predicted / "memory_plan.json")["part_count"] == line.removeprefix("**Part count**: ")[:-1]
+
+
+@pytest.mark.hf
+def test_auto_on_a_checkpoint_takes_more_parts_when_the_run_is_given_less_memory(tmp_path):
+    """A run given just less than three times the largest job of the device's own count: auto takes more parts,
+    each of whose jobs fits, and writes down that the build box chose (the memory plan's input)."""
+    pytest.importorskip("torch", reason="the checkpoint is written with torch")
+    import hf_checkpoints
+    from genie_build.job_memory import RunMemory
+    from genie_build.shape_plan import part_jobs, piece_floats, plan_from_hf_config
+
+    workdir = copy_workflow(tmp_path)
+    checkpoint = hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2", layers=4, hidden=256,
+                                                intermediate=1024)
+    config = write_config(workdir, {"model": {"name": "ckpt", "hf_checkpoint": "checkpoint"},
+                                    "export": {"ar": 8, "context": 64}})
+    device = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=8, context=64, num_parts="auto")
+    jobs = part_jobs(piece_floats(checkpoint / "config.json"), RunMemory(1, ""), evaluate=False)
+    given = 3 * (max(map(jobs.part_mb, device.parts)) - 1)
+    run_snakemake(workdir, "-n", "--resources", f"mem_mb={given}", config_file=config)
+    plan = load_json(workdir / "results" / "ckpt" / "plan.json")
+    assert plan["num_parts"] > device.num_parts
+    choice = load_json(workdir / "results" / "ckpt" / "split_choice.json")["chosen_by"]
+    assert "the build box chose the count" in choice and f"a third of the {given:,} MB" in choice

@@ -280,3 +280,16 @@ def test_a_weight_with_a_float_encoding_stays_float_and_runs_on_the_htp(build, t
     assert not any(node.output[0] == norm for node in model.graph.node)
     assert cli("compile", "--toolchain", "qnn-htp", "--graph", f"{name_of(2, 'prompt')}={out}", "--variant-json",
                json.dumps(QNN_VARIANT), "--chipset", "SM8750", "--out", tmp_path / "p.bin").returncode == 0
+
+
+def test_check_bundle_refuses_a_binary_compiled_for_another_soc_than_the_extension_config_names(converted, tmp_path):
+    from genie_build.check_bundle import _check_binary_socs
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    assert compile_part(converted, 2, bundle / "demo_part_2_of_3.bin").returncode == 0
+    sm8750, sm8650 = {"devices": [{"soc_model": 69, "dsp_arch": "v79"}]}, {"devices": [{"soc_model": 57}]}
+    assert _check_binary_socs(bundle, ["demo_part_2_of_3.bin"], "ext.json", sm8750) == []
+    (finding,) = _check_binary_socs(bundle, ["demo_part_2_of_3.bin"], "ext.json", sm8650)
+    assert (finding.rule, finding.severity) == ("chipset", "error")
+    assert finding.message == "demo_part_2_of_3.bin was compiled for soc_model 69, but ext.json names 57"

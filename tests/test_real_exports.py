@@ -388,7 +388,7 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     """A user's float graphs with no model.encodings: split, then calibrated by the chain (recipe w8a16), without
     ever calibrating the whole model; the bundle passes check-bundle and its host run gives the tokens of the
     parts' converted graphs (there are no whole encodings to convert an unsplit model with)."""
-    from genie_build.run_bundle import PARTS_REFERENCE
+    from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     exports = tmp_path / "exports"
     exports.mkdir()
@@ -409,5 +409,5 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     assert {e["bw"] for e in part["param_encodings"] if e["name"].endswith("up_proj.weight")} == {8}
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE
+    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
 

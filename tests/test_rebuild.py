@@ -17,12 +17,15 @@ import yaml
 from genie_build.fileio import sha256_file
 from rebuild_helpers import (USER_MODEL, clone_workdir, export_small_demo, matching,
                              scale_initializer, user_model_config, variant_options)
-from workflow_helpers import changed_since, copy_workflow, load_json, output_mtimes, run_snakemake, scale_encoding
+from workflow_helpers import (TEST_VARIANTS, changed_since, copy_workflow, load_json, output_mtimes, run_snakemake,
+                              scale_encoding)
 
 pytestmark = pytest.mark.workflow
 
-BUNDLE_VARIANT = "packed"
+BUNDLE_VARIANT = "qnn-htp"
 AGGREGATES = ("size_table.*", "memory_plan.*", "genie_bundle/*", "bundle_check.json", "host_run.json")
+# The bundle variant's parts compiled again without weight sharing, for the host run (rules/compile.smk)
+TWINS = "twin/part_{}/*"
 # Rewritten whenever the split runs again; what matters is which parts' bytes changed (checked by content).
 SPLIT_BOOKKEEPING = ("plan.json", "split/*", "parts/*", "encodings/*")
 
@@ -61,11 +64,13 @@ def assert_rebuilt_exactly(changed, before, expected, may_change=()):
                                             f"should have been rebuilt: {sorted(missing)}")
 
 
-def per_part(*labels, variant="*", stages=("converted", "compiled", "sizes")):
-    """Patterns for one or more parts' per-part outputs (converted per graph, compiled and sized per variant)."""
+def per_part(*labels, variant="*", stages=("converted", "compiled", "sizes", "twin")):
+    """Patterns for one or more parts' per-part outputs (converted per graph, compiled and sized per variant, the
+    bundle variant's twin)."""
     patterns = {"converted": "converted/*/part_{}/*", "compiled": f"compiled/{variant}/part_{{}}.bin",
-                "sizes": f"sizes/{variant}/part_{{}}.json"}
-    return tuple(patterns[stage].format(label) for label in labels for stage in stages)
+                "sizes": f"sizes/{variant}/part_{{}}.json", "twin": TWINS}
+    return tuple(patterns[stage].format(label) for label in labels for stage in stages
+                 if stage != "twin" or variant in ("*", BUNDLE_VARIANT))
 
 
 def plan_of(workdir):
@@ -98,25 +103,24 @@ def test_boundary_activation_encoding_rebuilds_the_two_parts_that_share_it(case)
 
     changed = rebuild(workdir, config_file, before)
 
-    # The unsplit model (host-run reference) is converted from the whole encodings, so it follows them too.
-    assert_rebuilt_exactly(changed, before, (*per_part(*sharing), *AGGREGATES, "unsplit/*"),
-                           may_change=("plan.json", "encodings/*"))
+    assert_rebuilt_exactly(changed, before, (*per_part(*sharing), *AGGREGATES), may_change=("plan.json", "encodings/*"))
 
 
-@pytest.mark.parametrize("variant", ["packed", "unpacked"])
+@pytest.mark.parametrize("variant", TEST_VARIANTS)
 def test_variant_option_change_recompiles_only_that_variant(case, variant):
     workdir, _ = case
-    options = {**variant_options(workdir, variant), "vtcm_mb": 4}
-    config_file = user_model_config(workdir, {"variants": {variant: options}}, name="vtcm.yaml")
-    assert set(yaml.safe_load(config_file.read_text())["variants"]) == {"packed", "unpacked"}
+    variants = {name: variant_options(workdir, name) for name in TEST_VARIANTS}
+    config_file = user_model_config(workdir, {"variants": {**variants, variant: {**variants[variant], "vtcm_mb": 2}}},
+                                    name="vtcm.yaml")
+    assert set(yaml.safe_load(config_file.read_text())["variants"]) == set(TEST_VARIANTS)
     before = output_mtimes(workdir, USER_MODEL)
 
     changed = rebuild(workdir, config_file, before)
 
     labels = [part["label"] for part in plan_of(workdir)["parts"]]
-    expected = (*per_part(*labels, variant=variant, stages=("compiled", "sizes")), "size_table.*")
-    if variant == BUNDLE_VARIANT:  # its binaries are the bundle's, and the unsplit reference is compiled like them
-        expected += (*AGGREGATES, "unsplit/model.bin")
+    expected = (*per_part(*labels, variant=variant, stages=("compiled", "sizes", "twin")), "size_table.*")
+    if variant == BUNDLE_VARIANT:  # its binaries are the bundle's, and its twins are compiled like them
+        expected += AGGREGATES
     assert_rebuilt_exactly(changed, before, expected)
 
 
@@ -136,8 +140,8 @@ def test_one_layer_weight_change_rebuilds_only_the_part_holding_it(case):
     # the data, and the .onnx that carries the data's SHA-1 (what the converts depend on)
     assert {path for path in hashes_after if hashes_after[path] != hashes_before.get(path)} == {
         f"part_{holder}/{graph}.onnx{ext}" for graph in ("prompt", "token") for ext in ("", ".data")}
-    assert_rebuilt_exactly(changed, before, (*per_part(holder), *AGGREGATES, "verify/*", "unsplit/*",
-                                             "model_check.json"), may_change=SPLIT_BOOKKEEPING)
+    assert_rebuilt_exactly(changed, before, (*per_part(holder), *AGGREGATES, "verify/*", "model_check.json"),
+                           may_change=SPLIT_BOOKKEEPING)
 
 
 def test_target_chipset_change_recompiles_everything_but_converts_nothing(case):
@@ -148,8 +152,7 @@ def test_target_chipset_change_recompiles_everything_but_converts_nothing(case):
 
     changed = rebuild(workdir, config_file, before)
 
-    assert_rebuilt_exactly(changed, before, (*per_part(*labels, stages=("compiled", "sizes")), *AGGREGATES,
-                                             "unsplit/model.bin"))
+    assert_rebuilt_exactly(changed, before, (*per_part(*labels, stages=("compiled", "sizes", "twin")), *AGGREGATES))
 
 
 def test_toolchain_version_change_reconverts_and_recompiles_but_does_not_split(case, monkeypatch):
@@ -170,4 +173,4 @@ def test_toolchain_version_change_reconverts_and_recompiles_but_does_not_split(c
 
     manifest = load_json(workdir / "results" / USER_MODEL / "genie_bundle" / "manifest.json")
     assert new_version in manifest["tool_versions"].values(), "the jobs did not run the changed toolchain"
-    assert_rebuilt_exactly(changed, before, (*per_part(*labels), *AGGREGATES, "unsplit/*"))
+    assert_rebuilt_exactly(changed, before, (*per_part(*labels), *AGGREGATES))

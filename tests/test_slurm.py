@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rebuild_helpers import USER_MODEL, export_small_demo, user_model_checkout, user_model_config
-from workflow_helpers import REPO, copy_workflow, load_json, run_snakemake
+from workflow_helpers import CONFIG_OPTIONS, REPO, copy_workflow, load_json, run_snakemake
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
@@ -71,7 +71,7 @@ def run_on_slurm(workdir: Path, config_file: Path) -> str:
     """Build TARGETS through the SLURM profile; Snakemake's log. Killed if it outlives SLURM_RUN_TIMEOUT_S."""
     command = [sys.executable, "-m", "snakemake", *TARGETS, "--workflow-profile", "workflow/profiles/slurm",
                "--jobs", "4", "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5",
-               "--configfile", str(config_file)]
+               *CONFIG_OPTIONS, str(config_file)]
     env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,
                             timeout=SLURM_RUN_TIMEOUT_S)
@@ -85,14 +85,16 @@ def test_slurm_build_equals_the_local_build(slurm, tmp_path):
     exports = export_small_demo(copy_workflow(tmp_path / "exporter"))
     local, cluster = (user_model_checkout(tmp_path / name, exports) for name in ("local", "cluster"))
     with ThreadPoolExecutor(1) as pool:  # the local build runs while the SLURM one mostly waits for its polls
-        local_build = pool.submit(run_snakemake, local, *TARGETS, "--configfile", str(user_model_config(local, SPLIT)))
+        local_build = pool.submit(run_snakemake, local, *TARGETS, config_file=user_model_config(local, SPLIT))
         log = run_on_slurm(cluster, user_model_config(cluster, SPLIT))
         local_build.result()
 
-    labels = [part["label"] for part in load_json(cluster / "results" / USER_MODEL / "plan.json")["parts"]]
+    # the parts of the bundle and the size table: part 1, the embedding alone, is the bundle's CPU table
+    labels = [part["label"] for part in load_json(cluster / "results" / USER_MODEL / "plan.json")["parts"]][1:]
     assert "has been submitted with SLURM jobid" in log
     for label in labels:  # the profile's point: one submission per part, not one per convert/compile/account
-        assert f"slurm_logs/group_part_{label}_account_compile_part_convert_part_reference/" in log, label
+        assert (f"slurm_logs/group_part_{label}_account_compile_part_convert_part_qnn_htp_convert_part_reference/"
+                in log), label
     assert "slurm_logs/rule_compile_part/" not in log
     for output in COMPARED:
         expected = (local / "results" / USER_MODEL / output).read_bytes()

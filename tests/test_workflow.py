@@ -1,4 +1,6 @@
-"""The workflow end to end through the Snakemake CLI: a full build, a no-op rerun, rebuild precision."""
+"""The workflow end to end through the Snakemake CLI: a full build of the small demo with the default config's
+toolchains (the reference and the qnn-htp bundle variant, the embedding as Genie's CPU table), its qnn-htp binaries
+read back by the vendor's libQnnSystem, a no-op rerun, rebuild precision."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import time
 
 import pytest
 
-from workflow_helpers import (SMALL_DEMO, changed_since, copy_workflow, load_json, output_mtimes, scale_encoding,
-                              run_snakemake, write_config)
+from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
+from workflow_helpers import (SMALL_DEMO, TEST_VARIANTS, changed_since, copy_workflow, load_json, output_mtimes,
+                              read_back_qnn_bundle, run_snakemake, scale_encoding, write_config)
 
 pytestmark = pytest.mark.workflow
 
@@ -41,10 +44,15 @@ def test_report_holds_the_size_table_chart_and_memory_plan(built):
         assert any(name.endswith(output) for name in names), output
 
 
-def test_host_run_reproduces_the_unsplit_model(built):
+def test_host_run_of_the_twins_in_the_htp_simulation_gives_the_bundle_variants_graphs_tokens(built):
+    """A weight-shared qnn-htp binary runs only on a device: the host run runs each part's twin (compiled without
+    weight sharing) in the HTP simulation and compares with the QDQ graphs those binaries were compiled from."""
     workdir, _ = built
-    host_run = load_json(workdir / "results" / "demo" / "host_run.json")
+    out = workdir / "results" / "demo"
+    host_run = load_json(out / "host_run.json")
     assert len(host_run["new_ids"]) == 16 and host_run["new_ids"] == host_run["reference_ids"]
+    assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
+    assert sorted(path.name for path in (out / "twin").iterdir()) == ["part_2_of_3", "part_3_of_3"]
 
 
 def test_full_build_writes_every_contract_output(built):
@@ -54,8 +62,10 @@ def test_full_build_writes_every_contract_output(built):
     assert plan["num_parts"] == 3
     labels = [part["label"] for part in plan["parts"]]
     assert labels == ["1_of_3", "2_of_3", "3_of_3"]
-    for variant in ("unpacked", "packed"):
-        for label in labels:
+    for variant in TEST_VARIANTS:   # part 1, the embedding alone, is Genie's CPU table: no variant compiles it
+        assert sorted(path.name for path in (out / "compiled" / variant).iterdir()) == [
+            f"part_{label}.bin" for label in labels[1:]]
+        for label in labels[1:]:
             assert (out / "compiled" / variant / f"part_{label}.bin").stat().st_size > 0
     for graph in ("prompt", "token"):
         assert load_json(out / "verify" / f"{graph}.json")["bit_exact"] is True
@@ -63,9 +73,11 @@ def test_full_build_writes_every_contract_output(built):
 
     table = pd.read_csv(out / "size_table.csv")
     assert {"part", "variant", "bytes"} <= set(table.columns)
-    assert len(table) == 2 * len(labels)
+    assert sorted(zip(table["variant"], table["part"])) == sorted((v, p) for v in TEST_VARIANTS for p in (2, 3))
+    assert [part["part"] for part in load_json(out / "memory_plan.json")["parts"]] == [2, 3]
     bundle = out / "genie_bundle"
-    for name in ("genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "metadata.yaml"):
+    for name in ("genie_config.json", "htp_backend_ext_config.json", "tokenizer.json", "metadata.yaml",
+                 "embedding_table.bin"):
         assert (bundle / name).is_file(), name
     # the bundle and nothing else (no Snakemake marker), every file listed in the manifest but the manifest
     listed = set(load_json(bundle / "manifest.json")["files"])
@@ -75,6 +87,15 @@ def test_full_build_writes_every_contract_output(built):
     contract = load_json(out / "contract_check.json")
     assert contract["violations"] == [] and contract["graphs"] == {"prompt": {"ar": 8, "cl": 64},
                                                                    "token": {"ar": 1, "cl": 64}}
+
+
+def test_the_bundles_binaries_read_back_with_the_graphs_names_soc_and_encodings_they_were_built_with(built):
+    """Each ctx-bin, read by the vendor's libQnnSystem: the part's prompt and token graphs under the bundle's names,
+    compiled for SM8750 by QNN 2.51, every IO tensor's scale/offset the part's encodings' (read_back_qnn_bundle)."""
+    workdir, _ = built
+    assert read_back_qnn_bundle(workdir / "results" / "demo", "source") == {
+        f"demo_part_{index}_of_3.bin": [f"prompt_ar8_cl64_{index}_of_3", f"token_ar1_cl64_{index}_of_3"]
+        for index in (2, 3)}
 
 
 def test_second_run_does_nothing(built):
@@ -105,8 +126,8 @@ def test_one_weight_encoding_change_rebuilds_only_its_part(built):
     label = holder["label"]
     per_part = {path for path in changed if "/part_" in path and not path.startswith(("parts/", "encodings/"))}
     assert per_part and all(re.search(f"part_{label}[./]", path) for path in per_part), sorted(per_part)
-    expected = {f"compiled/{v}/part_{label}.bin" for v in ("unpacked", "packed")} | {
-        f"sizes/{v}/part_{label}.json" for v in ("unpacked", "packed")}
+    expected = {f"compiled/{v}/part_{label}.bin" for v in TEST_VARIANTS} | {
+        f"sizes/{v}/part_{label}.json" for v in TEST_VARIANTS} | {f"twin/part_{label}/context.bin"}
     assert expected <= per_part
     assert "size_table.csv" in changed and "genie_bundle/genie_config.json" in changed
     assert not any(path.startswith("verify/") for path in changed), "the split did not change"

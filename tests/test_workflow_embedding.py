@@ -2,7 +2,12 @@
 embedding as a CPU table -- only the bundle's side reruns (no new demo, split or encodings), part 1 leaves the bundle,
 the table and dialog.embedding come in, and the host run's tokens are the graph layout's. On the demo and on the
 user's own ONNX export; an export whose part 1 scales the Gather's rows gets those rows scaled in the table, and a
-table that is not what part 1 computes fails the host run; a dry run lists the table's jobs for every source."""
+table that is not what part 1 computes fails the host run; a dry run lists the table's jobs for every source.
+
+The switches and the host runs against the unsplit model build the reference toolchain (REFERENCE_BUILD): the demo's
+8-bit per-channel embedding has no HTP form, so its qnn-htp bundle has no graph layout to switch from
+(tests/test_workflow.py builds the default qnn-htp bundle with the table; tests/test_qnn_htp.py checks the refusal
+of part 1)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from bundle_helpers import build_reference_bundle
 from genie_build.embedding_table import quantize_table, read_table_file
 from genie_build.toolchains.reference.onnx_io import read_initializer
 from scaled_embedding import scaled_export
-from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
+from workflow_helpers import (REFERENCE_BUILD, SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake,
+                              write_config)
 
 pytestmark = pytest.mark.workflow
 
@@ -45,7 +51,7 @@ def _both_layouts(workdir: Path, overrides: dict, model: str) -> tuple[dict, dic
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     workdir = copy_workflow(tmp_path_factory.mktemp("wf"))
-    return workdir, *_both_layouts(workdir, SMALL_DEMO, "demo")
+    return workdir, *_both_layouts(workdir, {**SMALL_DEMO, **REFERENCE_BUILD}, "demo")
 
 
 def test_switching_to_the_table_reruns_only_the_bundle_side(demo):
@@ -95,7 +101,7 @@ def test_the_users_onnx_export_gives_the_same_tokens_with_the_table(tmp_path_fac
         if path.is_file():
             shutil.copy2(path, workdir / "exports" / path.name)
     graph_run, lut_run, ran = _both_layouts(workdir, {"model": {"name": "mine", **USER_MODEL},
-                                                      "split": {"num_parts": 3}}, "mine")
+                                                      "split": {"num_parts": 3}, **REFERENCE_BUILD}, "mine")
     assert {rule for rule, _ in ran} <= BUNDLE_SIDE, ran
     assert lut_run["new_ids"] == graph_run["new_ids"] == lut_run["reference_ids"]
 
@@ -103,7 +109,7 @@ def test_the_users_onnx_export_gives_the_same_tokens_with_the_table(tmp_path_fac
 def test_the_evaluation_runs_the_parts_after_the_embedding_from_part_1s_vectors(demo):
     """``snakemake evaluate`` chains each variant's binaries; part 2 takes inputs_embeds, fed from part 1's graph."""
     workdir = demo[0]
-    run_snakemake(workdir, "evaluate", "--configfile", str(workdir / "lut.yaml"))  # the target before the file
+    run_snakemake(workdir, "evaluate", config_file=workdir / "lut.yaml")
     for variant in ("unpacked", "packed"):
         report = load_json(workdir / "results" / "demo" / "evaluation" / f"{variant}.json")
         assert 0 < report["top1_agreement"] <= 1, report
@@ -133,8 +139,9 @@ def test_a_scaled_embedding_is_in_the_table_and_a_table_without_the_scale_fails_
     workdir = copy_workflow(tmp_path)
     factor = scaled_export(demo[0] / "results" / "demo" / "source", workdir / "exports", SMALL_DEMO["demo"]["hidden"])
     run_snakemake(workdir, config_file=write_config(workdir, {"model": {"name": "mine", **USER_MODEL},
-                                                              "split": {"num_parts": 3},
-                                                              "bundle": {"embedding": "lut"}}))
+                                                              "split": {"num_parts": 3}, **REFERENCE_BUILD,
+                                                              "bundle": {**REFERENCE_BUILD["bundle"],
+                                                                         "embedding": "lut"}}))
     out = workdir / "results" / "mine"
     table = read_table_file(out / "embedding" / "embedding_table.bin")
     codes = np.fromfile(table.path, dtype=table.encoding.dtype).reshape(table.n_vocab, table.n_embd)
@@ -188,7 +195,7 @@ def test_a_correct_table_passes_where_the_graph_layouts_tokens_differ(tmp_path):
     it as the table does, so the correct bundle passes (against the unsplit model converted as the graph layout, it
     failed)."""
     workdir = copy_workflow(tmp_path)
-    seeded = {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "seed": 5}}
+    seeded = {**SMALL_DEMO, **REFERENCE_BUILD, "demo": {**SMALL_DEMO["demo"], "seed": 5}}
     graph_run, lut_run, _ = _both_layouts(workdir, seeded, "demo")
     assert lut_run["new_ids"] == lut_run["reference_ids"] and "part 1's rows" in lut_run["compared_with"]
     assert lut_run["new_ids"] != graph_run["new_ids"]

@@ -4,8 +4,10 @@ part at a time.
 For Qwen2, Llama (llama3 RoPE scaling), Mistral, Qwen3 and Phi-3 (Phi-3.5's longrope) checkpoints written by
 transformers itself: the plan is made from
 config.json when the workflow is parsed, each part is exported by a job of its own and calibrated unit by unit
-(aimet-onnx); the bundle passes check-bundle and the host run's tokens equal those of the parts' converted graphs
-(what stands in for an unsplit model, which this path never makes). On the Qwen2 build: a second run has nothing to
+(aimet-onnx); the default's qnn-htp bundle (parts 2 and 3 compiled by the vendor's HTP compiler and read back by
+its libQnnSystem with their graphs' names, SoC and encodings; part 1 the CPU table) passes check-bundle, and the host
+run's tokens (the twins in the HTP simulation) equal those of the parts' converted graphs on the CPU (what stands in
+for an unsplit model, which this path never makes). On the Qwen2 build: a second run has nothing to
 do; a new calibration text or recipe reruns the calibration chain and not the export; a changed shard re-exports
 only the part holding its tensors, and recalibrates from that part's first unit on; a checkpoint without weights, or
 whose config.json names more layers than its tensors hold, is a config error at parse time.
@@ -23,8 +25,10 @@ import numpy as np
 import onnx
 import pytest
 
-from workflow_helpers import (copy_workflow, jobs_run, load_json, output_mtimes, run_snakemake, scale_encoding,
-                              stated_axes_encodings, write_config)
+from rebuild_helpers import variant_options
+from workflow_helpers import (REFERENCE_BUILD, TEST_VARIANTS, copy_workflow, jobs_run, load_json, output_mtimes,
+                              read_back_qnn_bundle, run_snakemake, scale_encoding, stated_axes_encodings,
+                              write_config)
 
 pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
 pytest.importorskip("transformers")
@@ -37,7 +41,7 @@ else:
 import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 
-from genie_build.run_bundle import PARTS_REFERENCE  # noqa: E402
+from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE  # noqa: E402
 from genie_build.tokens import text_token_ids  # noqa: E402
 
 pytestmark = [pytest.mark.workflow, pytest.mark.hf]
@@ -45,13 +49,18 @@ AR, CONTEXT = 8, 64   # the host run: a 24-token prompt + 16 new tokens
 MODEL = "hf"
 OUT = f"results/{MODEL}"
 NUM_PARTS = 3          # 3 layers: [embedding] [layer 0, layer 1] [layer 2, head]
+# Qwen2 builds the default config's qnn-htp bundle, its binaries read back by libQnnSystem; the other families build
+# the reference toolchain's: qnn-htp stops at their parts (ops the HTP backend leaves on the CPU, or a graph it
+# splits in several)
+QNN_HTP_FAMILY = "qwen2"
 
 
-def _config(workdir, name="test-config.yaml", **quantize):
+def _config(workdir, name="test-config.yaml", family=QNN_HTP_FAMILY, **quantize):
     return write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
                                   "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
                                   "quantize": {"recipe": "w4a16", "num_samples": 4, **quantize},
-                                  "convert": {"keep": False}}, name=name)
+                                  "convert": {"keep": False},
+                                  **({} if family == QNN_HTP_FAMILY else REFERENCE_BUILD)}, name=name)
 
 
 def _log(result) -> str:
@@ -82,7 +91,7 @@ def _build(family, tmp_path_factory):
         root = copy_workflow(tmp_path_factory.mktemp(family))
         hf_checkpoints.make_checkpoint(root / "checkpoint", family, tied=True, max_shard_size="100KB", layers=3,
                                        **BUILD_KEYS.get(family, {}))
-        config = _config(root)
+        config = _config(root, family=family)
         ran = {rule for rule, _ in jobs_run(run_snakemake(root, "-p", config_file=config))}
         assert {"tokenize_text", "export_part", "calibrate_unit", "part_encodings", "check_plan", "verify_parts"} <= ran
         _BUILDS[family] = family, root, config
@@ -103,8 +112,14 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
     assert load_json(workdir / f"{OUT}/bundle_check.json")["errors"] == 0
     host_run = load_json(workdir / f"{OUT}/host_run.json")
     assert len(host_run["new_ids"]) > 0 and host_run["new_ids"] == host_run["reference_ids"], family
-    assert host_run["compared_with"] == PARTS_REFERENCE
     assert load_json(workdir / f"{OUT}/plan_check.json")["same_parts"]
+    if family == QNN_HTP_FAMILY:   # the qnn-htp bundle (part 1 is the CPU table), read back by libQnnSystem
+        assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
+        assert read_back_qnn_bundle(workdir / OUT, "w4a16") == {
+            f"{MODEL}_part_{index}_of_3.bin": [f"prompt_ar{AR}_cl{CONTEXT}_{index}_of_3",
+                                               f"token_ar1_cl{CONTEXT}_{index}_of_3"] for index in (2, 3)}
+    else:
+        assert host_run["compared_with"] == PARTS_REFERENCE
     for graph in ("prompt", "token"):
         assert load_json(workdir / f"{OUT}/verify/{graph}.json")["reference"].startswith("transformers modules")
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")
@@ -208,7 +223,7 @@ def test_a_short_text_or_a_token_past_the_vocabulary_is_one_line_before_any_unit
     tokenizer.save(str(workdir / "checkpoint" / "tokenizer.json"))
     text = workdir / "resources" / "evaluation_text.txt"
     text.write_text("<|past|>" + text.read_text(encoding="utf-8"), encoding="utf-8")
-    result = run_snakemake(workdir, "evaluate", "--configfile", str(_config(workdir)), check=False)
+    result = run_snakemake(workdir, "evaluate", config_file=_config(workdir), check=False)
     assert result.returncode != 0 and not jobs_run(result)
     assert ("config model.hf_checkpoint: checkpoint/tokenizer.json: token '<|past|>' has id 320, beyond the model's "
             "320 logits (ids 0..319), the vocab_size of checkpoint/config.json") in _log(result)
@@ -217,45 +232,52 @@ def test_a_short_text_or_a_token_past_the_vocabulary_is_one_line_before_any_unit
 
 def test_variants_of_three_recipes_share_the_export_and_w8a16_is_closer_to_float_than_w4a16(tmp_path_factory, tmp_path):
     """Variants naming their recipe on the Qwen2 build (a copy): ``snakemake all evaluate`` calibrates, converts and
-    compiles only the new recipes (the export, the split and the w4a16 chain stand), one size table and one
-    evaluation compare all of them against the exported float parts, and w8a16 is closer to them than w4a16."""
+    compiles only the new variants (the export, the split and the w4a16 chain stand), one size table and one
+    evaluation compare all of them against the exported float parts, and w8a16 is closer to them than w4a16. The
+    evaluation runs the reference toolchain's variants: ``reference`` (w4a16, packed), the same unpacked, w8a16 and
+    lpbq."""
     _, root, _ = _build("qwen2", tmp_path_factory)
     workdir = shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    variants = {name: variant_options(workdir, name) for name in TEST_VARIANTS}
     config = write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
                                     "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
                                     "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False},
-                                    "variants": {"w8a16": {"recipe": "w8a16", "weights_packing": True},
+                                    "variants": {**variants, "unpacked": REFERENCE_BUILD["variants"]["unpacked"],
+                                                 "w8a16": {"recipe": "w8a16", "weights_packing": True},
                                                  "lpbq": {"recipe": "w4a16-lpbq", "weights_packing": True}}},
                           name="recipes.yaml")
-    jobs = jobs_run(run_snakemake(workdir, "all", "evaluate", "--configfile", str(config)))
+    jobs = jobs_run(run_snakemake(workdir, "all", "evaluate", config_file=config))
     calibrated = {wildcards.split(",")[0] for rule, wildcards in jobs if rule == "calibrate_unit"}
     assert calibrated == {"recipe=w8a16", "recipe=w4a16-lpbq"}
     assert not {rule for rule, _ in jobs} & {"export_part", "verify_parts"}
-    compiled = {wildcards for rule, wildcards in jobs if rule == "compile_part"}
-    assert {re.search(r"variant=([^,]+)", wildcards)[1] for wildcards in compiled} == {"w8a16", "lpbq"}
+    compiled = {(re.search(r"variant=([^,]+)", wildcards)[1], re.search(r"part=([^,]+)", wildcards)[1])
+                for rule, wildcards in jobs if rule == "compile_part"}
+    # every part of the new variants; of the reference's, part 1 alone: the evaluation runs it, the bundle has the table
+    assert compiled == {(variant, f"{index}_of_3") for variant in ("unpacked", "w8a16", "lpbq")
+                        for index in (1, 2, 3)} | {("reference", "1_of_3")}
 
     sizes: dict[str, int] = {}
     for row in csv.DictReader((workdir / OUT / "size_table.csv").read_text().splitlines()):
         sizes[row["variant"]] = sizes.get(row["variant"], 0) + int(row["bytes"])
-    assert sizes["w8a16"] > sizes["packed"] and sizes["lpbq"] >= sizes["packed"]
+    assert sizes["w8a16"] > sizes["reference"] and sizes["lpbq"] >= sizes["reference"]
     quality = {variant: load_json(workdir / OUT / "evaluation" / f"{variant}.json")
-               for variant in ("unpacked", "packed", "w8a16", "lpbq")}
+               for variant in ("unpacked", "reference", "w8a16", "lpbq")}
     table = (workdir / OUT / "evaluation.md").read_text()
     assert all(f"| {variant} |" in table for variant in quality)
     assert len({report["float_perplexity"] for report in quality.values()}) == 1   # one float model
-    assert quality["w8a16"]["mean_kl"] < quality["packed"]["mean_kl"] / 4
-    assert quality["w8a16"]["top1_agreement"] >= quality["packed"]["top1_agreement"]
-    assert quality["packed"] == {**quality["unpacked"], "variant": "packed"}   # one recipe, packed or not
+    assert quality["w8a16"]["mean_kl"] < quality["reference"]["mean_kl"] / 4
+    assert quality["w8a16"]["top1_agreement"] >= quality["reference"]["top1_agreement"]
+    assert quality["reference"] == {**quality["unpacked"], "variant": "reference"}   # one recipe, packed or not
 
     # one layer's weight scales x4 in the w4a16 chain's encodings: its variants are told apart, the others stand
     unit = next(path for path in sorted((workdir / OUT / "calibration" / "w4a16").glob("u*_of_*.encodings.json"))
                 if LAYER_1_WEIGHTS[0] in path.read_text())
     for weight in LAYER_1_WEIGHTS:
         scale_encoding(unit, weight, 4.0)
-    run_snakemake(workdir, "evaluate", "--configfile", str(config))
+    run_snakemake(workdir, "evaluate", config_file=config)
     broken = {variant: load_json(workdir / OUT / "evaluation" / f"{variant}.json") for variant in quality}
-    assert broken["packed"]["top1_agreement"] < quality["packed"]["top1_agreement"] - 0.1
-    assert broken["packed"]["mean_kl"] > 2 * quality["packed"]["mean_kl"]
+    assert broken["reference"]["top1_agreement"] < quality["reference"]["top1_agreement"] - 0.1
+    assert broken["reference"]["mean_kl"] > 2 * quality["reference"]["mean_kl"]
     assert (broken["w8a16"], broken["lpbq"]) == (quality["w8a16"], quality["lpbq"])
 
 
@@ -282,8 +304,8 @@ def test_a_weight_quantized_along_the_wrong_axis_is_told_apart_on_a_checkpoint(t
                                     "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
                                     "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False},
                                     "evaluate": {"max_windows": 64}}, name="windows.yaml")
-    run_snakemake(workdir, "evaluate", "--configfile", str(config))
-    right = load_json(workdir / OUT / "evaluation" / "packed.json")
+    run_snakemake(workdir, "evaluate", config_file=config)
+    right = load_json(workdir / OUT / "evaluation" / "reference.json")
 
     part = next(label for label in ("1_of_3", "2_of_3", "3_of_3")
                 if weight in (workdir / OUT / "encodings" / "w4a16" / f"part_{label}" / "prompt.encodings.json")
@@ -291,8 +313,8 @@ def test_a_weight_quantized_along_the_wrong_axis_is_told_apart_on_a_checkpoint(t
     path = workdir / OUT / "encodings" / "w4a16" / f"part_{part}" / "prompt.encodings.json"
     # every exported Linear weight is [out, in] behind a Transpose: its channels run along axis 0
     path.write_text(json.dumps(stated_axes_encodings(read_encodings(path), lambda name: int(name == weight))))
-    run_snakemake(workdir, "evaluate", "--configfile", str(config))
-    wrong = load_json(workdir / OUT / "evaluation" / "packed.json")
+    run_snakemake(workdir, "evaluate", config_file=config)
+    wrong = load_json(workdir / OUT / "evaluation" / "reference.json")
     assert right["float_perplexity"] == wrong["float_perplexity"]   # one float model
     assert wrong["top1_agreement"] < right["top1_agreement"] - 0.1
     assert wrong["mean_kl"] > 2 * right["mean_kl"]
@@ -332,31 +354,40 @@ def test_a_checkpoint_the_export_cannot_build_is_a_config_error_at_once(tmp_path
                      r"checkpoint's tensors hold layers 0-1", _log(result))
 
 
-def test_the_embedding_as_a_table_reexports_and_recalibrates_nothing_and_gives_the_same_tokens(tmp_path_factory):
-    """On the Qwen2 build: bundle.embedding: lut reconverts the part after the table, takes part 1 out of the bundle,
-    and the host run (the parts after the table, fed from it) gives the graph layout's tokens."""
-    _, workdir, config = _build("qwen2", tmp_path_factory)
-    run_snakemake(workdir, config_file=config)  # up to date after the tests before this one
+def test_the_embedding_as_a_table_reexports_and_recalibrates_nothing_and_gives_the_same_tokens(tmp_path_factory,
+                                                                                                tmp_path):
+    """On a copy of the Qwen2 build, with the reference toolchain (its 8-bit per-channel embedding has no HTP form,
+    so its qnn-htp bundle has no graph layout): the embedding in the graph, then bundle.embedding: lut reconverts
+    the part after the table, takes part 1 out of the bundle, and the host run (the parts after the table, fed from
+    it) gives the graph layout's tokens."""
+    _, root, _ = _build("qwen2", tmp_path_factory)
+    workdir = shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    settings = {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"}, "export": {"ar": AR, "context": CONTEXT},
+                "split": {"num_parts": NUM_PARTS}, "quantize": {"recipe": "w4a16", "num_samples": 4},
+                "convert": {"keep": False}, **REFERENCE_BUILD}
+    run_snakemake(workdir, config_file=write_config(workdir, settings, name="graph.yaml"))
     graph_run = load_json(workdir / f"{OUT}/host_run.json")
-    lut = write_config(workdir, {"model": {"name": MODEL, "hf_checkpoint": "checkpoint"},
-                                 "export": {"ar": AR, "context": CONTEXT}, "split": {"num_parts": NUM_PARTS},
-                                 "quantize": {"recipe": "w4a16", "num_samples": 4}, "convert": {"keep": False},
-                                 "bundle": {"embedding": "lut"}}, name="lut.yaml")
-    ran = {rule for rule, _ in jobs_run(run_snakemake(workdir, "-p", config_file=lut))}
-    assert "embedding_table" in ran and not ran & {"export_part", "calibrate_unit", "part_encodings"}, ran
+    lut = write_config(workdir, {**settings, "bundle": {**settings["bundle"], "embedding": "lut"}}, name="lut.yaml")
+    switched = jobs_run(run_snakemake(workdir, "-p", config_file=lut))
+    ran = {rule for rule, _ in switched}
+    assert "bundle" in ran and not ran & {"export_part", "calibrate_unit", "part_encodings"}, ran
+    converted = {wildcards for rule, wildcards in switched if rule == "convert_part_reference"}
+    assert converted and all("part=2_of_3" in wildcards for wildcards in converted), converted
+    # the table (made by the copied build, which had it already) is in the bundle
+    assert (workdir / f"{OUT}/genie_bundle/embedding_table.bin").read_bytes() == (
+        workdir / f"{OUT}/embedding/embedding_table.bin").read_bytes()
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")["dialog"]
     assert genie["engine"]["model"]["binary"]["ctx-bins"] == ["hf_part_2_of_3.bin", "hf_part_3_of_3.bin"]
     assert genie["embedding"]["type"] == "lut"
     lut_run = load_json(workdir / f"{OUT}/host_run.json")
     assert lut_run["new_ids"] == lut_run["reference_ids"] == graph_run["new_ids"]
-    run_snakemake(workdir, config_file=config)  # back to the graph layout for any test after this one
 
 
 def test_a_second_context_length_exports_only_its_graphs_and_the_host_run_switches_to_the_same_tokens(
         tmp_path_factory):
     """On the Qwen2 build: export.context [32, 64] exports each part's graphs at 32 beside those at 64 (no export
-    of those, no calibration), each binary holds both, and the host run starts at 32, moves to 64 and gives the
-    single-length bundle's tokens."""
+    of those, no calibration), each binary of the qnn-htp bundle (parts 2 and 3) holds both, and the host run starts
+    at 32, moves to 64 and gives the single-length bundle's tokens."""
     _, workdir, config = _build("qwen2", tmp_path_factory)
     run_snakemake(workdir, config_file=config)  # up to date after the tests before this one
     single = load_json(workdir / f"{OUT}/host_run.json")
@@ -370,13 +401,16 @@ def test_a_second_context_length_exports_only_its_graphs_and_the_host_run_switch
         assert not rules & {"export_part", "calibrate_unit", "part_encodings", "tokenize_text"}, ran
         assert sorted(wildcards for rule, wildcards in ran if rule == "export_length") == [
             f"part={index}_of_3, length=32" for index in (1, 2, 3)]
-        assert {wildcards for rule, wildcards in ran if rule == "verify_parts"} == {"graph=prompt_cl32",
-                                                                                   "graph=token_cl32"}
+        # each part's graphs are checked together: a new length re-checks every part (a job each)
+        assert {wildcards for rule, wildcards in ran if rule == "verify_parts"} == {
+            f"part={index}_of_3" for index in (1, 2, 3)}
         out = workdir / OUT
         for index in (1, 2, 3):
             part = out / "parts" / f"part_{index}_of_3"
             assert sorted(path.name for path in part.glob("*.onnx.data")) == ["weights.onnx.data"]
-            record = load_json(out / "sizes" / "packed" / f"part_{index}_of_3.json")
+        for index in (2, 3):   # the parts that are converted and compiled: part 1 is the CPU table
+            part = out / "parts" / f"part_{index}_of_3"
+            record = load_json(out / "sizes" / "qnn-htp" / f"part_{index}_of_3.json")
             assert len(record["graphs"]) == 4
             # one data file: the other graphs take each weight as the prompt graph's convert made it, not quantized
             for graph in ("token", "prompt_cl32", "token_cl32"):
@@ -386,6 +420,10 @@ def test_a_second_context_length_exports_only_its_graphs_and_the_host_run_switch
                             if t.data_location == onnx.TensorProto.EXTERNAL]
                 assert external and int(taken.group(1)) == len(external), graph
         assert load_json(out / "bundle_check.json")["errors"] == 0
+        assert read_back_qnn_bundle(out, "w4a16") == {
+            f"{MODEL}_part_{index}_of_3.bin": sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for cl in (32, CONTEXT)
+                                                     for kind, ar in (("prompt", AR), ("token", 1)))
+            for index in (2, 3)}
         run = load_json(out / "host_run.json")
         assert run["new_ids"] == run["reference_ids"] == single["new_ids"]
         lengths = [graph["cl"] for graph in run["graph_runs"]]

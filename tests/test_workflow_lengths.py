@@ -1,8 +1,8 @@
 """Several context lengths as a user meets them: a build at one length, then the same build with a shorter length
 added -- only the new graphs and the bundle's side run (nothing is regenerated, recalibrated or re-split), every
-part's binary holds both lengths' graphs with its weights stored once, and the host run starts on the short graphs,
-moves up when the cache fills, and gives the single-length bundle's tokens. On the demo and on the user's own ONNX
-export."""
+binary of the qnn-htp bundle (parts 2 and 3: part 1 is the CPU table) holds both lengths' graphs with its weights
+stored once, and the host run looks tokens up in the table, starts on the short graphs, moves up when the cache
+fills, and gives the single-length bundle's tokens. On the demo and on the user's own ONNX export."""
 
 from __future__ import annotations
 
@@ -12,24 +12,35 @@ from pathlib import Path
 import onnx
 import pandas as pd
 import pytest
-import yaml
 
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.toolchains.reference.container_format import read_header
-from rebuild_helpers import clone_workdir
 from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
 
 SHORT, LONG = 16, 64      # the small demo's AR is 8: its prompt fills 16 in one or two chunks, the generation goes on
+BUNDLE_VARIANT = "qnn-htp"
 # what may run when a length is added: the new graphs, their parts, the check of their weights, and every part's
-# binaries and what reads them
-LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "check_model", "convert_part_reference", "compile_part",
-               "account", "size_table", "memory_plan", "bundle", "check_bundle", "run_bundle", "all"}
+# binaries (and the bundle's twins) and what reads them
+LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "check_model", "convert_part_reference",
+               "convert_part_qnn_htp", "compile_part", "compile_twin", "account", "size_table", "memory_plan",
+               "bundle", "check_bundle", "run_bundle", "all"}
+
+
+def _graph_names(binary: Path) -> list[str]:
+    """The graphs of a qnn-htp context binary, as the vendor's libQnnSystem reads them."""
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    return sorted(graph.info.name for graph in read_context_binary(binary).graphs)
+
+
+def _both_lengths(index: int) -> list[str]:
+    return sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for kind, ar in (("prompt", 8), ("token", 1))
+                  for cl in (SHORT, LONG))
 
 
 def _sizes(out: Path) -> dict[str, dict]:
-    return {path.name: load_json(path) for path in sorted((out / "sizes" / "packed").glob("*.json"))}
+    return {path.name: load_json(path) for path in sorted((out / "sizes" / BUNDLE_VARIANT).glob("*.json"))}
 
 
 @pytest.fixture(scope="module")
@@ -73,25 +84,30 @@ def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
     out = workdir / "results" / "demo"
     bundle = out / "genie_bundle"
     dialog = load_json(bundle / "genie_config.json")["dialog"]
-    assert dialog["context"]["size"] == LONG
-    for index, name in enumerate(dialog["engine"]["model"]["binary"]["ctx-bins"], start=1):
-        graphs = sorted(graph["name"] for graph in read_header(bundle / name)["graphs"])
-        assert graphs == sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for kind, ar in (("prompt", 8), ("token", 1))
-                                for cl in (SHORT, LONG)), graphs
+    assert dialog["context"]["size"] == LONG and dialog["embedding"]["type"] == "lut"
+    binaries = dialog["engine"]["model"]["binary"]["ctx-bins"]
+    assert binaries == ["demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]
+    for index, name in enumerate(binaries, start=2):
+        assert _graph_names(bundle / name) == _both_lengths(index)
     assert load_json(out / "bundle_check.json")["errors"] == 0
-    for name, record in _sizes(out).items():
+    records = _sizes(out)
+    assert sorted(records) == ["part_2_of_3.json", "part_3_of_3.json"]
+    for name, record in records.items():
         before = single["sizes"][name]
         assert record["weight_bytes"] == before["weight_bytes"], name      # no weight stored twice
         assert len(record["graphs"]) == 2 * len(before["graphs"]) == 4
         assert record["bytes"] > before["bytes"]                           # the graphs themselves
-    for folder in sorted((out / "converted").glob("*/part_*")):    # and once on disk before the compile
+    # and once on disk before the compile, by the reference converter (qnn-htp's QDQ graphs hold their own)
+    folders = sorted((out / "converted").glob("*/reference-*/part_*"))
+    assert [folder.name for folder in folders] == ["part_2_of_3", "part_3_of_3"]
+    for folder in folders:
         data = {path.name: path.stat().st_size for path in folder.glob("*.onnx.data")}
         assert len(data) == 4 and data.pop("prompt.onnx.data") > 0 and set(data.values()) == {0}, (folder, data)
     table = pd.read_csv(out / "size_table.csv")
     assert set(table["graphs"]) == {4} and (table["graph_bytes"] > 0).all()
     assert "Graphs per context binary: 4" in (out / "size_table.md").read_text()
     memory = load_json(out / "memory_plan.json")
-    assert memory["load"]["maps"] is True
+    assert memory["load"]["maps"] is True and [part["part"] for part in memory["parts"]] == [2, 3]
 
 
 def test_the_host_run_switches_up_and_gives_the_single_length_tokens(demo):
@@ -119,6 +135,8 @@ def test_the_users_onnx_graphs_one_per_length_make_the_same_bundle(demo, tmp_pat
     assert load_json(out / "bundle_check.json")["errors"] == 0
     records = _sizes(out)
     assert records and all(len(record["graphs"]) == 4 for record in records.values())
+    binaries = load_json(out / "genie_bundle" / "genie_config.json")["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    assert [_graph_names(out / "genie_bundle" / name) for name in binaries] == [_both_lengths(2), _both_lengths(3)]
     run = load_json(out / "host_run.json")   # the user's prompt, not the demo's
     assert run["new_ids"] == run["reference_ids"] and len(run["new_ids"]) == 16
 
@@ -157,28 +175,3 @@ def test_a_users_graph_at_a_length_with_fewer_layers_is_refused_when_the_workflo
                      "length must hold the same weights"], result.stdout + result.stderr
     assert not (user / "results").exists()
 
-
-def test_with_the_embedding_as_a_table_every_length_reads_it_and_the_tokens_stay(demo, tmp_path):
-    """Both lengths and bundle.embedding: lut: part 1 leaves the bundle for the table, every remaining part still
-    holds both lengths' graphs, and the host run looks tokens up in the table, switches up and gives the same tokens;
-    only the bundle's side reruns (nothing is regenerated, split or sliced)."""
-    workdir, single, _ = demo
-    clone = clone_workdir(workdir, tmp_path / "wf")
-    two = yaml.safe_load((clone / "two.yaml").read_text())
-    lut = write_config(clone, {**two, "bundle": {**two.get("bundle", {}), "embedding": "lut"}}, name="lut.yaml")
-    ran = {rule for rule, _ in jobs_run(run_snakemake(clone, "-p", config_file=lut))}
-    assert ran <= LENGTH_SIDE | {"embedding_table"} and "split" not in ran, ran
-    out = clone / "results" / "demo"
-    dialog = load_json(out / "genie_bundle" / "genie_config.json")["dialog"]
-    assert dialog["embedding"]["type"] == "lut"
-    binaries = dialog["engine"]["model"]["binary"]["ctx-bins"]
-    assert [name.rsplit("_part_", 1)[1] for name in binaries] == ["2_of_3.bin", "3_of_3.bin"]
-    for index, name in enumerate(binaries, start=2):
-        graphs = sorted(graph["name"] for graph in read_header(out / "genie_bundle" / name)["graphs"])
-        assert graphs == sorted(f"{kind}_ar{ar}_cl{cl}_{index}_of_3" for kind, ar in (("prompt", 8), ("token", 1))
-                                for cl in (SHORT, LONG)), graphs
-    assert load_json(out / "bundle_check.json")["errors"] == 0
-    run = load_json(out / "host_run.json")
-    assert run["new_ids"] == run["reference_ids"] == single["host_run"]["new_ids"]
-    lengths = [graph["cl"] for graph in run["graph_runs"]]
-    assert lengths[0] == SHORT and lengths[-1] == LONG, run["graph_runs"]

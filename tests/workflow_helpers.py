@@ -12,12 +12,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config", "resources")
+# A write_config file as the whole config, last on the command line (--configfile takes every word up to the next
+# option): the options a test running Snakemake itself gives before the file.
+CONFIG_OPTIONS = ("--replace-workflow-config", "--configfile")
 
 # A demo small enough for CI: the same code path as the default, a fraction of the time.
 SMALL_DEMO = {
     "demo": {"layers": 4, "hidden": 64, "heads": 2, "kv_heads": 1, "intermediate": 128,
              "vocab": 512, "context": 64, "ar": 8, "seed": 0, "weight_dtype": "float32"},
     "split": {"num_parts": 3},
+}
+# The variants a test config builds unless it names its own: the default config's oracle and A/B baseline
+# (reference) and its bundle variant (qnn-htp). The default's other qnn-htp variants differ from qnn-htp only in
+# compile options (tests/test_qnn_htp.py compiles them), and tests/test_trained_demo.py builds the default as it is.
+TEST_VARIANTS = ("reference", "qnn-htp")
+# The reference toolchain alone, for what only it does (its container read back, the host run against the unsplit
+# model, the evaluation): the variants unpacked and packed, the packed bundle with the embedding in the graph.
+REFERENCE_BUILD = {
+    "variants": {name: {"toolchain": "reference", "weights_packing": packing, "optimization_type": 3,
+                        "weight_sharing_enabled": True} for name, packing in (("unpacked", False), ("packed", True))},
+    "bundle": {"variant": "packed", "embedding": "graph"},
+    "report": {"baseline_variant": "unpacked"},
 }
 
 
@@ -33,12 +48,15 @@ def copy_workflow(dest: Path) -> Path:
 
 
 def write_config(workdir: Path, overrides: dict, name: str = "test-config.yaml") -> Path:
-    """A config file = the default config with ``overrides`` merged in (one level deep)."""
+    """A whole config file: the default config with its variants narrowed to TEST_VARIANTS, and ``overrides`` merged
+    in one level deep, but for ``variants``, which replace the default's (a test names every variant it builds).
+    run_snakemake(config_file=...) runs it in place of config/config.yaml (Snakemake would merge the two)."""
     import yaml
 
     config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    config["variants"] = {name: config["variants"][name] for name in TEST_VARIANTS}
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
+        if isinstance(value, dict) and isinstance(config.get(key), dict) and key != "variants":
             config[key] = {**config[key], **value}
         else:
             config[key] = value
@@ -49,12 +67,13 @@ def write_config(workdir: Path, overrides: dict, name: str = "test-config.yaml")
 
 def run_snakemake(workdir: Path, *args: str, config_file: Path | None = None,
                   check: bool = True) -> subprocess.CompletedProcess:
-    """``python -m snakemake --cores 2`` in ``workdir``; output (Snakemake logs to stdout) returned."""
-    command = [sys.executable, "-m", "snakemake", "--cores", "2"]
+    """``python -m snakemake --cores 2 [args]`` in ``workdir``, with ``config_file`` (write_config's) as the whole
+    config; output (Snakemake logs to stdout) returned."""
+    command = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
     if config_file is not None:
-        command += ["--configfile", str(config_file)]
+        command += [*CONFIG_OPTIONS, str(config_file)]
     env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
-    result = subprocess.run(command + list(args), cwd=workdir, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n"
                              f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
@@ -116,3 +135,41 @@ def stated_axes_encodings(encodings, axis_of) -> dict:
 
     return {"version": "2.0.0", "encodings": [entry(encoding) for encoding in (*encodings.activations.values(),
                                                                                *encodings.params.values())]}
+
+
+def read_back_qnn_bundle(out: Path, encodings: str) -> dict[str, list[str]]:
+    """The ctx-bins of the qnn-htp bundle under ``out`` (results/<model>), read back by the vendor's libQnnSystem:
+    each name -> its graphs' names, once each is checked to be compiled for SM8750 (soc_model 69, v79) by QNN 2.51
+    with every IO tensor of every graph at its part's encoding (``encodings/<encodings>/part_*/<kind>``; the table's
+    part 2 takes inputs_embeds at part 1's output encoding), float where they give none, and each graph fed its
+    mask, RoPE and KV cache."""
+    import pytest
+
+    from genie_build.encodings import read_encodings
+    from genie_build.qnn_wheel.system import read_context_binary
+
+    parts = load_json(out / "plan.json")["parts"]
+    renamed = {"inputs_embeds": parts[0]["output_boundary"]}
+    bundle = out / "genie_bundle"
+    read = {}
+    for name in load_json(bundle / "genie_config.json")["dialog"]["engine"]["model"]["binary"]["ctx-bins"]:
+        binary = read_context_binary(bundle / name)
+        assert (binary.soc_model, binary.dsp_arch, binary.build_id[:7]) == (69, "v79", "v2.51.0"), name
+        label = name.rsplit("_part_", 1)[1].removesuffix(".bin")
+        for graph in binary.graphs:
+            kind = graph.info.name.split("_")[0]
+            activations = read_encodings(out / "encodings" / encodings / f"part_{label}" /
+                                         f"{kind}.encodings.json").activations
+            tensors = (*graph.info.inputs, *graph.info.outputs)
+            names = {tensor.name for tensor in tensors}
+            assert {"attention_mask", "position_ids_cos"} <= names and any(
+                name.startswith("past_key_") for name in names), (graph.info.name, names)
+            for tensor in tensors:
+                enc = activations.get(renamed.get(tensor.name, tensor.name))
+                if enc is None:   # no encoding: float, as the encodings say
+                    assert tensor.quant is None and tensor.dtype.startswith("float"), tensor
+                    continue
+                assert (tensor.quant.bitwidth, tensor.quant.offset) == (enc.bitwidth, enc.offset[0]), tensor.name
+                assert tensor.quant.scale == pytest.approx(enc.scale[0], rel=1e-6), tensor.name
+        read[name] = sorted(graph.info.name for graph in binary.graphs)
+    return read

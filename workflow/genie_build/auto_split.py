@@ -1,5 +1,7 @@
-"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GiB (and
-``split.max_part_mb`` when set) and which all map under the load model (:mod:`genie_build.load_model`).
+"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GB (and
+``split.max_part_mb`` when set), which all map under the load model (:mod:`genie_build.load_model`), and, for a
+build that holds a part per job (a checkpoint's export, verification and evaluation), whose jobs each fit the
+memory a job of the run may take (:class:`JobMemory`, docs/memory-plan.md).
 
 Also the one place a split request (a count, ``auto`` or a largest part) becomes a plan, and the readers of the IO
 dimensions the load model sizes a context's IO tensors by: from an HF ``config.json`` with the export's AR and CL,
@@ -8,9 +10,11 @@ or from a prompt graph loaded without its weights.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import onnx
 
@@ -23,7 +27,7 @@ from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.planners import MIB, NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
 
-__all__ = ["AUTO", "VENDOR_CONTEXT_BYTES", "auto_plan", "bundle_parts", "io_dims_from_graph",
+__all__ = ["AUTO", "JobMemory", "VENDOR_CONTEXT_BYTES", "auto_plan", "bundle_parts", "io_dims_from_graph",
            "io_dims_from_hf_config", "plan_request"]
 
 log = logging.getLogger(__name__)
@@ -32,6 +36,25 @@ AUTO = "auto"
 # "It is recommended that clients limit the heap required for a single context binary to be under 3 GB" (Qualcomm
 # QNN HTP backend manual 80-63442-10, "Multiple cDSP Sessions"); the manual's "4 GB" session is 2**32 bytes, so GiB.
 VENDOR_CONTEXT_BYTES = 3 * 1024 ** 3
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """What a job of the run may take (``limit_mb``, a share of the ``given_mb`` the run is given, ``source`` saying
+    whence) and what the largest job holding a part takes (``part_mb``)."""
+
+    limit_mb: int
+    given_mb: int
+    source: str
+    part_mb: Callable[[PartPlan], int]
+
+    def largest(self, plan: Plan) -> tuple[PartPlan, int]:
+        """The part whose job takes the most, and that job's MB."""
+        part = max(plan.parts, key=self.part_mb)
+        return part, self.part_mb(part)
+
+    def describe(self) -> str:
+        return f"the {self.limit_mb:,} MB a job may take (a third of the {self.given_mb:,} MB {self.source})"
 
 
 def io_dims_from_hf_config(path: str | os.PathLike[str], activation_bits: int, ar: int,
@@ -81,16 +104,17 @@ def io_dims_from_graph(model: onnx.ModelProto, activation_bits: int, where: str 
 
 
 def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load: LoadParams,
-              max_part_bytes: int | None = None, embedding: str = "graph") -> Plan:
+              max_part_bytes: int | None = None, embedding: str = "graph", jobs: JobMemory | None = None) -> Plan:
     """The plan with the fewest parts whose contexts (their weights as the planner weighs them, their IO at
     ``dims``) each need less than :data:`VENDOR_CONTEXT_BYTES`, whose parts are each at most ``max_part_bytes``,
-    and which all map under ``load``: every part's context, or with ``embedding`` "lut" (``bundle.embedding``: part 1
-    is a table on the CPU) every part's but part 1's.
+    which all map under ``load`` (every part's context, or with ``embedding`` "lut", ``bundle.embedding``: part 1
+    is a table on the CPU, every part's but part 1's), and whose jobs each fit ``jobs.limit_mb``. The plan's
+    ``chosen_by`` says which bound chose the count.
 
     Raises:
         GenieBuildError: no part count does (naming the counts tried and the parameters).
     """
-    num_parts, most = 2, None
+    num_parts, most, device = 2, None, None
     while True:
         try:
             plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
@@ -101,11 +125,19 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
         if (all(context.charge < VENDOR_CONTEXT_BYTES for context in contexts)
                 and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
                 and place_contexts(contexts, load).maps):
-            log.info("split.num_parts auto: %d parts, the fewest that map", num_parts)
-            return plan
+            device = device or plan
+            if jobs is None or jobs.largest(plan)[1] <= jobs.limit_mb:
+                log.info("split.num_parts auto: %d parts, the fewest that map%s", num_parts,
+                         "" if jobs is None else " and whose jobs fit")
+                return dataclasses.replace(plan, chosen_by=_chosen_by(plan, device, jobs))
         most, num_parts = (plan, held, contexts), num_parts + 1
+    if device is not None and jobs is not None:
+        part, mb = jobs.largest(most[0])
+        raise GenieBuildError(NUM_PARTS_KEY, f"auto: {device.num_parts} parts map on the device, but at every count "
+                                             f"up to {most[0].num_parts} a job is larger than {jobs.describe()} (part "
+                                             f"{part.label}'s, {mb:,} MB, at {most[0].num_parts}); run with more "
+                                             "memory (--resources mem_mb) or give num_parts")
     raise _no_part_count(most, dims, load, max_part_bytes)
-
 
 def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims, load: LoadParams,
                    max_part_bytes: int | None) -> GenieBuildError:
@@ -140,6 +172,22 @@ def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims
                                           "build contexts that do not map; store the weights in fewer bits")
 
 
+def _chosen_by(plan: Plan, device: Plan, jobs: JobMemory | None) -> str:
+    """Which bound chose ``plan``'s count: the device's (``device``: the fewest parts that map is ``plan``) or the
+    build box's."""
+    mapped = "the fewest whose contexts each stay under 3 GiB and all map on the device (the memory plan's load model)"
+    if jobs is None:
+        return f"split.num_parts auto: {plan.num_parts} parts, {mapped}"
+    if device.num_parts == plan.num_parts:
+        part, mb = jobs.largest(plan)
+        return (f"split.num_parts auto: {plan.num_parts} parts, {mapped}; the device chose the count: their largest "
+                f"job (part {part.label}, {mb:,} MB) fits {jobs.describe()}")
+    part, mb = jobs.largest(device)
+    return (f"split.num_parts auto: {plan.num_parts} parts, the fewest that map on the device and whose jobs fit "
+            f"{jobs.describe()}; the build box chose the count: {device.num_parts} parts would map, but part "
+            f"{part.label}'s largest job would take {mb:,} MB")
+
+
 def bundle_parts(plan: Plan, embedding: str) -> list[PartPlan]:
     """The parts whose contexts a bundle of ``plan`` holds: every one, or with the embedding as a table (``embedding``
     "lut") every one but part 1."""
@@ -148,10 +196,10 @@ def bundle_parts(plan: Plan, embedding: str) -> list[PartPlan]:
 
 def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_part_bytes: int | None,
                  embedding_alone: bool, dims: IoDims | None = None, load: LoadParams | None = None,
-                 embedding: str = "graph") -> Plan:
+                 embedding: str = "graph", jobs: JobMemory | None = None) -> Plan:
     """The plan a split request asks for: ``num_parts`` parts, the fewest of at most ``max_part_bytes`` each, or
     (``num_parts`` :data:`AUTO`, with ``max_part_bytes`` as an extra bound) :func:`auto_plan` under ``dims``,
-    ``load`` and the ``embedding`` layout.
+    ``load``, the ``embedding`` layout and the build's ``jobs``.
 
     Raises:
         GenieBuildError: an infeasible request (from the planner or :func:`auto_plan`).
@@ -159,7 +207,7 @@ def plan_request(pieces: Sequence[Piece], *, num_parts: int | str | None, max_pa
     if num_parts == AUTO:
         if dims is None or load is None:
             raise ValueError("num_parts auto needs the IO dimensions and the load parameters")
-        return auto_plan(pieces, embedding_alone, dims, load, max_part_bytes, embedding)
+        return auto_plan(pieces, embedding_alone, dims, load, max_part_bytes, embedding, jobs)
     if num_parts is not None:
         return plan_by_num_parts(pieces, num_parts, embedding_alone)
     return plan_by_max_part_bytes(pieces, max_part_bytes, embedding_alone)

@@ -30,9 +30,11 @@ made one window at a time, so they add one KV cache of the unit's layers. Needs 
 
 from __future__ import annotations
 
+import gc
 import logging
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,38 +43,36 @@ import numpy as np
 import onnx
 
 from genie_build.calibrate import float_activations
+from genie_build.calibrate_tables import embedding_table, head_slice_graph, head_slices, merge_head_slices, one_row_graph
+from genie_build.calibration_feeds import (FeedShape, ForwardPass, calibration_windows, text_forward_pass,
+                                           unit_feed_shape)
 from genie_build.calibration_units import CalibrationUnit
-from genie_build.conventions import (INPUT_IDS, KV_TENSOR, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, kv_name,
-                                     rope_tables)
+from genie_build.conventions import EMBEDDING_PIECE, KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.hf_config import head_dim, load_hf_config, read_rope
 from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
 from genie_build.tokens import read_tokens
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
+from genie_build.window_stream import WindowFile, open_windows, write_windows
 
-__all__ = ["CALIBRATORS", "DEFAULT_CALIBRATOR", "FeedShape", "ForwardPass", "PERCENTILE", "calibrate_prompt", "calibrate_unit", "calibration_windows",
-           "copy_kv_input_encodings", "feed_shape", "genie_feed", "kv_cache_io", "lm_head_weight",
-           "recipe_sim", "require_aimet", "session_outputs", "shared_token_tensors", "text_forward_pass",
-           "token_encodings", "windows"]
+__all__ = ["CALIBRATORS", "DEFAULT_CALIBRATOR", "PERCENTILE", "calibrate_prompt", "calibrate_unit",
+           "copy_kv_input_encodings", "kv_cache_io", "lm_head_weight", "recipe_sim", "require_aimet",
+           "shared_token_tensors", "token_encodings"]
 
 logger = logging.getLogger(__name__)
 
 ACTIVATION_TYPE = "int16"
 HTP_CONFIG = "htp_v79"
 WEIGHT_OP_TYPES = ("Gemm", "MatMul", "Conv")
-AIMET_OUTPUT_SUFFIX = "_updated"
 _PASS_THROUGH = ("Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
 # quantize.calibrator -> aimet-onnx's quant scheme of the activation quantizers (docs/quantize.md, "Calibrators")
 CALIBRATORS = {"min-max": "min_max", "tf-enhanced": "tf_enhanced", "percentile": "percentile"}
 DEFAULT_CALIBRATOR = "min-max"
 PERCENTILE = 99.99
-
-ForwardPass = Callable[[Any], None]   # runs calibration feeds through an onnxruntime session
 
 
 # --- the graph ---------------------------------------------------------------------------------------------
@@ -163,12 +163,14 @@ def _check_float32(model: onnx.ModelProto, path: Path) -> None:
 
 
 def _calibrated(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] | None, kv_io: Mapping[str, str],
-                where: Path, forward_pass: ForwardPass, calibrator: str = DEFAULT_CALIBRATOR) -> Encodings:
-    """``model``'s encodings: a sim set up by :func:`recipe_sim`, calibrated by ``forward_pass``, exported."""
+                where: Path, forward_pass: Callable[..., None], calibrator: str = DEFAULT_CALIBRATOR, *,
+                with_sim: bool = False) -> Encodings:
+    """``model``'s encodings: a sim set up by :func:`recipe_sim`, calibrated by ``forward_pass`` (called with the
+    sim's session, and with the sim itself when ``with_sim``: a unit that feeds a quantizer itself), exported."""
     with tempfile.TemporaryDirectory(prefix="genie-build-aimet-") as scratch:
         sim = recipe_sim(model, recipe, lm_head, kv_io, where, Path(scratch) / "sim", calibrator)
         del model
-        sim.compute_encodings(forward_pass)
+        sim.compute_encodings((lambda session: forward_pass(session, sim)) if with_sim else forward_pass)
         sim.export(scratch, "graph", encoding_version="1.0.0", export_model=False)
         return read_encodings(Path(scratch) / "graph.encodings")
 
@@ -271,166 +273,6 @@ def token_encodings(prompt_enc: Encodings, token_names: frozenset[str]) -> Encod
     return copy_kv_input_encodings(share_encodings(prompt_enc, empty, token_names), token_names)
 
 
-# --- calibration feeds from text ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FeedShape:
-    """A graph's inputs as Genie feeds them: AR, context, RoPE table width, KV cache shapes, and which of the
-    inputs the graph takes (a unit of the chain may take the residual stream instead of ``input_ids``, and the
-    embedding's unit takes no mask, RoPE or cache)."""
-
-    ar: int
-    context: int
-    rope_theta: float
-    rope_scaling: Mapping[str, Any] | None
-    head_dim: int
-    ids_dtype: np.dtype | None              # None: the graph takes no input_ids
-    caches: Mapping[str, tuple[int, ...]]   # past_*_in -> shape
-    positions: bool = True                  # it takes attention_mask and the RoPE tables
-    boundary: str | None = None             # the residual-stream input it takes instead of input_ids
-
-
-def feed_shape(prompt: onnx.ModelProto, prompt_path: Path, hf_config_path: Path) -> FeedShape:
-    """Read a whole prompt graph's feeds from its inputs and the RoPE base from ``config.json``.
-
-    Raises:
-        GenieBuildError: an input Genie feeds is missing or not of Genie's rank, or the config has no RoPE base
-            or a RoPE scaling Genie's tables do not compute.
-    """
-    dims = _input_dims(prompt, prompt_path, required=(INPUT_IDS, MASK, POS_COS, POS_SIN))
-    return _feed_shape(prompt, dims, hf_config_path, ar=dims[INPUT_IDS][1], context=dims[MASK][2], boundary=None)
-
-
-def _unit_feed_shape(unit: onnx.ModelProto, where: Path, hf_config_path: Path, *, ar: int, context: int,
-                     boundary: str | None) -> FeedShape:
-    """The feeds of a unit of the chain (AR and context are the model's, from the plan: an embedding unit's
-    inputs do not say its context, and the window schedule depends on it).
-
-    Raises:
-        GenieBuildError: as :func:`feed_shape`, for the inputs the unit takes.
-    """
-    dims = _input_dims(unit, where, required=())
-    return _feed_shape(unit, dims, hf_config_path, ar=ar, context=context, boundary=boundary)
-
-
-def _input_dims(model: onnx.ModelProto, where: Path, required: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    dims = {value.name: tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim) for value in model.graph.input}
-    for name, rank in ((INPUT_IDS, 2), (MASK, 3), (POS_COS, 4), (POS_SIN, 4)):
-        if (name in required or name in dims) and len(dims.get(name, ())) != rank:
-            raise GenieBuildError(where, f"input {name!r} of rank {rank} expected (Genie's IO contract), "
-                                         f"found {dims.get(name)}")
-    return dims
-
-
-def _feed_shape(model: onnx.ModelProto, dims: Mapping[str, tuple[int, ...]], hf_config_path: Path, *, ar: int,
-                context: int, boundary: str | None) -> FeedShape:
-    config = load_hf_config(hf_config_path)
-    rope = read_rope(config, hf_config_path)   # either HF layout, as genie_config writes it for Genie
-    theta, scaling = float(rope.theta), rope.scaling
-    try:
-        rope_tables(head_dim(config, hf_config_path), theta, [0], scaling)
-    except (ValueError, KeyError) as exc:
-        raise GenieBuildError(hf_config_path, f"RoPE scaling {scaling}: {exc}") from None
-    types = {value.name: value.type.tensor_type.elem_type for value in model.graph.input}
-    return FeedShape(ar=ar, context=context, rope_theta=theta, rope_scaling=scaling,
-                     head_dim=2 * dims[POS_COS][3] if POS_COS in dims else head_dim(config, hf_config_path),
-                     ids_dtype=onnx.helper.tensor_dtype_to_np_dtype(types[INPUT_IDS]) if INPUT_IDS in types else None,
-                     caches={name: shape for name, shape in dims.items() if KV_TENSOR.match(name)},
-                     positions=MASK in dims, boundary=boundary if boundary in dims else None)
-
-
-def windows(ids: np.ndarray, ar: int, count: int) -> Iterator[np.ndarray]:
-    """``count`` consecutive windows of ``ar`` tokens from the start of ``ids``.
-
-    Raises:
-        GenieBuildError: fewer than ``count * ar`` ids (a text is never repeated to fill its windows).
-    """
-    if ids.size < ar * count:
-        raise GenieBuildError("calibration text", f"has {ids.size} tokens, {count} windows of {ar} need {ar * count}")
-    yield from np.asarray(ids[:ar * count]).reshape(count, ar)
-
-
-def calibration_windows(ids: np.ndarray, ar: int, context: int, count: int) -> Iterator[tuple[np.ndarray, int]]:
-    """Each window of :func:`windows` with the number of tokens before it in its sequence: window k at positions
-    ``past_len .. past_len + AR - 1``; when the cache has no room for another window the next one starts a new
-    sequence (``past_len`` 0), as a new conversation would. Every unit of the chain replays this schedule."""
-    past_len = 0
-    for window in windows(ids, ar, count):
-        if past_len > context - ar:
-            past_len = 0
-        yield window, past_len
-        past_len += ar
-
-
-def text_forward_pass(shape: FeedShape, ids: np.ndarray, num_samples: int, *,
-                      boundary_in: np.ndarray | None = None, collect: str | None = None,
-                      collected: list[np.ndarray] | None = None) -> ForwardPass:
-    """A forward pass over ``num_samples`` windows of ``ids`` (:func:`calibration_windows`), fed as Genie feeds
-    its graphs: the causal mask, RoPE tables, and the KV cache holding what the graph itself output for the
-    windows before it in the same sequence (new entries written at ``past_len``; emptied when a sequence starts).
-
-    A unit of the chain takes window k's residual stream from ``boundary_in[k]`` and gives its own, ``collect``,
-    which is appended to ``collected`` window by window.
-    """
-    def run(session: Any) -> None:
-        if collected is not None:
-            collected.clear()
-        caches = {name: np.zeros(dims, np.float32) for name, dims in shape.caches.items()}
-        for index, (window, past_len) in enumerate(calibration_windows(ids, shape.ar, shape.context, num_samples)):
-            if past_len == 0:
-                caches = {name: np.zeros_like(cache) for name, cache in caches.items()}
-            boundary = None if boundary_in is None else boundary_in[index]
-            outputs = session_outputs(session, genie_feed(shape, window, past_len, caches, boundary))
-            for name in caches:
-                _write_new_entries(caches[name], outputs[kv_name(*_kv_kind_layer(name), "out")], name, past_len)
-            if collect is not None and collected is not None:
-                collected.append(outputs[collect])
-            logger.info("calibrated window %d of %d (%d tokens before it)", index + 1, num_samples, past_len)
-
-    return run
-
-
-def genie_feed(shape: FeedShape, window: np.ndarray, past_len: int, caches: Mapping[str, np.ndarray],
-               boundary: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The graph's feed for ``window`` (AR token ids) after ``past_len`` cached tokens: what of the prompt
-    graph's inputs it takes, and ``boundary`` for its residual-stream input."""
-    feed: dict[str, np.ndarray] = dict(caches)
-    if shape.ids_dtype is not None:
-        feed[INPUT_IDS] = np.asarray(window)[None].astype(shape.ids_dtype)
-    if shape.boundary is not None:
-        feed[shape.boundary] = boundary
-    if shape.positions:
-        cos, sin = rope_tables(shape.head_dim, shape.rope_theta, np.arange(past_len, past_len + shape.ar),
-                               shape.rope_scaling)
-        feed.update({MASK: causal_mask(shape.ar, shape.context, past_len), POS_COS: cos, POS_SIN: sin})
-    return feed
-
-
-def session_outputs(session: Any, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a sim's session: its outputs by the graph's output names (AIMET renames a quantized output
-    ``<name>_updated``, aimet_onnx quantsim ``_insert_quantizer``)."""
-    names = [output.name for output in session.get_outputs()]
-    return {name.removesuffix(AIMET_OUTPUT_SUFFIX): value for name, value in zip(names, session.run(None, dict(feed)))}
-
-
-def _kv_kind_layer(name: str) -> tuple[str, int]:
-    match = KV_TENSOR.match(name)
-    return match.group(1), int(match.group(2))
-
-
-def _write_new_entries(cache: np.ndarray, new: np.ndarray, name: str, past_len: int) -> None:
-    """Put a graph's new K/V entries into its cache at ``past_len``: keys ``[1, kv, d, len]`` along the last
-    axis, values ``[1, kv, len, d]`` along axis 2 (docs/conventions.md). Columns past the cache's end (the last
-    window of a full cache) are dropped: no later window of the sequence reads them."""
-    axis = cache.ndim - 1 if _kv_kind_layer(name)[0] == "key" else cache.ndim - 2
-    room = max(0, min(new.shape[axis], cache.shape[axis] - past_len))
-    target = [slice(None)] * cache.ndim
-    target[axis] = slice(past_len, past_len + room)
-    source = [slice(None)] * cache.ndim
-    source[axis] = slice(0, room)
-    cache[tuple(target)] = new[tuple(source)]
-
-
 # --- the chain: one unit at a time ---------------------------------------------------------------------------
 
 def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], label: str, out_encodings: str | Path,
@@ -439,11 +281,12 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
                    calibrator: str = DEFAULT_CALIBRATOR) -> Encodings:
     """The ``calibrate-unit`` command: unit ``label`` of the chain, one of its part's ``units``
     (:mod:`genie_build.calibration_units`), carved from the part's prompt graph, quantized by ``recipe`` and
-    AIMET's LLM recipe, and
-    calibrated on ``num_samples`` windows of the calibration text's ids (``tokens_path``: what ``tokenize-text``
-    wrote; only those windows are read), fed the residual stream the unit before it stored
-    (``boundary_in``); writes its encodings and its own output stream (``out_boundary``: ``[windows, 1, AR,
-    hidden]`` float32, empty for the last unit, whose output is the logits).
+    AIMET's LLM recipe, and calibrated on ``num_samples`` windows of the calibration text's ids (``tokens_path``:
+    what ``tokenize-text`` wrote; only those windows are read), fed the residual stream the unit before it stored
+    (``boundary_in``, read a window at a time); writes its encodings and its own output stream (``out_boundary``:
+    ``[windows, 1, AR, hidden]`` float32, written a window at a time; empty for the last unit, whose output is the
+    logits). A unit of the embedding alone reads its table in place, and a unit of the head whose ``slices`` is
+    above 1 is calibrated in slices of its vocabulary (:mod:`genie_build.calibrate_tables`).
 
     Raises:
         GenieBuildError: a bad recipe or sample count, a unit the chain does not have, a boundary file of another
@@ -460,27 +303,123 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     if unit is None or {other.part for other in units} != {unit.part}:
         raise GenieBuildError("--part-units-json", f"not the units of one part holding unit {label!r}")
     model = _unit_graph(part_path, units, label)
-    shape = _unit_feed_shape(model, part_path, Path(hf_config_path), ar=ar, context=context,
-                             boundary=unit.input_boundary)
+    shape = unit_feed_shape(model, part_path, Path(hf_config_path), ar=ar, context=context,
+                            boundary=unit.input_boundary)
     ids = read_tokens(tokens_path, num_samples * ar)
-    streamed = None if shape.boundary is None else _read_boundary(boundary_in, num_samples, ar)
-    require_aimet("calibrate-unit")  # after the inputs are read: importing aimet-onnx takes seconds, a bad input not
-    logger.info("unit %s: %s of part %s, %d windows of %d tokens", label, "+".join(unit.pieces), unit.part,
-                num_samples, ar)
-    for stored in model_tensors(model):   # read through the resolver: onnx's loader refuses a symlinked data file
-        if stored.tensor.data_location == onnx.TensorProto.EXTERNAL:
-            load_external_bytes(stored, part_path)
-    _check_float32(model, part_path)
-    collected: list[np.ndarray] = []
-    forward_pass = text_forward_pass(shape, ids, num_samples, boundary_in=streamed, collect=unit.output_boundary,
-                                     collected=collected)
-    encodings = _calibrated(model, chosen, _find_lm_head(model.graph), kv_cache_io(model.graph), part_path,
-                            forward_pass, calibrator)
+    with ExitStack() as stack:
+        stream = None
+        if shape.boundary is not None:
+            stream = stack.enter_context(_open_boundary(boundary_in, num_samples, ar)).window
+        require_aimet("calibrate-unit")  # after the inputs are read: importing aimet-onnx takes seconds, a bad input not
+        logger.info("unit %s: %s of part %s, %d windows of %d tokens%s", label, "+".join(unit.pieces), unit.part,
+                    num_samples, ar, f", the head in {unit.slices} slices" if unit.slices > 1 else "")
+        run = _UnitRun(model, part_path, chosen, calibrator, shape, ids, num_samples, stream)
+        if unit.pieces == (EMBEDDING_PIECE,):
+            encodings = run.embedding_in_place(out_boundary)
+        elif unit.slices > 1:
+            encodings = run.head_in_slices(unit.slices)
+            _write_no_stream(out_boundary)
+        else:
+            encodings = run.whole(unit.output_boundary, out_boundary)
     write_encodings(out_encodings, encodings)
-    _write_boundary(out_boundary, np.stack(collected) if collected else np.zeros((0,), np.float32))
     logger.info("unit %s: %d activation and %d param encodings", label, len(encodings.activations),
                 len(encodings.params))
     return encodings
+
+
+@dataclass(frozen=True)
+class _UnitRun:
+    """What a unit's calibration reads: its graph (weights still external), the recipe, the windows and the stream
+    before it."""
+
+    model: onnx.ModelProto
+    where: Path
+    recipe: Recipe
+    calibrator: str
+    shape: FeedShape
+    ids: np.ndarray
+    num_samples: int
+    stream: Callable[[int], np.ndarray] | None
+
+    def forward(self, collect: str | None = None, sink: Callable[[np.ndarray], None] | None = None) -> ForwardPass:
+        return text_forward_pass(self.shape, self.ids, self.num_samples, boundary_in=self.stream, collect=collect,
+                                 sink=sink)
+
+    def whole(self, collect: str | None, out_boundary: str | Path) -> Encodings:
+        """The unit in one sim, its output stream written window by window (empty for the last unit)."""
+        _load_weights(self.model, self.where)
+        _check_float32(self.model, self.where)
+        lm_head, kv_io = _find_lm_head(self.model.graph), kv_cache_io(self.model.graph)
+        if collect is None:
+            _write_no_stream(out_boundary)
+            return _calibrated(self.model, self.recipe, lm_head, kv_io, self.where, self.forward(), self.calibrator)
+        with write_windows(out_boundary, self.num_samples) as out:
+            return _calibrated(self.model, self.recipe, lm_head, kv_io, self.where, self.forward(collect, out.append),
+                               self.calibrator)
+
+    def head_in_slices(self, slices: int) -> Encodings:
+        """The head in ``slices`` slices of its vocabulary, one sim at a time; each slice's logits kept a window at a
+        time on disk, and the last slice's ``logits`` quantizer fed every whole window (calibrate_tables)."""
+        node, weight = lm_head_weight(self.model.graph, self.where)
+        for stored in model_tensors(self.model):   # the norm's weights; the head's is read a slice at a time
+            if stored.tensor.data_location == onnx.TensorProto.EXTERNAL and stored.tensor.name != weight:
+                load_external_bytes(stored, self.where)
+        rows = [tensor.dims[0] for tensor in self.model.graph.initializer if tensor.name == weight][0]
+        ranges = head_slices(rows, slices)
+        with tempfile.TemporaryDirectory(prefix="genie-build-head-") as scratch:
+            logits = [Path(scratch) / f"logits_{index}.npy" for index in range(slices)]
+            parts = []
+            for index, (first, last) in enumerate(ranges):
+                graph = head_slice_graph(self.model, weight, (first, last), self.where)
+                _check_float32(graph, self.where)
+                logger.info("LM head rows %d..%d (slice %d of %d)", first, last - 1, index + 1, slices)
+
+                def forward(session: Any, sim: Any, index: int = index) -> None:
+                    with write_windows(logits[index], self.num_samples) as out:
+                        self.forward(LOGITS, out.append)(session)
+                    if index == slices - 1:
+                        _feed_whole_logits(sim.qc_quantize_op_dict[LOGITS], logits, self.num_samples)
+
+                parts.append(_calibrated(graph, self.recipe, (node, weight), {}, self.where, forward,
+                                         self.calibrator, with_sim=True))
+                del graph
+                gc.collect()   # aimet-onnx's sim holds reference cycles: free this slice's before the next is built
+        return merge_head_slices(parts, weight, self.where)
+
+    def embedding_in_place(self, out_boundary: str | Path) -> Encodings:
+        """The embedding's table mapped from the data file: its quantizer (a one-row table's sim's) fed the table
+        once per window, as the whole unit's sim feeds it (min-max once: the same table again cannot move a minimum
+        or a maximum), and the stream its rows (calibrate_tables)."""
+        table = embedding_table(self.model, self.where)
+        rows = table.mapped()
+        with write_windows(out_boundary, self.num_samples) as out:
+            def forward(session: Any, sim: Any) -> None:
+                quantizer = sim.qc_quantize_op_dict[table.name]
+                for index, (window, _) in enumerate(calibration_windows(self.ids, self.shape.ar, self.shape.context,
+                                                                        self.num_samples)):
+                    if index == 0 or self.calibrator != "min-max":
+                        quantizer.update_encoding_stats(rows)
+                    out.append(np.asarray(rows[window])[None])
+                    logger.info("calibrated window %d of %d", index + 1, self.num_samples)
+
+            return _calibrated(one_row_graph(self.model, table), self.recipe, None, {}, self.where, forward,
+                               self.calibrator, with_sim=True)
+
+
+def _feed_whole_logits(quantizer: Any, slices: Sequence[Path], windows_count: int) -> None:
+    """The ``logits`` quantizer's statistics again, from each window's logits whole (the slices' columns joined),
+    window by window as the whole head's sim would feed it."""
+    quantizer.reset_encoding_stats()
+    with ExitStack() as stack:
+        files = [stack.enter_context(open_windows(path)) for path in slices]
+        for index in range(windows_count):
+            quantizer.update_encoding_stats(np.concatenate([file.window(index) for file in files], axis=-1))
+
+
+def _load_weights(model: onnx.ModelProto, where: Path) -> None:
+    for stored in model_tensors(model):   # read through the resolver: onnx's loader refuses a symlinked data file
+        if stored.tensor.data_location == onnx.TensorProto.EXTERNAL:
+            load_external_bytes(stored, where)
 
 
 def _unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) -> onnx.ModelProto:
@@ -499,24 +438,24 @@ def _unit_graph(part_graph: Path, units: Sequence[CalibrationUnit], label: str) 
     return build_part(model, spec, label)
 
 
-def _read_boundary(path: str | Path | None, windows_count: int, ar: int) -> np.ndarray:
-    """The residual stream a unit stored for the next, checked against the windows it must cover.
+@contextmanager
+def _open_boundary(path: str | Path | None, windows_count: int, ar: int) -> Iterator[WindowFile]:
+    """The residual stream a unit stored for the next, checked against the windows it must cover, open to be read a
+    window at a time.
 
     Raises:
         GenieBuildError: no file, not a ``.npy``, or another shape than ``[windows, 1, AR, hidden]`` float32.
     """
     if path is None:
         raise GenieBuildError("--boundary-in", "this unit takes the residual stream of the unit before it")
-    try:
-        stream = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise GenieBuildError(path, f"cannot read the stored residual stream: {exc}") from None
-    if stream.dtype != np.float32 or stream.ndim != 4 or stream.shape[:3] != (windows_count, 1, ar):
-        raise GenieBuildError(path, f"holds {stream.dtype} {list(stream.shape)}, not [{windows_count}, 1, {ar}, "
-                                    "hidden] float32: it was stored for other calibration settings")
-    return stream
+    with open_windows(path) as stream:
+        if stream.dtype != np.float32 or len(stream.shape) != 4 or stream.shape[:3] != (windows_count, 1, ar):
+            raise GenieBuildError(path, f"holds {stream.dtype} {list(stream.shape)}, not [{windows_count}, 1, {ar}, "
+                                        "hidden] float32: it was stored for other calibration settings")
+        yield stream
 
 
-def _write_boundary(path: str | Path, stream: np.ndarray) -> None:
+def _write_no_stream(path: str | Path) -> None:
+    """The last unit's output stream: none (its output is the logits)."""
     with atomic_open(path) as handle:
-        np.save(handle, stream, allow_pickle=False)
+        np.save(handle, np.zeros((0,), np.float32), allow_pickle=False)

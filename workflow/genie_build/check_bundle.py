@@ -111,6 +111,7 @@ def check_bundle(bundle_dir: str | os.PathLike[str], hf_config: str | os.PathLik
     if extensions is not None:
         findings += _check_chipset(bundle, extensions, chipset)
         htp_config = load_bundle_json(bundle, extensions)[0]
+        findings += _check_binary_socs(bundle, ctx_bins, extensions, htp_config)
         qnn_htp = "dialog.engine.backend.QnnHtp"
         switches = (config_value(config, f"{qnn_htp}.allow-async-init"),
                     config_value(config, f"{qnn_htp}.enable-graph-switching"))
@@ -243,6 +244,34 @@ def _check_chipset(bundle: Path, htp_config_name: str, chipset: str | None) -> l
         return [Finding("chipset", "error", str(exc))]
     for device in devices:
         findings += _check_device(device.get("soc_model"), device.get("dsp_arch"), expected)
+    return findings
+
+
+def _check_binary_socs(bundle: Path, ctx_bins: list[str], extensions: str, htp_config: object) -> list[Finding]:
+    """Every QNN ctx-bin was compiled for the SoC the extension config names (read back by libQnnSystem where the
+    wheel is installed; a reference container, an unreadable file or a missing wheel is left to the other checks):
+    a binary for another SoC loads on the phone and may compute garbage."""
+    devices = htp_config.get("devices") if isinstance(htp_config, dict) else None
+    named = devices[0].get("soc_model") if isinstance(devices, list) and devices and isinstance(devices[0], dict) \
+        else None
+    if not is_json_int(named):
+        return []
+    findings = []
+    for name in dict.fromkeys(ctx_bins):
+        if bundle_file_problem(bundle, name, MAX_CTX_BIN_BYTES) is not None:
+            continue   # a name outside the bundle or not a regular file (a FIFO would block the read) is judged elsewhere
+        try:
+            path = resolve_inside(bundle / bundle_path(name), [bundle])
+            with open(path, "rb") as handle:
+                if handle.read(len(CONTAINER_MAGIC)) == CONTAINER_MAGIC:
+                    continue
+            from genie_build.qnn_wheel.system import read_context_binary
+            compiled_for = read_context_binary(path).soc_model
+        except (GenieBuildError, OSError):
+            continue
+        if compiled_for is not None and compiled_for != named:
+            findings.append(Finding("chipset", "error", f"{name} was compiled for soc_model {compiled_for}, but "
+                                                        f"{extensions} names {named}"))
     return findings
 
 

@@ -28,9 +28,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
 from genie_build.load_model import KV_BYTES
 
-__all__ = ["DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "SourceKind",
-           "StrictValidator", "bundle_config", "calibration_chain", "context_lengths", "load_config", "read_schema",
-           "source_kind", "validate_config"]
+__all__ = ["DEFAULT_CALIBRATION_TOKENS", "DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES",
+           "SourceKind", "bundle_config", "calibration_chain", "calibration_windows", "context_lengths", "load_config",
+           "read_schema", "source_kind", "validate_config"]
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"
@@ -280,6 +280,15 @@ def bundle_config(config: Mapping[str, Any]) -> dict:
 
 
 DEFAULT_NUM_PARTS = 6
+# quantize.num_samples unset: the windows that hold this many tokens of the prompt graph's AR (docs/quantize.md, "The
+# default, chosen by measurement": fewer let a trained model's held-out activations pass their grids)
+DEFAULT_CALIBRATION_TOKENS = 2048
+
+
+def calibration_windows(quantize: Mapping[str, Any], ar: int) -> int:
+    """The calibration windows of a validated ``quantize`` section for a prompt graph of AR ``ar``: its
+    ``num_samples``, else as many as hold :data:`DEFAULT_CALIBRATION_TOKENS` tokens."""
+    return quantize["num_samples"] or -(-DEFAULT_CALIBRATION_TOKENS // ar)
 
 
 def _check_cross_fields(config: dict, where: str) -> None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int
 
-__all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBEDDING_LAYOUTS", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
+__all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBEDDING_LAYOUTS", "EMBEDDING_PIECE", "HEAD_PIECE", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
@@ -100,10 +100,13 @@ def part_label(index: int, num_parts: int) -> str:
     return f"{index:0{width}d}_of_{num_parts}"
 
 
+EMBEDDING_PIECE, HEAD_PIECE = "embedding", "head"
+
+
 def piece_names(num_layers: int) -> tuple[str, ...]:
     """The pieces of a model of ``num_layers`` decoder layers, by name, in model order: ``embedding``,
     ``layer_0`` .. ``layer_{L-1}``, ``head``; a piece's position here is its index (``Weight.pieces``)."""
-    return ("embedding", *(f"layer_{layer}" for layer in range(num_layers)), "head")
+    return (EMBEDDING_PIECE, *(f"layer_{layer}" for layer in range(num_layers)), HEAD_PIECE)
 
 
 def unit_label(index: int, num_units: int) -> str:

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
-from genie_build.auto_split import auto_plan, bundle_parts, io_dims_from_graph, io_dims_from_hf_config, plan_request
+from genie_build.auto_split import (JobMemory, auto_plan, bundle_parts, io_dims_from_graph, io_dims_from_hf_config,
+                                   plan_request)
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
 from genie_build.embedding_table import table_bytes
@@ -39,6 +40,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import check_settings
 from genie_build.hf_config import load_hf_config
+from genie_build.job_memory import RunMemory
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
@@ -46,6 +48,7 @@ from genie_build.plan import weighed_pieces
 from genie_build.planners import MIB
 from genie_build.plan_file import Piece, Plan, write_plan
 from genie_build.precision import Precision, weight_encoding
+from genie_build.shape_plan import part_jobs, piece_floats
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
@@ -161,11 +164,12 @@ def container_overhead(pieces: Sequence[Piece], table_entries: int, graphs: int 
 
 def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str | None = None,
              max_part_bytes: int | None = None, embedding_alone: bool = True, dims: IoDims | None = None,
-             load: LoadParams = HTP_LOAD, embedding: str = "graph") -> Estimate:
+             load: LoadParams = HTP_LOAD, embedding: str = "graph", jobs: JobMemory | None = None) -> Estimate:
     """Plan the split and predict every part's container for every variant of :data:`PREDICTED_VARIANTS`.
 
     One of ``num_parts`` and ``max_part_bytes`` is given, or both with ``num_parts`` "auto" (which needs ``dims``:
-    :func:`genie_build.auto_split.plan_request`, in the ``embedding`` layout).
+    :func:`genie_build.auto_split.plan_request`, in the ``embedding`` layout, its parts' ``jobs`` within what a job
+    may take).
 
     Raises:
         GenieBuildError: the split is infeasible (from the planner) or a precision rule does not fit a weight.
@@ -180,7 +184,7 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
                             {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
                             model.boundaries)
     plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                        dims=dims, load=load, embedding=embedding)
+                        dims=dims, load=load, embedding=embedding, jobs=jobs)
     index_of = {piece.name: index for index, piece in enumerate(pieces)}
     parts = []
     for part in plan.parts:
@@ -253,7 +257,7 @@ def _write_estimate(out_dir: str | os.PathLike[str], result: Estimate, *, source
                                   [size.weight_bytes for size in memory_sizes], dims)
     memory = plan_memory(memory_sizes, memory_variant, limits, basis="predicted", contexts=contexts, load=load,
                          remedies=_part_count_remedy(result.plan, dims, load, embedding),
-                         cpu_table_bytes=_cpu_table_bytes(dims, embedding))
+                         cpu_table_bytes=_cpu_table_bytes(dims, embedding), part_count=result.plan.chosen_by)
     unmapped = {context.part: context.reason for context in memory.load.failing}
     write_size_table(build_size_table(records, PREDICTED_VARIANTS[0].name,
                                       unmapped={memory_variant: unmapped}), out / "size_table.csv",
@@ -286,10 +290,12 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
                     ar: int | None = None, context_length: int | Sequence[int] | None = None,
                     load: LoadParams = HTP_LOAD,
                     memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits(),
-                    embedding: str = "graph") -> Estimate:
+                    embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False) -> Estimate:
     """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
-    workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``) and
-    every part's predicted sizes, written by :func:`_write_estimate` and logged per part.
+    workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``; for an
+    HF config's ``num_parts`` "auto", its parts' jobs within what a job of a run given ``memory`` may take, the
+    evaluation's with ``evaluate``) and every part's predicted sizes, written by :func:`_write_estimate` and logged
+    per part.
 
     Raises:
         GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
@@ -313,8 +319,9 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
         model = weights_from_onnx(onnx, split["boundaries"])
         dims = io_dims_from_graph(load_graph(onnx), precision.activations, onnx)
     max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
+    jobs = None if memory is None or hf_config is None else part_jobs(piece_floats(hf_config), memory, evaluate)
     result = estimate(model, precision, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
-                      embedding_alone=split["embedding_alone"], dims=dims, load=load, embedding=embedding)
+                      embedding_alone=split["embedding_alone"], dims=dims, load=load, embedding=embedding, jobs=jobs)
     _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),
                     precision=precision, dims=dims, load=load, memory_variant=memory_variant, limits=limits,
                     embedding=embedding)

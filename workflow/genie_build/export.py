@@ -291,27 +291,31 @@ def part_modules(checkpoint: Checkpoint, span: GraphSpan) -> GenieIO:
     return module.eval().requires_grad_(False)
 
 
-def piece_outputs(checkpoint: Checkpoint, span: GraphSpan, inputs: Mapping[str, np.ndarray]
-                  ) -> dict[str, np.ndarray]:
-    """What transformers' modules compute for a part's outputs (by Genie name) from its ``inputs`` (by Genie
-    name): the part's pieces (the embedding, each decoder layer, the head) built, loaded and run one at a time,
-    the residual stream passed on from one to the next."""
+def piece_outputs(checkpoint: Checkpoint, span: GraphSpan, feeds: Sequence[Mapping[str, np.ndarray]]
+                  ) -> list[dict[str, np.ndarray]]:
+    """What transformers' modules compute for a part's outputs (by Genie name) from each of ``feeds`` (its inputs by
+    Genie name, one per graph checked): the part's pieces (the embedding, each decoder layer, the head) built,
+    loaded and run one at a time on every feed, the residual stream passed on from one to the next, so each of
+    the checkpoint's tensors is read once whatever the number of feeds."""
     steps = ([GraphSpan(True, (), False)] if span.embedding else []) + [
         GraphSpan(False, (layer,), False) for layer in span.layers] + ([GraphSpan(False, (), True)]
                                                                           if span.head else [])
-    hidden = torch.from_numpy(np.asarray(inputs[span.input_boundary or INPUT_IDS]))
-    outputs = {}
+    hidden = [torch.from_numpy(np.asarray(inputs[span.input_boundary or INPUT_IDS])) for inputs in feeds]
+    outputs: list[dict[str, np.ndarray]] = [{} for _ in feeds]
     for step in steps:
         module = part_modules(checkpoint, step)
         names = [MASK, POS_COS, POS_SIN, *(kv_name(kind, layer, "in") for layer in step.layers
                                            for kind in ("key", "value"))] if step.layers else []
-        with torch.no_grad():
-            hidden, *entries = module(hidden, *(torch.from_numpy(np.asarray(inputs[name])) for name in names))
-        for layer in step.layers:
-            outputs[kv_name("key", layer, "out")], outputs[kv_name("value", layer, "out")] = (
-                entry.numpy() for entry in entries)
+        for index, inputs in enumerate(feeds):
+            with torch.no_grad():
+                hidden[index], *entries = module(hidden[index], *(torch.from_numpy(np.asarray(inputs[name]))
+                                                                  for name in names))
+            for layer in step.layers:
+                outputs[index][kv_name("key", layer, "out")], outputs[index][kv_name("value", layer, "out")] = (
+                    entry.numpy() for entry in entries)
         del module
-    outputs[span.output_boundary or LOGITS] = hidden.numpy()
+    for index, result in enumerate(outputs):
+        result[span.output_boundary or LOGITS] = hidden[index].numpy()
     return outputs
 
 

@@ -1,21 +1,51 @@
 """The memory each kind of job is planned with (its ``mem_mb``, so that Snakemake runs side by side only the jobs
 that fit ``--resources mem_mb`` or a cluster node), from what the job holds, each measured at the 7B shape
-(docs/large-models.md). The calibration chain's units are planned by
-:func:`genie_build.calibration_units.predicted_peak_mb`, which also cuts the chain into units."""
+(docs/large-models.md); and the memory a job of the run may take at most (:func:`run_memory`), which
+``split.num_parts: auto`` keeps a part's jobs within (docs/memory-plan.md). The calibration chain's units are planned by
+:func:`genie_build.calibration_units.unit_peak_mb`, by which the chain is also cut into units."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from genie_build.onnx_graph import initializer_specs, load_graph
 
-__all__ = ["GraphWeights", "compile_mb", "convert_mb", "evaluation_mb", "export_mb", "files_mb", "graph_weights",
-           "tokenize_mb", "verify_parts_mb"]
+__all__ = ["JOB_SHARE", "GraphWeights", "RunMemory", "compile_mb", "convert_mb", "evaluation_mb", "export_mb",
+           "files_mb", "graph_weights", "part_job_mb", "run_memory", "tokenize_mb", "verify_parts_mb"]
 
 # torch, transformers and onnxruntime loaded, before any weight
 _PROCESS_MB = 1000
+# beside a part's float32 weights, an export holds torch's and transformers' own (1.3-1.5 GB at 7B)
+_EXPORT_MB = 1600
+# A job may take a third of the memory the run is given: two jobs side by side (the calibration chain's unit and a
+# part's export, verification or convert, one per core of the 2-core box) and a third left to the system and the
+# page cache the weights are read through
+JOB_SHARE = 3
+
+
+@dataclass(frozen=True)
+class RunMemory:
+    """The memory the run is given, and whence (``--resources mem_mb`` or the machine's)."""
+
+    given_mb: int
+    source: str
+
+    @property
+    def job_limit_mb(self) -> int:
+        """What one job may take: :data:`JOB_SHARE`'s share."""
+        return self.given_mb // JOB_SHARE
+
+
+def run_memory(resources: Mapping[str, object]) -> RunMemory:
+    """The memory a Snakemake run is given: its ``--resources mem_mb`` (``resources``: the workflow's global
+    resources, name -> value), else this machine's physical memory."""
+    given = resources.get("mem_mb")
+    if isinstance(given, int) and given > 0:
+        return RunMemory(given, "the run is given (--resources mem_mb)")
+    return RunMemory(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1_000_000,
+                     "of this machine (give --resources mem_mb to plan for another)")
 
 
 def files_mb(paths: Iterable[str | os.PathLike[str]]) -> float:
@@ -24,14 +54,22 @@ def files_mb(paths: Iterable[str | os.PathLike[str]]) -> float:
 
 
 def export_mb(part_float_mb: float) -> int:
-    """An export (``export_part``, ``export_length``): the part's float32 weights and about 0.8 GB of torch and
-    transformers (the largest 7B part: 6.5 GB of weights, 7.86 GB peak)."""
-    return int(1.25 * part_float_mb + _PROCESS_MB)
+    """An export (``export_part``, ``export_length``): the part's float32 weights and 1.3-1.5 GB of torch and
+    transformers (7B parts: 6.53 GB of weights, 7.86 GB peak; 4.05 GB, 5.53; the embedding's 2.18 GB, 3.67)."""
+    return int(part_float_mb + _EXPORT_MB)
 
 
-def verify_parts_mb(largest_part_float_mb: float) -> int:
-    """The parts against transformers' modules: one part's session and one layer in torch (7.79 GB at 7B)."""
-    return int(1.5 * largest_part_float_mb + _PROCESS_MB)
+def verify_parts_mb(part_float_mb: float, largest_weight_mb: float) -> int:
+    """A part's graphs against transformers' modules: the part's session, the transposed copy of its largest weight
+    that onnxruntime makes as it runs, and the steps' inputs and outputs (a 7B-shaped part of a layer and the head,
+    3.11 GB of weights, the largest 2.18 GB: 5.88 GB)."""
+    return int(part_float_mb + largest_weight_mb + _PROCESS_MB)
+
+
+def part_job_mb(part_float_mb: float, largest_weight_mb: float, *, evaluate: bool) -> int:
+    """The largest job holding one part: its export, its verification, and with ``evaluate`` its evaluation."""
+    return max(export_mb(part_float_mb), verify_parts_mb(part_float_mb, largest_weight_mb),
+               evaluation_mb(part_float_mb) if evaluate else 0)
 
 
 @dataclass(frozen=True)
@@ -69,8 +107,8 @@ def compile_mb(converted_mb: float) -> int:
 
 def evaluation_mb(largest_part_float_mb: float) -> int:
     """An evaluation job holds one part at a time in its session, beside a window's logits (the 7B float model's
-    largest part, 6.5 GB of float32 weights: 8.06 GB)."""
-    return int(1.25 * largest_part_float_mb + _PROCESS_MB)
+    largest part, 6.53 GB of float32 weights: 8.06 GB)."""
+    return int(largest_part_float_mb + _EXPORT_MB)
 
 
 def tokenize_mb(text_mb: float) -> int:

@@ -94,6 +94,7 @@ class MemoryPlan:
     load: LoadPlan
     remedies: tuple[str, ...] = ()      # what would make a failing plan map, beside the runtime options
     cpu_table_bytes: int = 0            # bundle.embedding: lut -- the embedding table, on the CPU (0: in part 1)
+    part_count: str | None = None       # split.num_parts auto: which bound chose the count
 
     @property
     def num_contexts(self) -> int:
@@ -129,10 +130,11 @@ def part_sizes_from_records(records: Sequence[AccountRecord], variant: str) -> t
 def plan_measured_memory(record_paths: Sequence[str | os.PathLike[str]], variant: str, limits: MemoryLimits,
                          json_path: str | os.PathLike[str], md_path: str | os.PathLike[str],
                          png_path: str | os.PathLike[str], load: LoadParams = HTP_LOAD,
-                         cpu_table_bytes: int = 0) -> MemoryPlan:
+                         cpu_table_bytes: int = 0, part_count: str | None = None) -> MemoryPlan:
     """The ``memory-plan`` stage: ``variant``'s parts as accounted (``sizes.read_record``) against ``limits`` and
     the load model under ``load``, written by :func:`write_memory_plan`; ``cpu_table_bytes``: the embedding table the
-    CPU maps instead of part 1's context (whose records are then not given).
+    CPU maps instead of part 1's context (whose records are then not given); ``part_count``: which bound chose the
+    part count.
 
     Raises:
         GenieBuildError: a bad record, no record of ``variant``, or what :func:`plan_memory` raises.
@@ -140,14 +142,14 @@ def plan_measured_memory(record_paths: Sequence[str | os.PathLike[str]], variant
     records = [read_record(path) for path in record_paths]
     plan = plan_memory(part_sizes_from_records(records, variant), variant, limits,
                        contexts=measured_contexts([record for record in records if record.variant == variant]),
-                       load=load, cpu_table_bytes=cpu_table_bytes)
+                       load=load, cpu_table_bytes=cpu_table_bytes, part_count=part_count)
     write_memory_plan(plan, json_path, md_path, png_path)
     return plan
 
 
 def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = MemoryLimits(),
                 basis: str = "measured", *, contexts: Sequence[ContextLoad] | None = None, load: LoadParams = HTP_LOAD,
-                remedies: Sequence[str] = (), cpu_table_bytes: int = 0) -> MemoryPlan:
+                remedies: Sequence[str] = (), cpu_table_bytes: int = 0, part_count: str | None = None) -> MemoryPlan:
     """Check one variant's parts against the limits and place its ``contexts`` (one per part, in load order)
     by the load model under ``load`` (``contexts`` None: each maps its weights alone, its file size where the
     weights are unknown); every warning is also logged.
@@ -178,7 +180,8 @@ def plan_memory(sizes: Sequence[PartSize], variant: str, limits: MemoryLimits = 
         raise GenieBuildError("--records", f"the load model's contexts {[c.part for c in contexts]} are not the "
                                            f"parts {[size.part for size in parts]} of variant {variant!r}")
     plan = MemoryPlan(variant=variant, basis=basis, parts=parts, limits=limits, warnings=(),
-                      load=place_contexts(contexts, load), remedies=tuple(remedies), cpu_table_bytes=cpu_table_bytes)
+                      load=place_contexts(contexts, load), remedies=tuple(remedies), cpu_table_bytes=cpu_table_bytes,
+                      part_count=part_count)
     plan = replace(plan, warnings=_check(plan))
     for warning in plan.warnings:
         log.warning("memory plan %s: %s", variant, warning.message)
@@ -195,6 +198,7 @@ def memory_plan_json(plan: MemoryPlan) -> dict:
         "disclaimer": DISCLAIMER,
         "num_contexts": plan.num_contexts,
         "embedding": {"layout": "lut" if plan.cpu_table_bytes else "graph", "cpu_table_bytes": plan.cpu_table_bytes},
+        "part_count": plan.part_count,
         "parts": [asdict(part) for part in plan.parts],
         "largest_part": asdict(largest),
         "total_weight_bytes": plan.total_weight_bytes,
@@ -232,6 +236,7 @@ def memory_plan_markdown(plan: MemoryPlan) -> str:
         "",
         _embedding_line(plan),
         "",
+        *([f"**Part count**: {plan.part_count}.", ""] if plan.part_count else []),
         "Mapped weights are the weight bytes each binary holds; with weight sharing the prompt and token graphs "
         "map them once (\"unknown\": the toolchain cannot read the weight section back). "
         "1 MiB = 1,048,576 bytes.",

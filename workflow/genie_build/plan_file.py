@@ -63,6 +63,9 @@ class Plan:
     pieces: tuple[Piece, ...] = ()      # every piece with its estimated bytes
     graph_ar: dict[str, int] = field(default_factory=dict)  # tokens per call of each graph: prompt, token
     context_length: int | None = None   # the compiled context length CL, shared by both graphs
+    # split.num_parts auto: which bound chose the count, for the memory plan. In memory only, not in plan.json: a
+    # run given other memory that keeps the count rebuilds nothing
+    chosen_by: str | None = field(default=None, compare=False)
 
 
 _NAME = {"type": "string", "minLength": 1}
@@ -108,7 +111,9 @@ _PLAN_VALIDATOR = jsonschema.Draft202012Validator(PLAN_SCHEMA)
 def write_plan(path: str | os.PathLike[str], plan: Plan, *, unless_same: bool = False) -> bool:
     """Write ``plan.json`` atomically; the same plan always gives the same bytes (``unless_same``:
     :func:`genie_build.fileio.write_json`)."""
-    return write_json(path, dataclasses.asdict(plan), unless_same=unless_same)
+    fields = dataclasses.asdict(plan)
+    del fields["chosen_by"]
+    return write_json(path, fields, unless_same=unless_same)
 
 
 def read_plan(path: str | os.PathLike[str]) -> Plan:

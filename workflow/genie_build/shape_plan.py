@@ -22,14 +22,15 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from pathlib import Path
 
-from genie_build.auto_split import AUTO, io_dims_from_hf_config, plan_request
-from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, write_units
+from genie_build.auto_split import AUTO, JobMemory, io_dims_from_hf_config, plan_request
+from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibration_units, part_units, write_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
 from genie_build.errors import GenieBuildError
 from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, INDEX_NAME, stored_name, tensor_files,
                                        weight_files)
 from genie_build.hf_config import load_hf_config, read_model_shape
+from genie_build.job_memory import RunMemory, part_job_mb
 from genie_build.plan import plan_graphs, weighed_pieces
 from genie_build.planners import MIB
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
@@ -37,7 +38,7 @@ from genie_build.precision import weight_encoding
 from genie_build.recipes import precision_of, recipe_named
 from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
 
-__all__ = ["part_tensor_names", "part_weight_files", "piece_float_bytes", "plan_checkpoint", "plan_from_hf_config",
+__all__ = ["part_jobs", "part_tensor_names", "part_weight_files", "piece_floats", "plan_checkpoint", "plan_from_hf_config",
            "write_float_graphs_plan", "write_plan_checkpoint"]
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,13 @@ log = logging.getLogger(__name__)
 
 def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int | Sequence[int],
                         num_parts: int | str | None = None, max_part_bytes: int | None = None,
-                        embedding_alone: bool = True, load: LoadParams = HTP_LOAD, embedding: str = "graph") -> Plan:
+                        embedding_alone: bool = True, load: LoadParams = HTP_LOAD, embedding: str = "graph",
+                        memory: RunMemory | None = None, evaluate: bool = False) -> Plan:
     """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
     exported with prompt AR ``ar`` and context ``context``, one length or several (``num_parts`` "auto": the fewest
-    parts that map under ``load`` in the ``embedding`` layout, with the IO of every length's graphs); the plan's
-    context length is the largest.
+    parts that map under ``load`` in the ``embedding`` layout, with the IO of every length's graphs, and with
+    ``memory`` whose export, verification and, with ``evaluate``, evaluation jobs each fit what a job of the run may
+    take); the plan's context length is the largest.
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
@@ -61,7 +64,8 @@ def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar:
     pieces = _weighed(model, recipe)
     dims = io_dims_from_hf_config(config_path, precision_of(recipe_named(recipe)).activations, ar, context)
     plan = plan_request(pieces, num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                        dims=dims, load=load, embedding=embedding)
+                        dims=dims, load=load, embedding=embedding,
+                        jobs=None if memory is None else part_jobs(_piece_floats(model), memory, evaluate))
     return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
 
 
@@ -73,17 +77,29 @@ def _weighed(model: ModelWeights, recipe: str) -> list[Piece]:
     return weighed_pieces(specs, owners, encodings, model.boundaries)
 
 
-def piece_float_bytes(config_path: str | os.PathLike[str]) -> dict[str, int]:
-    """Piece name -> the float32 bytes of its weights (what an export or a calibration holds of it)."""
-    return _float_bytes(weights_from_hf_config(config_path))
+def piece_floats(config_path: str | os.PathLike[str]) -> dict[str, PieceFloat]:
+    """Piece name -> the float32 bytes of its weights and of the largest (what an export or a calibration holds)."""
+    return _piece_floats(weights_from_hf_config(config_path))
 
 
-def _float_bytes(model: ModelWeights) -> dict[str, int]:
-    totals = [0] * (model.num_layers + 2)
+def part_jobs(floats: Mapping[str, PieceFloat], memory: RunMemory, evaluate: bool) -> JobMemory:
+    """What a job of the run may take, and what the largest job holding a part takes: its export, its
+    verification, its evaluation with ``evaluate`` (:mod:`genie_build.job_memory`)."""
+    def part_mb(part: PartPlan) -> int:
+        return part_job_mb(sum(floats[name].total for name in part.pieces) / 1e6,
+                           max(floats[name].largest for name in part.pieces) / 1e6, evaluate=evaluate)
+
+    return JobMemory(memory.job_limit_mb, memory.given_mb, memory.source, part_mb)
+
+
+def _piece_floats(model: ModelWeights) -> dict[str, PieceFloat]:
+    """Piece name -> the float32 bytes of its weights and of the largest (what a calibration unit holds)."""
+    totals, largest = [0] * (model.num_layers + 2), [0] * (model.num_layers + 2)
     for weight in model.weights:
         for piece in weight.pieces:
             totals[piece] += 4 * math.prod(weight.spec.shape)
-    return dict(zip(piece_names(model.num_layers), totals))
+            largest[piece] = max(largest[piece], 4 * math.prod(weight.spec.shape))
+    return {name: PieceFloat(total, most) for name, total, most in zip(piece_names(model.num_layers), totals, largest)}
 
 
 def part_tensor_names(config_path: str | os.PathLike[str], part: PartPlan, stored: Collection[str] = ()
@@ -123,10 +139,11 @@ def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> lis
 
 def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], *, recipe: str, ar: int,
                     context: int | Sequence[int], unit_memory_mb: int, load: LoadParams = HTP_LOAD,
-                    embedding: str = "graph") -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                    embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False
+                    ) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
-    recipe, the export's AR and context and the calibration budget: what the workflow computes when it is
-    parsed, and what the ``plan-hf`` command writes down.
+    recipe, the export's AR and context, the calibration budget and (for ``num_parts`` "auto") the run's
+    ``memory``: what the workflow computes when it is parsed, and what the ``plan-hf`` command writes down.
 
     Raises:
         GenieBuildError: as :func:`plan_from_hf_config` and :func:`genie_build.calibration_units.
@@ -138,8 +155,9 @@ def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any
     plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context,
                                num_parts=split.get("num_parts"),
                                max_part_bytes=None if max_mb is None else int(max_mb * MIB),
-                               embedding_alone=split.get("embedding_alone", True), load=load, embedding=embedding)
-    return plan, calibration_units(plan, piece_float_bytes(config_path), unit_memory_mb)
+                               embedding_alone=split.get("embedding_alone", True), load=load, embedding=embedding,
+                               memory=memory, evaluate=evaluate)
+    return plan, calibration_units(plan, piece_floats(config_path), unit_memory_mb)
 
 
 def write_plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any],
@@ -186,6 +204,6 @@ def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str
                        embedding_alone=split.get("embedding_alone", True), boundaries=split.get("boundaries"),
                        check_weights=check_weights, load=load, other_lengths=other_lengths, embedding=embedding,
                        activation_bits=precision_of(recipe_named(recipe)).activations)
-    units = calibration_units(plan, _float_bytes(weighed["model"]), unit_memory_mb)
+    units = calibration_units(plan, _piece_floats(weighed["model"]), unit_memory_mb)
     _write(plan, units, out_plan, out_units)
     return plan, units

@@ -30,11 +30,13 @@ from typing import Any, ClassVar
 
 from genie_build import conventions
 from genie_build.calibrate import DEFAULT_NUM_SAMPLES as BUILTIN_NUM_SAMPLES
-from genie_build.calibration_units import CalibrationUnit, write_units
+from genie_build.calibration_units import CalibrationUnit, PieceFloat, write_units
 from genie_build.chipsets import load_params
-from genie_build.config import calibration_chain, context_lengths, source_kind
+from genie_build.config import calibration_chain, calibration_windows, context_lengths, source_kind
 from genie_build.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import write_json
+from genie_build.job_memory import RunMemory
 from genie_build.plan_file import Plan, write_plan
 
 __all__ = ["CheckpointSource", "DemoSource", "EstimateSource", "Graph", "OnnxSource", "OnnxToCalibrateSource",
@@ -147,6 +149,17 @@ class Source:
         return (f"{self.out}/plan_check.json",) if self.calibrates else ()
 
     @property
+    def verify_reports(self) -> tuple[str, ...]:
+        """The verification's reports: one per graph (its parts against the whole graph, ``verify_split``)."""
+        return tuple(f"{self.out}/verify/{key}.json" for key in self.graphs)
+
+    @property
+    def split_choice(self) -> str | None:
+        """The file saying which bound chose the part count (``split.num_parts: auto`` weighing the run's memory),
+        for the memory plan; None: the plan says it, or nothing does."""
+        return None
+
+    @property
     def contract_expect(self) -> dict[str, int | None]:
         """The AR and CL ``check-contract`` expects of the graphs: those a generated source was asked for."""
         return {"expect_ar": None, "expect_context": None}
@@ -159,7 +172,7 @@ class Source:
     def calibration_seen(self, config: Mapping[str, Any], recipe: str | None) -> dict[str, Any]:
         """What the calibration of a variant's encodings saw, for its evaluation report (docs/evaluate.md)."""
         if self.calibrates:
-            windows = config["quantize"]["num_samples"]
+            windows = calibration_windows(config["quantize"], self.graphs["prompt"].ar)
             return {"calibrator": f"aimet-onnx {config['quantize']['calibrator']}", "recipe": recipe,
                     "windows": windows, "tokens": windows * self.graphs["prompt"].ar,
                     "text": os.path.basename(config["quantize"]["corpus"])}
@@ -277,7 +290,7 @@ class CheckpointSource(Source):
     checkpoint: str
     checkpoint_plan: Plan
     checkpoint_units: tuple[CalibrationUnit, ...]
-    piece_float_bytes: Mapping[str, int]
+    piece_floats: Mapping[str, PieceFloat]
     part_weight_files: Mapping[str, tuple[str, ...]]   # label -> the shards (and index) holding its tensors
 
     @property
@@ -296,7 +309,12 @@ class CheckpointSource(Source):
 
     def part_float_mb(self, label: str) -> float:
         part = next(part for part in self.plan.parts if part.label == label)
-        return sum(self.piece_float_bytes[piece] for piece in part.pieces) / 1e6
+        return sum(self.piece_floats[piece].total for piece in part.pieces) / 1e6
+
+    def part_largest_mb(self, label: str) -> float:
+        """MB of the part's largest weight in float32."""
+        part = next(part for part in self.plan.parts if part.label == label)
+        return max(self.piece_floats[piece].largest for piece in part.pieces) / 1e6
 
     def part_json(self, label: str) -> str:
         """The part as the export needs it: its pieces and boundaries, not its estimated bytes (a new recipe
@@ -311,6 +329,11 @@ class CheckpointSource(Source):
         :attr:`Source.model_checks`."""
         return (f"{self.out}/contract_check.json", *super().model_checks)
 
+    @property
+    def verify_reports(self) -> tuple[str, ...]:
+        """One per part: its graphs against the checkpoint's modules (``verify_parts``)."""
+        return tuple(f"{self.out}/verify/part_{part.label}.json" for part in self.plan.parts)
+
     def contract_inputs(self) -> dict[str, Any]:
         """What ``check_contract`` reads of the graphs: every part's, which make the model together."""
         return {kind: [self.part_graph(kind, part.label) for part in self.plan.parts]
@@ -320,13 +343,18 @@ class CheckpointSource(Source):
     def contract_expect(self) -> dict[str, int | None]:
         return {"expect_ar": self.graphs["prompt"].ar, "expect_context": self.graphs["prompt"].context}
 
+    @property
+    def split_choice(self) -> str | None:
+        return f"{self.out}/split_choice.json"
+
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], out: str) -> CheckpointSource:
+    def from_config(cls, config: Mapping[str, Any], out: str, memory: RunMemory | None = None) -> CheckpointSource:
         """Check the checkpoint against its ``config.json`` (a model the export cannot build is refused before any
-        job), plan it, and write the plan, the units and the graphs' part of ``config.json`` down."""
+        job), plan it (``split.num_parts: auto`` under the run's ``memory``), and write the plan, the units, which
+        bound chose the part count and the graphs' part of ``config.json`` down."""
         from genie_build.graph_config import write_graph_config
         from genie_build.hf_checkpoint import check_checkpoint
-        from genie_build.shape_plan import part_weight_files, piece_float_bytes, plan_checkpoint
+        from genie_build.shape_plan import part_weight_files, piece_floats, plan_checkpoint
         from genie_build.tokens import check_tokenizer
 
         checkpoint = config["model"]["hf_checkpoint"]
@@ -340,14 +368,16 @@ class CheckpointSource(Source):
                                           ar=config["export"]["ar"], context=lengths,
                                           unit_memory_mb=config["quantize"]["unit_memory_mb"],
                                           load=load_params(config["target"]["chipset"], config["report"]["load"]),
-                                          embedding=config["bundle"]["embedding"])
+                                          embedding=config["bundle"]["embedding"], memory=memory,
+                                          evaluate=config["evaluate"]["enabled"])
             weight_files = {part.label: tuple(map(str, part_weight_files(checkpoint, part))) for part in plan.parts}
             check_tokenizer(tokenizer, hf_config)
             source = cls(out=out, graphs=graphs, tokenizer=tokenizer, hf_config=hf_config, checkpoint=checkpoint,
-                         checkpoint_plan=plan, checkpoint_units=units, piece_float_bytes=piece_float_bytes(hf_config),
+                         checkpoint_plan=plan, checkpoint_units=units, piece_floats=piece_floats(hf_config),
                          part_weight_files=weight_files)
             write_plan(f"{out}/plan.json", plan, unless_same=True)
             write_units(f"{out}/calibration_units.json", units, unless_same=True)
+            write_json(source.split_choice, {"chosen_by": plan.chosen_by}, unless_same=True)
             write_graph_config(hf_config, source.graph_config)
         except GenieBuildError as exc:
             key = exc.where.removeprefix("config ")
@@ -384,8 +414,9 @@ class EstimateSource(Source):
         return False
 
 
-def source_of(config: Mapping[str, Any]) -> Source:
-    """The source of a validated config (:func:`genie_build.config.validate_config`).
+def source_of(config: Mapping[str, Any], memory: RunMemory | None = None) -> Source:
+    """The source of a validated config (:func:`genie_build.config.validate_config`); a checkpoint's
+    ``split.num_parts: auto`` weighs the run's ``memory`` too.
 
     Raises:
         GenieBuildError: ``config <key>: <problem>``: a user's graph that cannot be read or whose AR and CL Genie
@@ -396,7 +427,7 @@ def source_of(config: Mapping[str, Any]) -> Source:
     if kind == "files":
         return OnnxSource.from_config(config, out)
     if kind == "hf":
-        return CheckpointSource.from_config(config, out)
+        return CheckpointSource.from_config(config, out, memory)
     if kind == "estimate":
         return EstimateSource.from_config(config, out)
     return DemoSource.from_config(config, out)

@@ -7,7 +7,8 @@
 # own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
 # export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
 # plan (a checkpoint of Snakemake's).
-from genie_build.calibration_units import predicted_peak_mb
+from genie_build.calibration_units import unit_peak_mb
+from genie_build.config import calibration_windows
 
 
 wildcard_constraints:
@@ -25,7 +26,7 @@ rule calibrate_unit:
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), unit_named(chain_units(), wc.unit).part)),
         boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
-        num_samples=config["quantize"]["num_samples"],
+        num_samples=calibration_windows(config["quantize"], SOURCE.graphs["prompt"].ar),
         calibrator=config["quantize"]["calibrator"],
         ar=SOURCE.graphs["prompt"].ar,
         context=SOURCE.graphs["prompt"].context,
@@ -36,7 +37,7 @@ rule calibrate_unit:
     priority: CHAIN_FIRST
     threads: CHAIN_THREADS
     resources:
-        mem_mb=lambda wc: predicted_peak_mb(unit_named(chain_units(), wc.unit).float_bytes),
+        mem_mb=lambda wc: unit_peak_mb(unit_named(chain_units(), wc.unit)),
     log:
         f"{OUT}/logs/calibrate_unit/{{recipe}}/{{unit}}.log",
     benchmark:

@@ -22,7 +22,10 @@ from genie_build.toolchains import HOST_RUN_TOOLCHAINS, Converter
 # workflow is parsed: a user's graphs (their AR and CL, their weights files checked), or a checkpoint (planned).
 try:
     config.update(validate_config(config))
-    SOURCE = source_of(config)
+    # split.num_parts auto keeps a part's jobs within a share of what the run is given (docs/memory-plan.md)
+    RUN_MEMORY = job_memory.run_memory({name: getattr(value, "value", value)
+                                         for name, value in workflow.global_resources.items()})
+    SOURCE = source_of(config, RUN_MEMORY)
 except GenieBuildError as exc:
     raise WorkflowError(str(exc)) from None
 
@@ -175,7 +178,7 @@ def final_outputs(wildcards):
         raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
                             "'estimate' target: snakemake estimate --cores 1 --configfile <file>")
     return [
-        *(f"{OUT}/verify/{graph}.json" for graph in BUNDLE_GRAPHS),
+        *SOURCE.verify_reports,
         f"{OUT}/size_table.csv",
         f"{OUT}/size_table.md",
         f"{OUT}/size_table.png",

@@ -44,6 +44,9 @@ rule estimate_sizes:
         # the export's AR and CL, for a config.json; a graph carries its own
         dims=["--ar", config["export"]["ar"], "--context", *context_lengths(config["export"])]
         if ESTIMATE_OPTION == "--hf-config" else [],
+        # split.num_parts auto: each job holding a part within a share of what the run is given (docs/memory-plan.md)
+        memory=["--run-memory-mb", RUN_MEMORY.given_mb, "--run-memory-source", RUN_MEMORY.source,
+                *(["--evaluate"] if config["evaluate"]["enabled"] else [])],
         out_dir=directory_of("plan"),
         python=PYTHON,
     log:
@@ -54,7 +57,8 @@ rule estimate_sizes:
         "{params.python} -m genie_build estimate {params.source} {input.model:q} --split-json {params.split:q}"
         " {params.precision:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
-        " {params.dims:q} --chipset {params.chipset:q} --embedding {params.embedding:q} --load-json {params.load:q}"
+        " {params.dims:q} {params.memory:q} --chipset {params.chipset:q} --embedding {params.embedding:q}"
+        " --load-json {params.load:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 

@@ -66,28 +66,30 @@ rule export_length:
         " > {log:q} 2>&1"
 
 
-# Each part's graph against the checkpoint's transformers modules, the parts chained on one feed: memory holds one
-# part's session or one piece's modules, never the model.
+# Each part's graphs (every kind at every length) against the checkpoint's transformers modules, a job per part as
+# soon as it is exported, reading only its own shards: memory holds the part's session or one piece's modules.
 rule verify_parts:
     input:
-        plan=f"{OUT}/plan.json",
-        parts=lambda wc: part_files(f"{EXPORTED}/{{graph}}.onnx", graph=wc.graph),
+        graphs=[f"{EXPORTED}/{key}.onnx" for key in BUNDLE_GRAPHS],
+        data=f"{EXPORTED}/weights.onnx.data",
         graph_config=SOURCE.graph_config,
-        weights=sorted({path for paths in SOURCE.part_weight_files.values() for path in paths}),
+        weights=lambda wc: SOURCE.part_weight_files[wc.part],
     output:
-        f"{OUT}/verify/{{graph}}.json",
+        f"{OUT}/verify/part_{{part}}.json",
     params:
         checkpoint=SOURCE.checkpoint,
-        kind=lambda wc: kind_of(wc.graph),
-        context=lambda wc: SOURCE.graphs[wc.graph].context,
+        part=lambda wc: SOURCE.part_json(wc.part),
+        ar=config["export"]["ar"],
+        graphs=json.dumps([[key, graph.kind, graph.context] for key, graph in SOURCE.graphs.items()]),
         python=PYTHON,
     priority: LONG_CHECKS
     resources:
-        mem_mb=lambda wc: job_memory.verify_parts_mb(largest_part_float_mb()),
+        mem_mb=lambda wc: job_memory.verify_parts_mb(SOURCE.part_float_mb(wc.part),
+                                                     SOURCE.part_largest_mb(wc.part)),
     log:
-        f"{OUT}/logs/verify_parts/{{graph}}.log",
+        f"{OUT}/logs/verify_parts/part_{{part}}.log",
     benchmark:
-        f"{OUT}/benchmarks/verify_parts/{{graph}}.tsv"
+        f"{OUT}/benchmarks/verify_parts/part_{{part}}.tsv"
     shell:
-        "{params.python} -m genie_build verify-parts --checkpoint {params.checkpoint:q} --plan {input.plan:q}"
-        " --graph {params.kind:q} --context {params.context:q} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build verify-parts --checkpoint {params.checkpoint:q} --part-json {params.part:q}"
+        " --ar {params.ar:q} --graphs-json {params.graphs:q} --paths {input.graphs:q} --out {output:q} > {log:q} 2>&1"

@@ -4,6 +4,7 @@
 import dataclasses
 
 from genie_build.calibration_units import part_units, read_units, unit_before, unit_named
+from genie_build.config import calibration_windows
 
 # --- the texts (rules/tokens.smk)
 
@@ -13,7 +14,8 @@ TOKENS = f"{OUT}/tokens/{{text}}.npy"
 def text_of(name):
     """A text the workflow tokenizes, with the tokens its readers need at least: the calibration's windows, or one
     evaluation window and the token after it."""
-    ar, windows = SOURCE.graphs["prompt"].ar, config["quantize"]["num_samples"]
+    ar = SOURCE.graphs["prompt"].ar
+    windows = calibration_windows(config["quantize"], ar)
     return {
         "calibration": {"path": config["quantize"]["corpus"], "needed": windows * ar,
                         "use": f"calibration (quantize.num_samples: {windows} windows of {ar} tokens)"},

@@ -53,6 +53,7 @@ rule memory_plan:
         # the bundle's contexts: with the embedding table, the parts after it, and the table beside them
         records=lambda wc: [f"{OUT}/sizes/{BUNDLE_VARIANT}/part_{label}.json" for label in bundle_part_labels()],
         table=[EMBEDDING_TABLE] if EMBEDDING_LUT else [],
+        split_choice=[SOURCE.split_choice] if SOURCE.split_choice else [],
     output:
         json=f"{OUT}/memory_plan.json",
         md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),
@@ -64,6 +65,7 @@ rule memory_plan:
         strict=config["report"]["strict"],
         # a lambda: a param that is an empty list vanishes
         table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
+        split_choice=lambda wc, input: ["--split-choice", input.split_choice[0]] if input.split_choice else [],
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
         python=PYTHON,
@@ -75,4 +77,5 @@ rule memory_plan:
         "{params.python} -m genie_build memory-plan --records {input.records:q} --variant {params.variant:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
         " --chipset {params.chipset:q} --load-json {params.load:q} --strict {params.strict} {params.table:q}"
+        " {params.split_choice:q}"
         " --json {output.json:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"

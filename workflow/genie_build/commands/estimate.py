@@ -13,6 +13,7 @@ import argparse
 from genie_build.cli_args import (add_embedding_option, add_load_options, add_split_options, json_object, load_params, positive_float,
                                  positive_int, split_options)
 from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
+from genie_build.job_memory import RunMemory
 from genie_build.memory_plan import DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MemoryLimits
 from genie_build.planners import MIB
 from genie_build.precision import Precision, precision_from_dict, read_precision
@@ -48,6 +49,12 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="with --hf-config: the export's prompt AR (default %(default)s)")
     parser.add_argument("--context", type=positive_int, nargs="+", default=[4096],
                         help="with --hf-config: the export's context length CL, or several (default %(default)s)")
+    parser.add_argument("--run-memory-mb", type=positive_int,
+                        help="with --hf-config and split.num_parts auto: the memory the build is given, a share of which "
+                             "each job holding a part may take (docs/memory-plan.md)")
+    parser.add_argument("--run-memory-source", default="the build is given",
+                        help="where --run-memory-mb comes from, for the memory plan")
+    parser.add_argument("--evaluate", action="store_true", help="the build evaluates (its jobs hold a part too)")
     add_embedding_option(parser)
     add_load_options(parser)
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
@@ -65,5 +72,7 @@ def run(args: argparse.Namespace) -> int:
                           max_session_bytes=round(args.max_session_mb * MIB))
     estimate_to_dir(args.out_dir, precision, split_options(args), hf_config=args.hf_config, onnx=args.onnx,
                     ar=args.ar, context_length=args.context, load=load_params(args),
-                    memory_variant=args.memory_variant, limits=limits, embedding=args.embedding)
+                    memory_variant=args.memory_variant, limits=limits, embedding=args.embedding,
+                    memory=None if args.run_memory_mb is None else RunMemory(args.run_memory_mb, args.run_memory_source),
+                    evaluate=args.evaluate)
     return 0

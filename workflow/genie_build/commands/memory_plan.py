@@ -7,6 +7,7 @@ from pathlib import Path
 
 from genie_build.cli_args import add_load_options, add_strict_option, load_params, positive_float, positive_int
 from genie_build.errors import GenieBuildError
+from genie_build.fileio import read_json
 from genie_build.memory_plan import (DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_SESSION_BYTES, MIB, MemoryLimits,
                                      plan_measured_memory)
 
@@ -30,6 +31,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--embedding-table", type=Path, metavar="BIN",
                         help="bundle.embedding: lut: the embedding table (BIN.json beside it), on the CPU; --records "
                              "are then the parts after it")
+    parser.add_argument("--split-choice", type=Path, metavar="JSON",
+                        help="split.num_parts auto: which bound chose the part count ({\"chosen_by\": ...})")
     add_load_options(parser)
     add_strict_option(parser, "context that will not map")
     return parser
@@ -44,8 +47,14 @@ def run(args: argparse.Namespace) -> int:
 
         described = read_table_file(args.embedding_table)
         table = table_bytes(described.n_vocab, described.n_embd, described.encoding.bitwidth)
+    chosen_by = None
+    if args.split_choice is not None:
+        choice = read_json(args.split_choice)
+        chosen_by = choice.get("chosen_by") if isinstance(choice, dict) else None
+        if chosen_by is not None and not isinstance(chosen_by, str):
+            raise GenieBuildError(args.split_choice, "chosen_by is neither a sentence nor null")
     plan = plan_measured_memory(args.records, args.variant, limits, args.json, args.md, args.png,
-                                load=load_params(args), cpu_table_bytes=table)
+                                load=load_params(args), cpu_table_bytes=table, part_count=chosen_by)
     if args.strict and not plan.load.maps:
         failing = plan.load.failing
         raise GenieBuildError(args.json, f"report.strict: part {failing[0].part} of {args.variant!r} will not map "

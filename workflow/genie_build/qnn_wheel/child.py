@@ -41,7 +41,7 @@ def answer_stream() -> TextIO:
 
 
 def signal_name(number: int) -> str:
-    """``SIGSEGV`` for 11."""
+    """``SIGSEGV`` for 11; ``signal N`` for a number that names none."""
     try:
         return signal.Signals(number).name
     except ValueError:

@@ -19,12 +19,7 @@ from pathlib import Path
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_regular
-from genie_build.qnn_wheel.child import (
-    answer_stream,
-    child_environment,
-    limit_resources,
-    signal_name,
-)
+from genie_build.qnn_wheel.child import answer_stream, child_environment, limit_resources, signal_name
 
 __all__ = ["ADDRESS_SPACE", "KINDS", "TIMEOUT_S", "Verdict", "judge"]
 

@@ -34,12 +34,7 @@ from typing import Any
 
 from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import library_path
-from genie_build.qnn_wheel.child import (
-    answer_stream,
-    child_environment,
-    limit_resources,
-    signal_name,
-)
+from genie_build.qnn_wheel.child import answer_stream, child_environment, limit_resources, signal_name
 from genie_build.toolchains.base import GraphInfo, QuantInfo, TensorInfo
 
 __all__ = ["ADDRESS_SPACE_HEADROOM", "TIMEOUT_S", "ContextBinary", "Dlc", "HtpGraphBlob", "QnnGraph",
