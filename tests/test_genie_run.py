@@ -18,32 +18,34 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("onnxruntime_qnn", reason="the onnxruntime-qnn wheel is not installed: Genie's run on the build "
-                                              "box needs its libGenie.so (pip install -r envs/requirements-qnn.txt)")
-
-from genie_build.errors import GenieBuildError  # noqa: E402
-from genie_build.evaluation_table import GenieRow, write_quality_table  # noqa: E402
-from genie_build.qnn_wheel.dialog_run import CONFIG_NAME, DialogJob, run_dialog  # noqa: E402
-from genie_build.run_genie import GENERATE_MAX_MB, choose_mode, twin_bundle, x86_config  # noqa: E402
-from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config  # noqa: E402
+from genie_build import genie_run as genie_run_module
+from genie_build.errors import GenieBuildError
+from genie_build.evaluation_table import GenieRow, write_quality_table
+from genie_build.genie_accuracy import genie_perplexity
+from genie_build.genie_run import GENERATE_MAX_MB, SKIPPED, choose_mode, genie_run, twin_bundle, x86_config
+from genie_build.qnn_wheel.dialog_run import CONFIG_NAME, DialogJob, run_dialog
+from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
 
 OUT = Path("results") / "demo"
-# the bundle's variant and the reference variant the evaluation needs, no others: a few compiles fewer
-VARIANTS = {"variants": {"reference": {"toolchain": "reference", "weights_packing": True, "optimization_type": 3,
-                                       "weight_sharing_enabled": True},
-                         "qnn-htp": {"toolchain": "qnn-htp", "weights_packing": False, "optimization_type": 3,
-                                     "weight_sharing_enabled": True}}}
 TWINS = [OUT / "twin" / "part_2_of_3", OUT / "twin" / "part_3_of_3"]   # part 1 is the table
+
+
+def require_wheel() -> None:
+    """Genie's own runs need the wheel's libGenie.so; the rules of the run (below) do not."""
+    pytest.importorskip("onnxruntime_qnn", reason="the onnxruntime-qnn wheel is not installed: Genie's run on the "
+                                                  "build box needs its libGenie.so (pip install -r "
+                                                  "envs/requirements-qnn.txt)")
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The small demo built by the default target with the evaluation: one context length, the embedding as the
-    table (the default)."""
+    """The small demo built by the default target with the evaluation: the default config's variants (reference and
+    qnn-htp, the bundle's), one context length, the embedding as the table (the default)."""
+    require_wheel()
     workdir = copy_workflow(tmp_path_factory.mktemp("genie-run"))
-    config_file = write_config(workdir, {**SMALL_DEMO, **VARIANTS, "evaluate": {"enabled": True}})
+    config_file = write_config(workdir, {**SMALL_DEMO, "evaluate": {"enabled": True}})
     run_snakemake(workdir, config_file=config_file)
     return workdir, config_file
 
@@ -71,7 +73,7 @@ def test_genie_answers_the_host_prompt_with_the_host_runs_tokens_through_the_tab
 
 def test_genies_perplexity_is_a_row_of_the_evaluation_table_beside_the_float_models(built):
     workdir, _ = built
-    report = load_json(workdir / OUT / "evaluation" / "genie_perplexity.json")
+    report = load_json(workdir / OUT / "evaluation" / "genie_accuracy.json")
     # the evaluation's 16 windows of 8 tokens: Genie's windows of CL - AR = 56 scored tokens, three of them
     assert (report["windows"], report["positions"], report["skipped"]) == (3, 168, None)
     assert len(report["window_perplexities"]) == 3
@@ -90,27 +92,30 @@ def test_the_report_holds_genies_run(built):
 
 
 def test_two_context_lengths_load_all_four_graphs_and_give_the_host_runs_tokens(tmp_path):
+    require_wheel()
     workdir = copy_workflow(tmp_path)
-    config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "context": [32, 64]},
-                                    "variants": {"qnn-htp": VARIANTS["variants"]["qnn-htp"]},
-                                    "report": {"baseline_variant": "qnn-htp"}})
-    run_snakemake(workdir, str(OUT / "genie_run.json"), "--configfile", str(config))
+    config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "context": [32, 64]}})
+    run_snakemake(workdir, str(OUT / "genie_run.json"), config_file=config)
     run, host = load_json(workdir / OUT / "genie_run.json"), load_json(workdir / OUT / "host_run.json")
     assert [(graph["ar"], graph["cl"]) for graph in run["graphs_loaded"]] == [(1, 32), (1, 64), (8, 32), (8, 64)]
     assert {graph_run["cl"] for graph_run in host["graph_runs"]} == {32, 64}  # the run crosses from one to the other
     assert run["new_ids"] == host["new_ids"] and run["equal_to_host_run"] is True
 
 
-def test_tokens_that_differ_from_the_host_runs_are_one_line(built, tmp_path):
+def test_tokens_that_differ_from_the_host_runs_fail_in_one_line_with_both_lists(built, tmp_path):
+    """A host run that does not run the bundle as Genie does (here: its last token changed) fails Genie's run."""
     workdir, _ = built
     host = load_json(workdir / OUT / "host_run.json")
     edited = tmp_path / "host_run.json"
-    edited.write_text(json.dumps({**host, "new_ids": [*host["new_ids"][:-1], host["new_ids"][-1] + 1]}))
-    done = genie_cli(workdir, "run-genie", OUT / "genie_bundle", "--twin", *TWINS, "--prompt", OUT / "host_prompt.json",
-                     "--host-run", edited)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith(
-        f"genie-build: error: {OUT / 'genie_bundle'}: Genie's tokens {host['new_ids']} differ from the host run's")
+    other = [*host["new_ids"][:-1], host["new_ids"][-1] + 1]
+    edited.write_text(json.dumps({**host, "new_ids": other}))
+    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *TWINS, "--prompt", OUT / "host_prompt.json",
+                     "--host-run", edited, "--out", tmp_path / "genie_run.json")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"genie-build: error: {OUT / 'genie_bundle'}: Genie's tokens {host['new_ids']} differ from the host run's "
+        f"{other} from new token 15 on: the host run does not run the bundle as Genie does (docs/genie-run.md)")
+    assert not (tmp_path / "genie_run.json").exists()
 
 
 def test_a_weight_shared_binary_as_a_twin_crashes_genie_in_one_line_naming_the_bundle(built, tmp_path):
@@ -121,7 +126,7 @@ def test_a_weight_shared_binary_as_a_twin_crashes_genie_in_one_line_naming_the_b
         copied = shutil.copytree(workdir / twin, tmp_path / twin.name)
         shutil.copyfile(workdir / OUT / "genie_bundle" / f"demo_{twin.name}.bin", copied / "context.bin")
         twins.append(copied)
-    done = genie_cli(workdir, "run-genie", OUT / "genie_bundle", "--twin", *twins, "--mode", "load")
+    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *twins, "--mode", "load")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
     assert done.stderr.startswith(f"genie-build: error: {OUT / 'genie_bundle'}: Genie crashed (SIGSEGV) while "
                                   "loading the bundle; Genie's last error: "), done.stderr
@@ -129,7 +134,7 @@ def test_a_weight_shared_binary_as_a_twin_crashes_genie_in_one_line_naming_the_b
 
 def test_a_twin_of_other_graphs_is_one_line_naming_it(built):
     workdir, _ = built
-    done = genie_cli(workdir, "run-genie", OUT / "genie_bundle", "--twin", *reversed(TWINS), "--mode", "load")
+    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *reversed(TWINS), "--mode", "load")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"genie-build: error: {TWINS[1]}: holds graphs")
 
@@ -152,13 +157,47 @@ def test_genie_refuses_graph_switching_on_x86_in_one_line_so_the_run_leaves_it_o
 
 def test_a_load_check_lists_the_graphs_without_generating(built, tmp_path):
     workdir, _ = built
-    done = genie_cli(workdir, "run-genie", OUT / "genie_bundle", "--twin", *TWINS, "--mode", "load",
+    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *TWINS, "--mode", "load",
                      "--out", tmp_path / "load.json")
     assert done.returncode == 0, done.stderr[-3000:]
     run = load_json(tmp_path / "load.json")
     assert (run["mode"], run["graphs_loaded"]) == ("load", [{"ar": 1, "cl": 64, "parts": 2},
                                                             {"ar": 8, "cl": 64, "parts": 2}])
     assert "new_ids" not in run and run["load_seconds"] > 0
+
+
+def test_auto_on_a_bundle_too_large_for_the_simulation_records_why_and_runs_nothing(built, monkeypatch):
+    """The demo's 0.5 MB of ctx-bins over a limit set below it: the run and the perplexity say why not, without
+    loading a twin (the twins given do not exist)."""
+    workdir, _ = built
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(genie_run_module, "GENERATE_MAX_MB", 0.1)
+    missing = [Path("no-twin-here")] * len(TWINS)
+    run = genie_run(OUT / "genie_bundle", missing, prompt=OUT / "host_prompt.json", host_run=OUT / "host_run.json")
+    assert (run.mode, run.twins, run.graphs_loaded, run.generation) == (SKIPPED, (), (), {})
+    assert run.why == ("auto: the bundle's ctx-bins hold 0.5 MB, more than the 0.1 MB Genie generates from in minutes "
+                       "in the HTP simulation, and Genie would map every twin at once: not run (bundle.genie_run: load "
+                       "for a load check, generate for the token query)")
+    accuracy = genie_perplexity(OUT / "genie_bundle", missing, variant="qnn-htp",
+                                tokens_path=OUT / "tokens" / "evaluation.npy", float_parts=[], max_windows=16)
+    assert (accuracy.perplexity, accuracy.skipped) == (None, run.why)
+
+
+def dry_run_jobs(workdir: Path, bundle: dict) -> str:
+    result = run_snakemake(workdir, "-n", config_file=write_config(workdir, {**SMALL_DEMO, "bundle": bundle}))
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("bundle, runs", [
+    ({"variant": "qnn-htp"}, True),                                   # the default: auto beside the host run
+    ({"variant": "qnn-htp", "host_run": False}, False),               # auto follows the host run
+    ({"variant": "qnn-htp", "host_run": False, "genie_run": "load"}, True),   # asked for
+    ({"variant": "qnn-htp", "genie_run": False}, False),
+    ({"variant": "reference", "genie_run": "generate"}, False),       # genie-build's own container: no QNN binary
+])
+def test_which_builds_run_genie(tmp_path, bundle, runs):
+    text = dry_run_jobs(copy_workflow(tmp_path), bundle)
+    assert ("genie_run" in text) is runs, text[-3000:]
 
 
 def test_without_the_wheel_the_run_is_one_line_naming_it(built, tmp_path):
@@ -171,7 +210,7 @@ def test_without_the_wheel_the_run_is_one_line_naming_it(built, tmp_path):
         "        if name.split('.')[0] == 'onnxruntime_qnn':\n            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, _Hide())\n")
     env = {**os.environ, "PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = genie_cli(workdir, "run-genie", OUT / "genie_bundle", "--twin", *TWINS, "--mode", "load", env=env)
+    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *TWINS, "--mode", "load", env=env)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
     assert done.stderr.strip().endswith(f"the onnxruntime-qnn wheel is not installed for {sys.executable}: "
                                         "pip install -r envs/requirements-qnn.txt")
@@ -188,10 +227,10 @@ CONFIG = {"dialog": {"version": 1, "type": "basic",
     ({"top-k": 40, "temp": 0.8}, [("dialog.sampler.top-k", 40, 1)]),
     ({"top-k": 40, "temp": 0.8, "greedy": True}, [("dialog.sampler.top-k", 40, 1)]),
     ({"top-k": 1, "temp": 0.8}, []),
-    ({"top-k": 40, "temp": 0}, []),
+    ({"top-k": 40, "temp": 0}, [("dialog.sampler.top-k", 40, 1)]),
     (None, [("dialog.sampler", None, {"version": 1, "top-k": 1})]),
 ])
-def test_the_run_changes_the_sampler_only_where_it_would_not_pick_the_most_likely_token(sampler, changed):
+def test_the_run_sets_top_k_1_the_only_sampler_genie_picks_the_most_likely_token_with(sampler, changed):
     config = copy.deepcopy(CONFIG)
     if sampler is None:
         del config["dialog"]["sampler"]
@@ -219,17 +258,16 @@ def test_graph_switching_goes_only_when_it_is_on(switching):
         ["dialog.engine.backend.QnnHtp.enable-graph-switching"] if switching else [])
 
 
-def test_auto_generates_up_to_the_size_the_simulation_takes_in_minutes():
+def test_auto_generates_up_to_the_size_the_simulation_takes_in_minutes_and_skips_beyond():
     limit = int(GENERATE_MAX_MB * 1e6)
     assert choose_mode("auto", limit)[0] == "generate"
-    assert choose_mode("auto", limit + 1)[0] == "load"
+    assert choose_mode("auto", limit + 1)[0] == SKIPPED
     assert choose_mode("generate", 10 * limit) == ("generate", "bundle.genie_run: generate")
     assert choose_mode("load", 1) == ("load", "bundle.genie_run: load")
 
 
 def test_a_bundle_too_large_for_the_simulation_says_so_in_the_evaluation_table(tmp_path):
-    genie = GenieRow("qnn-htp", 4_000_000_000, None, None, 0, 0, "a load check only: auto: the bundle's ctx-bins "
-                     "hold 4,000.0 MB, more than the 64 MB Genie generates from in minutes in the HTP simulation")
+    genie = GenieRow("qnn-htp", 4_000_000_000, None, None, 0, 0, choose_mode("auto", 4_000_000_000)[1])
     write_quality_table([], tmp_path / "e.md", tmp_path / "e.csv", tmp_path / "e.png", genie=genie)
     table = (tmp_path / "e.md").read_text()
     assert "| qnn-htp | 4,000.0 | | | | | not computed | | | | |" in table and genie.skipped in table

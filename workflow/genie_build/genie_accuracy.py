@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
-from genie_build.run_genie import choose_mode, dialog_timeout, twin_bundle
+from genie_build.genie_run import choose_mode, ctx_bin_bytes, dialog_timeout, twin_bundle
 from genie_build.tokens import read_tokens
 
 __all__ = ["GeniePerplexity", "GenieWindow", "genie_perplexity", "genie_windows", "window_count"]
@@ -67,7 +67,7 @@ def genie_windows(tokenizer: Tokenizer, ids: Sequence[int], ar: int, context: in
 
 @dataclass(frozen=True)
 class GeniePerplexity:
-    """The stage's result (``evaluation/genie_perplexity.json``): Genie's perplexity and the float model's on the
+    """The stage's result (``evaluation/genie_accuracy.json``): Genie's perplexity and the float model's on the
     tokens Genie scored, or why it was not computed (``skipped``)."""
 
     variant: str
@@ -93,7 +93,7 @@ def genie_perplexity(bundle_dir: str | os.PathLike[str], twins: Sequence[str | o
     """Genie's perplexity of the bundle (through its twins) on the held-out text (``tokens_path``: its token ids, as
     ``tokenize-text`` wrote them), and the float model's
     (``float_parts``: its prompt graphs, part order) on the same tokens; for a bundle too large to run in the
-    simulation (:func:`genie_build.run_genie.choose_mode`), why not.
+    simulation (:func:`genie_build.genie_run.choose_mode`), why not.
 
     Raises:
         GenieBuildError: a bad bundle, twin or text; Genie fails, crashes or hangs (one line naming the bundle).
@@ -104,11 +104,11 @@ def genie_perplexity(bundle_dir: str | os.PathLike[str], twins: Sequence[str | o
     from genie_build.run_bundle import host_rope
 
     genie = load_genie("Genie's perplexity").describe()
+    chosen, why = choose_mode(mode, ctx_bin_bytes(bundle_dir))
+    if chosen != "generate":
+        return GeniePerplexity(variant, genie, chosen, why, os.fspath(tokens_path),
+                               skipped=why if chosen != "load" else f"a load check only: {why}")
     with twin_bundle(bundle_dir, twins) as twin:
-        chosen, why = choose_mode(mode, twin.ctx_bin_bytes)
-        if chosen == "load":
-            return GeniePerplexity(variant, genie, chosen, why, os.fspath(tokens_path),
-                                   skipped=f"a load check only: {why}")
         dialog = twin.dialog
         ar, context, bos = _prompt_ar(twin), dialog["context"]["size"], dialog["context"]["bos-token"]
         if bos < 0:

@@ -68,13 +68,16 @@ rule genie_accuracy:
         tokens=tokens_of("evaluation"),
         float_parts=lambda wc: graph_parts("prompt"),
     output:
-        f"{EVALUATION}/genie_perplexity.json",
+        f"{EVALUATION}/genie_accuracy.json",
     params:
         variant=BUNDLE_VARIANT,
         mode=GENIE_RUN,
         max_windows=config["evaluate"]["max_windows"],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
+    resources:
+        # Genie's child first, then the float parts one at a time
+        mem_mb=lambda wc, input: max(genie_mem_mb(wc, input), evaluation_mem_mb(wc)),
     log:
         f"{OUT}/logs/genie_accuracy.log",
     benchmark:
@@ -89,7 +92,7 @@ rule evaluation_table:
     input:
         reports=evaluation_reports,
         size_table=f"{OUT}/size_table.csv",
-        genie=[f"{EVALUATION}/genie_perplexity.json"] if GENIE_RUNS else [],
+        genie=[f"{EVALUATION}/genie_accuracy.json"] if GENIE_RUNS else [],
     output:
         md=report(f"{OUT}/evaluation.md", caption="../report/evaluation.rst", category="Sizes"),
         csv=f"{OUT}/evaluation.csv",
@@ -99,7 +102,7 @@ rule evaluation_table:
                                                                                    "max_clipped_share")
                 if config["report"][key] is not None],
         strict=config["report"]["strict"],
-        genie=lambda wc, input: ["--genie-perplexity", *input.genie] if input.genie else [],
+        genie=lambda wc, input: ["--genie-accuracy", *input.genie] if input.genie else [],
         python=PYTHON,
     log:
         f"{OUT}/logs/evaluation_table.log",

@@ -1,10 +1,11 @@
 # Genie's run on the build box (docs/genie-run.md): the vendor's Genie (libGenie.so of the onnxruntime-qnn wheel)
 # loads a qnn-htp bundle through its twins, with the bundle's own genie_config.json changed only where x86 or a
-# deterministic run needs it, and answers the host prompt: its tokens must be the host run's. A bundle too large to
-# generate from in the HTP simulation gets a load check (bundle.genie_run).
+# deterministic run needs it, and answers the host prompt: its tokens must be the host run's. bundle.genie_run: auto
+# runs it beside the host run on a bundle small enough for the HTP simulation and records why not on a larger one;
+# load (a load check) and generate are asked for.
 
 
-rule run_genie:
+rule genie_run:
     input:
         manifest=BUNDLE,
         check=f"{OUT}/bundle_check.json",
@@ -20,10 +21,12 @@ rule run_genie:
         float_graphs=lambda wc: ["--float-graph", *(f"{name}={path}" for name, path in genie_float_graphs(wc).items())],
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
+    resources:
+        mem_mb=genie_mem_mb,
     log:
-        f"{OUT}/logs/run_genie.log",
+        f"{OUT}/logs/genie_run.log",
     benchmark:
-        f"{OUT}/benchmarks/run_genie.tsv"
+        f"{OUT}/benchmarks/genie_run.tsv"
     shell:
-        "{params.python} -m genie_build run-genie {params.bundle_dir:q} --twin {input.twins:q} --mode {params.mode:q}"
+        "{params.python} -m genie_build genie-run {params.bundle_dir:q} --twin {input.twins:q} --mode {params.mode:q}"
         " --prompt {input.prompt:q} {params.host_run:q} {params.float_graphs:q} --out {output:q} > {log:q} 2>&1"

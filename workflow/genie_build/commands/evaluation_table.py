@@ -22,7 +22,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--min-top1-agreement", type=float, default=None)
     parser.add_argument("--max-mean-kl", type=float, default=None)
     parser.add_argument("--max-clipped-share", type=float, default=None)
-    parser.add_argument("--genie-perplexity", type=Path,
+    parser.add_argument("--genie-accuracy", type=Path,
                         help="genie-accuracy's report: the bundle's perplexity by Genie, a row of its own")
     add_strict_option(parser, "variant")
     parser.add_argument("--md", required=True, type=Path, help="evaluation.md")
@@ -34,7 +34,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     rows = quality_rows(args.reports, args.size_table, QualityBounds(args.min_top1_agreement, args.max_mean_kl,
                                                                         args.max_clipped_share))
-    genie = None if args.genie_perplexity is None else genie_row(args.genie_perplexity, args.size_table)
+    genie = None if args.genie_accuracy is None else genie_row(args.genie_accuracy, args.size_table)
     flags = write_quality_table(rows, args.md, args.csv, args.png, strict=args.strict, genie=genie)
     for flag in flags:
         log.warning("%s", flag)

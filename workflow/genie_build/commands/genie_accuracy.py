@@ -10,7 +10,7 @@ from pathlib import Path
 from genie_build.cli_args import positive_int
 from genie_build.fileio import write_json
 from genie_build.genie_accuracy import genie_perplexity
-from genie_build.run_genie import MODES
+from genie_build.genie_run import MODES
 
 __all__ = ["register_parser", "run"]
 
@@ -28,7 +28,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--max-windows", required=True, type=positive_int,
                         help="the evaluation's windows of the prompt graph's AR: Genie scores at least as many tokens")
     parser.add_argument("--mode", choices=MODES, default="auto",
-                        help="as run-genie's: load (or auto on a bundle too large) records why it is not computed")
+                        help="as genie-run's: load (or auto on a bundle too large) records why it is not computed")
     parser.add_argument("--out", required=True, type=Path, help="the result (JSON)")
     return parser
 

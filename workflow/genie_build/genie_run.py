@@ -6,9 +6,10 @@ wheel. The *twin bundle* is the bundle with each ctx-bin replaced by its twin's 
 name, each twin's IO first read back equal to its ctx-bin's, and the bundle's own ``genie_config.json`` changed only
 where x86 or a deterministic run needs it (:func:`x86_config`, every change recorded with its reason). Genie's own
 ``libGenie.so`` then loads it (``GenieDialog_create``) and answers the host run's prompt as a token query, which must
-give the host run's tokens; the float model's tokens stand beside them. A bundle too large for the simulation to
-generate from in minutes gets a load check: Genie creates the dialog and reports every (AR, CL) graph it loaded
-(:func:`choose_mode`). Genie runs in a child process (:mod:`genie_build.qnn_wheel.dialog_run`).
+give the host run's tokens; the float model's tokens stand beside them. ``bundle.genie_run`` chooses
+(:func:`choose_mode`): ``auto`` generates from a bundle small enough for the simulation and records why it did not
+run on a larger one; ``load`` only creates the dialog and reports every (AR, CL) graph it loaded; ``generate`` runs
+any bundle. Genie runs in a child process (:mod:`genie_build.qnn_wheel.dialog_run`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,19 @@ from genie_build.conventions import PART_SUFFIX
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
 from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
+from genie_build.job_memory import files_mb, genie_mb
+from genie_build.toolchains.qnn_htp.twin import TWIN_BINARY, require_same_io
 
-__all__ = ["GENERATE_MAX_MB", "MODES", "ConfigChange", "GenieRun", "TwinBundle", "choose_mode", "dialog_timeout",
-           "float_tokens", "run_genie", "twin_bundle", "x86_config"]
+__all__ = ["GENERATE_MAX_MB", "MODES", "SKIPPED", "ConfigChange", "GenieRun", "TwinBundle", "choose_mode",
+           "ctx_bin_bytes", "dialog_timeout", "float_tokens", "genie_job_mb", "genie_run", "twin_bundle", "x86_config"]
 
 MODES = ("auto", "generate", "load")
-# auto: generate (and compute GenieAccuracy) when the bundle's ctx-bins hold at most this many MB. The simulation
-# costs about 0.2-0.8 s per MB of binaries per step (a 120 MB 7B-wide layer part: 22-33 s a token, 96-107 s a
-# 128-token chunk; the 4.5 MB demo about 2 s a step on 2 loaded cores), so 64 MB is a few minutes for 16 tokens.
+SKIPPED = "skipped"  # the mode auto records for a bundle larger than GENERATE_MAX_MB
+# auto: generate (and compute GenieAccuracy) when the bundle's ctx-bins hold at most this many MB, else run nothing.
+# The simulation costs about 0.2-0.8 s per MB of binaries per step (a 120 MB 7B-wide layer part: 22-33 s a token,
+# 96-107 s a 128-token chunk; the 4.5 MB demo about 2 s a step on 2 loaded cores), so 64 MB is a few minutes for 16
+# tokens. Even a load check maps every twin at once (a job of the whole model's size, where every other job holds
+# one part), so a larger bundle runs Genie only when the config asks for it.
 GENERATE_MAX_MB = 64.0
 # The child's timeout guards against a hang, generously: the load, then every step at 4x the rate measured above.
 _LOAD_S, _LOAD_S_PER_MB, _STEP_S, _STEP_S_PER_MB = 120.0, 1.0, 10.0, 4.0
@@ -57,15 +63,15 @@ class ConfigChange:
 
 def x86_config(config: Mapping[str, Any]) -> tuple[dict, list[ConfigChange]]:
     """The bundle's ``genie_config.json`` as Genie gets it on x86, and what changed: the sampler picks the most likely
-    token (``top-k: 1``, unless ``top-k`` is 1 or ``temp`` 0 already) and ``enable-graph-switching: true`` goes.
-    Nothing else changes."""
+    token (``top-k: 1``, the only setting measured to make Genie 2.51 pick it; ``greedy: true`` or ``temp: 0`` with a
+    larger ``top-k`` are not enough or not measured) and ``enable-graph-switching: true`` goes. Nothing else changes."""
     changed = copy.deepcopy(dict(config))
     dialog, changes = changed["dialog"], []
     sampler = dialog.get("sampler")
     if sampler is None:
         dialog["sampler"] = {"version": 1, "top-k": 1}
         changes.append(ConfigChange(GENIE_CONFIG_NAME, "dialog.sampler", None, dialog["sampler"], _GREEDY_WHY))
-    elif sampler.get("top-k") != 1 and sampler.get("temp") != 0:
+    elif sampler.get("top-k") != 1:
         changes.append(ConfigChange(GENIE_CONFIG_NAME, "dialog.sampler.top-k", sampler.get("top-k"), 1, _GREEDY_WHY))
         sampler["top-k"] = 1
     htp = dialog["engine"]["backend"].get("QnnHtp", {})
@@ -103,7 +109,6 @@ def twin_bundle(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.Pat
             differ from its ctx-bin's.
     """
     from genie_build.qnn_wheel.dialog_run import CONFIG_NAME
-    from genie_build.toolchains.qnn_htp.twin import TWIN_BINARY, require_same_io
 
     bundle = Path(bundle_dir)
     require_valid_bundle(bundle)
@@ -122,28 +127,44 @@ def twin_bundle(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.Pat
         for name, twin in zip(binaries, twins):
             (root / name).symlink_to((Path(twin) / TWIN_BINARY).resolve())
         write_json(root / CONFIG_NAME, run_config)
-        yield TwinBundle(root, config["dialog"], tuple(changes), records,
-                         sum((bundle / name).stat().st_size for name in binaries))
+        yield TwinBundle(root, config["dialog"], tuple(changes), records, ctx_bin_bytes(bundle))
 
 
-def choose_mode(requested: str, ctx_bin_bytes: int) -> tuple[str, str]:
-    """``generate`` or ``load`` for ``bundle.genie_run`` (``auto``: by the ctx-bins' size), and why."""
+def ctx_bin_bytes(bundle_dir: str | os.PathLike[str]) -> int:
+    """The bytes of the ctx-bins the bundle's ``genie_config.json`` names (the shipped, weight-shared ones)."""
+    bundle = Path(bundle_dir)
+    config = read_json(bundle / GENIE_CONFIG_NAME, inside=[bundle], max_bytes=MAX_DOCUMENT_BYTES)
+    return sum((bundle / name).stat().st_size for name in config["dialog"]["engine"]["model"]["binary"]["ctx-bins"])
+
+
+def choose_mode(requested: str, size_bytes: int) -> tuple[str, str]:
+    """``generate``, ``load`` or :data:`SKIPPED` for ``bundle.genie_run`` (``auto``: by the ctx-bins' size), and
+    why."""
     if requested not in MODES:
         raise GenieBuildError("bundle.genie_run", f"{requested!r} is not one of {', '.join(MODES)}")
     if requested != "auto":
         return requested, f"bundle.genie_run: {requested}"
-    size = ctx_bin_bytes / 1e6
+    size = size_bytes / 1e6
     if size <= GENERATE_MAX_MB:
         return "generate", (f"auto: the bundle's ctx-bins hold {size:,.1f} MB; up to {GENERATE_MAX_MB:g} MB Genie "
                             "generates in the HTP simulation in minutes")
-    return "load", (f"auto: the bundle's ctx-bins hold {size:,.1f} MB, more than the {GENERATE_MAX_MB:g} MB Genie "
-                    "generates from in minutes in the HTP simulation: a load check (bundle.genie_run: generate runs "
-                    "it anyway)")
+    return SKIPPED, (f"auto: the bundle's ctx-bins hold {size:,.1f} MB, more than the {GENERATE_MAX_MB:g} MB Genie "
+                     "generates from in minutes in the HTP simulation, and Genie would map every twin at once: not "
+                     "run (bundle.genie_run: load for a load check, generate for the token query)")
 
 
-def dialog_timeout(ctx_bin_bytes: int, steps: int) -> float:
-    """Seconds a child may take to load the bundle and run ``steps`` inferences before it counts as hung."""
-    size = ctx_bin_bytes / 1e6
+def genie_job_mb(mode: str, bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathLike[str]]) -> int:
+    """The memory a job of Genie's run (or its perplexity) is planned with: every twin loaded at once
+    (:func:`genie_build.job_memory.genie_mb`), none when ``auto`` skips the bundle; before the bundle is there (a
+    dry run), by the twins there are."""
+    if (Path(bundle_dir) / GENIE_CONFIG_NAME).is_file() and choose_mode(mode, ctx_bin_bytes(bundle_dir))[0] == SKIPPED:
+        return genie_mb(0.0)
+    return genie_mb(files_mb(Path(twin) / TWIN_BINARY for twin in twins))
+
+
+def dialog_timeout(size_bytes: int, steps: int) -> float:
+    """Seconds a child may take to load the bundle and run ``steps`` inferences before it counts as hung (``size_bytes``: the bundle's ctx-bins)."""
+    size = size_bytes / 1e6
     return _LOAD_S + _LOAD_S_PER_MB * size + steps * (_STEP_S + _STEP_S_PER_MB * size)
 
 
@@ -160,7 +181,7 @@ class GenieRun:
     graphs_loaded: tuple[dict, ...]
     load_seconds: float
     warnings: tuple[str, ...]
-    generation: dict = field(default_factory=dict)  # empty for a load check
+    generation: dict = field(default_factory=dict)  # empty for a load check or a run auto skipped
 
     def to_dict(self) -> dict:
         return {"bundle": self.bundle, "genie": self.genie, "mode": self.mode, "why": self.why,
@@ -169,13 +190,13 @@ class GenieRun:
                 **self.generation, "warnings": list(self.warnings)}
 
 
-def run_genie(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathLike[str]], *, mode: str = "auto",
+def genie_run(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathLike[str]], *, mode: str = "auto",
               prompt: str | os.PathLike[str] | None = None, host_run: str | os.PathLike[str] | None = None,
               float_graphs: Mapping[str, str | os.PathLike[str]] | None = None) -> GenieRun:
     """Genie's run of the bundle through its twins: a load check, or the host run's prompt (``prompt``:
     ``host_prompt.json``, its ids and the tokens to generate) as a token query, whose tokens must be ``host_run``'s
     (``host_run.json``, when given); the float model's (``float_graphs``: graph name -> file, every part's graphs)
-    stand beside them.
+    stand beside them. With ``auto`` on a bundle too large for the simulation, only why it did not run.
 
     Raises:
         GenieBuildError: a bad bundle or twin, Genie fails, crashes or hangs (one line naming the bundle), Genie's
@@ -184,8 +205,12 @@ def run_genie(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathL
     from genie_build.qnn_wheel.dialog_run import DialogJob, run_dialog
     from genie_build.qnn_wheel.genie import load_genie
 
+    genie = load_genie("Genie's run of a bundle").describe()
+    chosen, why = choose_mode(mode, ctx_bin_bytes(bundle_dir))
+    if chosen == SKIPPED:
+        return GenieRun(bundle=os.fspath(bundle_dir), genie=genie, mode=chosen, why=why, twins=(), config_changes=(),
+                        graphs_loaded=(), load_seconds=0.0, warnings=())
     with twin_bundle(bundle_dir, twins) as twin:
-        chosen, why = choose_mode(mode, twin.ctx_bin_bytes)
         job, asked = DialogJob(str(twin.folder)), {}
         if chosen == "generate":
             if prompt is None:
@@ -198,7 +223,7 @@ def run_genie(bundle_dir: str | os.PathLike[str], twins: Sequence[str | os.PathL
     if outcome.tokens is not None:
         generation = _generation(bundle_dir, twin.dialog, asked, list(outcome.tokens), outcome.seconds,
                                  None if host_run is None else read_json(host_run), float_graphs)
-    return GenieRun(bundle=os.fspath(bundle_dir), genie=load_genie("Genie's run of a bundle").describe(), mode=chosen,
+    return GenieRun(bundle=os.fspath(bundle_dir), genie=genie, mode=chosen,
                     why=why, twins=twin.twins, config_changes=twin.changes,
                     graphs_loaded=_graphs_loaded(outcome.graphs_loaded, twin, bundle_dir),
                     load_seconds=outcome.load_seconds, warnings=outcome.warnings, generation=generation)
@@ -228,12 +253,22 @@ def _generation(bundle_dir, dialog: Mapping[str, Any], asked: Mapping[str, Any],
             raise GenieBuildError(bundle_dir, f"the host run was fed {host['prompt_ids']}, Genie {fed} (its BOS and "
                                               "the prompt's ids): run the host run again")
         if tokens != host["new_ids"]:
-            raise GenieBuildError(bundle_dir, f"Genie's tokens {tokens} differ from the host run's {host['new_ids']}")
+            raise GenieBuildError(bundle_dir, _differ(tokens, host["new_ids"]))
         report |= {"host_run_ids": host["new_ids"], "equal_to_host_run": True}
     if float_graphs:
         expected = float_tokens(bundle_dir, float_graphs, fed, asked["new_tokens"])
         report |= {"float_ids": expected, "equal_to_float": expected == tokens}
     return report
+
+
+def _differ(genie: Sequence[int], host: Sequence[int]) -> str:
+    """Genie's tokens against the host run's, in one line: both lists and the first token where they part. The two
+    ran the same twins in the same HTP simulation, so only the runtime differs: genie-build's reading of Genie's
+    (the BOS, the KV cache, the length switch, the sampler, the table) is wrong, and the host run proves nothing of
+    what a phone runs."""
+    first = next((index for index, (a, b) in enumerate(zip(genie, host)) if a != b), min(len(genie), len(host)))
+    return (f"Genie's tokens {list(genie)} differ from the host run's {list(host)} from new token {first} on: the "
+            "host run does not run the bundle as Genie does (docs/genie-run.md)")
 
 
 def _rate(count: int, seconds: float | None) -> float | None:

@@ -1,6 +1,7 @@
-"""``run-genie``: the vendor's Genie (libGenie.so of the onnxruntime-qnn wheel) loads a qnn-htp bundle through its
-twins on the build box and answers the host run's prompt, which must give the host run's tokens; or, for a bundle too
-large to generate from in the HTP simulation, creates the dialog and lists the graphs it loaded (docs/genie-run.md)."""
+"""``genie-run``: the vendor's Genie (libGenie.so of the onnxruntime-qnn wheel) loads a qnn-htp bundle through its
+twins on the build box and answers the host run's prompt, which must give the host run's tokens; or only creates the
+dialog and lists the graphs it loaded (a load check); auto skips a bundle too large for the HTP simulation
+(docs/genie-run.md)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ from pathlib import Path
 
 from genie_build.commands.compile import parse_graphs
 from genie_build.fileio import write_json
-from genie_build.run_genie import MODES, run_genie
+from genie_build.genie_run import MODES, SKIPPED, genie_run
 
 __all__ = ["register_parser", "run"]
 
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("run-genie", help=__doc__.splitlines()[0], description=__doc__)
+    parser = subparsers.add_parser("genie-run", help=__doc__.splitlines()[0], description=__doc__)
     parser.add_argument("bundle", metavar="DIR", help="the bundle directory (a qnn-htp bundle)")
     parser.add_argument("--twin", metavar="DIR", nargs="+", required=True,
                         help="each ctx-bin's twin folder, in order (compile-twin)")
     parser.add_argument("--mode", choices=MODES, default="auto",
                         help="generate: the token query; load: create the dialog only; auto (default): generate "
-                             "when the bundle's ctx-bins hold at most 64 MB")
+                             "when the bundle's ctx-bins hold at most 64 MB, else record why nothing ran")
     parser.add_argument("--prompt", type=Path, help="host_prompt.json (check-host-prompt): the prompt's ids Genie "
                                                     "answers and how many tokens it generates (needed to generate)")
     parser.add_argument("--host-run", type=Path, help="host_run.json: the tokens Genie must give")
@@ -33,9 +34,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_genie(args.bundle, args.twin, mode=args.mode, prompt=args.prompt, host_run=args.host_run,
+    result = genie_run(args.bundle, args.twin, mode=args.mode, prompt=args.prompt, host_run=args.host_run,
                        float_graphs=parse_graphs(args.float_graph))
     report = result.to_dict()
+    if args.out:
+        write_json(args.out, report)
+    if result.mode == SKIPPED:
+        print(f"Genie's run not made: {result.why}")
+        return 0
     print(f"{result.genie} loaded {args.bundle} through its twins in {result.load_seconds:.2f} s: graphs "
           + ", ".join(f"AR {graph['ar']} CL {graph['cl']} x{graph['parts']}" for graph in result.graphs_loaded))
     for change in result.config_changes:
@@ -46,6 +52,4 @@ def run(args: argparse.Namespace) -> int:
                  f"; the float model's {'the same' if report['equal_to_float'] else report['float_ids']}"))
     else:
         print(f"load check only: {result.why}")
-    if args.out:
-        write_json(args.out, report)
     return 0
