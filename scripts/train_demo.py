@@ -36,9 +36,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from genie_build.demo import BOS_TOKEN_ID, EOS_TOKEN_ID, TRAINED_SHAPE, hf_config
+from genie_build.demo import TRAINED_SHAPE, hf_config
 from genie_build.genie_config import load_tokenizer
-from genie_build.train_tokenizer import train_tokenizer
+from genie_build.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, train_tokenizer
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 TRAINING_TEXTS = ("calibration_corpus.txt", "training_corpus.txt")

@@ -1,4 +1,4 @@
-"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GB (and
+"""``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GiB (and
 ``split.max_part_mb`` when set), which all map under the load model (:mod:`genie_build.load_model`), and, for a
 build that holds a part per job (a checkpoint's export, verification and evaluation), whose jobs each fit the
 memory a job of the run may take (:class:`JobMemory`, docs/memory-plan.md).

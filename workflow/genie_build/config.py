@@ -29,8 +29,8 @@ from genie_build.fileio import is_json_int, read_text
 from genie_build.load_model import KV_BYTES
 
 __all__ = ["DEFAULT_CALIBRATION_TOKENS", "DEFAULT_SCHEMA", "DemoCalibrator", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES",
-           "SourceKind", "bundle_config", "calibration_chain", "calibration_windows", "context_lengths", "load_config",
-           "read_schema", "source_kind", "validate_config"]
+           "SourceKind", "StrictValidator", "bundle_config", "calibration_chain", "calibration_windows",
+           "context_lengths", "load_config", "read_schema", "source_kind", "validate_config"]
 
 # Package data, so that an installed package validates configs and recipes without the repository.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schema" / "config.schema.yaml"

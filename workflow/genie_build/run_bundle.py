@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
-from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS, POS_SIN, causal_mask,
-                                     graph_ar_cl, rope_tables)
+from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS,
+                                     POS_SIN, causal_mask, graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
 from genie_build.embedding_part import (EmbeddingLookup, PartLookup, PartRows, embedding_lookup, graph_after_embedding,
                                         read_embedding_part)
@@ -45,6 +45,7 @@ from genie_build.fileio import read_json
 from genie_build.families import FAMILIES
 from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
+from genie_build.near_ties import FollowBundle, NearTie
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
@@ -287,6 +288,7 @@ class HostRun:
     generation: Generation
     reference_ids: tuple[int, ...] | None = None  # None: not compared
     compared_with: str | None = None
+    near_ties: tuple[NearTie, ...] = ()
 
     def to_dict(self) -> dict:
         """The report (``host_run.json``)."""
@@ -297,7 +299,8 @@ class HostRun:
                   "graph_runs": [dataclasses.asdict(run) for run in generation.graph_runs]}
         if self.reference_ids is None:
             return report
-        return {**report, "compared_with": self.compared_with, "reference_ids": list(self.reference_ids)}
+        return {**report, "compared_with": self.compared_with, "reference_ids": list(self.reference_ids),
+                "near_ties": [dataclasses.asdict(tie) for tie in self.near_ties]}
 
 
 UNSPLIT_REFERENCE = "the unsplit model, converted with the whole encodings and compiled with the bundle's options"
@@ -318,33 +321,39 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
     table, ``embedding_part`` (part 1's float graph and its encodings) gives the reference its embedding: part 1's
     rows computed for each token and quantized as the table stores them, never read from the bundle's table.
 
+    The reference follows the bundle's tokens (:class:`genie_build.near_ties.FollowBundle`): with ``twins`` (a QNN
+    bundle, run by the HTP simulation while the reference runs on the CPU) a step where the reference's logits nearly
+    tie the bundle's token with its own is accepted and reported; a reference bundle must match exactly.
+
     Raises:
         GenieBuildError: the bundle is invalid, or its tokens differ from the reference's.
     """
     generation = run_bundle(bundle_dir, prompt, max_new_tokens, twins)
     embedding = None if embedding_part is None else PartLookup(PartRows(read_embedding_part(*embedding_part)))
+    follow = FollowBundle(generation.new_ids, **({} if twins else {"tolerance": 0.0}))
     if compare_with is not None:
-        expected = unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding)
+        unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding, follow)
         reference = UNSPLIT_REFERENCE
     elif compare_with_parts:
-        expected = _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens,
-                                           embedding)
+        _converted_parts_tokens(bundle_dir, compare_with_parts, generation.prompt_ids, max_new_tokens, embedding,
+                                follow)
         reference = PARTS_REFERENCE
     else:
         return HostRun(prompt, generation)
     if embedding is not None:
         reference += TABLE_REFERENCE
-    if expected != list(generation.new_ids):
+    if not follow.agrees:
         raise GenieBuildError(bundle_dir, f"the bundle's tokens {list(generation.new_ids)} differ from those of "
-                                          f"{reference}: {expected}")
-    return HostRun(prompt, generation, tuple(expected), reference)
+                                          f"{reference}, run on the bundle's tokens: {follow.reference_ids}")
+    return HostRun(prompt, generation, tuple(follow.reference_ids), reference, tuple(follow.near_ties))
 
 
 def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.PathLike[str],
-                   prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None) -> list[int]:
-    """Greedy tokens of the whole model compiled as one container (converted with the whole encodings,
-    compiled with the bundle variant's options): what the bundle's parts must reproduce. With ``embedding`` (a
-    bundle whose part 1 is a table), the model from part 1's output on, fed that embedding.
+                   prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None,
+                   follow: FollowBundle | None = None) -> list[int]:
+    """Greedy tokens (``follow``'s choices when given) of the whole model compiled as one container (converted
+    with the whole encodings, compiled with the bundle variant's options): what the bundle's parts must reproduce.
+    With ``embedding`` (a bundle whose part 1 is a table), the model from part 1's output on, fed that embedding.
 
     RoPE, stop tokens and context size come from the bundle's ``genie_config.json``; its ctx-bins are not
     loaded (run :func:`load_bundle` first to check the bundle)."""
@@ -352,15 +361,15 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
     if embedding is not None:
         graphs = {name: graph_after_embedding(graph, embedding.rows.part.output, unsplit_binary)
                   for name, graph in graphs.items()}
-    return reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding)
+    return reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding, follow)
 
 
 def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
                             prompt_ids: Sequence[int], max_new_tokens: int,
-                            embedding: PartLookup | None = None) -> list[int]:
-    """Greedy tokens of the parts' converted graphs (``graphs``: the reference converter's ONNX files, every graph of
-    every part, grouped by the part their graph name gives), run as they are, without a context binary; fed
-    ``embedding`` when they start at ``inputs_embeds``.
+                            embedding: PartLookup | None = None, follow: FollowBundle | None = None) -> list[int]:
+    """Greedy tokens (``follow``'s choices when given) of the parts' converted graphs (``graphs``: the reference
+    converter's ONNX files, every graph of every part, grouped by the part their graph name gives), run as they
+    are, without a context binary; fed ``embedding`` when they start at ``inputs_embeds``.
 
     Raises:
         GenieBuildError: a graph cannot be read or its name gives no part.
@@ -374,7 +383,7 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
             raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
         parts.setdefault(match.group(0), {})[name] = graph
     return reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
-                            embedding)
+                            embedding, follow)
 
 
 def _converted_graph(path: str | os.PathLike[str]) -> ContainerGraph | GraphFile:
@@ -404,18 +413,21 @@ def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
 
 
 def reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
-                     prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None) -> list[int]:
-    """Greedy tokens of ``parts`` run with the bundle's RoPE, stop tokens and context size, fed ``embedding`` when
-    they start at ``inputs_embeds`` (without it, that input is one nobody provides)."""
+                     prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None,
+                     follow: FollowBundle | None = None) -> list[int]:
+    """Greedy tokens (``follow``'s choices when given) of ``parts`` run with the bundle's RoPE, stop tokens and
+    context size, fed ``embedding`` when they start at ``inputs_embeds`` (without it, that input is one nobody
+    provides)."""
     config_path = Path(bundle_dir) / GENIE_CONFIG_NAME
     dialog = read_json(config_path, inside=[bundle_dir], max_bytes=MAX_DOCUMENT_BYTES)["dialog"]
     runner = make_runner(parts, **host_rope(dialog["engine"], config_path), embedding=embedding)
-    return generate(runner, prompt_ids, max_new_tokens, eos_ids=_eos_ids(dialog),
-                    context_size=dialog["context"]["size"])
+    return _generate_timed(runner, prompt_ids, max_new_tokens, _eos_ids(dialog), dialog["context"]["size"],
+                           follow)[0]
 
 
 def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: frozenset[int],
-                    context_size: int | None) -> tuple[list[int], float, float, tuple[GraphRun, ...]]:
+                    context_size: int | None, choose: Callable[[np.ndarray], int] | None = None
+                    ) -> tuple[list[int], float, float, tuple[GraphRun, ...]]:
     limit = min(context_size or runner.context_length, runner.context_length)
     if not prompt_ids:
         raise GenieBuildError("prompt", "is empty after tokenization")
@@ -441,10 +453,11 @@ def _generate_timed(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: i
         return logits
 
     started = time.perf_counter()
-    new_ids = [int(np.argmax(run(prompt_ids)))]
+    choose = choose or (lambda logits: int(np.argmax(logits)))
+    new_ids = [choose(run(prompt_ids))]
     prompt_done = time.perf_counter()
     while len(new_ids) < max_new_tokens and new_ids[-1] not in eos_ids:
-        new_ids.append(int(np.argmax(run(new_ids[-1:]))))
+        new_ids.append(choose(run(new_ids[-1:])))
     return new_ids, prompt_done - started, time.perf_counter() - prompt_done, tuple(runs)
 
 
