@@ -24,7 +24,7 @@ BUNDLE_VARIANT = "qnn-htp"
 # binaries (and the bundle's twins) and what reads them
 LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "check_model", "convert_part_reference",
                "convert_part_qnn_htp", "compile_part", "compile_twin", "account", "size_table", "memory_plan",
-               "bundle", "check_bundle", "run_bundle", "all"}
+               "bundle", "check_bundle", "run_bundle", "genie_run", "all"}
 
 
 def _graph_names(binary: Path) -> list[str]:
