@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,8 @@ from genie_build.evaluation_table import GenieRow, write_quality_table
 from genie_build.genie_accuracy import genie_perplexity
 from genie_build.genie_run import GENERATE_MAX_MB, SKIPPED, choose_mode, genie_run, twin_bundle, x86_config
 from genie_build.qnn_wheel.dialog_run import CONFIG_NAME, DialogJob, run_dialog
-from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import (SMALL_DEMO, copy_workflow, load_json, run_snakemake, without_qnn_wheel,
+                              write_config)
 
 pytestmark = pytest.mark.workflow
 
@@ -201,16 +201,10 @@ def test_which_builds_run_genie(tmp_path, bundle, runs):
 
 
 def test_without_the_wheel_the_run_is_one_line_naming_it(built, tmp_path):
-    """The wheel hidden from a fresh interpreter (a module finder that refuses it)."""
+    """The wheel hidden from a fresh interpreter."""
     workdir, _ = built
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(
-        "import sys\nclass _Hide:\n    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'onnxruntime_qnn':\n            raise ModuleNotFoundError(name)\n"
-        "sys.meta_path.insert(0, _Hide())\n")
-    env = {**os.environ, "PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *TWINS, "--mode", "load", env=env)
+    done = genie_cli(workdir, "genie-run", OUT / "genie_bundle", "--twin", *TWINS, "--mode", "load",
+                     env=without_qnn_wheel(tmp_path / "hide"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
     assert done.stderr.strip().endswith(f"the onnxruntime-qnn wheel is not installed for {sys.executable}: "
                                         "pip install -r envs/requirements-qnn.txt")

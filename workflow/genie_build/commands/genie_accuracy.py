@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.cli_args import positive_int
+from genie_build.cli_args import add_genie_run_arguments, positive_int
 from genie_build.fileio import write_json
 from genie_build.genie_accuracy import genie_perplexity
 from genie_build.genie_run import MODES
@@ -17,9 +17,7 @@ __all__ = ["register_parser", "run"]
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("genie-accuracy", help=__doc__.splitlines()[0], description=__doc__)
-    parser.add_argument("bundle", metavar="DIR", help="the bundle directory (a qnn-htp bundle)")
-    parser.add_argument("--twin", metavar="DIR", nargs="+", required=True,
-                        help="each ctx-bin's twin folder, in order (compile-twin)")
+    add_genie_run_arguments(parser, MODES)
     parser.add_argument("--variant", required=True, help="the bundle's variant (recorded)")
     parser.add_argument("--tokens", required=True, type=Path,
                         help="the held-out text's token ids (what tokenize-text wrote), as the evaluation reads them")
@@ -27,8 +25,6 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="the float prompt graphs, part order: the float model's perplexity on Genie's tokens")
     parser.add_argument("--max-windows", required=True, type=positive_int,
                         help="the evaluation's windows of the prompt graph's AR: Genie scores at least as many tokens")
-    parser.add_argument("--mode", choices=MODES, default="auto",
-                        help="as genie-run's: load (or auto on a bundle too large) records why it is not computed")
     parser.add_argument("--out", required=True, type=Path, help="the result (JSON)")
     return parser
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.cli_args import add_genie_run_arguments
 from genie_build.commands.compile import parse_graphs
 from genie_build.fileio import write_json
 from genie_build.genie_run import MODES, SKIPPED, genie_run
@@ -17,12 +18,7 @@ __all__ = ["register_parser", "run"]
 
 def register_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("genie-run", help=__doc__.splitlines()[0], description=__doc__)
-    parser.add_argument("bundle", metavar="DIR", help="the bundle directory (a qnn-htp bundle)")
-    parser.add_argument("--twin", metavar="DIR", nargs="+", required=True,
-                        help="each ctx-bin's twin folder, in order (compile-twin)")
-    parser.add_argument("--mode", choices=MODES, default="auto",
-                        help="generate: the token query; load: create the dialog only; auto (default): generate "
-                             "when the bundle's ctx-bins hold at most 64 MB, else record why nothing ran")
+    add_genie_run_arguments(parser, MODES)
     parser.add_argument("--prompt", type=Path, help="host_prompt.json (check-host-prompt): the prompt's ids Genie "
                                                     "answers and how many tokens it generates (needed to generate)")
     parser.add_argument("--host-run", type=Path, help="host_run.json: the tokens Genie must give")
