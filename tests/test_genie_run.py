@@ -23,7 +23,7 @@ from genie_build.evaluation_table import GenieRow, write_quality_table
 from genie_build.genie_accuracy import genie_perplexity
 from genie_build.genie_run import GENERATE_MAX_MB, SKIPPED, choose_mode, genie_run, twin_bundle, x86_config
 from genie_build.qnn_wheel.dialog_run import CONFIG_NAME, DialogJob, run_dialog
-from workflow_helpers import (SMALL_DEMO, copy_workflow, load_json, run_snakemake, without_qnn_wheel,
+from workflow_helpers import (SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, without_qnn_wheel,
                               write_config)
 
 pytestmark = pytest.mark.workflow
@@ -100,6 +100,15 @@ def test_two_context_lengths_load_all_four_graphs_and_give_the_host_runs_tokens(
     assert [(graph["ar"], graph["cl"]) for graph in run["graphs_loaded"]] == [(1, 32), (1, 64), (8, 32), (8, 64)]
     assert {graph_run["cl"] for graph_run in host["graph_runs"]} == {32, 64}  # the run crosses from one to the other
     assert run["new_ids"] == host["new_ids"] and run["equal_to_host_run"] is True
+
+
+def test_asking_for_a_load_check_reruns_genies_run_and_not_the_bundle(built):
+    workdir, _ = built
+    config = write_config(workdir, {**SMALL_DEMO, "evaluate": {"enabled": True}, "bundle": {"genie_run": "load"}},
+                          name="load.yaml")
+    result = run_snakemake(workdir, "-n", config_file=config)
+    rules = {rule for rule, _ in jobs_run(result)}
+    assert {"genie_run", "genie_accuracy"} <= rules and not rules & {"bundle", "check_bundle", "run_bundle"}, rules
 
 
 def test_tokens_that_differ_from_the_host_runs_fail_in_one_line_with_both_lists(built, tmp_path):
