@@ -31,6 +31,7 @@ include: "workflow/rules/embedding.smk"
 include: "workflow/rules/sizes.smk"
 include: "workflow/rules/bundle.smk"
 include: "workflow/rules/host_run.smk"
+include: "workflow/rules/genie_run.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/estimate.smk"
 

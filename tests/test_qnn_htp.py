@@ -23,6 +23,7 @@ from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from genie_build.conventions import graph_name, part_label
 from genie_build.encodings import read_encodings
 from genie_build.errors import GenieBuildError
+from workflow_helpers import without_qnn_wheel
 
 try:
     from genie_build.qnn_wheel import locate_wheel
@@ -241,21 +242,14 @@ def test_an_unknown_chipset_is_one_line(converted, tmp_path):
 
 @pytest.mark.parametrize("command", ["convert", "compile"])
 def test_a_missing_wheel_is_one_line_naming_the_extra(build, tmp_path, command):
-    """The wheel hidden from a fresh interpreter (a module finder that refuses it)."""
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(
-        "import sys\nclass _Hide:\n    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'onnxruntime_qnn':\n            raise ModuleNotFoundError(name)\n"
-        "sys.meta_path.insert(0, _Hide())\n")
+    """The wheel hidden from a fresh interpreter."""
     onnx_path, encodings = part_files(build, 2, "prompt")
     args = (["convert", "--toolchain", "qnn-htp", "--onnx", onnx_path, "--encodings", encodings, "--graph-name", "g",
              "--float-bitwidth", 16, "--out", tmp_path / "g.onnx"] if command == "convert" else
             ["compile", "--toolchain", "qnn-htp", "--graph", f"g={onnx_path}", "--variant-json",
              json.dumps(QNN_VARIANT), "--chipset", "SM8750", "--out", tmp_path / "g.bin"])
-    import os
     done = subprocess.run([sys.executable, "-m", "genie_build", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+                          env=without_qnn_wheel(tmp_path / "hide"))
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"genie-build: error: toolchain qnn-htp: the onnxruntime-qnn wheel is not installed for {sys.executable}: "

@@ -23,7 +23,8 @@ from workflow_helpers import (TEST_VARIANTS, changed_since, copy_workflow, load_
 pytestmark = pytest.mark.workflow
 
 BUNDLE_VARIANT = "qnn-htp"
-AGGREGATES = ("size_table.*", "memory_plan.*", "genie_bundle/*", "bundle_check.json", "host_run.json")
+AGGREGATES = ("size_table.*", "memory_plan.*", "genie_bundle/*", "bundle_check.json", "host_run.json",
+              "genie_run.json")
 # The bundle variant's parts compiled again without weight sharing, for the host run (rules/compile.smk)
 TWINS = "twin/part_{}/*"
 # Rewritten whenever the split runs again; what matters is which parts' bytes changed (checked by content).

@@ -80,6 +80,17 @@ def run_snakemake(workdir: Path, *args: str, config_file: Path | None = None,
     return result
 
 
+def without_qnn_wheel(folder: Path) -> dict[str, str]:
+    """An environment whose interpreters cannot import the onnxruntime-qnn wheel (a module finder in ``folder``'s
+    sitecustomize.py refuses it), as on a machine without it."""
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "import sys\nclass _Hide:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'onnxruntime_qnn':\n            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    return {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
 def output_mtimes(workdir: Path, model: str = "demo") -> dict[str, int]:
     """mtime_ns of every file under results/<model>/ except logs and benchmarks (rewritten by every job)."""
     root = workdir / "results" / model

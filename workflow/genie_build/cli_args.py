@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 
 from genie_build.chipsets import LoadParams
 from genie_build.chipsets import load_params as chipset_load_params
@@ -11,7 +12,7 @@ from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.errors import GenieBuildError
 from genie_build.split_request import check_split_request
 
-__all__ = ["add_embedding_option", "add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
+__all__ = ["add_embedding_option", "add_genie_run_arguments", "add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
            "part_count", "positive_float", "positive_int", "split_options"]
 
 
@@ -58,6 +59,17 @@ def add_strict_option(parser: argparse.ArgumentParser, flagged: str) -> None:
     """``--strict``, as ``report.strict`` reaches a command: fail on a flagged ``flagged`` instead of warning."""
     parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
                         help=f"fail on a flagged {flagged} instead of warning (also --strict true/false)")
+
+
+def add_genie_run_arguments(parser: argparse.ArgumentParser, modes: Sequence[str]) -> None:
+    """What Genie's run and its perplexity are given: the bundle, each ctx-bin's twin and ``bundle.genie_run``."""
+    parser.add_argument("bundle", metavar="DIR", help="the bundle directory (a qnn-htp bundle)")
+    parser.add_argument("--twin", metavar="DIR", nargs="+", required=True,
+                        help="each ctx-bin's twin folder, in order (compile-twin)")
+    parser.add_argument("--mode", choices=modes, default="auto",
+                        help="generate: the token query and the perplexity; load: create the dialog only; auto "
+                             "(default): generate when the bundle's ctx-bins hold at most 64 MB, else record why "
+                             "nothing ran")
 
 
 def part_count(text: str) -> int | str:

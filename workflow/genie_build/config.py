@@ -263,14 +263,15 @@ def bundle_config(config: Mapping[str, Any]) -> dict:
     """What of a validated config a Genie bundle is made from, as its manifest records it (and what reruns the bundle
     when it changes): the model and its encodings, the source's own section (``demo`` or ``export``, their context
     lengths ascending), the chipset, the split (and the load model it is planned by when ``auto``), the bundle's
-    variant, the bundle section less the host run's keys, and ``quantize`` less its memory budget in a build that
-    calibrates. Not the other variants, the report, the evaluation, the converts' ``keep``, the estimate's
+    variant, the bundle section less the host run's and Genie's run's keys, and ``quantize`` less its memory budget
+    in a build that calibrates. Not the other variants, the report, the evaluation, the converts' ``keep``, the estimate's
     ``precision``, nor a section the source does not read."""
     kind, variant = source_kind(config), config["bundle"]["variant"]
     used: dict[str, Any] = {
         "model": config["model"], "encodings": config["encodings"], "target": config["target"],
         "split": config["split"], "variants": {variant: config["variants"][variant]},
-        "bundle": {key: value for key, value in config["bundle"].items() if key not in ("host_run", "host_prompt")}}
+        "bundle": {key: value for key, value in config["bundle"].items()
+                   if key not in ("host_run", "host_prompt", "genie_run")}}
     for section, source in (("demo", "demo"), ("export", "hf")):
         if kind == source:
             used[section] = {**config[section], "context": list(context_lengths(config[section]))}

@@ -41,7 +41,7 @@ from genie_build.tokens import mapped_array, read_tokens
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
 __all__ = ["CLIP_STATS_SUFFIX", "ClipSums", "Window", "compare_logits", "fake_quantize_activations",
-           "grid_of", "quality_of", "text_windows", "write_float_logits"]
+           "float_nll", "grid_of", "quality_of", "text_windows", "write_float_logits"]
 
 CLIP_STATS_SUFFIX = "/clip_stats"
 MOST_CLIPPED = 5              # tensors named per variant
@@ -194,6 +194,21 @@ def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str |
                                                               "fortran_order": False, "shape": shape})
             handle.write(np.ascontiguousarray(window_logits, dtype=_LOGITS_DTYPE).tobytes())
     return shape
+
+
+def float_nll(float_parts: Sequence[str | os.PathLike[str]], ids: Sequence[int], *, rope: Mapping,
+              where: str | os.PathLike[str]) -> tuple[float, int]:
+    """The float model's negative log-likelihood of ``ids[1:]``, each token given the ones before it, summed, and how
+    many tokens that is: ``ids`` run from an empty cache in windows of the prompt graph's AR, one part at a time
+    (``where``: the text, for errors). Tokens past the last whole window are not scored."""
+    windows, logits = _logits_per_window([functools.partial(read_graph_file, path) for path in float_parts], ids,
+                                         rope, len(ids), where)
+    total, count = 0.0, 0
+    for window, window_logits in zip(windows, logits):
+        targets = np.asarray(window.targets)
+        total -= float(np.sum(_log_softmax(window_logits)[np.arange(len(targets)), targets]))
+        count += len(targets)
+    return total, count
 
 
 def quality_of(binaries: Sequence[str | os.PathLike[str]], part_encodings: Sequence[str | os.PathLike[str]],

@@ -1,6 +1,7 @@
 """What an evaluation found, beside size: a variant's :class:`Quality` against the float model (the report
 ``evaluate`` writes per variant), the bounds that flag it, and ``evaluation.{md,csv,png}``, which put each variant's
-size beside it (genie_build.evaluate runs the models)."""
+size beside it (genie_build.evaluate runs the models), and a qnn-htp bundle's perplexity by Genie itself
+(:class:`GenieRow`, genie_build.genie_accuracy) beside the float model's on the tokens Genie scored."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, read_text, write_bytes, write_text
 from genie_build.units import MIB
 
-__all__ = ["ClippedTensor", "Clipping", "Diagnosis", "MAX_TABLE_BYTES", "Quality", "QualityBounds", "QualityRow",
-           "quality_flags", "quality_rows", "read_quality", "read_report", "write_quality_table"]
+__all__ = ["ClippedTensor", "Clipping", "Diagnosis", "GenieRow", "MAX_TABLE_BYTES", "Quality", "QualityBounds",
+           "QualityRow", "genie_row", "quality_flags", "quality_rows", "read_quality", "read_report",
+           "write_quality_table"]
 
 MAX_TABLE_BYTES = 16 * MIB
 
@@ -158,12 +160,46 @@ class QualityRow:
     diagnosis: Diagnosis = Diagnosis(weights_only=None, calibration={})
 
 
-def quality_rows(reports: Sequence[str | os.PathLike[str]], size_table_csv: str | os.PathLike[str],
-                 bounds: QualityBounds = QualityBounds()) -> list[QualityRow]:
-    """Each report beside its variant's total size in ``size_table.csv``, flagged against ``bounds``."""
+def _size_totals(size_table_csv: str | os.PathLike[str]) -> dict[str, int]:
+    """Each variant's binaries' total bytes in ``size_table.csv``."""
     totals: dict[str, int] = {}
     for row in csv.DictReader(read_text(size_table_csv, max_bytes=MAX_TABLE_BYTES).splitlines()):
         totals[row["variant"]] = totals.get(row["variant"], 0) + int(row["bytes"])
+    return totals
+
+
+@dataclass(frozen=True)
+class GenieRow:
+    """A bundle's perplexity by Genie (``genie-accuracy``'s report): None with why not (``skipped``), beside the
+    float model's on the ``positions`` tokens Genie scored, in ``windows`` windows."""
+
+    variant: str
+    size_bytes: int | None
+    perplexity: float | None
+    float_perplexity: float | None
+    positions: int
+    windows: int
+    skipped: str | None
+
+
+def genie_row(path: str | os.PathLike[str], size_table_csv: str | os.PathLike[str]) -> GenieRow:
+    """The report ``genie-accuracy`` wrote, beside its variant's size.
+
+    Raises:
+        GenieBuildError: unreadable, or a field missing.
+    """
+    report = read_json(path)
+    try:
+        return GenieRow(report["variant"], _size_totals(size_table_csv).get(report["variant"]), report["perplexity"],
+                        report["float_perplexity"], report["positions"], report["windows"], report["skipped"])
+    except (KeyError, TypeError) as exc:
+        raise GenieBuildError(path, f"not a report of Genie's perplexity: {exc}") from None
+
+
+def quality_rows(reports: Sequence[str | os.PathLike[str]], size_table_csv: str | os.PathLike[str],
+                 bounds: QualityBounds = QualityBounds()) -> list[QualityRow]:
+    """Each report beside its variant's total size in ``size_table.csv``, flagged against ``bounds``."""
+    totals = _size_totals(size_table_csv)
     rows = []
     for path in reports:
         variant, quality, clipping, diagnosis = read_report(path)
@@ -173,9 +209,10 @@ def quality_rows(reports: Sequence[str | os.PathLike[str]], size_table_csv: str 
 
 
 def write_quality_table(rows: Sequence[QualityRow], md_path: str | os.PathLike[str], csv_path: str | os.PathLike[str],
-                        png_path: str | os.PathLike[str], *, strict: bool = False) -> list[str]:
-    """``evaluation.{md,csv,png}``: each variant's size beside its quality, and size against agreement drawn.
-    Returns the flags.
+                        png_path: str | os.PathLike[str], *, strict: bool = False,
+                        genie: GenieRow | None = None) -> list[str]:
+    """``evaluation.{md,csv,png}``: each variant's size beside its quality, and size against agreement drawn; with
+    ``genie``, a row of the bundle's perplexity by Genie. Returns the flags.
 
     Raises:
         GenieBuildError: with ``strict``, a flagged variant (nothing is written).
@@ -183,8 +220,8 @@ def write_quality_table(rows: Sequence[QualityRow], md_path: str | os.PathLike[s
     flags = [f"{row.variant}: {flag}" for row in rows for flag in row.flags]
     if strict and flags:
         raise GenieBuildError(md_path, "report.strict: " + "; ".join(flags))
-    write_text(md_path, _quality_markdown(rows))
-    write_text(csv_path, _quality_csv(rows))
+    write_text(md_path, _quality_markdown(rows, genie))
+    write_text(csv_path, _quality_csv(rows, genie))
     write_bytes(png_path, _quality_png(rows))
     return flags
 
@@ -218,12 +255,29 @@ def _calibration(row: QualityRow) -> str:
     return f"{seen.get('calibrator', '?')}{amount}"
 
 
-def _quality_markdown(rows: Sequence[QualityRow]) -> str:
+def _genie_markdown(genie: GenieRow | None) -> tuple[list[str], list[str]]:
+    """The Genie row of the table and the paragraph that says what it is (none without ``genie``)."""
+    if genie is None:
+        return [], []
+    size = _megabytes(genie.size_bytes)
+    if genie.perplexity is None:
+        return ([f"| {genie.variant} | {size} | | | | | not computed | | | | |"],
+                ["", f"Genie perplexity of the bundle ({genie.variant}): not computed, {genie.skipped}."])
+    row = f"| {genie.variant} | {size} | | | | {genie.float_perplexity:,.2f} | {genie.perplexity:,.2f} | | | | |"
+    text = (f"Genie perplexity: the bundle ({genie.variant}) run by Genie itself (GenieAccuracy of the onnxruntime-qnn "
+            f"wheel's libGenie.so, through its twins in the HTP simulation) on {genie.positions} tokens of the "
+            f"held-out text in {genie.windows} windows; its float perplexity is the float model's on the same tokens "
+            "(docs/genie-run.md).")
+    return [row], ["", text]
+
+
+def _quality_markdown(rows: Sequence[QualityRow], genie: GenieRow | None = None) -> str:
     positions = rows[0].quality.positions if rows else 0
     lines = [f"| {row.variant} | {_megabytes(row.size_bytes)} | {row.quality.top1_agreement:.1%} | "
              f"{row.quality.mean_kl:.3g} | {row.quality.variant_perplexity:,.2f} | {row.quality.float_perplexity:,.2f} "
-             f"| {_share(row.clipping.share if row.clipping else None)} | {_weights_only_kl(row)} | "
+             f"| | {_share(row.clipping.share if row.clipping else None)} | {_weights_only_kl(row)} | "
              f"{_activation_share(row)} | {'; '.join(row.flags)} |" for row in rows]
+    genie_lines, genie_text = _genie_markdown(genie)
     details = []
     for row in rows:
         weights_only = row.diagnosis.weights_only
@@ -243,28 +297,35 @@ def _quality_markdown(rows: Sequence[QualityRow]) -> str:
         "Outside grid: the share of the held-out activation values that fall outside their encodings' grids (and "
         "are clipped); weights-only KL: the variant with every activation left in float; from activations: the "
         "share of the KL the activation encodings add.", "",
-        "| variant | size (MB) | top-1 agreement | mean KL | perplexity | float perplexity | outside grid "
-        "| weights-only KL | from activations | flag |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", *lines, "",
+        "| variant | size (MB) | top-1 agreement | mean KL | perplexity | float perplexity | Genie perplexity "
+        "| outside grid | weights-only KL | from activations | flag |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", *lines, *genie_lines, *genie_text, "",
         "## Calibration and the tensors that clip most", "", *details, ""])
 
 
-def _quality_csv(rows: Sequence[QualityRow]) -> str:
+def _quality_csv(rows: Sequence[QualityRow], genie: GenieRow | None = None) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["variant", "bytes", "positions", "top1_agreement", "mean_kl", "perplexity", "float_perplexity",
-                     "clipped_share", "weights_only_top1_agreement", "weights_only_mean_kl", "most_clipped", "flag"])
+                     "genie_perplexity", "clipped_share", "weights_only_top1_agreement", "weights_only_mean_kl",
+                     "most_clipped", "flag"])
     for row in rows:
         quality, weights_only = row.quality, row.diagnosis.weights_only
         clipped = row.clipping.tensors if row.clipping else ()
         writer.writerow([row.variant, "" if row.size_bytes is None else row.size_bytes, quality.positions,
                          f"{quality.top1_agreement:.6f}", f"{quality.mean_kl:.6g}", f"{quality.variant_perplexity:.6g}",
-                         f"{quality.float_perplexity:.6g}",
+                         f"{quality.float_perplexity:.6g}", "",
                          "" if row.clipping is None else f"{row.clipping.share:.6g}",
                          "" if weights_only is None else f"{weights_only.top1_agreement:.6f}",
                          "" if weights_only is None else f"{weights_only.mean_kl:.6g}",
                          "; ".join(f"{tensor.name}={tensor.share:.6g}" for tensor in clipped),
                          "; ".join(row.flags)])
+    if genie is not None:
+        computed = genie.perplexity is not None
+        writer.writerow([genie.variant, "" if genie.size_bytes is None else genie.size_bytes,
+                         genie.positions if computed else "", "", "", "",
+                         f"{genie.float_perplexity:.6g}" if computed else "",
+                         f"{genie.perplexity:.6g}" if computed else "", "", "", "", "", genie.skipped or ""])
     return buffer.getvalue()
 
 

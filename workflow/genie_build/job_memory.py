@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from genie_build.onnx_graph import initializer_specs, load_graph
 
 __all__ = ["JOB_SHARE", "GraphWeights", "RunMemory", "compile_mb", "convert_mb", "evaluation_mb", "export_mb",
-           "files_mb", "graph_weights", "part_job_mb", "run_memory", "tokenize_mb", "verify_parts_mb"]
+           "files_mb", "genie_mb", "graph_weights", "part_job_mb", "run_memory", "tokenize_mb", "verify_parts_mb"]
 
 # torch, transformers and onnxruntime loaded, before any weight
 _PROCESS_MB = 1000
@@ -109,6 +109,13 @@ def evaluation_mb(largest_part_float_mb: float) -> int:
     """An evaluation job holds one part at a time in its session, beside a window's logits (the 7B float model's
     largest part, 6.53 GB of float32 weights: 8.06 GB)."""
     return int(largest_part_float_mb + _EXPORT_MB)
+
+
+def genie_mb(twins_mb: float) -> int:
+    """Genie's run of a bundle (``genie_run``, ``genie_accuracy``): the job's process, and Genie's child with every
+    twin of the bundle loaded at once in the HTP simulation, planned at three times the twins' bytes (the demo's
+    0.7 MB of twins: 158 MB peak, the process alone; a larger bundle was not measured)."""
+    return int(_PROCESS_MB + 3 * twins_mb)
 
 
 def tokenize_mb(text_mb: float) -> int:

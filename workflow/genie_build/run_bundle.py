@@ -53,7 +53,7 @@ from genie_build.toolchains.reference.container import ContainerGraph, read_grap
 from genie_build.toolchains.reference.onnx_io import read_initializer
 
 __all__ = ["Generation", "GraphFile", "GraphRun", "GraphSession", "HOST_ROPE_TYPES", "HostRun", "KVCache",
-           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "generate",
+           "LoadedBundle", "PARTS_REFERENCE", "Runner", "TABLE_REFERENCE", "generate", "reference_tokens",
            "graph_ar_cl_of", "host_rope", "host_run", "load_bundle", "make_runner", "read_graph_file", "run_bundle",
            "unsplit_tokens"]
 
@@ -361,7 +361,7 @@ def unsplit_tokens(bundle_dir: str | os.PathLike[str], unsplit_binary: str | os.
     if embedding is not None:
         graphs = {name: graph_after_embedding(graph, embedding.rows.part.output, unsplit_binary)
                   for name, graph in graphs.items()}
-    return _reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding, follow)
+    return reference_tokens(bundle_dir, [graphs], prompt_ids, max_new_tokens, embedding, follow)
 
 
 def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence[str | os.PathLike[str]],
@@ -382,8 +382,8 @@ def _converted_parts_tokens(bundle_dir: str | os.PathLike[str], graphs: Sequence
         if match is None:
             raise GenieBuildError(path, f"graph name {name!r} does not say which part it is")
         parts.setdefault(match.group(0), {})[name] = graph
-    return _reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
-                             embedding, follow)
+    return reference_tokens(bundle_dir, [parts[label] for label in sorted(parts)], prompt_ids, max_new_tokens,
+                            embedding, follow)
 
 
 def _converted_graph(path: str | os.PathLike[str]) -> ContainerGraph | GraphFile:
@@ -412,9 +412,9 @@ def read_graph_file(path: str | os.PathLike[str]) -> ContainerGraph:
     return ContainerGraph(model=model, weights=weights)
 
 
-def _reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
-                      prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None,
-                      follow: FollowBundle | None = None) -> list[int]:
+def reference_tokens(bundle_dir: str | os.PathLike[str], parts: Sequence[Mapping[str, ContainerGraph]],
+                     prompt_ids: Sequence[int], max_new_tokens: int, embedding: PartLookup | None = None,
+                     follow: FollowBundle | None = None) -> list[int]:
     """Greedy tokens (``follow``'s choices when given) of ``parts`` run with the bundle's RoPE, stop tokens and
     context size, fed ``embedding`` when they start at ``inputs_embeds`` (without it, that input is one nobody
     provides)."""

@@ -12,6 +12,7 @@ from snakemake.exceptions import WorkflowError
 from genie_build import conventions, job_memory
 from genie_build.config import bundle_config, validate_config
 from genie_build.errors import GenieBuildError
+from genie_build.genie_run import genie_job_mb
 from genie_build.plan_file import read_plan
 from genie_build.sources import SOURCE_ENCODINGS, source_of
 from genie_build.toolchains import HOST_RUN_TOOLCHAINS, Converter
@@ -188,4 +189,5 @@ def final_outputs(wildcards):
         *([f"{OUT}/bundle_check.json"] if config["bundle"]["enabled"] else []),
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
           and toolchain_of(BUNDLE_VARIANT) in HOST_RUN_TOOLCHAINS else []),
+        *([f"{OUT}/genie_run.json"] if GENIE_RUNS else []),
     ]

@@ -1,7 +1,8 @@
 # Quality beside size (target 'evaluate', docs/evaluate.md): the float parts run once on held-out text, and each
 # variant of the reference toolchain is run on it, one part at a time with every activation encoding applied, and
 # compared with the float logits window by window; evaluation.md puts each variant's top-1 agreement, KL and
-# perplexity beside its size. A changed binary re-evaluates only its variant.
+# perplexity beside its size, and a qnn-htp bundle's perplexity by Genie itself beside the float model's on the same
+# tokens (docs/genie-run.md). A changed binary re-evaluates only its variant.
 
 
 rule evaluate_float:
@@ -59,10 +60,39 @@ rule evaluate_variant:
         " {params.weights_only:q} --calibration-json {params.calibration:q} --out {output:q} > {log:q} 2>&1"
 
 
+rule genie_accuracy:
+    input:
+        manifest=BUNDLE,
+        check=f"{OUT}/bundle_check.json",
+        twins=host_run_twins,
+        tokens=tokens_of("evaluation"),
+        float_parts=lambda wc: graph_parts("prompt"),
+    output:
+        f"{EVALUATION}/genie_accuracy.json",
+    params:
+        variant=BUNDLE_VARIANT,
+        mode=GENIE_RUN,
+        max_windows=config["evaluate"]["max_windows"],
+        bundle_dir=directory_of("manifest"),
+        python=PYTHON,
+    resources:
+        # Genie's child first, then the float parts one at a time
+        mem_mb=lambda wc, input: max(genie_mem_mb(wc, input), evaluation_mem_mb(wc)),
+    log:
+        f"{OUT}/logs/genie_accuracy.log",
+    benchmark:
+        f"{OUT}/benchmarks/genie_accuracy.tsv"
+    shell:
+        "{params.python} -m genie_build genie-accuracy {params.bundle_dir:q} --twin {input.twins:q}"
+        " --variant {params.variant:q} --tokens {input.tokens:q} --float-parts {input.float_parts:q}"
+        " --max-windows {params.max_windows:q} --mode {params.mode:q} --out {output:q} > {log:q} 2>&1"
+
+
 rule evaluation_table:
     input:
         reports=evaluation_reports,
         size_table=f"{OUT}/size_table.csv",
+        genie=[f"{EVALUATION}/genie_accuracy.json"] if GENIE_RUNS else [],
     output:
         md=report(f"{OUT}/evaluation.md", caption="../report/evaluation.rst", category="Sizes"),
         csv=f"{OUT}/evaluation.csv",
@@ -72,6 +102,7 @@ rule evaluation_table:
                                                                                    "max_clipped_share")
                 if config["report"][key] is not None],
         strict=config["report"]["strict"],
+        genie=lambda wc, input: ["--genie-accuracy", *input.genie] if input.genie else [],
         python=PYTHON,
     log:
         f"{OUT}/logs/evaluation_table.log",
@@ -79,7 +110,8 @@ rule evaluation_table:
         f"{OUT}/benchmarks/evaluation_table.tsv"
     shell:
         "{params.python} -m genie_build evaluation-table --reports {input.reports:q} --size-table {input.size_table:q}"
-        " {params.bounds:q} --strict {params.strict} --md {output.md:q} --csv {output.csv:q} --png {output.png:q}"
+        " {params.bounds:q} --strict {params.strict} {params.genie:q} --md {output.md:q} --csv {output.csv:q}"
+        " --png {output.png:q}"
         " > {log:q} 2>&1"
 
 

@@ -163,3 +163,22 @@ def host_run_reference(wildcards):
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]
     return [f"{UNSPLIT}/model.bin"]
+
+
+# --- Genie's run on the build box (rules/genie_run.smk, the evaluation's genie_accuracy)
+
+GENIE_RUN = config["bundle"]["genie_run"]
+# a qnn-htp bundle (a reference container is genie-build's own format): asked for, or auto beside the host run, whose
+# twins it loads and whose tokens it must give (the job itself skips a bundle too large for the simulation)
+GENIE_RUNS = config["bundle"]["enabled"] and HOST_TWINS and (
+    GENIE_RUN in ("generate", "load") or (GENIE_RUN == "auto" and config["bundle"]["host_run"]))
+
+
+def genie_float_graphs(wildcards):
+    """Every part's float prompt and token graph by its graph name: the float model whose tokens stand beside
+    Genie's."""
+    return {graph_name_for(key, label): part_graph(key, label) for label in part_labels() for key in GRAPHS}
+
+
+def genie_mem_mb(wildcards, input):
+    return genie_job_mb(GENIE_RUN, os.path.dirname(input.manifest), input.twins)

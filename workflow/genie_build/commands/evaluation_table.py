@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from genie_build.cli_args import add_strict_option
-from genie_build.evaluation_table import QualityBounds, quality_rows, write_quality_table
+from genie_build.evaluation_table import QualityBounds, genie_row, quality_rows, write_quality_table
 
 __all__ = ["register_parser", "run"]
 
@@ -22,6 +22,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--min-top1-agreement", type=float, default=None)
     parser.add_argument("--max-mean-kl", type=float, default=None)
     parser.add_argument("--max-clipped-share", type=float, default=None)
+    parser.add_argument("--genie-accuracy", type=Path,
+                        help="genie-accuracy's report: the bundle's perplexity by Genie, a row of its own")
     add_strict_option(parser, "variant")
     parser.add_argument("--md", required=True, type=Path, help="evaluation.md")
     parser.add_argument("--csv", required=True, type=Path, help="evaluation.csv")
@@ -32,7 +34,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     rows = quality_rows(args.reports, args.size_table, QualityBounds(args.min_top1_agreement, args.max_mean_kl,
                                                                         args.max_clipped_share))
-    flags = write_quality_table(rows, args.md, args.csv, args.png, strict=args.strict)
+    genie = None if args.genie_accuracy is None else genie_row(args.genie_accuracy, args.size_table)
+    flags = write_quality_table(rows, args.md, args.csv, args.png, strict=args.strict, genie=genie)
     for flag in flags:
         log.warning("%s", flag)
     return 0

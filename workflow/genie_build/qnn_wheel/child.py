@@ -1,5 +1,11 @@
-"""What the calls into the vendor's libraries share: they run in a child process (``python -m <module>``) with this
-package first on its path, a bounded address space and no core file, and a signal that ended it is named."""
+"""What the children that call the vendor's libraries share (:mod:`genie_build.qnn_wheel.system`,
+:mod:`genie_build.qnn_wheel.judge`, :mod:`genie_build.qnn_wheel.dialog_run`).
+
+The libraries crash on inputs nobody checked before them and hang now and then, so every call runs in ``python -m
+<module>``: this package first on the child's path, its memory bounded where the caller can say how much it needs, no
+core dumps, its answers on a stream of their own (the libraries print to stdout), and whatever ends it -- a signal
+or an exit -- told in words.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ import os
 import resource
 import signal
 from pathlib import Path
+from typing import TextIO
 
-__all__ = ["child_environment", "limit_resources", "signal_name"]
+__all__ = ["answer_stream", "child_environment", "limit_resources", "signal_name"]
 
 
 def child_environment() -> dict[str, str]:
@@ -18,10 +25,19 @@ def child_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + inherited if inherited else "")}
 
 
-def limit_resources(address_space: int) -> None:
-    """In the child: bound its memory, and keep a crash from writing a core file."""
-    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+def limit_resources(address_space: int | None) -> None:
+    """In the child: no core file from a crash, and at most ``address_space`` bytes mapped (None: no limit)."""
+    if address_space is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def answer_stream() -> TextIO:
+    """In the child: the original stdout, for its answers; stdout itself then goes to stderr, where the libraries'
+    own prints belong."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return out
 
 
 def signal_name(number: int) -> str:

@@ -11,7 +11,6 @@ the file being read. Whatever goes wrong there is the verdict on that file, neve
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -19,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build.errors import GenieBuildError
-from genie_build.qnn_wheel.child import child_environment, limit_resources, signal_name
 from genie_build.fileio import read_regular
+from genie_build.qnn_wheel.child import answer_stream, child_environment, limit_resources, signal_name
 
 __all__ = ["ADDRESS_SPACE", "KINDS", "TIMEOUT_S", "Verdict", "judge"]
 
@@ -67,8 +66,7 @@ def _child_main(argv: list[str]) -> int:
     to stderr), each written before the next file is read."""
     limit_resources(ADDRESS_SPACE)
     bundle, max_bytes = Path(argv[0]), int(argv[1])
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    out = answer_stream()
     for item in argv[2:]:
         kind, name = item.split("=", 1)
         try:

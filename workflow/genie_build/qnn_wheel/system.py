@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from genie_build.errors import GenieBuildError
-from genie_build.qnn_wheel.child import child_environment, limit_resources, signal_name
 from genie_build.qnn_wheel import library_path
+from genie_build.qnn_wheel.child import answer_stream, child_environment, limit_resources, signal_name
 from genie_build.toolchains.base import GraphInfo, QuantInfo, TensorInfo
 
 __all__ = ["ADDRESS_SPACE_HEADROOM", "TIMEOUT_S", "ContextBinary", "Dlc", "HtpGraphBlob", "QnnGraph",
@@ -527,8 +527,7 @@ def _child_main(argv: list[str]) -> int:
     stdout; the library's own prints go to stderr."""
     kind, path, library, address_space = argv
     limit_resources(int(address_space))
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    out = answer_stream()
     try:
         system = _System(library)
         result, code = system.read_binary(path) if kind == "binary" else system.read_dlc(path), 0
