@@ -2,6 +2,7 @@
 # variant of the reference toolchain is run on it, one part at a time with every activation encoding applied, and
 # compared with the float logits window by window; evaluation.md puts each variant's top-1 agreement, KL and
 # perplexity beside its size. A changed binary re-evaluates only its variant.
+from genie_build.evaluation_table import calibration_seen
 
 
 rule evaluate_float:
@@ -43,8 +44,8 @@ rule evaluate_variant:
     params:
         max_windows=config["evaluate"]["max_windows"],
         weights_only=["--weights-only"] if config["evaluate"]["weights_only"] else [],
-        calibration=lambda wc: json.dumps(SOURCE.calibration_seen(config, config["variants"][wc.variant]["recipe"]),
-                                          sort_keys=True),
+        calibration=lambda wc: json.dumps(calibration_seen(config, config["variants"][wc.variant]["recipe"],
+                                                           SOURCE.graphs["prompt"].ar), sort_keys=True),
         python=PYTHON,
     wildcard_constraints:
         variant="|".join(map(re.escape, EVALUATED_VARIANTS)) or "(?!)",
