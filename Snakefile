@@ -16,11 +16,15 @@ include: "workflow/rules/scheduling.smk"
 include: "workflow/rules/inputs.smk"
 
 
-# The source's own rules: what makes its parts and their encodings (genie_build.sources: a checkpoint's export, or
-# the split of whole graphs; the slices of the source's encodings, or the calibration chain).
-for rules_file in SOURCE.rule_files:
+# The source's own rules (genie_build.sources): what makes its parts (the demo's generation and the split of whole
+# graphs, or a checkpoint's export) and their encodings (the slices of the source's own, or the calibration chain).
+# Each declares the checkpoints its parts wait for and the checks the bundle waits for (common.smk).
+SOURCE_RULES = {"DemoSource": ["demo", "split"], "OnnxSource": ["split"], "CheckpointSource": ["export"],
+                "EstimateSource": []}[type(SOURCE).__name__]
+ENCODINGS_RULES = ["calibrate"] if CALIBRATION_CHAIN else ["encodings"] if SOURCE.encodings else []
+for rules_file in [*SOURCE_RULES, *ENCODINGS_RULES]:
 
-    include: rules_file
+    include: f"workflow/rules/{rules_file}.smk"
 
 
 include: "workflow/rules/check_contract.smk"

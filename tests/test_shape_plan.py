@@ -12,6 +12,8 @@ import pytest
 
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.errors import GenieBuildError
+from genie_build.hf_checkpoint import Checkpoint, tensor_headers, weight_files
+from genie_build.hf_config import load_hf_config
 from genie_build.plan_file import PartPlan
 from genie_build.shape_plan import (part_tensor_names, part_weight_files, piece_floats, plan_checkpoint,
                                     plan_from_hf_config)
@@ -141,11 +143,18 @@ def test_a_part_depends_on_the_shards_that_hold_its_tensors(tmp_path):
     write_shards(checkpoint, weight_map)
     plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=8, context=32, num_parts=3,
                                embedding_alone=True)
-    files = {part.label: [p.name for p in part_weight_files(checkpoint, part)] for part in plan.parts}
+    files = {part.label: [p.name for p in part_weight_files(read(checkpoint), part)] for part in plan.parts}
     assert files == {"1_of_3": ["model.safetensors.index.json", "a.safetensors"],
                      "2_of_3": ["model.safetensors.index.json", "b.safetensors"],
                      "3_of_3": ["model.safetensors.index.json", "c.safetensors", "d.safetensors"]}
     del weight_map[LM_HEAD_WEIGHT]
     write_shards(checkpoint, weight_map)
     with pytest.raises(GenieBuildError, match="has no tensor 'lm_head.weight', which part 3_of_3 needs"):
-        part_weight_files(checkpoint, plan.parts[-1])
+        part_weight_files(read(checkpoint), plan.parts[-1])
+
+
+def read(checkpoint: Path) -> Checkpoint:
+    """The checkpoint as the workflow reads it once, headers included (this one's tensors are placeholders, so
+    not checked against config.json)."""
+    return Checkpoint(checkpoint, load_hf_config(checkpoint / "config.json"), weight_files(checkpoint),
+                      checkpoint / "tokenizer.json", tensor_headers(checkpoint))

@@ -22,7 +22,7 @@ from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_CONTEXT_BYTES, LoadParams
 from genie_build.conventions import kv_name
 from genie_build.errors import GenieBuildError
-from genie_build.hf_config import load_hf_config, read_model_shape
+from genie_build.hf_config import ModelShape, shape_of
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
@@ -57,7 +57,7 @@ class JobMemory:
         return f"the {self.limit_mb:,} MB a job may take (a third of the {self.given_mb:,} MB {self.source})"
 
 
-def io_dims_from_hf_config(path: str | os.PathLike[str], activation_bits: int, ar: int,
+def io_dims_from_hf_config(path: str | os.PathLike[str] | ModelShape, activation_bits: int, ar: int,
                            context_lengths: int | Sequence[int]) -> IoDims:
     """The IO dimensions of an HF ``config.json``'s graphs as the export writes them at ``ar`` and each of
     ``context_lengths`` (one or several).
@@ -65,7 +65,7 @@ def io_dims_from_hf_config(path: str | os.PathLike[str], activation_bits: int, a
     Raises:
         GenieBuildError: the config is not one the export reads.
     """
-    shape = read_model_shape(load_hf_config(path), path)
+    shape = shape_of(path)
     return IoDims(hidden=shape.hidden, kv_width=shape.kv_heads * shape.head_dim, head_dim=shape.head_dim,
                   intermediate=shape.intermediate, vocab=shape.vocab, ar=ar,
                   context_lengths=_lengths(context_lengths), activation_bytes=-(-activation_bits // 8))

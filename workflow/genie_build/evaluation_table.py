@@ -8,16 +8,17 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, read_text, write_bytes, write_text
 from genie_build.units import MIB
 
 __all__ = ["ClippedTensor", "Clipping", "Diagnosis", "GenieRow", "MAX_TABLE_BYTES", "Quality", "QualityBounds",
-           "QualityRow", "genie_row", "quality_flags", "quality_rows", "read_quality", "read_report",
-           "write_quality_table"]
+           "QualityRow", "calibration_seen", "genie_row", "quality_flags", "quality_rows", "read_quality",
+           "read_report", "write_quality_table"]
 
 MAX_TABLE_BYTES = 16 * MIB
 
@@ -242,6 +243,29 @@ def _weights_only_kl(row: QualityRow) -> str:
 def _activation_share(row: QualityRow) -> str:
     share = row.diagnosis.activation_kl_share(row.quality)
     return "" if share is None else f"{share:.0%}"
+
+
+def calibration_seen(config: Mapping[str, Any], recipe: str | None, ar: int) -> dict[str, Any]:
+    """What the calibration of a variant's encodings saw (its ``recipe``; the prompt graph's ``ar``), which the
+    evaluation records in its report and the table prints (:func:`_calibration`): the chain's text and windows, the
+    demo's built-in calibrator's random feeds, or the model's own encodings.
+
+    Args:
+        config: a validated config (:func:`genie_build.config.validate_config`).
+    """
+    # the config's schema and, for the built-in calibrator, onnxruntime: not the table's
+    from genie_build.config import calibration_chain, calibration_windows, source_kind
+
+    if calibration_chain(config):
+        windows = calibration_windows(config["quantize"], ar)
+        return {"calibrator": f"aimet-onnx {config['quantize']['calibrator']}", "recipe": recipe,
+                "windows": windows, "tokens": windows * ar, "text": os.path.basename(config["quantize"]["corpus"])}
+    if source_kind(config) == "demo":   # the built-in calibrator: seeded random feeds of each graph
+        from genie_build.calibrate import DEFAULT_NUM_SAMPLES
+
+        return {"calibrator": "builtin min-max", "windows": DEFAULT_NUM_SAMPLES, "tokens": DEFAULT_NUM_SAMPLES * ar,
+                "text": "random token ids and KV caches"}
+    return {"calibrator": "the model's own encodings (model.encodings)"}
 
 
 def _calibration(row: QualityRow) -> str:

@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 from genie_build.fileio import write_json
-from genie_build.hf_config import load_hf_config
 
 __all__ = ["BUNDLE_ONLY_KEYS", "graph_config", "write_graph_config"]
 
@@ -25,13 +24,11 @@ def graph_config(hf_config: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in hf_config.items() if key not in BUNDLE_ONLY_KEYS}
 
 
-def write_graph_config(hf_config_path: str | os.PathLike[str], out: str | os.PathLike[str]) -> bool:
-    """Write :func:`graph_config` of ``hf_config_path`` to ``out`` unless ``out`` already holds it.
+def write_graph_config(hf_config: dict[str, Any], out: str | os.PathLike[str]) -> bool:
+    """Write :func:`graph_config` of ``config.json``'s contents (as read once) to ``out`` unless ``out`` already
+    holds it.
 
     Returns:
         Whether ``out`` was written.
-
-    Raises:
-        GenieBuildError: the config cannot be read (:func:`genie_build.hf_config.load_hf_config`).
     """
-    return write_json(out, graph_config(load_hf_config(hf_config_path)), unless_same=True)
+    return write_json(out, graph_config(hf_config), unless_same=True)

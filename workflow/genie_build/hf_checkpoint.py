@@ -12,18 +12,20 @@ tensor held by two files is refused; a tied head that the checkpoint also stores
 ``lm_head.weight`` (:func:`stored_name`). The files may be symlinks, as in the Hugging Face cache
 (``snapshots/<revision>/`` linking to ``../../blobs/``), but each must resolve inside the model folder, or for a
 cache snapshot inside its repository folder (:func:`folder_boundary`).
-The workflow reads :func:`weight_files` and :func:`tensor_files` at parse time, so a changed shard re-exports only
-the parts whose tensors it holds.
+The workflow reads a checkpoint once at parse time (:func:`check_checkpoint`: its config, its files and every
+shard's header, in one :class:`Checkpoint`), so a changed shard re-exports only the parts whose tensors it holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.families import REFUSED_FAMILIES, Family, family_of
 from genie_build.fileio import is_json_int, read_json
 from genie_build.genie_config import TOKENIZER_NAME
-from genie_build.hf_config import (StoredTensor, head_dim, load_hf_config, read_model_shape, read_rope, rope_kind,
-                                   stored_tensors, supported_text)
+from genie_build.hf_config import (ModelShape, StoredTensor, head_dim, load_hf_config, read_model_shape, read_rope,
+                                   rope_kind, stored_tensors, supported_text)
 from genie_build.units import MIB
 
 __all__ = ["CONFIG_NAME", "Checkpoint", "FP8_SCALE_SUFFIX", "INDEX_NAME", "StoredHeader", "check_checkpoint",
@@ -61,12 +63,24 @@ _LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checked checkpoint directory: its config, its weight files (in name order) and its tokenizer."""
+    """A checkpoint directory as read once: its config, its weight files (in name order), its tokenizer and, once
+    checked (:func:`check_checkpoint`), every stored tensor's header; what the planner and the part-weight lookup
+    share (:mod:`genie_build.shape_plan`)."""
 
     directory: Path
     config: dict[str, Any]
     weight_files: tuple[Path, ...]
     tokenizer: Path
+    headers: Mapping[str, StoredHeader] = field(default_factory=dict)   # tensor name -> its header
+
+    @functools.cached_property
+    def shape(self) -> ModelShape:
+        return read_model_shape(self.config, self.directory / CONFIG_NAME)
+
+    @property
+    def tensor_files(self) -> dict[str, Path]:
+        """Tensor name -> the safetensors file holding it."""
+        return {name: header.file for name, header in self.headers.items()}
 
     @property
     def model_type(self) -> str:
@@ -130,7 +144,8 @@ def _check_inside(directory: Path, *files: Path) -> None:
 
 def check_checkpoint(directory: str | os.PathLike[str], *, ar: int, context: int) -> Checkpoint:
     """Everything that can be known before any job: :func:`read_checkpoint`, :func:`check_settings` and every
-    tensor of the safetensors headers against ``config.json`` (:func:`_check_tensors`). Reads headers only.
+    tensor of the safetensors headers against ``config.json`` (:func:`_check_tensors`). Reads headers only, each
+    once, and returns them with the checkpoint.
 
     Raises:
         GenieBuildError: one line naming the file and the key or tensor.
@@ -142,7 +157,8 @@ def check_checkpoint(directory: str | os.PathLike[str], *, ar: int, context: int
     if index.is_file() and checkpoint.weight_files == (checkpoint.directory / SINGLE_WEIGHTS_NAME,):
         log.warning("%s: not read: %s is beside it, and transformers loads that file alone", index,
                     SINGLE_WEIGHTS_NAME)
-    _check_tensors(checkpoint, tensor_headers(checkpoint.directory))
+    checkpoint = dataclasses.replace(checkpoint, headers=_read_headers(checkpoint.weight_files))
+    _check_tensors(checkpoint)
     return checkpoint
 
 
@@ -282,7 +298,7 @@ def check_settings(config: Mapping[str, Any], where: str | os.PathLike[str], *, 
                                      f"most {window}")
 
 
-def _check_tensors(checkpoint: Checkpoint, headers: Mapping[str, StoredHeader]) -> None:
+def _check_tensors(checkpoint: Checkpoint) -> None:
     """The stored tensors are those ``config.json`` implies: as many layers, each tensor there with its shape, a
     float type (or FP8 with its block scales when the config says so). Other tensors are logged as transformers
     warns of them ("unexpected keys", which it does not load); a layer beyond ``num_hidden_layers`` is refused
@@ -291,8 +307,7 @@ def _check_tensors(checkpoint: Checkpoint, headers: Mapping[str, StoredHeader]) 
     Raises:
         GenieBuildError: naming config.json and the layer count, or the file and the tensor, expected and found.
     """
-    config_path = checkpoint.directory / CONFIG_NAME
-    shape = read_model_shape(checkpoint.config, config_path)
+    config_path, shape, headers = checkpoint.directory / CONFIG_NAME, checkpoint.shape, checkpoint.headers
     layers = {int(match[1]) for name in headers if (match := _LAYER_TENSOR.match(name))}
     if layers != set(range(shape.layers)):
         held = f"layers {min(layers)}-{max(layers)}" if layers else "no layer"
@@ -349,8 +364,13 @@ def tensor_headers(directory: str | os.PathLike[str]) -> dict[str, StoredHeader]
         GenieBuildError: as :func:`weight_files`, a file whose header is not safetensors', or a tensor held by two
             shards (naming it and both).
     """
+    return _read_headers(weight_files(directory))
+
+
+def _read_headers(files: tuple[Path, ...]) -> dict[str, StoredHeader]:
+    """:func:`tensor_headers` of the checkpoint's :func:`weight_files`."""
     headers: dict[str, StoredHeader] = {}
-    for path in weight_files(directory):
+    for path in files:
         if path.name == INDEX_NAME:
             continue
         for name, entry in _safetensors_header(path).items():

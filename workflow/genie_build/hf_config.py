@@ -19,7 +19,7 @@ from genie_build.fileio import is_json_int, is_json_number, read_json
 from genie_build.units import MIB
 
 __all__ = ["ModelShape", "Rope", "StoredTensor", "head_dim", "load_hf_config", "read_model_shape", "read_rope",
-           "rope_kind", "stored_tensors", "supported_text"]
+           "rope_kind", "shape_of", "stored_tensors", "supported_text"]
 
 MAX_HF_CONFIG_BYTES = 16 * MIB  # a config.json is a few kB
 
@@ -165,6 +165,15 @@ def read_model_shape(config: Mapping[str, Any], where: str | os.PathLike[str]) -
     return ModelShape(family=family, **dims, kv_heads=kv_heads, head_dim=head_dim(config, where),
                       tied=bool(config.get("tie_word_embeddings", family.defaults.get("tie_word_embeddings", False))),
                       biases=biases)
+
+
+def shape_of(model: str | os.PathLike[str] | ModelShape) -> ModelShape:
+    """A model's shape: given (a checkpoint read once), or read from the ``config.json`` at ``model``.
+
+    Raises:
+        GenieBuildError: as :func:`load_hf_config` and :func:`read_model_shape`.
+    """
+    return model if isinstance(model, ModelShape) else read_model_shape(load_hf_config(model), model)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,8 @@ from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibrati
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
 from genie_build.errors import GenieBuildError
-from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, INDEX_NAME, stored_name, tensor_files,
-                                       weight_files)
-from genie_build.hf_config import load_hf_config, read_model_shape
+from genie_build.hf_checkpoint import FP8_SCALE_SUFFIX, INDEX_NAME, Checkpoint, stored_name
+from genie_build.hf_config import ModelShape, shape_of
 from genie_build.job_memory import RunMemory, part_job_mb
 from genie_build.plan import plan_graphs, weighed_pieces
 from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
@@ -45,24 +44,26 @@ __all__ = ["part_jobs", "part_tensor_names", "part_weight_files", "piece_floats"
 log = logging.getLogger(__name__)
 
 
-def plan_from_hf_config(config_path: str | os.PathLike[str], *, recipe: str, ar: int, context: int | Sequence[int],
-                        num_parts: int | str | None = None, max_part_bytes: int | None = None,
+def plan_from_hf_config(config_path: str | os.PathLike[str] | ModelShape, *, recipe: str, ar: int,
+                        context: int | Sequence[int], num_parts: int | str | None = None,
+                        max_part_bytes: int | None = None,
                         embedding_alone: bool = True, load: LoadParams = HTP_LOAD, embedding: str = "graph",
                         memory: RunMemory | None = None, evaluate: bool = False) -> Plan:
     """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
     exported with prompt AR ``ar`` and context ``context``, one length or several (``num_parts`` "auto": the fewest
     parts that map under ``load`` in the ``embedding`` layout, with the IO of every length's graphs, and with
     ``memory`` whose export, verification and, with ``evaluate``, evaluation jobs each fit what a job of the run may
-    take); the plan's context length is the largest.
+    take); the plan's context length is the largest. ``config_path``: the file, or its shape as read once.
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
             config key).
     """
     request = SplitRequest(num_parts, max_part_bytes, embedding_alone)
-    model = weights_from_hf_config(config_path)
+    shape = shape_of(config_path)
+    model = weights_from_hf_config(shape)
     pieces = _weighed(model, recipe)
-    dims = io_dims_from_hf_config(config_path, precision_of(recipe_named(recipe)).activations, ar, context)
+    dims = io_dims_from_hf_config(shape, precision_of(recipe_named(recipe)).activations, ar, context)
     plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding,
                         jobs=None if memory is None else part_jobs(_piece_floats(model), memory, evaluate))
     return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
@@ -76,7 +77,7 @@ def _weighed(model: ModelWeights, recipe: str) -> list[Piece]:
     return weighed_pieces(specs, owners, encodings, model.boundaries)
 
 
-def piece_floats(config_path: str | os.PathLike[str]) -> dict[str, PieceFloat]:
+def piece_floats(config_path: str | os.PathLike[str] | ModelShape) -> dict[str, PieceFloat]:
     """Piece name -> the float32 bytes of its weights and of the largest (what an export or a calibration holds)."""
     return _piece_floats(weights_from_hf_config(config_path))
 
@@ -101,32 +102,32 @@ def _piece_floats(model: ModelWeights) -> dict[str, PieceFloat]:
     return {name: PieceFloat(total, most) for name, total, most in zip(piece_names(model.num_layers), totals, largest)}
 
 
-def part_tensor_names(config_path: str | os.PathLike[str], part: PartPlan, stored: Collection[str] = ()
-                      ) -> list[str]:
+def part_tensor_names(config_path: str | os.PathLike[str] | ModelShape, part: PartPlan,
+                      stored: Collection[str] = ()) -> list[str]:
     """The checkpoint tensors a part's export reads: its pieces' weights, for the LM head of a tied checkpoint the
     embedding table unless ``stored`` (the checkpoint's tensor names) holds its own ``lm_head.weight``
     (:func:`genie_build.hf_checkpoint.stored_name`)."""
-    model = weights_from_hf_config(config_path)
-    tied = read_model_shape(load_hf_config(config_path), config_path).tied
+    shape = shape_of(config_path)
+    model, tied = weights_from_hf_config(shape), shape.tied
     pieces = {name: index for index, name in enumerate(piece_names(model.num_layers))}
     wanted = {pieces[name] for name in part.pieces}
     names = [weight.spec.name for weight in model.weights if weight.pieces & wanted]
     return list(dict.fromkeys(stored_name(name, tied, stored) for name in names))
 
 
-def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> list[Path]:
+def part_weight_files(checkpoint: Checkpoint, part: PartPlan) -> list[Path]:
     """The weights files a part's export depends on beside what its graphs take of ``config.json``
     (:mod:`genie_build.graph_config`): the shard index (if any) and the safetensors files holding the part's
-    tensors, so a changed shard re-exports only the parts it feeds.
+    tensors, so a changed shard re-exports only the parts it feeds. ``checkpoint``: as read once, headers included
+    (:func:`genie_build.hf_checkpoint.check_checkpoint`).
 
     Raises:
         GenieBuildError: the checkpoint lacks one of the part's tensors (naming it and the file looked in).
     """
-    root = Path(checkpoint)
-    holders = tensor_files(root)
+    holders = checkpoint.tensor_files
     files = []
-    read = weight_files(root)
-    for name in part_tensor_names(root / CONFIG_NAME, part, holders):
+    read = checkpoint.weight_files
+    for name in part_tensor_names(checkpoint.shape, part, holders):
         if name not in holders:
             raise GenieBuildError(read[0], f"has no tensor {name!r}, which part {part.label} needs")
         files.append(holders[name])
@@ -136,13 +137,14 @@ def part_weight_files(checkpoint: str | os.PathLike[str], part: PartPlan) -> lis
     return [*index, *sorted(set(files))]
 
 
-def plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[str, Any], *, recipe: str, ar: int,
-                    context: int | Sequence[int], unit_memory_mb: int, load: LoadParams = HTP_LOAD,
+def plan_checkpoint(config_path: str | os.PathLike[str] | ModelShape, split: Mapping[str, Any], *, recipe: str,
+                    ar: int, context: int | Sequence[int], unit_memory_mb: int, load: LoadParams = HTP_LOAD,
                     embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False
                     ) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
     recipe, the export's AR and context, the calibration budget and (for ``num_parts`` "auto") the run's
-    ``memory``: what the workflow computes when it is parsed, and what the ``plan-hf`` command writes down.
+    ``memory``: what the workflow computes when it is parsed (from the checkpoint's shape as read once), and what
+    the ``plan-hf`` command writes down.
 
     Raises:
         GenieBuildError: as :func:`plan_from_hf_config` and :func:`genie_build.calibration_units.

@@ -11,6 +11,8 @@ error message but a crash).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -22,7 +24,7 @@ from genie_build.hf_config import load_hf_config
 from genie_build.units import MIB
 
 __all__ = ["MAX_TEXT_BYTES", "TOKEN_DTYPE", "beyond_vocabulary", "check_host_prompt", "check_tokenizer", "chunk_starts",
-           "mapped_array", "read_tokens", "text_token_ids", "tokenize_text", "vocab_size"]
+           "host_prompt", "mapped_array", "read_tokens", "text_token_ids", "tokenize_text", "vocab_size"]
 
 # A few windows of text are used: a larger file is a mistake
 MAX_TEXT_BYTES = 64 * MIB
@@ -54,14 +56,15 @@ def beyond_vocabulary(tokenizer_path: str | os.PathLike[str], width: int) -> str
     return f"token {token!r} has id {token_id}, beyond the model's {width} logits (ids 0..{width - 1})"
 
 
-def check_tokenizer(tokenizer_path: str | os.PathLike[str], hf_config_path: str | os.PathLike[str]) -> None:
-    """Every id of the tokenizer within ``config.json``'s ``vocab_size``: what a checkpoint's export makes the
-    logits' width, so this runs before any export.
+def check_tokenizer(tokenizer_path: str | os.PathLike[str], hf_config_path: str | os.PathLike[str],
+                    vocab: int | None = None) -> None:
+    """Every id of the tokenizer within ``config.json``'s ``vocab_size`` (``vocab``, when the config was read
+    already): what a checkpoint's export makes the logits' width, so this runs before any export.
 
     Raises:
         GenieBuildError: naming the tokenizer and its highest token, or a file that cannot be read.
     """
-    vocab = vocab_size(hf_config_path)
+    vocab = vocab_size(hf_config_path) if vocab is None else vocab
     problem = beyond_vocabulary(tokenizer_path, vocab)
     if problem is not None:
         raise GenieBuildError(tokenizer_path, f"{problem}, the vocab_size of {os.fspath(hf_config_path)}")
@@ -143,6 +146,20 @@ def tokenize_text(text_path: str | os.PathLike[str], tokenizer_path: str | os.Pa
     with atomic_open(out) as handle:
         np.save(handle, ids, allow_pickle=False)
     return int(ids.size)
+
+
+def host_prompt(config: Mapping[str, Any]) -> str:
+    """The host run's prompt: ``bundle.host_prompt``, or when it is unset one the model can continue (the demo's
+    model was trained on the King James Version, resources/training_corpus.txt).
+
+    Args:
+        config: a validated config (:func:`genie_build.config.validate_config`).
+    """
+    from genie_build.config import source_kind  # the config's schema and the demo's shapes: not the token jobs'
+
+    if config["bundle"]["host_prompt"]:
+        return config["bundle"]["host_prompt"]
+    return "And Moses said unto the LORD" if source_kind(config) == "demo" else "What is 2+3? Explain briefly."
 
 
 def check_host_prompt(tokenizer_path: str | os.PathLike[str], prompt: str, out: str | os.PathLike[str], *,

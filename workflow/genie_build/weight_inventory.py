@@ -18,7 +18,7 @@ from typing import Literal
 
 from genie_build.boundaries import find_boundaries
 from genie_build.conventions import EMBEDDING_BOUNDARY, LM_HEAD_WEIGHT, layer_output
-from genie_build.hf_config import load_hf_config, read_model_shape, stored_tensors
+from genie_build.hf_config import ModelShape, shape_of, stored_tensors
 from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
 from genie_build.plan import initializer_pieces
 
@@ -60,17 +60,17 @@ class ModelWeights:
         return len(self.boundaries) - 1
 
 
-def weights_from_hf_config(path: str | os.PathLike[str]) -> ModelWeights:
+def weights_from_hf_config(path: str | os.PathLike[str] | ModelShape) -> ModelWeights:
     """The weights of a ``config.json`` of a registered family as the export writes them: the checkpoint's tensors
     (:func:`genie_build.hf_config.stored_tensors`) with each Linear weight as ``[in, out]`` (the MatMul the
     conventions' graph has) and a tied LM head written as its own ``lm_head.weight`` (the export unties it,
-    because Genie bundles quantize the table and the head differently).
+    because Genie bundles quantize the table and the head differently). ``path``: the file, or its shape as read
+    once (:attr:`genie_build.hf_checkpoint.Checkpoint.shape`).
 
     Raises:
         GenieBuildError: the file is unreadable, or the model is not one :func:`read_model_shape` reads.
     """
-    where = os.fspath(path)
-    shape = read_model_shape(load_hf_config(path), where)
+    shape = shape_of(path if isinstance(path, ModelShape) else os.fspath(path))
     roles: dict[str, Role] = {"embedding": "embedding", "linear": "layers", "bias": "float", "norm": "float",
                               "lm_head": "lm_head"}
 

@@ -13,9 +13,9 @@ rule bundle:
         table=[EMBEDDING_TABLE] if EMBEDDING_LUT else [],
         tokenizer=lambda wc: SOURCE.tokenizer,
         hf_config=lambda wc: SOURCE.hf_config,
-        # no bundle of a model whose whole-model checks failed (genie_build.sources: Source.model_checks), nor, with
+        # no bundle of a model whose whole-model checks failed (MODEL_CHECKS, the source's rule files'), nor, with
         # report.strict, of a plan whose contexts will not all map
-        checks=[*SOURCE.model_checks, f"{OUT}/memory_plan.json"],
+        checks=[*MODEL_CHECKS, f"{OUT}/memory_plan.json"],
     output:
         manifest=BUNDLE,
     params:

@@ -10,6 +10,8 @@
 from genie_build.calibration_units import unit_peak_mb
 from genie_build.config import calibration_windows
 
+# The bundle waits for the plan checked against the encodings the chain calibrated (check_plan).
+MODEL_CHECKS.append(f"{OUT}/plan_check.json")
 
 wildcard_constraints:
     recipe="|".join(map(re.escape, CALIBRATED_RECIPES)) or "(?!)",

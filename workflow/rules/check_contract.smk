@@ -11,7 +11,7 @@ rule check_contract:
     output:
         f"{OUT}/contract_check.json",
     params:
-        checks=json.dumps({**SOURCE.contract_expect, "context_size": config["bundle"].get("context_size"),
+        checks=json.dumps({**CONTRACT_EXPECT, "context_size": config["bundle"].get("context_size"),
                            "report_only": not config["bundle"]["enabled"]}, sort_keys=True),
         python=PYTHON,
     priority: CRITICAL_PATH

@@ -10,7 +10,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 from genie_build import conventions, job_memory
-from genie_build.config import bundle_config, validate_config
+from genie_build.config import bundle_config, calibration_chain, validate_config
 from genie_build.errors import GenieBuildError
 from genie_build.genie_run import genie_job_mb
 from genie_build.plan_file import read_plan
@@ -32,6 +32,12 @@ except GenieBuildError as exc:
 
 MODEL = config["model"]["name"]
 OUT = SOURCE.out
+CALIBRATION_CHAIN = calibration_chain(config)   # whether the chain calibrates (rules/calibrate.smk)
+# Filled by the source's own .smk files (Snakefile), for those after them. The checkpoints every part's files wait
+# for, and those of one graph's parts; the whole-model checks the bundle waits for; the verification reports; which
+# bound chose a checkpoint's part count; the AR and CL check_contract expects of generated graphs.
+PART_CHECKPOINTS, GRAPH_CHECKPOINTS, MODEL_CHECKS, VERIFY_REPORTS, SPLIT_CHOICE = [], {}, [], [], []
+CONTRACT_EXPECT = {"expect_ar": None, "expect_context": None}
 # The graphs at the largest context length, which the plan, the calibration, the evaluation and the unsplit reference
 # read; every graph a part's context binary holds adds those at the other lengths (docs/context-lengths.md).
 GRAPHS = conventions.GRAPH_KINDS
@@ -88,13 +94,13 @@ def part_labels():
     Snakemake re-evaluates every job behind a checkpoint after it ran (docs/snakemake.md, "Checkpoints"). A
     checkpoint's plan is made when the workflow is parsed, and its parts are regular jobs.
     """
-    run_checkpoints(SOURCE.part_checkpoints)
+    run_checkpoints(PART_CHECKPOINTS)
     return plan_labels()
 
 
 def graph_labels(key):
     """The part labels, once one graph's split (if any) has run: its readers wait for nothing else."""
-    run_checkpoints(SOURCE.graph_checkpoints(key))
+    run_checkpoints(GRAPH_CHECKPOINTS.get(key, ()))
     return plan_labels()
 
 
@@ -113,7 +119,7 @@ def part_graph(key, label):
     SHA-1 (ONNX external-data ``checksum``), so it changes with the part's weights and Snakemake need not hash GBs of
     weights to see that; files a checkpoint's job wrote have no producing job, so jobs reading them rerun only when
     their bytes changed."""
-    run_checkpoints(SOURCE.graph_checkpoints(key))
+    run_checkpoints(GRAPH_CHECKPOINTS.get(key, ()))
     return SOURCE.part_graph(key, label)
 
 
@@ -179,12 +185,12 @@ def final_outputs(wildcards):
         raise WorkflowError("config model: an estimate-only config (hf_config without prompt_onnx) builds only the "
                             "'estimate' target: snakemake estimate --cores 1 --configfile <file>")
     return [
-        *SOURCE.verify_reports,
+        *VERIFY_REPORTS,
         f"{OUT}/size_table.csv",
         f"{OUT}/size_table.md",
         f"{OUT}/size_table.png",
         f"{OUT}/memory_plan.md",
-        *([f"{OUT}/plan_check.json"] if SOURCE.calibrates else []),
+        *([f"{OUT}/plan_check.json"] if CALIBRATION_CHAIN else []),
         *(f"{OUT}/evaluation.{suffix}" for suffix in ("md", "csv", "png") if config["evaluate"]["enabled"]),
         *([f"{OUT}/bundle_check.json"] if config["bundle"]["enabled"] else []),
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]

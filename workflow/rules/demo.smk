@@ -3,6 +3,8 @@
 # chain of rules/calibrate.smk makes them). Its own shape is the trained model's (resources/demo_model.safetensors,
 # scripts/train_demo.py); another shape gets random weights.
 SRC = SOURCE.source_dir
+# Genie's IO contract holds the graphs to the AR and CL the demo was asked for.
+CONTRACT_EXPECT.update(expect_ar=SOURCE.graphs["prompt"].ar, expect_context=SOURCE.graphs["prompt"].context)
 
 
 rule generate_demo:

@@ -1,7 +1,9 @@
 # The source's own encodings (the user's, the demo's built-in calibrator's) cut per part: both graphs in one job,
 # one checkpoint, so Snakemake learns of both graphs' slices at once (two per-graph checkpoints ran one after the
 # other: part_labels() stops at the first incomplete one). An edit to one tensor's encodings reruns only the parts
-# whose slice bytes changed. The graphs at other context lengths read their kind's slices.
+# whose slice bytes changed. The graphs at other context lengths read their kind's slices. Every part's files wait
+# for it, after the splits (common.smk).
+PART_CHECKPOINTS.append(("slice_encodings", {}))
 
 checkpoint slice_encodings:
     input:

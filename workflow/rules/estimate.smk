@@ -6,13 +6,14 @@
 from genie_build.config import context_lengths
 
 PREDICTED = f"{OUT}/predicted"
-# The graph when the workflow has one (the demo's or the user's: its own weight names, split.boundaries apply),
-# else the HF config.json, named and shaped as docs/conventions.md says.
-ESTIMATE_OPTION, ESTIMATE_MODEL = SOURCE.estimate_model
+# The whole prompt graph when the workflow has one (the demo's or the user's: its own weight names,
+# split.boundaries apply), else the HF config.json, named and shaped as docs/conventions.md says.
+WHOLE_PROMPT = SOURCE.graphs["prompt"].onnx if "prompt" in SOURCE.graphs else None
+ESTIMATE_OPTION, ESTIMATE_MODEL = ("--onnx", WHOLE_PROMPT) if WHOLE_PROMPT else ("--hf-config", SOURCE.hf_config)
 
 # A build that calibrates weighs its weights as its named recipe will store them (the schema then refuses a
 # 'precision' section); otherwise the section, or the default precision.
-if SOURCE.calibrates:
+if CALIBRATION_CHAIN:
     ESTIMATE_PRECISION = ["--recipe", config["quantize"]["recipe"]]
 elif "precision" in config:
     ESTIMATE_PRECISION = ["--precision-json", json.dumps(config["precision"], sort_keys=True)]

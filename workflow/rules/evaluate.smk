@@ -3,6 +3,7 @@
 # compared with the float logits window by window; evaluation.md puts each variant's top-1 agreement, KL and
 # perplexity beside its size, and a qnn-htp bundle's perplexity by Genie itself beside the float model's on the same
 # tokens (docs/genie-run.md). A changed binary re-evaluates only its variant.
+from genie_build.evaluation_table import calibration_seen
 
 
 rule evaluate_float:
@@ -44,8 +45,8 @@ rule evaluate_variant:
     params:
         max_windows=config["evaluate"]["max_windows"],
         weights_only=["--weights-only"] if config["evaluate"]["weights_only"] else [],
-        calibration=lambda wc: json.dumps(SOURCE.calibration_seen(config, config["variants"][wc.variant]["recipe"]),
-                                          sort_keys=True),
+        calibration=lambda wc: json.dumps(calibration_seen(config, config["variants"][wc.variant]["recipe"],
+                                                           SOURCE.graphs["prompt"].ar), sort_keys=True),
         python=PYTHON,
     wildcard_constraints:
         variant="|".join(map(re.escape, EVALUATED_VARIANTS)) or "(?!)",

@@ -94,7 +94,7 @@ rule run_bundle:
         prompt=HOST_PROMPT,
         new_tokens=HOST_NEW_TOKENS,
         compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
-        if SOURCE.calibrates or HOST_TWINS else ["--compare-with", input.reference[0]],
+        if CALIBRATION_CHAIN or HOST_TWINS else ["--compare-with", input.reference[0]],
         twins=lambda wc, input: ["--twin", *input.twins] if HOST_TWINS else [],
         embedding_part=lambda wc, input: ["--embedding-part", input.embedding_onnx, input.embedding_encodings]
         if EMBEDDING_LUT else [],

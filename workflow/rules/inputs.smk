@@ -6,6 +6,7 @@ import dataclasses
 from genie_build.bundle_layout import BundleLayout
 from genie_build.calibration_units import part_units, read_units, unit_before, unit_named
 from genie_build.config import calibration_windows
+from genie_build.tokens import host_prompt
 
 # --- the texts (rules/tokens.smk)
 
@@ -142,7 +143,7 @@ def evaluation_mem_mb(wildcards):
 # --- the host run (rules/host_run.smk)
 
 UNSPLIT = f"{OUT}/unsplit"
-HOST_PROMPT = config["bundle"]["host_prompt"] or SOURCE.host_prompt
+HOST_PROMPT = host_prompt(config)
 HOST_PROMPT_IDS = f"{OUT}/host_prompt.json"
 HOST_NEW_TOKENS = 16  # what the host run generates
 
@@ -159,7 +160,7 @@ def host_run_reference(wildcards):
     """The unsplit model compiled alike, or the bundle variant's converted prompt and token graphs of the parts in the
     bundle (with the table, the parts after it, fed part 1's rows as the table must hold them): a qnn-htp bundle's QDQ
     graphs, the graphs its binaries were compiled from."""
-    if SOURCE.calibrates or HOST_TWINS:
+    if CALIBRATION_CHAIN or HOST_TWINS:
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]
     return [f"{UNSPLIT}/model.bin"]

@@ -53,7 +53,7 @@ rule memory_plan:
         # the bundle's contexts: with the embedding table, the parts after it, and the table beside them
         records=lambda wc: [f"{OUT}/sizes/{BUNDLE_VARIANT}/part_{label}.json" for label in bundle_part_labels()],
         table=[EMBEDDING_TABLE] if EMBEDDING_LUT else [],
-        split_choice=[SOURCE.split_choice] if SOURCE.split_choice else [],
+        split_choice=SPLIT_CHOICE,
     output:
         json=f"{OUT}/memory_plan.json",
         md=report(f"{OUT}/memory_plan.md", caption="../report/memory_plan.rst", category="Memory plan"),

@@ -1,5 +1,11 @@
 # Whole graphs (the demo's or the user's ONNX): plan the cut points, split every graph into the parts folder with
 # bounded memory, and check that the chained parts equal the whole graph and that the graphs share their weights.
+# Every part's files wait for the plan and each graph's split (checkpoints, common.smk), one graph's parts for the
+# plan and its own split; the bundle waits for the graphs' shared weights, the build for one verification per graph.
+PART_CHECKPOINTS += [("plan", {}), *(("split", {"graph": key}) for key in SOURCE.graphs)]
+GRAPH_CHECKPOINTS.update({key: [("plan", {}), ("split", {"graph": key})] for key in SOURCE.graphs})
+MODEL_CHECKS.append(f"{OUT}/model_check.json")
+VERIFY_REPORTS += [f"{OUT}/verify/{key}.json" for key in SOURCE.graphs]
 
 # Hashes every shared weight of the graphs: its own job, so an encodings change does not repeat it, and one that runs
 # beside the split (the bundle, not the split, waits for it). It waits for the plan only so that it starts when the
@@ -41,10 +47,10 @@ checkpoint plan:
         prompt=SOURCE.graphs["prompt"].onnx,
         token=SOURCE.graphs["token"].onnx,
         contract=f"{OUT}/contract_check.json",  # nothing is split or converted for graphs Genie could not load
-        **({} if SOURCE.calibrates else {"encodings": SOURCE.encodings["prompt"]}),
+        **({} if CALIBRATION_CHAIN else {"encodings": SOURCE.encodings["prompt"]}),
     output:
         plan=f"{OUT}/plan.json",
-        **({"units": f"{OUT}/calibration_units.json"} if SOURCE.calibrates else {}),
+        **({"units": f"{OUT}/calibration_units.json"} if CALIBRATION_CHAIN else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
         # the device, the embedding's layout and every context length's IO matter to split.num_parts auto only:
@@ -54,7 +60,7 @@ checkpoint plan:
         if config["split"].get("num_parts") == "auto" else [],
         weighing=lambda wc, input, output: (
             ["--recipe", config["quantize"]["recipe"], "--unit-memory-mb", str(config["quantize"]["unit_memory_mb"]),
-             "--out-units", output.units] if SOURCE.calibrates else ["--encodings-prompt", input.encodings]),
+             "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.encodings]),
         python=PYTHON,
     log:
         f"{OUT}/logs/plan.log",
