@@ -1,6 +1,6 @@
 """bundle.embedding: lut as a user meets it: a build with the embedding in the graph, then the same build with the
 embedding as a CPU table -- only the bundle's side reruns (no new demo, split or encodings), part 1 leaves the bundle,
-the table and dialog.embedding come in, and the host run's tokens are the graph layout's. On the demo and on the
+the table and dialog.embedding come in, and the host run gives its reference's tokens. On the demo and on the
 user's own ONNX export; an export whose part 1 scales the Gather's rows gets those rows scaled in the table, and a
 table that is not what part 1 computes fails the host run; a dry run lists the table's jobs for every source.
 
@@ -62,7 +62,7 @@ def test_switching_to_the_table_reruns_only_the_bundle_side(demo):
     assert len(converted) == 2 and all("part=2_of_3" in wildcards for wildcards in converted), converted
 
 
-def test_the_table_replaces_part_1_and_the_tokens_are_the_graph_layouts(demo):
+def test_the_table_replaces_part_1_and_each_layouts_tokens_are_its_references(demo):
     workdir, graph_run, lut_run, _ = demo
     bundle = workdir / "results" / "demo" / "genie_bundle"
     dialog = load_json(bundle / "genie_config.json")["dialog"]
@@ -77,7 +77,9 @@ def test_the_table_replaces_part_1_and_the_tokens_are_the_graph_layouts(demo):
     memory = load_json(workdir / "results" / "demo" / "memory_plan.json")  # the bundle's contexts, the table beside
     assert [part["part"] for part in memory["parts"]] == [2, 3]
     assert memory["embedding"] == {"layout": "lut", "cpu_table_bytes": vocab * hidden * 2}
-    assert lut_run["new_ids"] == graph_run["new_ids"] == lut_run["reference_ids"]
+    # each layout's tokens are its reference's; the two layouts quantize the embedding differently (the graph's
+    # Gather at 8 bits per channel, the table at 16), so their tokens may part where the model nearly ties
+    assert lut_run["new_ids"] == lut_run["reference_ids"] and graph_run["new_ids"] == graph_run["reference_ids"]
     assert len(lut_run["new_ids"]) == 16
 
 
