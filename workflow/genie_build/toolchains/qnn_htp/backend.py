@@ -249,7 +249,8 @@ def prepare_context(graphs: Mapping[str, Path], folder: Path, target: HtpTarget,
             pending.names.append(name.encode())
             before = len(pending.created)
             try:
-                ort.InferenceSession(os.fspath(path), session_options(target, configs))
+                with _readable_by_ort(path, folder / f".{name}.in") as readable:
+                    ort.InferenceSession(os.fspath(readable), session_options(target, configs))
             except Exception as exc:  # ORT's own exception types; the message says what the EP refused
                 raise GenieBuildError(path, f"the HTP backend cannot prepare graph {name}: "
                                             f"{' '.join(str(exc).split())}") from None
@@ -300,12 +301,45 @@ def write_dlc(graph: Path, name: str, out: Path, target: HtpTarget) -> None:
         with _pending(weight_sharing=False) as pending:
             pending.names.append(name.encode())
             try:
-                ort.InferenceSession(os.fspath(graph), options)
+                with _readable_by_ort(graph, Path(folder) / ".in") as readable:
+                    ort.InferenceSession(os.fspath(readable), options)
             except Exception as exc:  # ORT's own exception types; the message says what the EP refused
                 raise GenieBuildError(graph, f"QNN's IR backend cannot write graph {name} as a DLC: "
                                              f"{' '.join(str(exc).split())}") from None
             dlcs = sorted(Path(folder).glob("*.dlc"))
             if len(pending.created) != 1 or len(dlcs) != 1:
-                raise GenieBuildError(graph, f"graph {name} became {len(dlcs)} DLC(s) of {len(pending.created)} QNN "
-                                             "graph(s), not one")
+                raise GenieBuildError(graph, f"graph {name} does not run on the HTP backend whole: it became "
+                                             f"{len(pending.created)} QNN graph(s) and {len(dlcs)} DLC(s), the ops "
+                                             "between them left on the CPU")
         os.replace(dlcs[0], out)
+
+
+@contextlib.contextmanager
+def _readable_by_ort(model: Path, scratch: Path) -> Iterator[Path]:
+    """``model`` as ORT will open it. ORT refuses external data that resolves outside the model's folder, which is
+    what a Snakemake cache restores (each output a symlink into the cache): such a model is copied into ``scratch``
+    (created inside the caller's staging folder, removed on exit) beside hard links to its data files (copies across
+    file systems)."""
+    import shutil
+
+    import onnx
+
+    folder = model.parent
+    locations = {entry.value for tensor in onnx.load(os.fspath(model), load_external_data=False).graph.initializer
+                 for entry in tensor.external_data if entry.key == "location"}
+    resolved = {location: (folder / location).resolve() for location in locations}
+    if all(path.is_relative_to(folder.resolve()) for path in resolved.values()):
+        yield model
+        return
+    scratch.mkdir()
+    try:
+        for location, path in resolved.items():
+            (scratch / location).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, scratch / location)
+            except OSError:
+                shutil.copyfile(path, scratch / location)
+        shutil.copyfile(model, scratch / model.name)
+        yield scratch / model.name
+    finally:
+        shutil.rmtree(scratch)
