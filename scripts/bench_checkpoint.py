@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         disk.done.set()
         disk.join()
         out = workflow / "results" / "qwen7b"
+        if status != 0:   # what failed, kept in the report: the work folder is deleted unless --keep
+            report["failures"] = failures(workflow / "snakemake.log", out / "logs")
+            print("\n".join(report["failures"]))
         jobs = collect_jobs(out, rss_log)
         largest = max(jobs, key=lambda job: job.peak_rss or job.sampled_rss)
         report["workflow"] = {"seconds": seconds, "succeeded": status == 0, "disk_peak_gb": disk.peak / GB,
@@ -358,6 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         finish(report, args.report, work, args.keep)
     return 0 if report.get("workflow", {}).get("succeeded") else 1
+
+
+def failures(snakemake_log: Path, logs: Path) -> list[str]:
+    """The failed jobs (Snakemake's "Error in rule" lines) and the last lines of every job log that says why."""
+    found = [line.strip() for line in snakemake_log.read_text(errors="replace").splitlines()
+             if line.startswith("Error in rule")]
+    for path in sorted(logs.rglob("*.log")):
+        lines = path.read_text(errors="replace").splitlines()
+        if any(marker in line for line in lines for marker in ("error", "Traceback", "Killed", "MemoryError")):
+            found += [f"{path.relative_to(logs)}:", *(f"    {line}" for line in lines[-15:])]
+    return found
 
 
 if __name__ == "__main__":

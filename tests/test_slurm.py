@@ -9,6 +9,7 @@ the demo's own generation, the checks and the host run are left to the local wor
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def test_slurm_build_equals_the_local_build(slurm, tmp_path):
     assert "has been submitted with SLURM jobid" in log
     for label in labels:  # the profile's point: one submission per part, not one per convert/compile/account
         assert (f"slurm_logs/group_part_{label}_account_compile_part_convert_part_qnn_htp_convert_part_reference/"
-                in log), label
+                in log), (label, sorted(set(re.findall(r"slurm_logs/[^\s]+?/", log))))
     assert "slurm_logs/rule_compile_part/" not in log
     for output in COMPARED:
         expected = (local / "results" / USER_MODEL / output).read_bytes()
