@@ -336,8 +336,8 @@ def test_hf_export_fails_before_anything_is_built_and_builds_its_ab_table_withou
     assert not built & {"plan.json", "parts", "converted", "compiled", "unsplit", "contract_check.json"}, built
 
     # the HTP backend does not take this export's graphs whole: its variant fails in one line naming the graph
-    htp = run_snakemake(workdir, config_file=user_model_config(workdir, {"bundle": {"enabled": False}},
-                                                               name="htp.yaml"), check=False)
+    htp = run_snakemake(workdir, config_file=user_model_config(
+        workdir, {"bundle": {"enabled": False, "embedding": "graph"}}, name="htp.yaml"), check=False)
     assert htp.returncode != 0 and "does not run on the HTP backend whole" in htp.stdout + htp.stderr
     # the reference toolchain builds the A/B table without a bundle
     config_file = user_model_config(workdir, {**REFERENCE_BUILD, "bundle": {**REFERENCE_BUILD["bundle"],
@@ -345,8 +345,8 @@ def test_hf_export_fails_before_anything_is_built_and_builds_its_ab_table_withou
     run_snakemake(workdir, config_file=config_file)
     import pandas as pd
 
-    table = pd.read_csv(out / "size_table.csv")   # parts 2 and 3: part 1, the embedding alone, is the CPU table
-    assert set(table["variant"]) == set(REFERENCE_BUILD["variants"]) and sorted(table["part"]) == [2, 2, 3, 3]
+    table = pd.read_csv(out / "size_table.csv")   # every part: the embedding stays in the graph (part 1)
+    assert set(table["variant"]) == set(REFERENCE_BUILD["variants"]) and sorted(table["part"]) == [1, 1, 2, 2, 3, 3]
     assert (out / "memory_plan.md").is_file() and (out / "compiled" / "packed").is_dir()
     assert not (out / "genie_bundle").exists() and not (out / "bundle_check.json").exists()
     report = json.loads((out / "contract_check.json").read_text())
