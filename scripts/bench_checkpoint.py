@@ -333,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             report["failures"] = failures(workflow / "snakemake.log", out / "logs")
             print("\n".join(report["failures"]))
         jobs = collect_jobs(out, rss_log)
+        if not jobs:
+            raise SystemExit(f"the workflow ran no job (status {status}): {workflow / 'snakemake.log'}")
         largest = max(jobs, key=lambda job: job.peak_rss or job.sampled_rss)
         report["workflow"] = {"seconds": seconds, "succeeded": status == 0, "disk_peak_gb": disk.peak / GB,
                               "disk_kept_gb": sum(p.stat().st_size for p in work.rglob("*") if p.is_file()) / GB,
