@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rebuild_helpers import USER_MODEL, export_small_demo, user_model_checkout, user_model_config
-from workflow_helpers import CONFIG_OPTIONS, REPO, copy_workflow, load_json, run_snakemake
+from workflow_helpers import REPO, copy_workflow, load_json, run_snakemake
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
@@ -68,11 +68,17 @@ def slurm(tmp_path_factory):
         subprocess.run(["bash", str(SLURM_LOCAL), "stop", str(state)], capture_output=True, text=True)
 
 
-def run_on_slurm(workdir: Path, config_file: Path) -> str:
+def as_workflow_config(workdir: Path, config_file: Path) -> None:
+    """``config_file`` (a whole config) as the workflow's own config/config.yaml: Snakemake 9.27 does not pass
+    ``--replace-workflow-config`` to the jobs it submits, which would merge a --configfile into the default
+    config again (and build the default's other variants) inside each SLURM job."""
+    shutil.copyfile(config_file, workdir / "config" / "config.yaml")
+
+
+def run_on_slurm(workdir: Path) -> str:
     """Build TARGETS through the SLURM profile; Snakemake's log. Killed if it outlives SLURM_RUN_TIMEOUT_S."""
     command = [sys.executable, "-m", "snakemake", *TARGETS, "--workflow-profile", "workflow/profiles/slurm",
-               "--jobs", "4", "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5",
-               *CONFIG_OPTIONS, str(config_file)]
+               "--jobs", "4", "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5"]
     env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,
                             timeout=SLURM_RUN_TIMEOUT_S)
@@ -85,9 +91,11 @@ def test_slurm_build_equals_the_local_build(slurm, tmp_path):
     (tmp_path / "exporter").mkdir()
     exports = export_small_demo(copy_workflow(tmp_path / "exporter"))
     local, cluster = (user_model_checkout(tmp_path / name, exports) for name in ("local", "cluster"))
+    for workdir in (local, cluster):
+        as_workflow_config(workdir, user_model_config(workdir, SPLIT))
     with ThreadPoolExecutor(1) as pool:  # the local build runs while the SLURM one mostly waits for its polls
-        local_build = pool.submit(run_snakemake, local, *TARGETS, config_file=user_model_config(local, SPLIT))
-        log = run_on_slurm(cluster, user_model_config(cluster, SPLIT))
+        local_build = pool.submit(run_snakemake, local, *TARGETS)
+        log = run_on_slurm(cluster)
         local_build.result()
 
     # the parts of the bundle and the size table: part 1, the embedding alone, is the bundle's CPU table
