@@ -78,6 +78,13 @@ def _record():
 
 if _LOG:
     atexit.register(_record)
+    _os_exit = os._exit
+
+    def _exit_recorded(code):   # the commands that load the vendor's libraries leave through os._exit
+        _record()
+        _os_exit(code)
+
+    os._exit = _exit_recorded
 '''
 _RULE_HEADER = re.compile(r"^(?:rule|checkpoint) (\w+):", re.MULTILINE)
 _CACHE_DIRECTIVE = re.compile(r"^    cache: .*\n", re.MULTILINE)
