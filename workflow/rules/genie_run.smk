@@ -1,8 +1,8 @@
 # Genie's run on the build box (docs/genie-run.md): the vendor's Genie (libGenie.so of the onnxruntime-qnn wheel)
 # loads a qnn-htp bundle through its twins, with the bundle's own genie_config.json changed only where x86 or a
-# deterministic run needs it, and answers the host prompt: its tokens must be the host run's. bundle.genie_run: auto
-# runs it beside the host run on a bundle small enough for the HTP simulation and records why not on a larger one;
-# load (a load check) and generate are asked for.
+# deterministic run needs it, and answers the host prompt: tokens other than the host run's are a warning (an error
+# with report.strict). bundle.genie_run: auto runs it beside the host run on a bundle small enough for the HTP
+# simulation and records why not on a larger one; load (a load check) and generate are asked for.
 
 
 rule genie_run:
@@ -17,6 +17,7 @@ rule genie_run:
         report(f"{OUT}/genie_run.json", caption="../report/genie_run.rst", category="Genie bundle"),
     params:
         mode=GENIE_RUN,
+        strict=["--strict"] if config["report"]["strict"] else [],
         host_run=lambda wc, input: ["--host-run", *input.host_run] if input.host_run else [],
         float_graphs=lambda wc: ["--float-graph", *(f"{name}={path}" for name, path in genie_float_graphs(wc).items())],
         bundle_dir=directory_of("manifest"),
@@ -29,4 +30,5 @@ rule genie_run:
         f"{OUT}/benchmarks/genie_run.tsv"
     shell:
         "{params.python} -m genie_build genie-run {params.bundle_dir:q} --twin {input.twins:q} --mode {params.mode:q}"
-        " --prompt {input.prompt:q} {params.host_run:q} {params.float_graphs:q} --out {output:q} > {log:q} 2>&1"
+        " --prompt {input.prompt:q} {params.host_run:q} {params.float_graphs:q} {params.strict:q} --out {output:q}"
+        " > {log:q} 2>&1"

@@ -25,13 +25,16 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--float-graph", action="extend", nargs="+", default=[], metavar="NAME=PATH",
                         help="the float model's graphs, every part's, each under its graph name: its tokens are "
                              "reported beside Genie's")
+    parser.add_argument("--strict", action="store_true",
+                        help="Genie's tokens that differ from the host run's are an error (report.strict), not a "
+                             "warning")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     result = genie_run(args.bundle, args.twin, mode=args.mode, prompt=args.prompt, host_run=args.host_run,
-                       float_graphs=parse_graphs(args.float_graph))
+                       float_graphs=parse_graphs(args.float_graph), strict=args.strict)
     report = result.to_dict()
     if args.out:
         write_json(args.out, report)
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{change.file}: {change.key} {change.bundle!r} -> {change.run!r} ({change.why})")
     if result.mode == "generate":
         print(f"tokens {report['new_ids']}" + (": the host run's" if report.get("equal_to_host_run") else "")
+              + (f" ({report['difference']})" if "difference" in report else "")
               + ("" if "float_ids" not in report else
                  f"; the float model's {'the same' if report['equal_to_float'] else report['float_ids']}"))
     else:
