@@ -120,8 +120,10 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
                                                f"token_ar1_cl{CONTEXT}_{index}_of_3"] for index in (2, 3)}
     else:
         assert host_run["compared_with"] == PARTS_REFERENCE
-    for graph in ("prompt", "token"):
-        assert load_json(workdir / f"{OUT}/verify/{graph}.json")["reference"].startswith("transformers modules")
+    for index in (1, 2, 3):   # every part, each of its graphs, against transformers' modules
+        verified = load_json(workdir / f"{OUT}/verify/part_{index}_of_3.json")
+        assert verified["reference"].startswith("transformers modules") and set(verified["graphs"]) >= {"prompt",
+                                                                                                     "token"}
     genie = load_json(workdir / f"{OUT}/genie_bundle/genie_config.json")
     rope = genie["dialog"]["engine"]["model"]["positional-encoding"]
     assert rope.get("rope-scaling", {}).get("rope-type") == {"llama": "llama3", "phi3": "longrope"}.get(family)

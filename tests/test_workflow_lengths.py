@@ -98,8 +98,10 @@ def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
     assert sorted(records) == ["part_2_of_3.json", "part_3_of_3.json"]
     for name, record in records.items():
         before = single["sizes"][name]
-        # no weight stored twice: QNN's shared-weights buffer grows by a few pages per graph (docs/qnn-htp.md)
-        assert before["weight_bytes"] <= record["weight_bytes"] < 1.1 * before["weight_bytes"], name
+        # no weight stored twice: QNN's shared-weights buffer grows by a few 4 KiB pages per graph
+        # (docs/qnn-htp.md), where a second copy of the weights would add their own bytes again
+        added = record["weight_bytes"] - before["weight_bytes"]
+        assert 0 <= added <= 8 * 4096 * (len(record["graphs"]) - len(before["graphs"])) < before["weight_bytes"], name
         assert len(record["graphs"]) == 2 * len(before["graphs"]) == 4
         assert record["bytes"] > before["bytes"]                           # the graphs themselves
     # and once on disk before the compile, by the reference converter (qnn-htp's QDQ graphs hold their own)
