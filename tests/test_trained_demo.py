@@ -1,7 +1,8 @@
 """The demo at its own shape is a trained model (resources/demo_model.safetensors, scripts/train_demo.py): its graphs
 hold the trained weights, its float model continues the README's prompt readably, the quick start's bundle prints
-the README's continuation (the reference bundle the float model's), and its evaluation tells the recipes and the calibrations apart as a trained model's should:
-w8a16 closer to the float model than w4a16, and a calibration on text unlike the held-out text clips."""
+the README's continuation (the reference bundle the float model's), and its evaluation tells the recipes and the
+calibrations apart as a trained model's should: w8a16 closer to the float model than w4a16, and a calibration on
+text unlike the held-out text clips."""
 
 from __future__ import annotations
 
