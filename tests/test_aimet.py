@@ -271,7 +271,8 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     assert load_json(out / "plan_check.json")["same_parts"]
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
+    assert host_run["new_ids"] == host_run["reference_ids"]
+    assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
 
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):

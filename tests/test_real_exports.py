@@ -415,5 +415,6 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     assert {e["bw"] for e in part["param_encodings"] if e["name"].endswith("up_proj.weight")} == {8}
     assert load_json(out / "bundle_check.json")["errors"] == 0
     host_run = load_json(out / "host_run.json")
-    assert host_run["new_ids"] == host_run["reference_ids"] and host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
+    assert host_run["new_ids"] == host_run["reference_ids"]
+    assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
 
