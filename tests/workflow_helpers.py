@@ -184,3 +184,12 @@ def read_back_qnn_bundle(out: Path, encodings: str) -> dict[str, list[str]]:
                 assert tensor.quant.scale == pytest.approx(enc.scale[0], rel=1e-6), tensor.name
         read[name] = sorted(graph.info.name for graph in binary.graphs)
     return read
+
+
+def assert_host_run_agrees(host_run: dict) -> None:
+    """The bundle's tokens are the reference's, but for the steps host_run.json lists as near ties (a QNN bundle's
+    twins against the QDQ graphs on the CPU: docs/host-run.md)."""
+    differ = [step for step, (ours, theirs) in enumerate(zip(host_run["new_ids"], host_run["reference_ids"]))
+              if ours != theirs]
+    assert len(host_run["new_ids"]) == len(host_run["reference_ids"]), host_run
+    assert differ == [tie["step"] for tie in host_run.get("near_ties", [])], host_run

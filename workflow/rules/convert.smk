@@ -81,7 +81,7 @@ rule convert_part_qnn_htp:
     output:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
         data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
-        dlc=f"{CONVERTED}.dlc",
+        dlc=CONVERTED_FILE(f"{CONVERTED}.dlc"),
     wildcard_constraints:
         converter=converter_pattern(["qnn-htp"]),
     params:
