@@ -214,7 +214,7 @@ def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights
     record_property("values_compared", compared)
     record_property("one_step_ties", ties)
     print(f"{version} {recipe}: {compared} values compared, {ties} one-step ties")
-    assert compared > 400_000 and ties <= compared // 200
+    assert compared > 300_000 and ties <= compared // 200   # the layers and the head (the embedding is the table)
 
 
 @pytest.mark.workflow
