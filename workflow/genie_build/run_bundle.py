@@ -45,7 +45,7 @@ from genie_build.fileio import read_json
 from genie_build.families import FAMILIES
 from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
-from genie_build.near_ties import FollowBundle, NearTie
+from genie_build.near_ties import NEAR_TIE_SHARE, FollowBundle, NearTie
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 from genie_build.toolchains.base import GraphInfo, TensorInfo
@@ -330,7 +330,7 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
     """
     generation = run_bundle(bundle_dir, prompt, max_new_tokens, twins)
     embedding = None if embedding_part is None else PartLookup(PartRows(read_embedding_part(*embedding_part)))
-    follow = FollowBundle(generation.new_ids, **({} if twins else {"tolerance": 0.0}))
+    follow = FollowBundle(generation.new_ids, tolerance=NEAR_TIE_SHARE if twins else 0.0)
     if compare_with is not None:
         unsplit_tokens(bundle_dir, compare_with, generation.prompt_ids, max_new_tokens, embedding, follow)
         reference = UNSPLIT_REFERENCE

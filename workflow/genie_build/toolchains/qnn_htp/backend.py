@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import mmap
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -320,8 +321,6 @@ def _readable_by_ort(model: Path, scratch: Path) -> Iterator[Path]:
     what a Snakemake cache restores (each output a symlink into the cache): such a model is copied into ``scratch``
     (created inside the caller's staging folder, removed on exit) beside hard links to its data files (copies across
     file systems)."""
-    import shutil
-
     import onnx
 
     folder = model.parent
