@@ -24,6 +24,13 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
   float, which the HTP runs in float16 as QNN's converter does with ``float_fallback``. What each rule gave is
   recorded in the model's metadata (:data:`FILLED_KEY`).
 
+- **A weight read only through a Transpose** (torch.onnx writes ``nn.Linear`` as ``weight [out, in]`` -> Transpose ->
+  MatMul) is stored transposed, its DequantizeLinear giving the Transpose's output and the Transpose removed: the
+  same values, where QNN's execution provider fuses a DequantizeLinear feeding a MatMul but leaves one feeding a
+  Transpose on the CPU once the weight is large (the 152,064 x 3,584 LM head of a 7B model; measured), and a part
+  with a node on the CPU does not compile. Its encoding's channel and block axes are the stored tensor's
+  (:data:`FOLDED_KEY` lists what was folded).
+
 Initializers are read and written one at a time (memory holds one weight, never the part); tensors of 1 KiB and more
 go to ``<out>.data`` beside the output. The graph is moved to opset 21 first (int4 and blocked DequantizeLinear).
 """
@@ -33,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +57,14 @@ from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY, read_convert_in
 from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, SharedWeights, default_opset, read_initializer
 from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "FOLDED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
 
 QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
 CONSTANT_BITWIDTH = 16
 ACTIVATION_BITWIDTH = 16            # what the HTP's matrix units take when the encodings leave a product out
 CONSTANTS_KEY = "genie_build.unencoded_constants"
 FILLED_KEY = "genie_build.filled_encodings"
+FOLDED_KEY = "genie_build.folded_transposes"
 # Ops that move or cut their input's values without computing new ones: their output is on the input's grid.
 _MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Expand",
                     "Identity", "Gather", "Tile"})
@@ -113,6 +121,7 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     encodings, layouts, shared = source.encodings, source.names.param_layouts, source.shared
     model = _at_qdq_opset(source.model, onnx_path)
     initializers, rebuilds, constants = [], [], {}
+    folds = weight_transposes(model.graph)
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
@@ -120,19 +129,22 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
             array = read_initializer(tensor, onnx_path)
             if array.dtype.kind == "f":
                 require_finite(array, f"initializer {tensor.name!r}", onnx_path)
+            fold = folds.get(tensor.name)
             rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
-                                           os.fspath(encodings_path))
+                                           os.fspath(encodings_path), None if fold is None else fold.output[0])
             del array
             initializers += [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
             rebuilds.append((tensor.name, list(rewrite.nodes)))
             if rewrite.constant:
                 constants[tensor.name] = CONSTANT_BITWIDTH
     replace_weights(model.graph, initializers, rebuilds)
-    weights = {name for name, _ in rebuilds}
+    _remove_transposes(model.graph, folds.values())
+    weights = {name for name, _ in rebuilds} | {node.output[0] for node in folds.values()}
     activations, filled = _filled_activations(model.graph, encodings.activations, weights)
     _quantize_activations(model.graph, activations, skip=weights)
     write_converted(model, source, out_path, graph_name=graph_name, input_names=input_names,
-                    metadata={IO_ENCODINGS_KEY: source.recorded_io, CONSTANTS_KEY: constants, FILLED_KEY: filled})
+                    metadata={IO_ENCODINGS_KEY: source.recorded_io, CONSTANTS_KEY: constants, FILLED_KEY: filled,
+                              FOLDED_KEY: {name: node.output[0] for name, node in folds.items()}})
 
 
 def _stored_tensor(writer: ExternalDataWriter, shared: SharedWeights | None, stored: _Stored) -> onnx.TensorProto:
@@ -162,29 +174,68 @@ def _at_qdq_opset(model: onnx.ModelProto, onnx_path: Path) -> onnx.ModelProto:
                                          f"{QDQ_OPSET} for QNN's QDQ form: {str(exc).splitlines()[0]}") from None
 
 
+def weight_transposes(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Float 2-D initializers that only a Transpose reads (swapping the two axes) -> that Transpose: the weights
+    :func:`write_qdq_model` stores transposed."""
+    float_matrices = {tensor.name for tensor in graph.initializer
+                      if len(tensor.dims) == 2 and helper.tensor_dtype_to_np_dtype(tensor.data_type).kind == "f"}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in set(node.input) & float_matrices:
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    return {name: nodes[0] for name, nodes in readers.items()
+            if len(nodes) == 1 and name not in outputs and _swaps_axes(nodes[0]) and nodes[0].input[0] == name}
+
+
+def _swaps_axes(node: onnx.NodeProto) -> bool:
+    perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), [1, 0])
+    return node.op_type == "Transpose" and perm == [1, 0]
+
+
+def _remove_transposes(graph: onnx.GraphProto, transposes: Iterable[onnx.NodeProto]) -> None:
+    """Remove the folded ``transposes`` from ``graph``, each known by its output (which a DequantizeLinear gives
+    now)."""
+    outputs = {node.output[0] for node in transposes}
+    kept = [node for node in graph.node if not (node.op_type == "Transpose" and node.output[0] in outputs)]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
 def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, consumer_layout: WeightLayout | None,
-                         where: str) -> _Rewrite:
+                         where: str, transposed_as: str | None = None) -> _Rewrite:
+    """What one initializer becomes; ``transposed_as``: the output of the Transpose that alone reads it, which the
+    rewrite gives instead of ``name`` (the values stored transposed)."""
     enc = encodings.of_initializer(name)
     if array.dtype.kind != "f":
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     if enc is None:
-        return _constant(name, array)
+        return _constant(name, array, transposed_as)
     if enc.dtype != "int":  # a float encoding: the weight stays float, its op runs in float16 on the HTP
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     section = "param" if name in encodings.params else "activation"
     try:
         layout = layout_of(enc, array.shape, consumer_layout)
-        return _weight(name, array, enc, layout)
+        return _weight(name, array, enc, layout, transposed_as)
     except GenieBuildError as exc:
         raise GenieBuildError(where, f"{section} encoding {name!r}: {exc.problem}") from None
 
 
-def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None) -> _Rewrite:
-    """An encoded weight as its integer values and one DequantizeLinear (two for LPBQ)."""
+def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None,
+            transposed_as: str | None = None) -> _Rewrite:
+    """An encoded weight as its integer values and one DequantizeLinear (two for LPBQ); quantized as it is, then,
+    with ``transposed_as``, its codes and block scales transposed (the float weight is never copied)."""
     q, scale, zero_point = quantize(array, enc, layout)
+    if transposed_as is not None:
+        q = np.ascontiguousarray(q.T)
+        if layout is not None:
+            layout = WeightLayout(1 - layout.channel_axis, None if layout.block_axis is None else 1 - layout.block_axis)
+        if enc.kind == "per_block":
+            scale, zero_point = np.ascontiguousarray(scale.T), np.ascontiguousarray(zero_point.T)
     bits = enc.compressed_bitwidth if enc.kind == "lpbq" else enc.bitwidth
     values, scale_name, zero_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
-    output = name if array.dtype == np.float32 else f"{name}_dequantized"
+    target = transposed_as or name
+    output = target if array.dtype == np.float32 else f"{name}_dequantized"
     signed = enc.is_symmetric and bool(np.all(zero_point.astype(np.int64) == 2 ** (bits - 1)))
     if signed:
         codes = (q.astype(np.int64) - 2 ** (bits - 1)).astype(_NUMPY_SIGNED[bits])
@@ -206,7 +257,7 @@ def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLay
                                         "encodings take 2-D weights (MatMul, Gemm)")
         attributes.update(axis=layout.block_axis, block_size=enc.block_size)
     if enc.kind == "lpbq":
-        grid = blocked_shape(name, array.shape, enc.block_size, layout)
+        grid = blocked_shape(name, q.shape, enc.block_size, layout)
         int_scale = blocked_params(np.asarray(enc.per_block_int_scale), grid, layout).astype(np.uint8)
         channel_scale = lpbq_channel_scale(enc, grid, layout).astype(np.float32).reshape(-1)
         block_scale = f"{name}_block_scale"
@@ -223,25 +274,27 @@ def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLay
     tensors.append(_Stored(zero_name, _packed(zero_point, bits), code_type, zero_point.shape))
     nodes.append(helper.make_node("DequantizeLinear", [values, scale_name, zero_name], [output],
                                   name=f"{name}/DequantizeLinear", **attributes))
-    if output != name:
-        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+    if output != target:
+        nodes.append(helper.make_node("Cast", [output], [target], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(array.dtype)))
     return _Rewrite(tuple(tensors), tuple(nodes))
 
 
-def _constant(name: str, array: np.ndarray) -> _Rewrite:
-    """A float constant without an encoding, at :data:`CONSTANT_BITWIDTH` bits per tensor over its own range."""
-    values = array.astype(np.float32)
+def _constant(name: str, array: np.ndarray, transposed_as: str | None = None) -> _Rewrite:
+    """A float constant without an encoding, at :data:`CONSTANT_BITWIDTH` bits per tensor over its own range;
+    stored transposed as ``transposed_as`` gives (:func:`_rewrite_initializer`)."""
+    values = array.astype(np.float32) if transposed_as is None else np.ascontiguousarray(array.T, np.float32)
     low, high = min(float(values.min(initial=0.0)), 0.0), max(float(values.max(initial=0.0)), 0.0)
     levels = 2 ** CONSTANT_BITWIDTH - 1
     scale = (high - low) / levels if high > low else 1.0
     zero_point = int(np.clip(np.rint(-low / scale), 0, levels))
     codes = np.clip(np.rint(values / np.float32(scale)) + zero_point, 0, levels).astype(np.uint16)
-    output = name if array.dtype == np.float32 else f"{name}_dequantized"
+    target = transposed_as or name
+    output = target if array.dtype == np.float32 else f"{name}_dequantized"
     nodes = [helper.make_node("DequantizeLinear", [f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"],
                               [output], name=f"{name}/DequantizeLinear")]
-    if output != name:
-        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+    if output != target:
+        nodes.append(helper.make_node("Cast", [output], [target], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(array.dtype)))
     return _Rewrite((_Stored(f"{name}_quantized", codes, onnx.TensorProto.UINT16, codes.shape),
                      _Stored(f"{name}_scale", np.array(scale, np.float32), onnx.TensorProto.FLOAT, ()),
