@@ -8,6 +8,7 @@ reference toolchain's converted graphs of the same parts are the oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -384,3 +385,46 @@ def test_a_folded_weight_dequantizes_to_the_unfolded_weight_transposed(kind):
     assert folded.shape == (in_features, out_features)
     np.testing.assert_array_equal(folded, as_written.T)
     assert np.abs(as_written - weight).max() < 0.1
+
+
+def test_a_weight_the_prompt_graph_converted_from_the_same_bytes_and_encoding_is_taken_not_quantized_again(
+        build, converted, tmp_path, monkeypatch):
+    """The token graph (and every other length's graphs) converted beside the prompt graph: each weight the prompt
+    graph converted from the same bytes with the same encoding is taken as it is -- nothing quantized again, nothing
+    written, the same outputs as the token graph converted alone; a weight whose encoding differs is quantized again
+    into the token graph's own data file."""
+    from genie_build.encodings import write_encodings
+    from genie_build.toolchains.qnn_htp import qdq
+
+    quantized, real = [], qdq.quantize
+    monkeypatch.setattr(qdq, "quantize", lambda array, enc, layout: quantized.append(enc.name) or real(array, enc,
+                                                                                                        layout))
+    part = tmp_path / "part"
+    prompt, token = (part_files(build, 2, kind) for kind in ("prompt", "token"))
+    qdq.write_qdq_model(prompt[0], prompt[1], part / "prompt.onnx", graph_name=name_of(2, "prompt"))
+    in_prompt = len(quantized)
+    qdq.write_qdq_model(token[0], token[1], part / "token.onnx", graph_name=name_of(2, "token"),
+                        share_weights_with=part / "prompt.onnx")
+    assert in_prompt > 0 and quantized[in_prompt:] == []
+    assert (part / "token.onnx.data").stat().st_size == 0
+    ours = ort.InferenceSession(str(part / "token.onnx"), providers=["CPUExecutionProvider"])
+    alone = ort.InferenceSession(str(converted[2, "token"]), providers=["CPUExecutionProvider"])
+    feed = {value.name: np.random.default_rng(1).uniform(0, 1, value.shape).astype(np.float32)
+            for value in alone.get_inputs()}
+    for a, b in zip(ours.run(None, feed), alone.run(None, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    encodings = read_encodings(token[1])
+    changed = next(name for name, enc in encodings.params.items() if enc.kind == "per_channel")
+    enc = encodings.params[changed]
+    edited = dataclasses.replace(encodings, params={**encodings.params, changed: dataclasses.replace(
+        enc, scale=tuple(2 * x for x in enc.scale))})
+    write_encodings(tmp_path / "token.encodings.json", edited)
+    del quantized[:]
+    qdq.write_qdq_model(token[0], tmp_path / "token.encodings.json", part / "token_changed.onnx",
+                        graph_name=name_of(2, "token"), share_weights_with=part / "prompt.onnx")
+    assert quantized == [changed]
+    model = onnx.load(part / "token_changed.onnx", load_external_data=False)
+    location = next(entry.value for t in model.graph.initializer if t.name == f"{changed}_quantized"
+                    for entry in t.external_data if entry.key == "location")
+    assert location == "token_changed.onnx.data"

@@ -53,8 +53,10 @@ from genie_build.encodings import Encodings, TensorEncoding, blocked_shape, layo
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import WeightLayout, require_finite
-from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY, read_convert_input, replace_weights, write_converted
-from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, SharedWeights, default_opset, read_initializer
+from genie_build.toolchains.graph_edits import (CONVERTED_FROM_KEY, IO_ENCODINGS_KEY, ConvertedBefore, converted_record,
+                                                made_from, read_convert_input, replace_weights, write_converted)
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset, metadata_json,
+                                                     read_initializer)
 from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
 
 __all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "FOLDED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
@@ -110,7 +112,8 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
         input_names: graph inputs to rename (old -> new): ``inputs_embeds`` for the part after an embedding table.
         share_weights_with: a QDQ graph in ``out_path``'s folder (the part's prompt graph): each stored tensor it
             holds with the same name, type, shape and bytes is referred to in its data file, not written again (a
-            part's graphs at every length hold the same weights).
+            part's graphs at every length hold the same weights); a weight it converted from the same bytes, with
+            the same encoding and layout, is taken as it made it (:class:`ConvertedBefore`), not quantized again.
 
     Raises:
         GenieBuildError: an unreadable model or encodings file, encodings that do not fit the model, a weight
@@ -120,23 +123,40 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     source = read_convert_input(onnx_path, encodings_path, out_path, share_weights_with)
     encodings, layouts, shared = source.encodings, source.names.param_layouts, source.shared
     model = _at_qdq_opset(source.model, onnx_path)
-    initializers, rebuilds, constants = [], [], {}
+    initializers, rebuilds, constants, converted_from = [], [], {}, {}
     folds = weight_transposes(model.graph)
+    done_before = ConvertedBefore(shared)
+    constants_before = metadata_json(done_before.model, CONSTANTS_KEY, {})
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
-            array = read_initializer(tensor, onnx_path)
-            if array.dtype.kind == "f":
-                require_finite(array, f"initializer {tensor.name!r}", onnx_path)
-            fold = folds.get(tensor.name)
-            rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
-                                           os.fspath(encodings_path), None if fold is None else fold.output[0])
-            del array
-            initializers += [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
-            rebuilds.append((tensor.name, list(rewrite.nodes)))
-            if rewrite.constant:
+            transposed_as = folds[tensor.name].output[0] if tensor.name in folds else None
+            made = made_from(tensor, onnx_path, encoding=encodings.of_initializer(tensor.name),
+                             layout=layouts.get(tensor.name), transposed_as=transposed_as,
+                             constant_bitwidth=CONSTANT_BITWIDTH, opset=QDQ_OPSET)
+            taken = done_before.take(tensor.name, made)
+            if taken is not None:
+                tensors, nodes = taken
+                constant = tensor.name in constants_before
+            else:
+                array = read_initializer(tensor, onnx_path)
+                if array.dtype.kind == "f":
+                    require_finite(array, f"initializer {tensor.name!r}", onnx_path)
+                rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
+                                               os.fspath(encodings_path), transposed_as)
+                del array
+                tensors = [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
+                nodes, constant = rewrite.nodes, rewrite.constant
+            initializers += tensors
+            rebuilds.append((tensor.name, list(nodes)))
+            if constant:
                 constants[tensor.name] = CONSTANT_BITWIDTH
+            if made is not None:
+                converted_from[tensor.name] = converted_record(made, tensors, nodes)
+    if shared is not None:
+        log.info("%s: %d of %d weights taken as %s converted them (the same bytes and encoding)", out_path.name,
+                 done_before.taken, len(rebuilds), share_weights_with)
     replace_weights(model.graph, initializers, rebuilds)
     _remove_transposes(model.graph, folds.values())
     weights = {name for name, _ in rebuilds} | {node.output[0] for node in folds.values()}
@@ -144,7 +164,8 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     _quantize_activations(model.graph, activations, skip=weights)
     write_converted(model, source, out_path, graph_name=graph_name, input_names=input_names,
                     metadata={IO_ENCODINGS_KEY: source.recorded_io, CONSTANTS_KEY: constants, FILLED_KEY: filled,
-                              FOLDED_KEY: {name: node.output[0] for name, node in folds.items()}})
+                              FOLDED_KEY: {name: node.output[0] for name, node in folds.items()},
+                              CONVERTED_FROM_KEY: converted_from})
 
 
 def _stored_tensor(writer: ExternalDataWriter, shared: SharedWeights | None, stored: _Stored) -> onnx.TensorProto:
