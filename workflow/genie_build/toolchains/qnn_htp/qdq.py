@@ -15,6 +15,11 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
   tensor at 16 bits, asymmetric over their own range with 0 on the grid, as QNN's quantizer treats a static
   tensor without an override at the activation width (:data:`CONSTANT_BITWIDTH`); integer constants (shapes,
   indices), and weights with a float encoding (AIMET's float fallback), stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
+- **A 32-bit encoding on a tensor an elementwise op reads** (aimet-onnx's int32 bias of a MatMul followed by an Add,
+  scaled per channel by the input's and the weight's scales): QNN's elementwise ops take no 32-bit and no per-channel
+  input (the HTP backend leaves such a DequantizeLinear on the CPU; measured on an LPBQ export), so the bias takes the
+  values its encoding gives and is stored as the float constants above are, at :data:`CONSTANT_BITWIDTH` bits over
+  its own range (finer than the 16-bit grid of the Add's output it joins) and recorded with them.
 - **Activations the encodings leave out** (aimet-onnx encodes a supergroup's output, not each tensor inside it):
   the output of a data-movement op (:data:`_MOVES`: Reshape, Transpose, Split, ...) takes its input's encoding, as
   QNN propagates it; a MatMul or Gemm output feeding only the Add of a constant bias takes that Add's range at 16
@@ -57,7 +62,7 @@ from genie_build.toolchains.graph_edits import (CONVERTED_FROM_KEY, IO_ENCODINGS
                                                 made_from, read_convert_input, replace_weights, write_converted)
 from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset, metadata_json,
                                                      read_initializer)
-from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
+from genie_build.toolchains.reference.quantize import blocked_params, dequantize, lpbq_channel_scale, quantize
 
 __all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "FOLDED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
 
@@ -70,6 +75,7 @@ FOLDED_KEY = "genie_build.folded_transposes"
 # Ops that move or cut their input's values without computing new ones: their output is on the input's grid.
 _MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Expand",
                     "Identity", "Gather", "Tile"})
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 _SIGNED = {4: onnx.TensorProto.INT4, 8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
 _UNSIGNED = {4: onnx.TensorProto.UINT4, 8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
 _ACTIVATION_BITWIDTHS = (8, 16)
@@ -124,7 +130,7 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     encodings, layouts, shared = source.encodings, source.names.param_layouts, source.shared
     model = _at_qdq_opset(source.model, onnx_path)
     initializers, rebuilds, constants, converted_from = [], [], {}, {}
-    folds = weight_transposes(model.graph)
+    folds, elementwise = weight_transposes(model.graph), elementwise_operands(model.graph)
     done_before = ConvertedBefore(shared)
     constants_before = metadata_json(done_before.model, CONSTANTS_KEY, {})
     data_name = out_path.name + ".data"
@@ -134,7 +140,8 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
             transposed_as = folds[tensor.name].output[0] if tensor.name in folds else None
             made = made_from(tensor, onnx_path, encoding=encodings.of_initializer(tensor.name),
                              layout=layouts.get(tensor.name), transposed_as=transposed_as,
-                             constant_bitwidth=CONSTANT_BITWIDTH, opset=QDQ_OPSET)
+                             elementwise=tensor.name in elementwise, constant_bitwidth=CONSTANT_BITWIDTH,
+                             opset=QDQ_OPSET)
             taken = done_before.take(tensor.name, made)
             if taken is not None:
                 tensors, nodes = taken
@@ -144,7 +151,8 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
                 if array.dtype.kind == "f":
                     require_finite(array, f"initializer {tensor.name!r}", onnx_path)
                 rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
-                                               os.fspath(encodings_path), transposed_as)
+                                               os.fspath(encodings_path), transposed_as,
+                                               elementwise=tensor.name in elementwise)
                 del array
                 tensors = [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
                 nodes, constant = rewrite.nodes, rewrite.constant
@@ -209,6 +217,15 @@ def weight_transposes(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
             if len(nodes) == 1 and name not in outputs and _swaps_axes(nodes[0]) and nodes[0].input[0] == name}
 
 
+def elementwise_operands(graph: onnx.GraphProto) -> set[str]:
+    """Initializers that only elementwise ops (:data:`_ELEMENTWISE`) read."""
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    return {tensor.name for tensor in graph.initializer if readers.get(tensor.name, {""}) <= _ELEMENTWISE}
+
+
 def _swaps_axes(node: onnx.NodeProto) -> bool:
     perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), [1, 0])
     return node.op_type == "Transpose" and perm == [1, 0]
@@ -224,9 +241,10 @@ def _remove_transposes(graph: onnx.GraphProto, transposes: Iterable[onnx.NodePro
 
 
 def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, consumer_layout: WeightLayout | None,
-                         where: str, transposed_as: str | None = None) -> _Rewrite:
+                         where: str, transposed_as: str | None = None, *, elementwise: bool = False) -> _Rewrite:
     """What one initializer becomes; ``transposed_as``: the output of the Transpose that alone reads it, which the
-    rewrite gives instead of ``name`` (the values stored transposed)."""
+    rewrite gives instead of ``name`` (the values stored transposed); ``elementwise``: only elementwise ops read
+    it (a 32-bit encoding then gives its values to a constant)."""
     enc = encodings.of_initializer(name)
     if array.dtype.kind != "f":
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
@@ -237,6 +255,10 @@ def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, con
     section = "param" if name in encodings.params else "activation"
     try:
         layout = layout_of(enc, array.shape, consumer_layout)
+        if elementwise and enc.bitwidth == 32:
+            q, scale, zero_point = quantize(array, enc, layout)
+            return _constant(name, dequantize(q, scale, zero_point, None if layout is None else layout.channel_axis),
+                             transposed_as)
         return _weight(name, array, enc, layout, transposed_as)
     except GenieBuildError as exc:
         raise GenieBuildError(where, f"{section} encoding {name!r}: {exc.problem}") from None
