@@ -1,6 +1,6 @@
-"""The qnn-htp toolchain at the level of its commands: convert (QDQ graph + DLC), compile (one binary per part under
-the bundle's graph names, weights stored once), compile-twin and the twin's run in the HTP simulation, and the
-one-line refusals (a missing wheel, an unknown chipset, a graph the HTP backend does not take whole).
+"""The qnn-htp toolchain at the level of its commands: convert (the QDQ graph), convert-dlc (its DLC), compile (one
+binary per part under the bundle's graph names, weights stored once), compile-twin and the twin's run in the HTP
+simulation, and the one-line refusals (a missing wheel, an unknown chipset, a graph the HTP backend does not take whole).
 
 The parts and encodings are the tiny demo's (tests/bundle_helpers.py), split and sliced as the workflow does; the
 reference toolchain's converted graphs of the same parts are the oracle.
@@ -152,10 +152,13 @@ def calibration_feed(build: ReferenceBuild, session: ort.InferenceSession) -> di
     return {value.name: sample[value.name] if value.name in sample else hidden for value in session.get_inputs()}
 
 
-def test_the_convert_writes_the_graph_as_a_dlc_the_vendors_reader_opens(converted):
+def test_convert_dlc_writes_the_graph_as_a_dlc_the_vendors_reader_opens(converted, tmp_path):
     from genie_build.qnn_wheel.system import read_dlc
 
-    dlc = read_dlc(converted[2, "token"].with_suffix(".dlc"))
+    out = tmp_path / "token.dlc"
+    done = cli("convert-dlc", "--graph", converted[2, "token"], "--graph-name", name_of(2, "token"), "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dlc = read_dlc(out)
     assert [graph.name for graph in dlc.graphs] == [name_of(2, "token")]
     assert {t.name for t in dlc.graphs[0].info.inputs} >= {"attention_mask", "position_ids_cos"}
 
