@@ -281,7 +281,7 @@ def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLay
     output = target if array.dtype == np.float32 else f"{name}_dequantized"
     signed = enc.is_symmetric and bool(np.all(zero_point.astype(np.int64) == 2 ** (bits - 1)))
     if signed:
-        codes = (q.astype(np.int64) - 2 ** (bits - 1)).astype(_NUMPY_SIGNED[bits])
+        codes = _centered(q, bits)
         zero_point, code_type = np.zeros(zero_point.shape, codes.dtype), _SIGNED[bits]
     elif bits in _UNSIGNED:
         codes, code_type = q.astype(_NUMPY_UNSIGNED[bits], copy=False), _UNSIGNED[bits]
@@ -321,6 +321,17 @@ def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLay
         nodes.append(helper.make_node("Cast", [output], [target], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(array.dtype)))
     return _Rewrite(tuple(tensors), tuple(nodes))
+
+
+def _centered(q: np.ndarray, bits: int) -> np.ndarray:
+    """The unsigned codes ``q`` of a symmetric encoding (zero point ``2**(bits-1)``) as the signed values QNN stores,
+    ``q - 2**(bits-1)``, computed in ``q``'s own memory: a 7B LM head's codes through int64 took 4.4 GB."""
+    codes = q.view(_NUMPY_SIGNED[bits])
+    if bits == 8 * q.itemsize:      # the sign bit flipped is the subtraction modulo 2**bits
+        np.bitwise_xor(q, q.dtype.type(1 << (bits - 1)), out=q)
+    else:                           # 4 bits in a byte: 0..15 -> -8..7, no wrap
+        np.subtract(codes, codes.dtype.type(1 << (bits - 1)), out=codes)
+    return codes
 
 
 def _constant(name: str, array: np.ndarray, transposed_as: str | None = None) -> _Rewrite:
