@@ -61,14 +61,15 @@ TARGET_PEAK = 12 * GB
 RULE_COMMANDS = {"plan_hf": "plan-hf", "export_part": "export-part", "export_length": "export-length",
                  "calibrate_unit": "calibrate-unit", "embedding_table": "embedding-table",
                  "part_encodings": "part-encodings", "check_contract": "check-contract", "verify_parts": "verify-parts",
-                 "check_plan": "check-plan", "convert_part": "convert", "compile_part": "compile",
+                 "check_plan": "check-plan", "convert_part": "convert", "convert_dlc": "convert-dlc",
+                 "compile_part": "compile",
                  "account": "account", "size_table": "size-table", "memory_plan": "memory-plan",
                  "bundle": "bundle", "check_bundle": "check-bundle", "estimate_sizes": "estimate",
                  "evaluate_float": "evaluate-float", "evaluate_variant": "evaluate",
                  "evaluation_table": "evaluation-table"}
 STAGES = {"export": ("export_part",), "export of the other lengths": ("export_length",),
           "calibration": ("calibrate_unit", "part_encodings"),
-          "convert": ("convert_part",), "compile": ("compile_part",), "verification": ("verify_parts",),
+          "convert": ("convert_part", "convert_dlc"), "compile": ("compile_part",), "verification": ("verify_parts",),
           "evaluation": ("evaluate_float", "evaluate_variant", "evaluation_table"),
           "checks and tables": ("plan_hf", "check_contract", "check_plan", "account", "size_table",
                                 "memory_plan", "embedding_table", "bundle", "check_bundle")}
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="export.context: one length or several, e.g. 512 1024 2048 4096 (default %(default)s)")
     parser.add_argument("--embedding", choices=("graph", "lut"), default="graph", help="bundle.embedding")
     parser.add_argument("--no-evaluate", action="store_true", help="build the bundle only, not the 'evaluate' target")
+    parser.add_argument("--dlc", action="store_true",
+                        help="convert.dlc: also write every qnn-htp graph's DLC (about 1.1 bytes a weight a graph: "
+                             "some 60 GB at 7B with four lengths)")
     parser.add_argument("--variants", nargs="+", default=["reference", "qnn-htp"],
                         help="the default config's variants to build (default %(default)s; the bundle's is qnn-htp)")
     parser.add_argument("--no-whole-path", action="store_true",
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": {"name": "qwen7b", "hf_checkpoint": str(work / "checkpoint")},
             "split": {"num_parts": args.num_parts},
             **({"quantize": {"num_samples": args.num_samples}} if args.num_samples else {}),
-            "export": {"context": args.context}, "convert": {"keep": False},
+            "export": {"context": args.context}, "convert": {"keep": False, "dlc": args.dlc},
             "bundle": {"host_run": False, "embedding": args.embedding}}))
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         targets = ["all"] if args.no_evaluate else ["all", "evaluate"]

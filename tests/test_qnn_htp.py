@@ -1,6 +1,6 @@
-"""The qnn-htp toolchain at the level of its commands: convert (QDQ graph + DLC), compile (one binary per part under
-the bundle's graph names, weights stored once), compile-twin and the twin's run in the HTP simulation, and the
-one-line refusals (a missing wheel, an unknown chipset, a graph the HTP backend does not take whole).
+"""The qnn-htp toolchain at the level of its commands: convert (the QDQ graph), convert-dlc (its DLC), compile (one
+binary per part under the bundle's graph names, weights stored once), compile-twin and the twin's run in the HTP
+simulation, and the one-line refusals (a missing wheel, an unknown chipset, a graph the HTP backend does not take whole).
 
 The parts and encodings are the tiny demo's (tests/bundle_helpers.py), split and sliced as the workflow does; the
 reference toolchain's converted graphs of the same parts are the oracle.
@@ -8,6 +8,7 @@ reference toolchain's converted graphs of the same parts are the oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -151,10 +152,13 @@ def calibration_feed(build: ReferenceBuild, session: ort.InferenceSession) -> di
     return {value.name: sample[value.name] if value.name in sample else hidden for value in session.get_inputs()}
 
 
-def test_the_convert_writes_the_graph_as_a_dlc_the_vendors_reader_opens(converted):
+def test_convert_dlc_writes_the_graph_as_a_dlc_the_vendors_reader_opens(converted, tmp_path):
     from genie_build.qnn_wheel.system import read_dlc
 
-    dlc = read_dlc(converted[2, "token"].with_suffix(".dlc"))
+    out = tmp_path / "token.dlc"
+    done = cli("convert-dlc", "--graph", converted[2, "token"], "--graph-name", name_of(2, "token"), "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dlc = read_dlc(out)
     assert [graph.name for graph in dlc.graphs] == [name_of(2, "token")]
     assert {t.name for t in dlc.graphs[0].info.inputs} >= {"attention_mask", "position_ids_cos"}
 
@@ -287,3 +291,143 @@ def test_check_bundle_refuses_a_binary_compiled_for_another_soc_than_the_extensi
     (finding,) = _check_binary_socs(bundle, ["demo_part_2_of_3.bin"], "ext.json", sm8650)
     assert (finding.rule, finding.severity) == ("chipset", "error")
     assert finding.message == "demo_part_2_of_3.bin was compiled for soc_model 69, but ext.json names 57"
+
+
+def test_a_weight_read_through_a_transpose_is_stored_transposed_and_computes_the_same(build, converted, tmp_path):
+    """torch.onnx writes ``nn.Linear`` as ``weight [out, in]`` -> Transpose -> MatMul; QNN's execution provider
+    leaves a DequantizeLinear feeding a Transpose on the CPU at a 7B LM head's size, so the convert stores such a
+    weight transposed and drops the Transpose. Here every MatMul weight of the demo's part 2 is rewritten that way
+    (the encodings unchanged: their scales are listed by channel whatever the storage): the converted graph holds
+    no Transpose of a weight, dequantizes each to the same values, computes what the untouched graph's conversion computes, and compiles
+    whole."""
+    from genie_build.toolchains.qnn_htp.qdq import FOLDED_KEY
+
+    onnx_path, encodings = part_files(build, 2, "prompt")
+    model = onnx.load(onnx_path)
+    weights = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
+    transposed = {}
+    for node in [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]:
+        name = node.input[1]
+        if name in transposed:
+            continue
+        tensor = weights[name]
+        tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(tensor).T), name))
+        transposed[name] = f"{name}/transposed"
+        model.graph.node.append(onnx.helper.make_node("Transpose", [name], [transposed[name]], perm=[1, 0],
+                                                      name=f"{name}/Transpose"))
+    for node in model.graph.node:
+        if node.op_type == "MatMul":
+            node.input[:] = [transposed.get(name, name) for name in node.input]
+    assert transposed
+    nodes = list(model.graph.node)  # topological again: each Transpose before its reader
+    order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].op_type == "Transpose", i))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[i] for i in order)
+    edited = tmp_path / "edited" / "prompt.onnx"
+    edited.parent.mkdir()
+    onnx.save(model, edited, save_as_external_data=True, location="prompt.onnx.data")
+    out = tmp_path / "converted" / "prompt.onnx"
+    done = cli("convert", "--toolchain", "qnn-htp", "--onnx", edited, "--encodings", encodings, "--graph-name",
+               name_of(2, "prompt"), "--float-bitwidth", 16, "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    folded = onnx.load(out, load_external_data=False)
+    producers = {output: node.op_type for node in folded.graph.node for output in node.output}
+    assert {producers[output] for output in transposed.values()} == {"DequantizeLinear"}
+    stored = {t.name for t in folded.graph.initializer}
+    dequantized_weights = {n.output[0] for n in folded.graph.node if n.op_type == "DequantizeLinear"
+                           and n.input[0] in stored}
+    assert not [n for n in folded.graph.node if n.op_type == "Transpose" and n.input[0] in dequantized_weights]
+    assert json.loads(next(p.value for p in folded.metadata_props if p.key == FOLDED_KEY)) == transposed
+    names = sorted(transposed)
+    got = _weights(out, [transposed[name] for name in names])
+    untouched = _weights(converted[2, "prompt"], names)
+    for name in names:
+        np.testing.assert_array_equal(got[transposed[name]], untouched[name], err_msg=name)
+    ours = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    theirs = ort.InferenceSession(str(converted[2, "prompt"]), providers=["CPUExecutionProvider"])
+    feed = calibration_feed(build, theirs)
+    outputs = [o.name for o in theirs.get_outputs()]
+    for name, a, b in zip(outputs, ours.run(outputs, feed), theirs.run(outputs, feed)):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert cli("compile", "--toolchain", "qnn-htp", "--graph", f"{name_of(2, 'prompt')}={out}", "--variant-json",
+               json.dumps(QNN_VARIANT), "--chipset", "SM8750", "--out", tmp_path / "p.bin").returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["per_channel", "per_block", "lpbq"])
+def test_a_folded_weight_dequantizes_to_the_unfolded_weight_transposed(kind):
+    """Every encoding kind a MatMul weight takes: stored transposed, its DequantizeLinear (two for LPBQ) gives
+    exactly the transpose of what the weight as written dequantizes to."""
+    from genie_build.encodings import TensorEncoding
+    from genie_build.onnx_graph import WeightLayout
+    from genie_build.toolchains.qnn_htp.qdq import _weight
+
+    rng = np.random.default_rng(7)
+    out_features, in_features, block = 16, 32, 8
+    weight = rng.normal(0, 0.05, (out_features, in_features)).astype(np.float32)   # [out, in], read transposed
+    blocks = out_features * in_features // block
+    enc = {"per_channel": TensorEncoding("w", "int", 4, "per_channel", True,
+                                         tuple(rng.uniform(0.01, 0.02, out_features).tolist()), (-8,) * out_features),
+           "per_block": TensorEncoding("w", "int", 4, "per_block", True, tuple(rng.uniform(0.01, 0.02, blocks).tolist()),
+                                       (-8,) * blocks, block_size=block),
+           "lpbq": TensorEncoding("w", "int", 8, "lpbq", True, tuple(rng.uniform(0.001, 0.002, out_features).tolist()),
+                                  (-128,) * out_features, block_size=block, compressed_bitwidth=4,
+                                  per_block_int_scale=tuple(rng.integers(1, 17, blocks).tolist()))}[kind]
+    layout = WeightLayout(0, 1)          # what a Transpose before a MatMul gives an [out, in] weight
+
+    def dequantized(rewrite, output: str) -> np.ndarray:
+        graph = onnx.helper.make_graph(
+            list(rewrite.nodes), "w", [], [onnx.helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None)],
+            [onnx.helper.make_tensor(t.name, t.data_type, t.dims, t.values.tobytes(), raw=True)
+             for t in rewrite.tensors])
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)])
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {})[0]
+
+    as_written = dequantized(_weight("w", weight, enc, layout), "w")
+    folded = dequantized(_weight("w", weight, enc, layout, transposed_as="w_t"), "w_t")
+    assert folded.shape == (in_features, out_features)
+    np.testing.assert_array_equal(folded, as_written.T)
+    assert np.abs(as_written - weight).max() < 0.1
+
+
+def test_a_weight_the_prompt_graph_converted_from_the_same_bytes_and_encoding_is_taken_not_quantized_again(
+        build, converted, tmp_path, monkeypatch):
+    """The token graph (and every other length's graphs) converted beside the prompt graph: each weight the prompt
+    graph converted from the same bytes with the same encoding is taken as it is -- nothing quantized again, nothing
+    written, the same outputs as the token graph converted alone; a weight whose encoding differs is quantized again
+    into the token graph's own data file."""
+    from genie_build.encodings import write_encodings
+    from genie_build.toolchains.qnn_htp import qdq
+
+    quantized, real = [], qdq.quantize
+    monkeypatch.setattr(qdq, "quantize", lambda array, enc, layout: quantized.append(enc.name) or real(array, enc,
+                                                                                                        layout))
+    part = tmp_path / "part"
+    prompt, token = (part_files(build, 2, kind) for kind in ("prompt", "token"))
+    qdq.write_qdq_model(prompt[0], prompt[1], part / "prompt.onnx", graph_name=name_of(2, "prompt"))
+    in_prompt = len(quantized)
+    qdq.write_qdq_model(token[0], token[1], part / "token.onnx", graph_name=name_of(2, "token"),
+                        share_weights_with=part / "prompt.onnx")
+    assert in_prompt > 0 and quantized[in_prompt:] == []
+    assert (part / "token.onnx.data").stat().st_size == 0
+    ours = ort.InferenceSession(str(part / "token.onnx"), providers=["CPUExecutionProvider"])
+    alone = ort.InferenceSession(str(converted[2, "token"]), providers=["CPUExecutionProvider"])
+    feed = {value.name: np.random.default_rng(1).uniform(0, 1, value.shape).astype(np.float32)
+            for value in alone.get_inputs()}
+    for a, b in zip(ours.run(None, feed), alone.run(None, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    encodings = read_encodings(token[1])
+    changed = next(name for name, enc in encodings.params.items() if enc.kind == "per_channel")
+    enc = encodings.params[changed]
+    edited = dataclasses.replace(encodings, params={**encodings.params, changed: dataclasses.replace(
+        enc, scale=tuple(2 * x for x in enc.scale))})
+    write_encodings(tmp_path / "token.encodings.json", edited)
+    del quantized[:]
+    qdq.write_qdq_model(token[0], tmp_path / "token.encodings.json", part / "token_changed.onnx",
+                        graph_name=name_of(2, "token"), share_weights_with=part / "prompt.onnx")
+    assert quantized == [changed]
+    model = onnx.load(part / "token_changed.onnx", load_external_data=False)
+    location = next(entry.value for t in model.graph.initializer if t.name == f"{changed}_quantized"
+                    for entry in t.external_data if entry.key == "location")
+    assert location == "token_changed.onnx.data"

@@ -199,9 +199,7 @@ def test_an_aimet_user_export_of_the_demo_builds_a_bundle_holding_aimets_weights
         tie_kv_outputs(exports / f"{kind}.encodings")
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(demo / name, exports / name)
-    # LPBQ on the reference toolchain: the HTP backend leaves this export's bias DequantizeLinear beside an LPBQ
-    # MatMul on the CPU, and the qnn-htp compile refuses the part (docs/qnn-htp.md)
-    workdir, config = user_workdir(tmp_path, exports, REFERENCE_BUILD if recipe == "lpbq" else {})
+    workdir, config = user_workdir(tmp_path, exports, {})
     run_snakemake(workdir, config_file=config)
     out = workdir / "results" / USER
     assert load_json(out / "bundle_check.json")["errors"] == 0

@@ -17,7 +17,7 @@ from genie_build.toolchains.base import SDK_ROOT_VARIABLE
     ("reference", 16, "reference-fp16", (".onnx", ".onnx.data")),
     ("qairt", 32, "qairt-fp32", (".dlc",)),
     ("qnn-cli", 16, "qnn-cli-fp16", (".dlc",)),    # a '-' in the toolchain's own name
-    ("qnn-htp", 16, "qnn-htp-fp16", (".onnx", ".onnx.data", ".dlc")),   # the QDQ graph and its DLC
+    ("qnn-htp", 16, "qnn-htp-fp16", (".onnx", ".onnx.data")),   # the QDQ graph (its DLC: convert_dlc)
 ])
 def test_a_converter_is_named_and_read_back_by_one_rule(toolchain, bits, name, suffixes):
     converter = Converter.of_variant({"toolchain": toolchain, "float_bitwidth": bits, "weights_packing": True,

@@ -5,7 +5,7 @@ read back by the vendor's libQnnSystem, a no-op rerun, rebuild precision."""
 from __future__ import annotations
 
 import re
-
+import shutil
 import time
 
 import pytest
@@ -96,6 +96,33 @@ def test_the_bundles_binaries_read_back_with_the_graphs_names_soc_and_encodings_
     assert read_back_qnn_bundle(workdir / "results" / "demo", "source") == {
         f"demo_part_{index}_of_3.bin": [f"prompt_ar8_cl64_{index}_of_3", f"token_ar1_cl64_{index}_of_3"]
         for index in (2, 3)}
+
+
+def test_every_qnn_htp_graph_has_its_dlc_the_vendors_reader_opens_under_its_graph_name(built):
+    """convert.dlc (default true): each converted graph of the qnn-htp converter, as the DLC QNN's IR library makes
+    of it, kept beside it; the other converters write none."""
+    from genie_build.qnn_wheel.system import read_dlc
+
+    workdir, config_file = built
+    converted = workdir / "results" / "demo" / "converted" / "source"
+    dlcs = sorted(path.relative_to(converted).as_posix() for path in converted.rglob("*.dlc"))
+    assert dlcs == [f"qnn-htp-fp16/part_{index}_of_3/{kind}.dlc" for index in (2, 3) for kind in ("prompt", "token")]
+    for path in dlcs:
+        index, kind = path.split("/")[1][5], path.rsplit("/", 1)[1].removesuffix(".dlc")
+        ar = 8 if kind == "prompt" else 1
+        assert [graph.name for graph in read_dlc(converted / path).graphs] == [f"{kind}_ar{ar}_cl64_{index}_of_3"]
+    # one DLC gone: made again, and only it; with convert.dlc false nothing is asked for
+    gone = converted / dlcs[0]
+    kept = gone.with_suffix(".kept")
+    gone.rename(kept)
+    try:
+        jobs = run_snakemake(workdir, "-n", config_file=config_file).stdout
+        assert set(re.findall(r"^\s*(?:local)?rule (\w+):", jobs, re.M)) == {"convert_dlc", "all"}, jobs[-3000:]
+        without = write_config(workdir, {**SMALL_DEMO, "convert": {"dlc": False}}, name="no-dlc.yaml")
+        assert "Nothing to be done" in run_snakemake(workdir, "-n", config_file=without).stdout
+    finally:
+        shutil.copy2(kept, gone)
+        kept.unlink()
 
 
 def test_second_run_does_nothing(built):

@@ -72,8 +72,7 @@ rule convert_part_sdk:
         " --float-bitwidth {params.float_bitwidth} --out {output.dlc:q} > {log:q} 2>&1"
 
 
-# qnn-htp: the QDQ graph the vendor's HTP compiler takes (temp, as the reference's), and the DLC QNN's IR backend makes
-# of it, kept: the graph in the vendor's own form, for the vendor's tools.
+# qnn-htp: the QDQ graph the vendor's HTP compiler takes (temp, as the reference's).
 rule convert_part_qnn_htp:
     input:
         unpack(convert_inputs),
@@ -81,7 +80,6 @@ rule convert_part_qnn_htp:
     output:
         onnx=CONVERTED_FILE(f"{CONVERTED}.onnx"),
         data=CONVERTED_FILE(f"{CONVERTED}.onnx.data"),
-        dlc=CONVERTED_FILE(f"{CONVERTED}.dlc"),
     wildcard_constraints:
         converter=converter_pattern(["qnn-htp"]),
     params:
@@ -104,3 +102,28 @@ rule convert_part_qnn_htp:
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
         " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
         " {params.shared:q} --out {output.onnx:q} > {log:q} 2>&1"
+
+
+# With convert.dlc: the DLC QNN's IR backend makes of each qnn-htp converted graph, kept: the graph in the vendor's own
+# form, for the vendor's tools (about 1.1 bytes a weight a graph: docs/qnn-htp.md).
+rule convert_dlc:
+    input:
+        onnx=f"{CONVERTED}.onnx",
+        data=f"{CONVERTED}.onnx.data",
+    output:
+        f"{CONVERTED}.dlc",
+    wildcard_constraints:
+        converter=converter_pattern(["qnn-htp"]),
+    params:
+        graph_name=graph_name_of,
+        python=PYTHON,
+    group: GROUP_PER_PART
+    resources:
+        mem_mb=lambda wc, input: job_memory.convert_mb(job_memory.graph_weights(input.onnx)),
+    log:
+        f"{OUT}/logs/convert_dlc/{{encodings}}/{{converter}}/part_{{part}}/{{graph}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/convert_dlc/{{encodings}}/{{converter}}/part_{{part}}/{{graph}}.tsv"
+    shell:
+        "{params.python} -m genie_build convert-dlc --graph {input.onnx:q} --graph-name {params.graph_name:q}"
+        " --out {output:q} > {log:q} 2>&1"

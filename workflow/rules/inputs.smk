@@ -120,6 +120,16 @@ def converted_graphs(wildcards, variant=None):
             **{f"{key}_data": paths[1:] for key, paths in files.items()}}
 
 
+def dlc_files():
+    """With convert.dlc: the DLC of every graph of every part the qnn-htp variants' converters convert."""
+    if not config["convert"]["dlc"]:
+        return []
+    converters = {(encodings_of(variant), converter_of(variant)) for variant in config["variants"]
+                  if toolchain_of(variant) == "qnn-htp"}
+    return [CONVERTED.format(encodings=encodings, converter=converter, part=label, graph=key) + ".dlc"
+            for encodings, converter in sorted(converters) for label in bundle_part_labels() for key in BUNDLE_GRAPHS]
+
+
 # --- the evaluation (rules/evaluate.smk)
 
 EVALUATION = f"{OUT}/evaluation"

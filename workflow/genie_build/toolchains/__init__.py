@@ -103,11 +103,9 @@ class Converter:
 
     @property
     def suffixes(self) -> tuple[str, ...]:
-        """The files of a converted graph: the reference toolchain's ONNX and its data, qnn-htp's QDQ ONNX, its data
-        and its DLC, or an SDK's DLC."""
-        if self.toolchain in SDK_TOOLCHAINS:
-            return (".dlc",)
-        return (".onnx", ".onnx.data", ".dlc") if self.toolchain == "qnn-htp" else (".onnx", ".onnx.data")
+        """The files of a converted graph: the reference toolchain's ONNX and its data, qnn-htp's QDQ ONNX and its
+        data (its DLC is a stage of its own, ``convert_dlc``), or an SDK's DLC."""
+        return (".dlc",) if self.toolchain in SDK_TOOLCHAINS else (".onnx", ".onnx.data")
 
 
 def converter_pattern(toolchains: Iterable[str]) -> str:

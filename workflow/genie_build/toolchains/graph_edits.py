@@ -1,10 +1,13 @@
 """Edits of a part's graph that every converter makes: the graph and its encodings read and checked, tensors
-stored outside the initializers moved in, the graph's IO encodings recorded, initializers swapped for their converted
-form (each rebuilt just before its first use), graph inputs renamed, exporter annotations dropped, the converted graph
-written."""
+stored outside the initializers moved in, the graph's IO encodings recorded, an initializer the shared graph
+converted from the same bytes taken as it made it, initializers swapped for their converted form (each rebuilt just
+before its first use), graph inputs renamed, exporter annotations dropped, the converted graph written."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
 from collections import defaultdict
 from collections.abc import Mapping
@@ -18,15 +21,19 @@ from genie_build.encodings import Encodings, read_encodings, validate_against_mo
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import (FLOAT_TYPES, GraphTensors, check_external_data, external_data, graph_io,
-                                    load_graph, model_tensors, read_graph_tensors, require_finite, subgraphs)
-from genie_build.toolchains.reference.onnx_io import SharedWeights, load_external_bytes, set_metadata_json
+                                    load_graph, model_tensors, read_graph_tensors, require_finite, subgraphs,
+                                    tensor_sha256)
+from genie_build.toolchains.reference.onnx_io import (SharedWeights, load_external_bytes, metadata_json,
+                                                      set_metadata_json)
 from genie_build.units import GIB
 
-__all__ = ["ConvertInput", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors",
-           "io_encodings", "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
+__all__ = ["CONVERTED_FROM_KEY", "ConvertInput", "ConvertedBefore", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors",
+           "io_encodings", "made_from", "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
 
 # The converted graph's metadata key of its IO encodings (:func:`io_encodings`), every converter's.
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
+# The converted graph's metadata key of what each initializer's conversion read and became (:func:`made_from`).
+CONVERTED_FROM_KEY = "genie_build.converted_from"
 # The most bytes of attribute and subgraph tensors a converted graph holds inline (a protobuf is at most 2 GiB).
 MAX_INLINE_BYTES = GIB
 
@@ -205,3 +212,54 @@ def drop_exporter_annotations(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         node.doc_string = ""
         node.ClearField("metadata_props")
+
+
+def made_from(tensor: onnx.TensorProto, onnx_path: Path, **read: object) -> str | None:
+    """A digest of everything an external initializer's conversion reads: the sha256 of its stored bytes (read
+    again, so a weight changed in place at the same size is converted again), its dtype and shape, and ``read``
+    (the converter's other inputs: the encoding, layout, ...; dataclasses and JSON values). None for an inline
+    tensor: it is small, and converted again."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    record = {"sha256": tensor_sha256(tensor, onnx_path), "dtype": tensor.data_type, "dims": list(tensor.dims),
+              **{key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                 for key, value in read.items()}}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def converted_record(made: str, tensors: list[onnx.TensorProto], nodes: tuple[onnx.NodeProto, ...] | list) -> dict:
+    """An initializer's entry in :data:`CONVERTED_FROM_KEY`: its :func:`made_from` digest, what it became."""
+    return {"from": made, "tensors": [tensor.name for tensor in tensors], "nodes": [node.name for node in nodes]}
+
+
+class ConvertedBefore:
+    """The initializers the shared graph converted from the same bytes and the same other inputs
+    (:data:`CONVERTED_FROM_KEY`): what each became, taken as it is, not converted again (a part's graphs at every
+    length and its token graph hold the prompt graph's weights)."""
+
+    def __init__(self, shared: SharedWeights | None) -> None:
+        model = onnx.ModelProto() if shared is None else shared.model
+        self.model = model
+        self._records = metadata_json(model, CONVERTED_FROM_KEY, {})
+        self._tensors = {tensor.name: tensor for tensor in model.graph.initializer}
+        self._nodes = {node.name: node for node in model.graph.node}
+        self.taken = 0
+
+    def take(self, name: str, made: str | None) -> tuple[list[onnx.TensorProto], tuple[onnx.NodeProto, ...]] | None:
+        """Copies of the tensors and nodes ``name`` became, if the shared graph made them from what ``made``
+        digests; None otherwise."""
+        record = self._records.get(name)
+        if made is None or record is None or record["from"] != made:
+            return None
+        tensors = [self._tensors.get(tensor) for tensor in record["tensors"]]
+        nodes = [self._nodes.get(node) for node in record["nodes"]]
+        if not tensors or None in tensors or None in nodes:
+            return None
+        self.taken += 1
+        return [_copied(tensor) for tensor in tensors], tuple(_copied(node) for node in nodes)
+
+
+def _copied(proto: onnx.TensorProto | onnx.NodeProto) -> onnx.TensorProto | onnx.NodeProto:
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    return copy

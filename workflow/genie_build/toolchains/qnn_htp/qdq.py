@@ -15,6 +15,11 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
   tensor at 16 bits, asymmetric over their own range with 0 on the grid, as QNN's quantizer treats a static
   tensor without an override at the activation width (:data:`CONSTANT_BITWIDTH`); integer constants (shapes,
   indices), and weights with a float encoding (AIMET's float fallback), stay as they are. The rule is recorded in the model's metadata (:data:`CONSTANTS_KEY`).
+- **A 32-bit encoding on a tensor an elementwise op reads** (aimet-onnx's int32 bias of a MatMul followed by an Add,
+  scaled per channel by the input's and the weight's scales): QNN's elementwise ops take no 32-bit and no per-channel
+  input (the HTP backend leaves such a DequantizeLinear on the CPU; measured on an LPBQ export), so the bias takes the
+  values its encoding gives and is stored as the float constants above are, at :data:`CONSTANT_BITWIDTH` bits over
+  its own range (finer than the 16-bit grid of the Add's output it joins) and recorded with them.
 - **Activations the encodings leave out** (aimet-onnx encodes a supergroup's output, not each tensor inside it):
   the output of a data-movement op (:data:`_MOVES`: Reshape, Transpose, Split, ...) takes its input's encoding, as
   QNN propagates it; a MatMul or Gemm output feeding only the Add of a constant bias takes that Add's range at 16
@@ -23,6 +28,13 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
   outputs only); every other tensor stays
   float, which the HTP runs in float16 as QNN's converter does with ``float_fallback``. What each rule gave is
   recorded in the model's metadata (:data:`FILLED_KEY`).
+
+- **A weight read only through a Transpose** (torch.onnx writes ``nn.Linear`` as ``weight [out, in]`` -> Transpose ->
+  MatMul) is stored transposed, its DequantizeLinear giving the Transpose's output and the Transpose removed: the
+  same values, where QNN's execution provider fuses a DequantizeLinear feeding a MatMul but leaves one feeding a
+  Transpose on the CPU once the weight is large (the 152,064 x 3,584 LM head of a 7B model; measured), and a part
+  with a node on the CPU does not compile. Its encoding's channel and block axes are the stored tensor's
+  (:data:`FOLDED_KEY` lists what was folded).
 
 Initializers are read and written one at a time (memory holds one weight, never the part); tensors of 1 KiB and more
 go to ``<out>.data`` beside the output. The graph is moved to opset 21 first (int4 and blocked DequantizeLinear).
@@ -33,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,20 +58,24 @@ from genie_build.encodings import Encodings, TensorEncoding, blocked_shape, layo
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import WeightLayout, require_finite
-from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY, read_convert_input, replace_weights, write_converted
-from genie_build.toolchains.reference.onnx_io import ExternalDataWriter, SharedWeights, default_opset, read_initializer
-from genie_build.toolchains.reference.quantize import blocked_params, lpbq_channel_scale, quantize
+from genie_build.toolchains.graph_edits import (CONVERTED_FROM_KEY, IO_ENCODINGS_KEY, ConvertedBefore, converted_record,
+                                                made_from, read_convert_input, replace_weights, write_converted)
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset, metadata_json,
+                                                     read_initializer)
+from genie_build.toolchains.reference.quantize import blocked_params, dequantize, lpbq_channel_scale, quantize
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "FOLDED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
 
 QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
 CONSTANT_BITWIDTH = 16
 ACTIVATION_BITWIDTH = 16            # what the HTP's matrix units take when the encodings leave a product out
 CONSTANTS_KEY = "genie_build.unencoded_constants"
 FILLED_KEY = "genie_build.filled_encodings"
+FOLDED_KEY = "genie_build.folded_transposes"
 # Ops that move or cut their input's values without computing new ones: their output is on the input's grid.
 _MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Expand",
                     "Identity", "Gather", "Tile"})
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 _SIGNED = {4: onnx.TensorProto.INT4, 8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
 _UNSIGNED = {4: onnx.TensorProto.UINT4, 8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
 _ACTIVATION_BITWIDTHS = (8, 16)
@@ -102,7 +118,8 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
         input_names: graph inputs to rename (old -> new): ``inputs_embeds`` for the part after an embedding table.
         share_weights_with: a QDQ graph in ``out_path``'s folder (the part's prompt graph): each stored tensor it
             holds with the same name, type, shape and bytes is referred to in its data file, not written again (a
-            part's graphs at every length hold the same weights).
+            part's graphs at every length hold the same weights); a weight it converted from the same bytes, with
+            the same encoding and layout, is taken as it made it (:class:`ConvertedBefore`), not quantized again.
 
     Raises:
         GenieBuildError: an unreadable model or encodings file, encodings that do not fit the model, a weight
@@ -112,27 +129,51 @@ def write_qdq_model(onnx_path: str | os.PathLike[str], encodings_path: str | os.
     source = read_convert_input(onnx_path, encodings_path, out_path, share_weights_with)
     encodings, layouts, shared = source.encodings, source.names.param_layouts, source.shared
     model = _at_qdq_opset(source.model, onnx_path)
-    initializers, rebuilds, constants = [], [], {}
+    initializers, rebuilds, constants, converted_from = [], [], {}, {}
+    folds, elementwise = weight_transposes(model.graph), elementwise_operands(model.graph)
+    done_before = ConvertedBefore(shared)
+    constants_before = metadata_json(done_before.model, CONSTANTS_KEY, {})
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
-            array = read_initializer(tensor, onnx_path)
-            if array.dtype.kind == "f":
-                require_finite(array, f"initializer {tensor.name!r}", onnx_path)
-            rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
-                                           os.fspath(encodings_path))
-            del array
-            initializers += [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
-            rebuilds.append((tensor.name, list(rewrite.nodes)))
-            if rewrite.constant:
+            transposed_as = folds[tensor.name].output[0] if tensor.name in folds else None
+            made = made_from(tensor, onnx_path, encoding=encodings.of_initializer(tensor.name),
+                             layout=layouts.get(tensor.name), transposed_as=transposed_as,
+                             elementwise=tensor.name in elementwise, constant_bitwidth=CONSTANT_BITWIDTH,
+                             opset=QDQ_OPSET)
+            taken = done_before.take(tensor.name, made)
+            if taken is not None:
+                tensors, nodes = taken
+                constant = tensor.name in constants_before
+            else:
+                array = read_initializer(tensor, onnx_path)
+                if array.dtype.kind == "f":
+                    require_finite(array, f"initializer {tensor.name!r}", onnx_path)
+                rewrite = _rewrite_initializer(array, tensor.name, encodings, layouts.get(tensor.name),
+                                               os.fspath(encodings_path), transposed_as,
+                                               elementwise=tensor.name in elementwise)
+                del array
+                tensors = [_stored_tensor(writer, shared, stored) for stored in rewrite.tensors]
+                nodes, constant = rewrite.nodes, rewrite.constant
+            initializers += tensors
+            rebuilds.append((tensor.name, list(nodes)))
+            if constant:
                 constants[tensor.name] = CONSTANT_BITWIDTH
+            if made is not None:
+                converted_from[tensor.name] = converted_record(made, tensors, nodes)
+    if shared is not None:
+        log.info("%s: %d of %d weights taken as %s converted them (the same bytes and encoding)", out_path.name,
+                 done_before.taken, len(rebuilds), share_weights_with)
     replace_weights(model.graph, initializers, rebuilds)
-    weights = {name for name, _ in rebuilds}
+    _remove_transposes(model.graph, folds.values())
+    weights = {name for name, _ in rebuilds} | {node.output[0] for node in folds.values()}
     activations, filled = _filled_activations(model.graph, encodings.activations, weights)
     _quantize_activations(model.graph, activations, skip=weights)
     write_converted(model, source, out_path, graph_name=graph_name, input_names=input_names,
-                    metadata={IO_ENCODINGS_KEY: source.recorded_io, CONSTANTS_KEY: constants, FILLED_KEY: filled})
+                    metadata={IO_ENCODINGS_KEY: source.recorded_io, CONSTANTS_KEY: constants, FILLED_KEY: filled,
+                              FOLDED_KEY: {name: node.output[0] for name, node in folds.items()},
+                              CONVERTED_FROM_KEY: converted_from})
 
 
 def _stored_tensor(writer: ExternalDataWriter, shared: SharedWeights | None, stored: _Stored) -> onnx.TensorProto:
@@ -162,32 +203,85 @@ def _at_qdq_opset(model: onnx.ModelProto, onnx_path: Path) -> onnx.ModelProto:
                                          f"{QDQ_OPSET} for QNN's QDQ form: {str(exc).splitlines()[0]}") from None
 
 
+def weight_transposes(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Float 2-D initializers that only a Transpose reads (swapping the two axes) -> that Transpose: the weights
+    :func:`write_qdq_model` stores transposed."""
+    float_matrices = {tensor.name for tensor in graph.initializer
+                      if len(tensor.dims) == 2 and helper.tensor_dtype_to_np_dtype(tensor.data_type).kind == "f"}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in set(node.input) & float_matrices:
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    return {name: nodes[0] for name, nodes in readers.items()
+            if len(nodes) == 1 and name not in outputs and _swaps_axes(nodes[0]) and nodes[0].input[0] == name}
+
+
+def elementwise_operands(graph: onnx.GraphProto) -> set[str]:
+    """Initializers that only elementwise ops (:data:`_ELEMENTWISE`) read."""
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    return {tensor.name for tensor in graph.initializer if readers.get(tensor.name, {""}) <= _ELEMENTWISE}
+
+
+def _swaps_axes(node: onnx.NodeProto) -> bool:
+    perm = next((list(attribute.ints) for attribute in node.attribute if attribute.name == "perm"), [1, 0])
+    return node.op_type == "Transpose" and perm == [1, 0]
+
+
+def _remove_transposes(graph: onnx.GraphProto, transposes: Iterable[onnx.NodeProto]) -> None:
+    """Remove the folded ``transposes`` from ``graph``, each known by its output (which a DequantizeLinear gives
+    now)."""
+    outputs = {node.output[0] for node in transposes}
+    kept = [node for node in graph.node if not (node.op_type == "Transpose" and node.output[0] in outputs)]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
 def _rewrite_initializer(array: np.ndarray, name: str, encodings: Encodings, consumer_layout: WeightLayout | None,
-                         where: str) -> _Rewrite:
+                         where: str, transposed_as: str | None = None, *, elementwise: bool = False) -> _Rewrite:
+    """What one initializer becomes; ``transposed_as``: the output of the Transpose that alone reads it, which the
+    rewrite gives instead of ``name`` (the values stored transposed); ``elementwise``: only elementwise ops read
+    it (a 32-bit encoding then gives its values to a constant)."""
     enc = encodings.of_initializer(name)
     if array.dtype.kind != "f":
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     if enc is None:
-        return _constant(name, array)
+        return _constant(name, array, transposed_as)
     if enc.dtype != "int":  # a float encoding: the weight stays float, its op runs in float16 on the HTP
         return _Rewrite((_Stored(name, array, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape),))
     section = "param" if name in encodings.params else "activation"
     try:
         layout = layout_of(enc, array.shape, consumer_layout)
-        return _weight(name, array, enc, layout)
+        if elementwise and enc.bitwidth == 32:
+            q, scale, zero_point = quantize(array, enc, layout)
+            return _constant(name, dequantize(q, scale, zero_point, None if layout is None else layout.channel_axis),
+                             transposed_as)
+        return _weight(name, array, enc, layout, transposed_as)
     except GenieBuildError as exc:
         raise GenieBuildError(where, f"{section} encoding {name!r}: {exc.problem}") from None
 
 
-def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None) -> _Rewrite:
-    """An encoded weight as its integer values and one DequantizeLinear (two for LPBQ)."""
+def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLayout | None,
+            transposed_as: str | None = None) -> _Rewrite:
+    """An encoded weight as its integer values and one DequantizeLinear (two for LPBQ); quantized as it is, then,
+    with ``transposed_as``, its codes and block scales transposed (the float weight is never copied)."""
     q, scale, zero_point = quantize(array, enc, layout)
+    if transposed_as is not None:
+        q = np.ascontiguousarray(q.T)
+        if layout is not None:
+            layout = WeightLayout(1 - layout.channel_axis, None if layout.block_axis is None else 1 - layout.block_axis)
+        if enc.kind == "per_block":
+            scale, zero_point = np.ascontiguousarray(scale.T), np.ascontiguousarray(zero_point.T)
     bits = enc.compressed_bitwidth if enc.kind == "lpbq" else enc.bitwidth
     values, scale_name, zero_name = f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"
-    output = name if array.dtype == np.float32 else f"{name}_dequantized"
+    target = transposed_as or name
+    output = target if array.dtype == np.float32 else f"{name}_dequantized"
     signed = enc.is_symmetric and bool(np.all(zero_point.astype(np.int64) == 2 ** (bits - 1)))
     if signed:
-        codes = (q.astype(np.int64) - 2 ** (bits - 1)).astype(_NUMPY_SIGNED[bits])
+        codes = _centered(q, bits)
         zero_point, code_type = np.zeros(zero_point.shape, codes.dtype), _SIGNED[bits]
     elif bits in _UNSIGNED:
         codes, code_type = q.astype(_NUMPY_UNSIGNED[bits], copy=False), _UNSIGNED[bits]
@@ -206,7 +300,7 @@ def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLay
                                         "encodings take 2-D weights (MatMul, Gemm)")
         attributes.update(axis=layout.block_axis, block_size=enc.block_size)
     if enc.kind == "lpbq":
-        grid = blocked_shape(name, array.shape, enc.block_size, layout)
+        grid = blocked_shape(name, q.shape, enc.block_size, layout)
         int_scale = blocked_params(np.asarray(enc.per_block_int_scale), grid, layout).astype(np.uint8)
         channel_scale = lpbq_channel_scale(enc, grid, layout).astype(np.float32).reshape(-1)
         block_scale = f"{name}_block_scale"
@@ -223,25 +317,38 @@ def _weight(name: str, array: np.ndarray, enc: TensorEncoding, layout: WeightLay
     tensors.append(_Stored(zero_name, _packed(zero_point, bits), code_type, zero_point.shape))
     nodes.append(helper.make_node("DequantizeLinear", [values, scale_name, zero_name], [output],
                                   name=f"{name}/DequantizeLinear", **attributes))
-    if output != name:
-        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+    if output != target:
+        nodes.append(helper.make_node("Cast", [output], [target], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(array.dtype)))
     return _Rewrite(tuple(tensors), tuple(nodes))
 
 
-def _constant(name: str, array: np.ndarray) -> _Rewrite:
-    """A float constant without an encoding, at :data:`CONSTANT_BITWIDTH` bits per tensor over its own range."""
-    values = array.astype(np.float32)
+def _centered(q: np.ndarray, bits: int) -> np.ndarray:
+    """The unsigned codes ``q`` of a symmetric encoding (zero point ``2**(bits-1)``) as the signed values QNN stores,
+    ``q - 2**(bits-1)``, computed in ``q``'s own memory: a 7B LM head's codes through int64 took 4.4 GB."""
+    codes = q.view(_NUMPY_SIGNED[bits])
+    if bits == 8 * q.itemsize:      # the sign bit flipped is the subtraction modulo 2**bits
+        np.bitwise_xor(q, q.dtype.type(1 << (bits - 1)), out=q)
+    else:                           # 4 bits in a byte: 0..15 -> -8..7, no wrap
+        np.subtract(codes, codes.dtype.type(1 << (bits - 1)), out=codes)
+    return codes
+
+
+def _constant(name: str, array: np.ndarray, transposed_as: str | None = None) -> _Rewrite:
+    """A float constant without an encoding, at :data:`CONSTANT_BITWIDTH` bits per tensor over its own range;
+    stored transposed as ``transposed_as`` gives (:func:`_rewrite_initializer`)."""
+    values = array.astype(np.float32) if transposed_as is None else np.ascontiguousarray(array.T, np.float32)
     low, high = min(float(values.min(initial=0.0)), 0.0), max(float(values.max(initial=0.0)), 0.0)
     levels = 2 ** CONSTANT_BITWIDTH - 1
     scale = (high - low) / levels if high > low else 1.0
     zero_point = int(np.clip(np.rint(-low / scale), 0, levels))
     codes = np.clip(np.rint(values / np.float32(scale)) + zero_point, 0, levels).astype(np.uint16)
-    output = name if array.dtype == np.float32 else f"{name}_dequantized"
+    target = transposed_as or name
+    output = target if array.dtype == np.float32 else f"{name}_dequantized"
     nodes = [helper.make_node("DequantizeLinear", [f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"],
                               [output], name=f"{name}/DequantizeLinear")]
-    if output != name:
-        nodes.append(helper.make_node("Cast", [output], [name], name=f"{name}/Cast",
+    if output != target:
+        nodes.append(helper.make_node("Cast", [output], [target], name=f"{name}/Cast",
                                       to=helper.np_dtype_to_tensor_dtype(array.dtype)))
     return _Rewrite((_Stored(f"{name}_quantized", codes, onnx.TensorProto.UINT16, codes.shape),
                      _Stored(f"{name}_scale", np.array(scale, np.float32), onnx.TensorProto.FLOAT, ()),

@@ -2,7 +2,7 @@
 onnxruntime-qnn (see :class:`genie_build.toolchains.base.Toolchain`).
 
 - convert: a part's graph + its encodings -> the QDQ ONNX graph saying what the encodings say
-  (:mod:`genie_build.toolchains.qnn_htp.qdq`), and the DLC QNN's IR backend makes of it, beside it;
+  (:mod:`genie_build.toolchains.qnn_htp.qdq`); :func:`convert_dlc`: the DLC QNN's IR backend makes of it;
 - compile: every graph of a part into one HTP context binary for the chipset, under the bundle's graph names, the
   weights stored once (:mod:`genie_build.toolchains.qnn_htp.backend`);
 - inspect: the binary read back by the vendor's libQnnSystem (:mod:`genie_build.qnn_wheel.system`).
@@ -20,10 +20,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.qnn_wheel import locate_wheel
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, CompileOptions
 
-__all__ = ["NAME", "QnnHtpToolchain", "device_runtime", "htp_target", "qnn_binary_info"]
+__all__ = ["NAME", "QnnHtpToolchain", "convert_dlc", "device_runtime", "htp_target", "qnn_binary_info"]
 
 NAME = "qnn-htp"
-DLC_SUFFIX = ".dlc"
 
 
 def htp_target(options: CompileOptions):
@@ -45,20 +44,14 @@ class QnnHtpToolchain:
     def convert(self, onnx_path: Path, encodings_path: Path, out_path: Path, *, graph_name: str,
                 float_bitwidth: int, input_names: Mapping[str, str] | None = None,
                 share_weights_with: Path | None = None) -> None:
-        """The QDQ graph at ``out_path`` (+ ``.data``) and its DLC at ``out_path`` with suffix ``.dlc``.
+        """The QDQ graph at ``out_path`` (+ ``.data``).
 
         ``float_bitwidth`` does not apply: every float constant the encodings leave out is quantized
         (:data:`genie_build.toolchains.qnn_htp.qdq.CONSTANT_BITWIDTH`), as the HTP runs integer graphs."""
-        from genie_build.chipsets import CHIPSETS
-        from genie_build.toolchains.qnn_htp.backend import HtpTarget, write_dlc
         from genie_build.toolchains.qnn_htp.qdq import write_qdq_model
 
         write_qdq_model(onnx_path, encodings_path, out_path, graph_name=graph_name, input_names=input_names,
                         share_weights_with=share_weights_with)
-        # The DLC is the graph in QNN's own form, whatever the SoC: any chipset's target writes the same one.
-        device = CHIPSETS["SM8750"]
-        write_dlc(out_path, graph_name, Path(out_path).with_suffix(DLC_SUFFIX),
-                  HtpTarget(device.soc_model, int(device.dsp_arch.lstrip("v"))))
 
     def compile(self, converted: dict[str, Path], out_path: Path, options: CompileOptions) -> None:
         """Every converted graph into one context binary at ``out_path`` (staged beside it)."""
@@ -78,6 +71,21 @@ class QnnHtpToolchain:
     def inspect(self, binary_path: Path) -> BinaryInfo:
         """The binary as libQnnSystem reads it: graphs with their IO and quantization, the SoC, the QNN build."""
         return qnn_binary_info(binary_path, NAME)
+
+
+def convert_dlc(qdq_path: Path, graph_name: str, out_path: Path) -> None:
+    """The DLC QNN's IR backend makes of a converted QDQ graph, named ``graph_name`` inside, at ``out_path``: the graph
+    in the vendor's own form, for the vendor's tools. Whatever the SoC: any chipset's target writes the same one.
+
+    Raises:
+        GenieBuildError: the wheel is missing, or the IR backend refuses the graph.
+    """
+    from genie_build.chipsets import CHIPSETS
+    from genie_build.toolchains.qnn_htp.backend import HtpTarget, write_dlc
+
+    locate_wheel(f"toolchain {NAME}")
+    device = CHIPSETS["SM8750"]
+    write_dlc(Path(qdq_path), graph_name, Path(out_path), HtpTarget(device.soc_model, int(device.dsp_arch.lstrip("v"))))
 
 
 def qnn_binary_info(binary_path: Path, toolchain: str, library: Path | None = None) -> BinaryInfo:

@@ -40,7 +40,8 @@ from genie_build.toolchains.base import AppliedOptions, CompileOptions, GraphInf
 from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
 from genie_build.toolchains.reference.container_format import (FORMAT_VERSION, MAGIC, PREAMBLE, TOOLCHAIN,
                                                                WEIGHT_SECTION_ALIGNMENT, Layout, padding, read_layout)
-from genie_build.toolchains.reference.convert import CONVERTED_FROM_KEY, FLOAT_BITWIDTH_KEY, quantized_weights
+from genie_build.toolchains.graph_edits import CONVERTED_FROM_KEY
+from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, quantized_weights
 from genie_build.toolchains.reference.onnx_io import metadata_json, read_initializer, remove_metadata
 from genie_build.toolchains.reference.packing import pack_int4, packed_nbytes, unpack_int4
 from genie_build.toolchains.reference.quantize import (BLOCK_VALUES, broadcast_params, params_of_rows,

@@ -38,8 +38,6 @@ initializer points at its data file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -53,10 +51,11 @@ from onnx import helper
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, TensorEncoding, blocked_shape, layout_of
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import GraphTensors, WeightLayout, require_finite, tensor_sha256
-from genie_build.toolchains.graph_edits import (IO_ENCODINGS_KEY, ConvertInput, read_convert_input, replace_weights,
+from genie_build.onnx_graph import GraphTensors, WeightLayout, require_finite
+from genie_build.toolchains.graph_edits import (CONVERTED_FROM_KEY, IO_ENCODINGS_KEY, ConvertedBefore, ConvertInput,
+                                                converted_record, made_from, read_convert_input, replace_weights,
                                                 write_converted)
-from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, SharedWeights, default_opset,
+from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, default_opset,
                                                      metadata_json, read_initializer)
 from genie_build.toolchains.reference.quantize import (blocked_params, broadcast_params, lpbq_channel_scale,
                                                        quantize, stored_bitwidth, unsigned_dtype)
@@ -66,7 +65,6 @@ __all__ = ["CONVERTED_FROM_KEY", "FLOAT_BITWIDTHS", "FLOAT_BITWIDTH_KEY", "QUANT
            "quantized_weights"]
 
 QUANTIZED_WEIGHTS_KEY = "genie_build.quantized_weights"
-CONVERTED_FROM_KEY = "genie_build.converted_from"
 FLOAT_BITWIDTH_KEY = "genie_build.float_bitwidth"
 FLOAT_BITWIDTHS = SUPPORTED_FLOAT_BITWIDTHS  # what a float weight or fallback is stored as
 
@@ -146,17 +144,20 @@ def _convert_weights(source: ConvertInput, out_path: Path, float_bitwidth: int, 
     model, encodings, shared, onnx_path = source.model, source.encodings, source.shared, source.path
     opset = default_opset(model)
     done = _ConvertedWeights()
-    done_before = _ConvertedBefore(shared)
+    done_before = ConvertedBefore(shared)
+    quantized_before = metadata_json(done_before.model, QUANTIZED_WEIGHTS_KEY, {})
     data_name = out_path.name + ".data"
     with atomic_open(out_path.with_name(data_name)) as data:
         writer = ExternalDataWriter(data, data_name)
         for tensor in model.graph.initializer:
             enc, is_param, layout = (encodings.of_initializer(tensor.name), tensor.name in encodings.params,
                                      source.names.param_layouts.get(tensor.name))
-            made_from = _made_from(tensor, onnx_path, enc, is_param, layout, float_bitwidth, opset)
-            taken = done_before.take(tensor.name, made_from)
+            made = made_from(tensor, onnx_path, is_param=is_param, encoding=enc, layout=layout,
+                             float_bitwidth=float_bitwidth, opset=opset)
+            taken = done_before.take(tensor.name, made)
             if taken is not None:
-                tensors, nodes, quantization = taken
+                tensors, nodes = taken
+                quantization = quantized_before.get(tensors[0].name)
                 done.initializers += tensors
             else:
                 array = read_initializer(tensor, onnx_path)
@@ -173,60 +174,10 @@ def _convert_weights(source: ConvertInput, out_path: Path, float_bitwidth: int, 
             done.rebuilds.append((tensor.name, nodes))
             if quantization is not None:
                 done.quantized[tensors[0].name] = quantization
-            if made_from is not None:
-                done.converted_from[tensor.name] = {"from": made_from, "tensors": [t.name for t in tensors],
-                                                    "nodes": [node.name for node in nodes]}
+            if made is not None:
+                done.converted_from[tensor.name] = converted_record(made, tensors, nodes)
     done.taken = done_before.taken
     return done
-
-
-def _made_from(tensor: onnx.TensorProto, onnx_path: Path, enc: TensorEncoding | None, is_param: bool,
-               layout: WeightLayout | None, float_bitwidth: int, opset: int) -> str | None:
-    """A digest of everything an external initializer's conversion reads: the sha256 of its stored bytes (read
-    again, so a weight changed in place at the same size is converted again), its dtype and shape, its encoding,
-    layout and float bitwidth, and the opset (which decides the nodes). None for an inline tensor: it is small, and
-    converted again."""
-    if tensor.data_location != onnx.TensorProto.EXTERNAL:
-        return None
-    read = {"sha256": tensor_sha256(tensor, onnx_path), "dtype": tensor.data_type, "dims": list(tensor.dims),
-            "is_param": is_param, "encoding": None if enc is None else dataclasses.asdict(enc),
-            "layout": None if layout is None else dataclasses.asdict(layout),
-            "float_bitwidth": float_bitwidth, "opset": opset}
-    return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
-
-
-class _ConvertedBefore:
-    """The initializers the graph shared with converted from the same bytes with the same encoding
-    (:data:`CONVERTED_FROM_KEY`): what each became, taken as it is."""
-
-    def __init__(self, shared: SharedWeights | None) -> None:
-        model = onnx.ModelProto() if shared is None else shared.model
-        self._records = metadata_json(model, CONVERTED_FROM_KEY, {})
-        self._quantized = metadata_json(model, QUANTIZED_WEIGHTS_KEY, {})
-        self._tensors = {tensor.name: tensor for tensor in model.graph.initializer}
-        self._nodes = {node.name: node for node in model.graph.node}
-        self.taken = 0
-
-    def take(self, name: str, made_from: str | None
-             ) -> tuple[list[onnx.TensorProto], tuple[onnx.NodeProto, ...], dict | None] | None:
-        """Copies of the tensors and nodes ``name`` became and its quantization record, if the shared graph made
-        them from what ``made_from`` digests; None otherwise."""
-        record = self._records.get(name)
-        if made_from is None or record is None or record["from"] != made_from:
-            return None
-        tensors = [self._tensors.get(tensor) for tensor in record["tensors"]]
-        nodes = [self._nodes.get(node) for node in record["nodes"]]
-        if not tensors or None in tensors or None in nodes:
-            return None
-        self.taken += 1
-        return [_copied(tensor) for tensor in tensors], tuple(_copied(node) for node in nodes), \
-            self._quantized.get(tensors[0].name)
-
-
-def _copied(proto: onnx.TensorProto | onnx.NodeProto) -> onnx.TensorProto | onnx.NodeProto:
-    copy = type(proto)()
-    copy.CopyFrom(proto)
-    return copy
 
 
 def _convert_initializer(array: np.ndarray, name: str, enc: TensorEncoding | None, is_param: bool,
