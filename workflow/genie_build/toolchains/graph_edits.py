@@ -27,8 +27,9 @@ from genie_build.toolchains.reference.onnx_io import (SharedWeights, load_extern
                                                       set_metadata_json)
 from genie_build.units import GIB
 
-__all__ = ["CONVERTED_FROM_KEY", "ConvertInput", "ConvertedBefore", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "drop_exporter_annotations", "inline_stored_tensors",
-           "io_encodings", "made_from", "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
+__all__ = ["CONVERTED_FROM_KEY", "IO_ENCODINGS_KEY", "MAX_INLINE_BYTES", "ConvertInput", "ConvertedBefore",
+           "converted_record", "drop_exporter_annotations", "inline_stored_tensors", "io_encodings", "made_from",
+           "read_convert_input", "rename_inputs", "replace_weights", "write_converted"]
 
 # The converted graph's metadata key of its IO encodings (:func:`io_encodings`), every converter's.
 IO_ENCODINGS_KEY = "genie_build.io_encodings"
