@@ -58,18 +58,18 @@ class Weighing:
     rules the weights alone (the size model counts the constants per layer)."""
 
     encoding_of: Callable[[Weight], TensorEncoding | None]
-    constants: bool
+    counts_constants: bool
 
 
 def by_encodings(encodings: Encodings) -> Weighing:
     """Each initializer weighed with its param encoding, else an activation encoding AIMET gives it (the table)
     (:meth:`Encodings.of_initializer`), the graph's constants included."""
-    return Weighing(lambda weight: encodings.of_initializer(weight.spec.name), constants=True)
+    return Weighing(lambda weight: encodings.of_initializer(weight.spec.name), counts_constants=True)
 
 
 def by_precision(precision: Precision) -> Weighing:
     """Each weight weighed as ``precision`` stores it (:func:`genie_build.precision.weight_encoding`)."""
-    return Weighing(lambda weight: weight_encoding(weight, precision), constants=False)
+    return Weighing(lambda weight: weight_encoding(weight, precision), counts_constants=False)
 
 
 def piece_bytes(model: ModelWeights, weighing: Weighing) -> list[int]:
@@ -81,7 +81,7 @@ def piece_bytes(model: ModelWeights, weighing: Weighing) -> list[int]:
         GenieBuildError: a precision rule does not fit a weight.
     """
     totals = [0] * (len(model.boundaries) + 1)
-    for weight in (*model.weights, *(model.constants if weighing.constants else ())):
+    for weight in (*model.weights, *(model.constants if weighing.counts_constants else ())):
         size = quantized_bytes(weight.spec, weighing.encoding_of(weight))
         for index in weight.pieces:
             totals[index] += size
