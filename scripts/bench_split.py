@@ -29,10 +29,11 @@ from pathlib import Path
 from genie_build.boundaries import find_boundaries
 from genie_build.encodings import Encodings
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import model_pieces
+from genie_build.plan import by_encodings, weighed_pieces
 from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import write_plan
 from genie_build.units import MIB
+from genie_build.weight_inventory import weights_from_graph
 
 # 24 layers, hidden 2048, vocab 32000: about 2.7 GB of fp32 weights per graph (prompt and token).
 DEMO_SIZE = {"layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 4, "intermediate": 2048,
@@ -78,7 +79,8 @@ def write_bench_plan(model_dir: Path, plan_path: Path, num_parts: int) -> None:
     """Plan by fp32 bytes (no encodings): the split does not depend on how the sizes were estimated."""
     prompt = model_dir / "prompt.onnx"
     model = load_graph(prompt)
-    plan = plan_by_num_parts(model_pieces(model, Encodings(), find_boundaries(model, prompt)), num_parts)
+    weights = weights_from_graph(model, find_boundaries(model, prompt))
+    plan = plan_by_num_parts(weighed_pieces(weights, by_encodings(Encodings())), num_parts)
     write_plan(plan_path, plan)
 
 

@@ -16,8 +16,9 @@ from genie_build.demo import DemoShape, generate_demo
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph, tensor_shapes
-from genie_build.plan import model_pieces
+from genie_build.plan import by_encodings, weighed_pieces
 from genie_build.plan_file import read_plan
+from genie_build.weight_inventory import weights_from_graph
 from hf_export import export_tiny_qwen2
 from scoped_graph import EMBED_OUT, NAME_SCOPES_KEY, build_scoped_graph, layer_out
 
@@ -233,7 +234,7 @@ def test_hf_export_graphs_share_weights_and_plan(hf_graphs: tuple[Path, Path]) -
         check_external_data(load_graph(path), path)
     check_shared_initializers(prompt, token)
     model = load_graph(prompt)
-    pieces = model_pieces(model, Encodings(), find_boundaries(model, prompt))
+    pieces = weighed_pieces(weights_from_graph(model, find_boundaries(model, prompt)), by_encodings(Encodings()))
     layer_bytes = {piece.bytes for piece in pieces if piece.kind == "layer"}
     assert len(layer_bytes) == 1   # identical layers, every weight accounted to its own layer
     vocab, hidden = 256, 64

@@ -42,9 +42,11 @@ def test_a_unit_label_is_never_read_as_a_part_label(index: int, num_units: int, 
 
 
 def test_a_piece_is_named_by_its_position_and_the_planner_names_it_so() -> None:
-    from genie_build.plan import weighed_pieces
+    from genie_build.encodings import Encodings
+    from genie_build.plan import by_encodings, weighed_pieces
+    from genie_build.weight_inventory import ModelWeights
     assert piece_names(2) == ("embedding", "layer_0", "layer_1", "head")
-    pieces = weighed_pieces({}, {}, {}, ["b0", "b1", "b2"])
+    pieces = weighed_pieces(ModelWeights((), ("b0", "b1", "b2")), by_encodings(Encodings()))
     assert tuple(piece.name for piece in pieces) == piece_names(2)
     assert [piece.kind for piece in pieces] == ["embedding", "layer", "layer", "head"]
 

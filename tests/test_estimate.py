@@ -25,7 +25,7 @@ from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings
 from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
                                   container_overhead, estimate, stored_size)
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
-from genie_build.plan import model_pieces
+from genie_build.plan import by_encodings, weighed_pieces
 from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import read_plan
 from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
@@ -38,7 +38,7 @@ from genie_build.toolchains.reference.container import stored_nbytes, write_cont
 from genie_build.toolchains.reference.container_format import inspect_container, read_header
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, QUANTIZED_WEIGHTS_KEY, convert_model
 from genie_build.toolchains.reference.onnx_io import set_metadata_json
-from genie_build.weight_inventory import weights_from_hf_config, weights_from_onnx
+from genie_build.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
 from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake
 from workflow_helpers import write_config as write_workflow_config
 
@@ -56,6 +56,12 @@ def write_config(tmp_path: Path, **changes) -> Path:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**SMALL, **changes}))
     return path
+
+
+def graph_weights(path: Path) -> ModelWeights:
+    """The weights of an ONNX graph at the boundaries its node scopes give."""
+    model = load_graph(path)
+    return weights_from_graph(model, find_boundaries(model, path))
 
 
 def sizes(result, variant: str, key: str = "weight_bytes") -> list[int]:
@@ -212,14 +218,14 @@ def test_config_and_graph_of_the_same_shape_estimate_exactly_alike(demo, num_par
     precision = Precision(overrides=(WeightRule("model.layers.1.mlp.*", 8), WeightRule("*.bias", 16, dtype="float")))
     from_config = estimate(weights_from_hf_config(demo / "config.json"), precision, num_parts=num_parts,
                            embedding_alone=embedding_alone)
-    from_graph = estimate(weights_from_onnx(demo / "prompt.onnx"), precision, num_parts=num_parts,
+    from_graph = estimate(graph_weights(demo / "prompt.onnx"), precision, num_parts=num_parts,
                           embedding_alone=embedding_alone)
     assert from_graph == from_config
     assert len(from_config.parts) == num_parts * len(PREDICTED_VARIANTS)
 
 
 def test_graph_weights_leave_constants_out_and_take_roles_from_their_pieces(demo):
-    model = weights_from_onnx(demo / "prompt.onnx")
+    model = graph_weights(demo / "prompt.onnx")
     roles = {weight.spec.name: weight.role for weight in model.weights}
     assert roles[EMBED_WEIGHT] == "embedding" and roles[LM_HEAD_WEIGHT] == "lm_head"
     assert roles["model.layers.2.mlp.up_proj.weight"] == "layers"
@@ -239,8 +245,8 @@ def compiled(tmp_path_factory) -> dict:
     encodings = {kind: source / f"{kind}.encodings.json" for kind in ("prompt", "token")}
     calibrate(source / "prompt.onnx", source / "token.onnx", encodings["prompt"], encodings["token"], num_samples=1)
     prompt = load_graph(source / "prompt.onnx")
-    pieces = model_pieces(prompt, read_encodings(encodings["prompt"]),
-                          find_boundaries(prompt, source / "prompt.onnx"))
+    pieces = weighed_pieces(weights_from_graph(prompt, find_boundaries(prompt, source / "prompt.onnx")),
+                            by_encodings(read_encodings(encodings["prompt"])))
     plan = plan_by_num_parts(pieces, 3)
     parts = {kind: split_graph(source / f"{kind}.onnx", plan, root / "parts", kind) for kind in encodings}
     converted: dict[str, dict[str, Path]] = {part.label: {} for part in plan.parts}
@@ -270,7 +276,7 @@ def compiled(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("source", ["config", "graph"])
 def test_estimate_is_within_1_percent_of_compiled_containers_per_part_and_in_total(compiled, source):
     model = (weights_from_hf_config(compiled["source"] / "config.json") if source == "config"
-             else weights_from_onnx(compiled["source"] / "prompt.onnx"))
+             else graph_weights(compiled["source"] / "prompt.onnx"))
     result = estimate(model, Precision(), num_parts=3)
     assert [part.pieces for part in result.plan.parts] == [part.pieces for part in compiled["plan"].parts]
     for variant in PREDICTED_VARIANTS:
@@ -381,7 +387,7 @@ def test_the_builtin_calibrator_quantizes_every_weight_as_the_default_precision_
     """The default precision (the estimate's, and the schema's 'precision' defaults) is what the builtin calibrator
     gives the demo: every weight's encoding, scale by scale, or none where the precision keeps it float."""
     calibrated = read_encodings(compiled["source"] / "prompt.encodings.json")
-    for weight in weights_from_onnx(compiled["source"] / "prompt.onnx").weights:
+    for weight in graph_weights(compiled["source"] / "prompt.onnx").weights:
         predicted, actual = weight_encoding(weight, Precision()), calibrated.of_initializer(weight.spec.name)
         if predicted is None:
             assert actual is None, weight.spec.name

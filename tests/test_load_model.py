@@ -202,7 +202,8 @@ def test_auto_on_qwen_7b_keeps_every_part_job_within_a_third_of_the_run_memory(g
     """On a 24 GB box (as --resources mem_mb, or its 25,276 MB as the machine's) no job holding a part takes more
     than a third of it: the build box, not the device, chose the count; on 64 GB the device's 3 parts fit."""
     from genie_build.job_memory import RunMemory
-    from genie_build.shape_plan import part_jobs, piece_floats, plan_from_hf_config
+    from genie_build.auto_split import part_jobs
+    from genie_build.shape_plan import piece_floats, plan_from_hf_config
 
     memory = RunMemory(given_mb, "the run is given")
     plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto", memory=memory)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -17,11 +19,13 @@ from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
 from genie_build.encodings import Encodings, TensorEncoding, check_graphs_consistent, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.onnx_graph import InitializerSpec, initializer_specs
-from genie_build.plan import initializer_pieces, model_pieces, quantized_bytes, weighed_pieces
+from genie_build.onnx_graph import InitializerSpec, load_graph
+from genie_build.plan import by_encodings, by_precision, quantized_bytes, weighed_pieces
 from genie_build.plan_file import Piece, Plan, read_plan, write_plan
 from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.precision import Precision
 from genie_build.units import MIB
+from genie_build.weight_inventory import ModelWeights, Weight, initializer_pieces, weights_from_graph
 from scoped_graph import EMBED_OUT, build_scoped_graph, layer_out
 
 
@@ -89,7 +93,12 @@ def four_bit(name: str, channels: int) -> TensorEncoding:
     return TensorEncoding(name, "int", 4, "per_channel", True, (0.01,) * channels, (-8,) * channels)
 
 
-def test_model_pieces_bytes_per_piece() -> None:
+def encoded_pieces(model: onnx.ModelProto, encodings: Encodings, boundaries: tuple[str, ...]) -> list[Piece]:
+    """The plan stage's pieces of a graph weighed with its encodings."""
+    return weighed_pieces(weights_from_graph(model, boundaries), by_encodings(encodings))
+
+
+def test_encoded_pieces_bytes_per_piece() -> None:
     """hidden 8, inter 16, rope 4, vocab 32: every MatMul weight 4-bit per channel, the rest fp16."""
     model = build_scoped_graph(layers=2, hidden=8, inter=16, rope=4, vocab=32)
     params = {}
@@ -98,7 +107,7 @@ def test_model_pieces_bytes_per_piece() -> None:
                                    "mlp.up_proj": (8, 16), "mlp.down_proj": (8, 16)}.items():
             full = f"model.layers.{i}.{name}.weight"
             params[full] = four_bit(full, cols)
-    pieces = model_pieces(model, Encodings(params=params), find_boundaries(model, "m.onnx"))
+    pieces = encoded_pieces(model, Encodings(params=params), find_boundaries(model, "m.onnx"))
     layer = (64 // 2 + 4 * 8) + (32 // 2 + 4 * 4) + 2 * (128 // 2 + 4 * 16) + 8 * 2 + 1 * 2   # + norm, eps
     assert [(p.name, p.kind, p.layer, p.bytes) for p in pieces] == [
         ("embedding", "embedding", None, 32 * 8 * 2),
@@ -107,27 +116,37 @@ def test_model_pieces_bytes_per_piece() -> None:
     assert [p.output_boundary for p in pieces] == [EMBED_OUT, layer_out(0), layer_out(1), None]
 
 
+def _spec_weight(name: str, shape: tuple[int, ...], pieces: set[int]) -> Weight:
+    return Weight(InitializerSpec(name, shape, "float32", 4 * int(np.prod(shape))), "layers", frozenset(pieces))
+
+
 def test_weighed_pieces_sum_each_initializer_into_every_piece_that_owns_it() -> None:
-    """From specs and owners alone (what the shape-only estimate has): a tied table weighs in the embedding
-    and the head, an unowned initializer nowhere, encodings default to none (fp16 fallback)."""
-    specs = {"table": InitializerSpec("table", (32, 8), "float32", 1024),
-             "w0": InitializerSpec("w0", (8, 16), "float32", 512),
-             "w1": InitializerSpec("w1", (8, 16), "float32", 512),
-             "eps": InitializerSpec("eps", (1,), "float32", 4),
-             "unused": InitializerSpec("unused", (100,), "float32", 400)}
-    owners = {"table": frozenset({0, 3}), "w0": frozenset({1}), "w1": frozenset({2}), "eps": frozenset({1, 2})}
-    pieces = weighed_pieces(specs, owners, {"w1": four_bit("w1", 16)}, ["b0", "b1", "b2"])
+    """From weights and their pieces alone (what the shape-only estimate has): a tied table weighs in the embedding
+    and the head, a constant in every layer using it, encodings default to none (fp16 fallback)."""
+    model = ModelWeights((_spec_weight("table", (32, 8), {0, 3}), _spec_weight("w0", (8, 16), {1}),
+                          _spec_weight("w1", (8, 16), {2})), ("b0", "b1", "b2"),
+                         constants=(_spec_weight("eps", (), {1, 2}),))
+    pieces = weighed_pieces(model, by_encodings(Encodings(params={"w1": four_bit("w1", 16)})))
     assert [(p.name, p.bytes, p.output_boundary) for p in pieces] == [
         ("embedding", 32 * 8 * 2, "b0"), ("layer_0", 8 * 16 * 2 + 2, "b1"),
         ("layer_1", 8 * 16 // 2 + 4 * 16 + 2, "b2"), ("head", 32 * 8 * 2, None)]
+    # a precision rules the weights alone: the constants are the size model's, not the pieces'
+    weights_alone = dataclasses.replace(model, constants=())
+    assert weighed_pieces(model, by_precision(Precision())) == weighed_pieces(weights_alone, by_precision(Precision()))
+    assert pieces != weighed_pieces(weights_alone, by_encodings(Encodings(params={"w1": four_bit("w1", 16)})))
 
 
-def test_model_pieces_weigh_the_graph_initializers_by_their_owners() -> None:
-    model = build_scoped_graph(layers=3, tied=True)
-    boundaries = find_boundaries(model, "m.onnx")
-    params = {"model.layers.1.mlp.up_proj.weight": four_bit("model.layers.1.mlp.up_proj.weight", 16)}
-    assert model_pieces(model, Encodings(params=params), boundaries) == weighed_pieces(
-        initializer_specs(model), initializer_pieces(model, boundaries), params, boundaries)
+def test_a_graphs_weights_and_constants_are_every_initializer_it_uses_with_its_pieces(small_demo: Path) -> None:
+    """The demo's graph: its float tensors are weights, its scalars and Reshape shapes constants, each with the pieces
+    using it, and nothing else."""
+    model = load_graph(small_demo / "prompt.onnx")
+    boundaries = find_boundaries(model, small_demo / "prompt.onnx")
+    weights = weights_from_graph(model, boundaries)
+    assert {w.spec.name: w.pieces for w in (*weights.weights, *weights.constants)} == initializer_pieces(model,
+                                                                                                       boundaries)
+    assert weights.constants and all(not w.spec.shape or w.spec.dtype == "int64" for w in weights.constants)
+    assert all(w.spec.shape and w.spec.dtype == "float32" for w in weights.weights)
+    assert weights.boundaries == boundaries
 
 
 def test_initializer_pieces_follow_the_data_flow() -> None:
@@ -330,6 +349,26 @@ def plan_args(inputs: dict[str, Path], out: Path, *extra: str) -> list[str]:
             "--encodings-prompt", str(inputs["enc"]), "--out", str(out), *extra]
 
 
+@pytest.mark.parametrize("command", ["plan with encodings", "plan with a recipe", "estimate"])
+def test_planning_reads_each_graph_once(inputs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        command: str) -> None:
+    """The graphs' structure is read once per command, whichever rule weighs the pieces: the checks, the
+    boundaries, the weights and the IO dimensions all come from the one read."""
+    import genie_build.onnx_graph.model as graph_model
+
+    reads: collections.Counter[str] = collections.Counter()
+    read_regular = graph_model.read_regular
+    monkeypatch.setattr(graph_model, "read_regular",
+                        lambda path, **kwargs: reads.update([Path(path).name]) or read_regular(path, **kwargs))
+    args = {"plan with encodings": plan_args(inputs, tmp_path / "plan.json", "--skip-weight-check"),
+            "plan with a recipe": ["plan", "--prompt", str(inputs["prompt"]), "--token", str(inputs["token"]),
+                                   "--recipe", "w4a16", "--unit-memory-mb", "2000", "--skip-weight-check",
+                                   "--out-units", str(tmp_path / "units.json"), "--out", str(tmp_path / "plan.json")],
+            "estimate": ["estimate", "--onnx", str(inputs["prompt"]), "--out-dir", str(tmp_path / "predicted")]}
+    assert main([*args[command], "--num-parts", "auto"]) == 0
+    assert reads == ({"prompt.onnx": 1} if command == "estimate" else {"prompt.onnx": 1, "token.onnx": 1})
+
+
 def test_command_writes_plan(inputs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "results" / "plan.json"
     assert main(plan_args(inputs, out, "--num-parts", "3")) == 0
@@ -412,6 +451,6 @@ def test_an_initializer_with_only_an_activation_encoding_weighs_what_it_is_store
     model = build_scoped_graph(layers=2, hidden=8, inter=16, rope=4, vocab=32)
     boundaries = find_boundaries(model, "m.onnx")
     table = TensorEncoding("model.embed_tokens.weight", "int", 8, scale=(0.1,), offset=(-128,))
-    plain = model_pieces(model, Encodings(), boundaries)
-    encoded = model_pieces(model, Encodings(activations={table.name: table}), boundaries)
+    plain = encoded_pieces(model, Encodings(), boundaries)
+    encoded = encoded_pieces(model, Encodings(activations={table.name: table}), boundaries)
     assert plain[0].bytes - encoded[0].bytes == 32 * 8 * 2 - (32 * 8 + 4)   # fp16 fallback -> 8-bit + one scale

@@ -20,11 +20,12 @@ from genie_build.demo import example_inputs
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import model_pieces
+from genie_build.plan import by_encodings, weighed_pieces
 from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import write_plan
 from genie_build.split import node_inputs, split_graph
 from genie_build.verify_split import build_feed, verify_chain
+from genie_build.weight_inventory import weights_from_graph
 from demo_shapes import SMALL
 from tiny_decoder import EMBED_OUT, build_tiny_decoder, layer_out, make_plan
 
@@ -291,7 +292,7 @@ def test_hf_export_splits_bit_exact(hf_qwen2: tuple[Path, Path], tmp_path: Path)
     prompt, token = hf_qwen2
     model = load_graph(prompt)
     cuts = find_boundaries(model, prompt)
-    plan = plan_by_num_parts(model_pieces(model, Encodings(), cuts), num_parts=3)
+    plan = plan_by_num_parts(weighed_pieces(weights_from_graph(model, cuts), by_encodings(Encodings())), num_parts=3)
     parts = split_both(prompt, token, plan, tmp_path / "parts")
     for kind, source in (("prompt", prompt), ("token", token)):
         for path in parts[kind]:

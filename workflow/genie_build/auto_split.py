@@ -13,16 +13,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 
 from genie_build.bundle_layout import BundleLayout
+from genie_build.calibration_units import PieceFloat
 from genie_build.chipsets import HTP_CONTEXT_BYTES, LoadParams
 from genie_build.conventions import kv_name
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import ModelShape, shape_of
+from genie_build.job_memory import RunMemory, part_job_mb
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
@@ -30,8 +32,7 @@ from genie_build.plan_file import PartPlan, Piece, Plan
 from genie_build.split_request import SplitRequest
 from genie_build.units import GIB, MIB
 
-__all__ = ["JobMemory", "auto_plan", "io_dims_from_graph",
-           "io_dims_from_hf_config", "plan_request"]
+__all__ = ["JobMemory", "auto_plan", "io_dims_from_graph", "io_dims_from_hf_config", "part_jobs", "plan_request"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,17 @@ class JobMemory:
 
     def describe(self) -> str:
         return f"the {self.limit_mb:,} MB a job may take (a third of the {self.given_mb:,} MB {self.source})"
+
+
+def part_jobs(floats: Mapping[str, PieceFloat], memory: RunMemory, evaluate: bool) -> JobMemory:
+    """What a job of the run may take, and what the largest job holding a part takes: its export, its
+    verification, its evaluation with ``evaluate`` (:mod:`genie_build.job_memory`); ``floats``: each piece's
+    (:meth:`genie_build.weight_inventory.ModelWeights.piece_floats`)."""
+    def part_mb(part: PartPlan) -> int:
+        return part_job_mb(sum(floats[name].total for name in part.pieces) / 1e6,
+                           max(floats[name].largest for name in part.pieces) / 1e6, evaluate=evaluate)
+
+    return JobMemory(memory.job_limit_mb, memory.given_mb, memory.source, part_mb)
 
 
 def io_dims_from_hf_config(path: str | os.PathLike[str] | ModelShape, activation_bits: int, ar: int,

@@ -1,9 +1,9 @@
 """The plan check: a plan made before calibration, from shapes (:mod:`genie_build.shape_plan`), against the pieces
 weighed from the encodings the calibration wrote.
 
-Each part's prompt graph and encodings give the bytes of the pieces it holds (the split's own weighing,
-:func:`genie_build.plan.initializer_pieces` and :func:`genie_build.plan.quantized_bytes`, cut at the part's internal
-boundaries); the planner then runs again with the plan's settings. Parts that would differ are an error: the
+Each part's prompt graph and encodings give the bytes of the pieces it holds (the plan stage's own weighing,
+:func:`genie_build.plan.piece_bytes` of :func:`genie_build.weight_inventory.weights_from_graph`, cut at the part's
+internal boundaries); the planner then runs again with the plan's settings. Parts that would differ are an error: the
 binaries would then not be the ones the plan promised, and the next build from the same config would cut the
 model elsewhere.
 """
@@ -20,11 +20,12 @@ from pathlib import Path
 from genie_build.encodings import read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
-from genie_build.onnx_graph import initializer_specs, load_graph
-from genie_build.plan import initializer_pieces, quantized_bytes
+from genie_build.onnx_graph import load_graph
+from genie_build.plan import by_encodings, piece_bytes
 from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.plan_file import PartPlan, Piece, Plan
 from genie_build.units import MIB
+from genie_build.weight_inventory import weights_from_graph
 
 __all__ = ["PlanCheck", "check_plan", "measured_pieces"]
 
@@ -71,13 +72,8 @@ def _part_piece_bytes(part: PartPlan, pieces: Sequence[Piece], graph_path: Path,
     model = load_graph(graph_path)
     encodings = read_encodings(encodings_path)
     cuts = [piece.output_boundary for piece in pieces[:-1]]
-    specs = initializer_specs(model)
-    totals = [0] * len(pieces)
-    for name, owners in initializer_pieces(model, cuts).items():
-        size = quantized_bytes(specs[name], encodings.of_initializer(name))
-        for index in owners:
-            totals[index] += size
-    return {piece.name: total for piece, total in zip(pieces, totals)}
+    totals = piece_bytes(weights_from_graph(model, cuts), by_encodings(encodings))
+    return {piece.name: total for piece, total in zip(pieces, totals, strict=True)}
 
 
 def check_plan(plan: Plan, measured: Sequence[Piece], out: str | os.PathLike[str],

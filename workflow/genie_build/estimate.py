@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
-from genie_build.auto_split import JobMemory, auto_plan, io_dims_from_graph, io_dims_from_hf_config, plan_request
+from genie_build.auto_split import (JobMemory, auto_plan, io_dims_from_graph, io_dims_from_hf_config, part_jobs,
+                                   plan_request)
+from genie_build.boundaries import find_boundaries
 from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
@@ -44,17 +46,16 @@ from genie_build.job_memory import RunMemory
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
-from genie_build.plan import weighed_pieces
+from genie_build.plan import by_precision, weighed_pieces
 from genie_build.plan_file import Piece, Plan, write_plan
-from genie_build.precision import Precision, weight_encoding
-from genie_build.shape_plan import part_jobs, piece_floats
+from genie_build.precision import Precision
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.split_request import SplitRequest
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 from genie_build.units import MIB
-from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
+from genie_build.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
 
 __all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
            "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "graphs_per_part",
@@ -178,12 +179,11 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
     if num_parts is None and max_part_bytes is None:
         raise ValueError("give num_parts or max_part_bytes")
     graphs = graphs_per_part(dims)
-    encodings = {weight.spec.name: weight_encoding(weight, precision) for weight in model.weights}
-    # Sized by the planner's own rule, so the predicted plan is the one the workflow makes from encodings
+    weighing = by_precision(precision)
+    encodings = {weight.spec.name: weighing.encoding_of(weight) for weight in model.weights}
+    # Weighed by the planner's own path, so the predicted plan is the one the workflow makes from encodings
     # of this precision.
-    pieces = weighed_pieces({weight.spec.name: weight.spec for weight in model.weights},
-                            {weight.spec.name: weight.pieces for weight in model.weights}, encodings,
-                            model.boundaries)
+    pieces = weighed_pieces(model, weighing)
     plan = plan_request(pieces, SplitRequest(num_parts, max_part_bytes, embedding_alone), dims=dims, load=load,
                         embedding=embedding, jobs=jobs)
     index_of = {piece.name: index for index, piece in enumerate(pieces)}
@@ -317,12 +317,13 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
         model = weights_from_hf_config(hf_config)
         dims = io_dims_from_hf_config(hf_config, precision.activations, ar, context_length)
     else:
-        model = weights_from_onnx(onnx, split["boundaries"])
-        dims = io_dims_from_graph(load_graph(onnx), precision.activations, onnx)
-    max_part_bytes = None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB)
-    jobs = None if memory is None or hf_config is None else part_jobs(piece_floats(hf_config), memory, evaluate)
-    result = estimate(model, precision, num_parts=split["num_parts"], max_part_bytes=max_part_bytes,
-                      embedding_alone=split["embedding_alone"], dims=dims, load=load, embedding=embedding, jobs=jobs)
+        graph = load_graph(onnx)   # read once, without its weights
+        model = weights_from_graph(graph, find_boundaries(graph, onnx, split["boundaries"]))
+        dims = io_dims_from_graph(graph, precision.activations, onnx)
+    request = SplitRequest.from_section(split)
+    jobs = None if memory is None or hf_config is None else part_jobs(model.piece_floats(), memory, evaluate)
+    result = estimate(model, precision, num_parts=request.num_parts, max_part_bytes=request.max_part_bytes,
+                      embedding_alone=request.embedding_alone, dims=dims, load=load, embedding=embedding, jobs=jobs)
     _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),
                     precision=precision, dims=dims, load=load, memory_variant=memory_variant, limits=limits,
                     embedding=embedding)

@@ -1,9 +1,12 @@
 """The plan stage: a prompt/token graph pair checked, cut into *pieces* (``embedding``, ``layer_0`` ..
 ``layer_{L-1}``, ``head``: final norm + LM head) at its boundaries, each piece weighed by its bytes after
-quantization, and the pieces planned into parts (:mod:`genie_build.planners`, or with ``auto``
-:mod:`genie_build.auto_split`).
+quantization, and the pieces planned into parts (:func:`genie_build.auto_split.plan_request`).
 
-The plan's records and its file are :mod:`genie_build.plan_file`.
+One path for every planner: a model's weights (:mod:`genie_build.weight_inventory`: of a graph, read once, or of a
+checkpoint's ``config.json``) are weighed by a rule (:class:`Weighing`: the graph's encodings, or a precision) into
+pieces (:func:`weighed_pieces`), which the split request plans. The checkpoint's plan is
+:mod:`genie_build.shape_plan`, the estimate :mod:`genie_build.estimate`; the plan's records and its file are
+:mod:`genie_build.plan_file`.
 """
 
 from __future__ import annotations
@@ -12,24 +15,30 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import onnx
 
+from genie_build.auto_split import io_dims_from_graph, plan_request
 from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
 from genie_build.boundaries import find_boundaries
+from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, write_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
-from genie_build.auto_split import io_dims_from_graph, plan_request
 from genie_build.conventions import piece_names
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
-                                    check_shared_initializers, initializer_specs, load_graph)
+                                    check_shared_initializers, load_graph)
 from genie_build.plan_file import Piece, Plan, write_plan
+from genie_build.precision import Precision, weight_encoding
+from genie_build.recipes import precision_of, recipe_named
 from genie_build.split_request import SplitRequest
 from genie_build.units import MIB
+from genie_build.weight_inventory import ModelWeights, Weight, weights_from_graph
 
-__all__ = ["initializer_pieces", "model_pieces", "plan_graphs", "plan_split", "quantized_bytes", "weighed_pieces"]
+__all__ = ["Weighing", "by_encodings", "by_precision", "piece_bytes", "plan_float_graphs", "plan_graphs",
+           "plan_split", "quantized_bytes", "weighed_pieces", "write_plan_and_units"]
 
 FP16_FALLBACK_BYTES = 2          # float weights without an encoding are kept as fp16
 log = logging.getLogger(__name__)
@@ -40,57 +49,79 @@ PER_BLOCK_INT_SCALE_BYTES = 1    # estimate for one LPBQ per-block integer scale
 _FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 
 
-# ------------------------------------------------------------------------------------------- pieces
+# ------------------------------------------------------------------------------------------- weighing
 
-def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str | os.PathLike[str], *,
-               num_parts: int | str | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
-               boundaries: Sequence[str] | None = None, check_weights: bool = True,
-               load: LoadParams = HTP_LOAD, other_lengths: Sequence[int] = (), embedding: str = "graph") -> Plan:
-    """The plan stage: check the two graphs, find their boundaries, weigh the pieces with the prompt graph's
-    encodings, choose the parts (``num_parts``, the fewest of at most ``max_part_bytes``, or with ``num_parts``
-    "auto" the fewest that map under ``load``) and write ``out``.
+@dataclass(frozen=True)
+class Weighing:
+    """How the pieces are weighed: the encoding each initializer is stored with (None: none), and whether the
+    graph's constants count. A graph's encodings weigh every initializer the converted graph stores; a precision
+    rules the weights alone (the size model counts the constants per layer)."""
 
-    The graphs' encodings are checked against each other by the encodings stage
-    (:func:`genie_build.encodings.check_graphs_consistent`), not here.
+    encoding_of: Callable[[Weight], TensorEncoding | None]
+    counts_constants: bool
+
+
+def by_encodings(encodings: Encodings) -> Weighing:
+    """Each initializer weighed with its param encoding, else an activation encoding AIMET gives it (the table)
+    (:meth:`Encodings.of_initializer`), the graph's constants included."""
+    return Weighing(lambda weight: encodings.of_initializer(weight.spec.name), counts_constants=True)
+
+
+def by_precision(precision: Precision) -> Weighing:
+    """Each weight weighed as ``precision`` stores it (:func:`genie_build.precision.weight_encoding`)."""
+    return Weighing(lambda weight: weight_encoding(weight, precision), counts_constants=False)
+
+
+def piece_bytes(model: ModelWeights, weighing: Weighing) -> list[int]:
+    """Each piece's bytes (0 = embedding, i + 1 = layer i, L + 1 = head): the :func:`quantized_bytes` of the
+    initializers it uses. An initializer counts towards every piece that uses it (a tied embedding/LM-head table is
+    in the first and the last part, as the split will duplicate it).
+
+    Raises:
+        GenieBuildError: a precision rule does not fit a weight.
+    """
+    totals = [0] * (len(model.boundaries) + 1)
+    for weight in (*model.weights, *(model.constants if weighing.counts_constants else ())):
+        size = quantized_bytes(weight.spec, weighing.encoding_of(weight))
+        for index in weight.pieces:
+            totals[index] += size
+    return totals
+
+
+def weighed_pieces(model: ModelWeights, weighing: Weighing) -> list[Piece]:
+    """The model's pieces, each weighing its :func:`piece_bytes`.
+
+    Raises:
+        GenieBuildError: as :func:`piece_bytes`.
+    """
+    totals, boundaries = piece_bytes(model, weighing), model.boundaries
+    names = piece_names(len(boundaries) - 1)
+    return [Piece(names[0], "embedding", totals[0], output_boundary=boundaries[0]),
+            *(Piece(names[layer + 1], "layer", totals[layer + 1], layer, boundaries[layer + 1])
+              for layer in range(len(boundaries) - 1)),
+            Piece(names[-1], "head", totals[-1])]
+
+
+# ------------------------------------------------------------------------------------------- graphs
+
+def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str], weighing: Weighing,
+                request: SplitRequest, *, boundaries: Sequence[str] | None = None, check_weights: bool = True,
+                load: LoadParams = HTP_LOAD, activation_bits: int = 16, other_lengths: Sequence[int] = (),
+                embedding: str = "graph") -> tuple[Plan, ModelWeights]:
+    """The plan of a prompt/token graph pair, each graph read once without its weights, and the prompt graph's
+    weights: the pair checked, its boundaries found, its pieces weighed by ``weighing`` and planned by ``request``
+    (``num_parts`` "auto" under ``load`` in the ``embedding`` layout, the graph's IO at ``activation_bits`` and at
+    every context length of ``other_lengths`` beside its own).
 
     Args:
         boundaries: the L + 1 residual tensors; default: found from node scopes.
         check_weights: compare the graphs' shared weights (the workflow's ``check_model`` job does that once per
             model change, not once per encodings change).
-        other_lengths: the context lengths of the graphs each part's binary holds beside these (for "auto").
-        embedding: ``bundle.embedding`` (for "auto": with "lut", part 1 is a table on the CPU, not a context).
 
     Raises:
         GenieBuildError: a graph's data is missing, the graphs' weights or boundaries differ, AR or CL cannot be
             read, or the request is infeasible.
     """
-    plan = plan_graphs(prompt_path, token_path,
-                       lambda model, found: model_pieces(model, read_encodings(encodings_path), found),
-                       num_parts=num_parts, max_part_bytes=max_part_bytes, embedding_alone=embedding_alone,
-                       boundaries=boundaries, check_weights=check_weights, load=load, other_lengths=other_lengths,
-                       embedding=embedding)
-    write_plan(out, plan)
-    for part in plan.parts:
-        log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
-    return plan
-
-
-def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
-                weigh: Callable[[onnx.ModelProto, tuple[str, ...]], list[Piece]], *,
-                num_parts: int | str | None = None, max_part_bytes: int | None = None, embedding_alone: bool = True,
-                boundaries: Sequence[str] | None = None, check_weights: bool = True,
-                load: LoadParams = HTP_LOAD, activation_bits: int = 16, other_lengths: Sequence[int] = (),
-                embedding: str = "graph") -> Plan:
-    """The plan of a prompt/token graph pair whose pieces ``weigh`` weighs (given the prompt graph, loaded without
-    its weights, and its boundaries): the checks and planning of :func:`plan_split`, however the bytes are known.
-    ``num_parts`` "auto" (with ``max_part_bytes`` as a bound) is :func:`genie_build.auto_split.auto_plan` under
-    ``load`` in the ``embedding`` layout, the graph's IO at ``activation_bits`` and at every context length of
-    ``other_lengths`` beside its own.
-
-    Raises:
-        GenieBuildError: as :func:`plan_split`.
-    """
-    request = SplitRequest(num_parts, max_part_bytes, embedding_alone)
     prompt, token = load_graph(prompt_path), load_graph(token_path)
     check_external_data(prompt, prompt_path)
     check_external_data(token, token_path)
@@ -101,10 +132,11 @@ def plan_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLi
     if token_boundaries != found:
         raise GenieBuildError(token_path, f"the token graph's boundaries {list(token_boundaries)} differ from the "
                                           f"prompt graph's {list(found)}; set {BOUNDARIES_KEY}")
-    pieces = weigh(prompt, found)
+    weights = weights_from_graph(prompt, found)
     dims = io_dims_from_graph(prompt, activation_bits, prompt_path, other_lengths) if request.auto else None
-    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding)
-    return dataclasses.replace(plan, **_graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)}))
+    plan = plan_request(weighed_pieces(weights, weighing), request, dims=dims, load=load, embedding=embedding)
+    shapes = _graph_shapes({"prompt": (prompt, prompt_path), "token": (token, token_path)})
+    return dataclasses.replace(plan, **shapes), weights
 
 
 def _graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:
@@ -126,107 +158,47 @@ def _graph_shapes(graphs: dict[str, tuple[onnx.ModelProto, str]]) -> dict:
     return {"graph_ar": graph_ar, "context_length": next(iter(lengths.values()))}
 
 
-def model_pieces(model: onnx.ModelProto, encodings: Encodings, boundaries: Sequence[str]) -> list[Piece]:
-    """The model's pieces with their weight bytes after quantization, computed without loading weights:
-    :func:`weighed_pieces` of the graph's initializers and the pieces consuming each.
-
-    Args:
-        model: the prompt graph, loaded without weights.
-        encodings: its AIMET encodings: each initializer's (:meth:`Encodings.of_initializer`).
-        boundaries: the L + 1 boundary tensors (:func:`genie_build.boundaries.find_boundaries`).
+def plan_split(prompt_path: str, token_path: str, encodings_path: str, out: str | os.PathLike[str],
+               request: SplitRequest, **settings) -> Plan:
+    """The ``plan`` command with encodings: :func:`plan_graphs` weighing the pieces with the prompt graph's
+    encodings (whether the graphs' encodings agree is :func:`genie_build.encodings.check_graphs_consistent`'s check,
+    not this one), written to ``out``.
 
     Raises:
-        GenieBuildError: the boundaries do not cut the residual stream in order (:func:`initializer_pieces`).
+        GenieBuildError: as :func:`plan_graphs`, or the encodings cannot be read.
     """
-    specs = initializer_specs(model)
-    # an initializer is stored with its param encoding, else an activation encoding AIMET gives it (the table)
-    stored_with = {name: encodings.of_initializer(name) for name in specs}
-    return weighed_pieces(specs, initializer_pieces(model, boundaries), stored_with, boundaries)
+    plan, _ = plan_graphs(prompt_path, token_path, by_encodings(read_encodings(encodings_path)), request, **settings)
+    write_plan(out, plan)
+    for part in plan.parts:
+        log.info("part %s: %s, %.2f MiB", part.label, "+".join(part.pieces), part.estimated_bytes / MIB)
+    return plan
 
 
-def weighed_pieces(specs: Mapping[str, InitializerSpec], owners: Mapping[str, frozenset[int]],
-                   encodings: Mapping[str, TensorEncoding | None], boundaries: Sequence[str]) -> list[Piece]:
-    """The pieces of a model of ``len(boundaries) - 1`` layers, each weighing the :func:`quantized_bytes` of
-    the initializers it owns.
-
-    An initializer counts towards every piece that owns it (a tied embedding/LM-head table is in the
-    first and the last part, as the split will duplicate it).
-
-    Args:
-        specs: initializer name -> its declared shape and type (no values needed).
-        owners: initializer name -> the pieces using it (0 = embedding, i + 1 = layer i, L + 1 = head), as
-            :func:`initializer_pieces` gives; initializers not listed weigh nothing.
-        encodings: initializer name -> the encoding it is stored with; missing or None: none.
-        boundaries: the L + 1 boundary tensors.
-    """
-    totals = [0] * (len(boundaries) + 1)
-    for name, piece_indices in owners.items():
-        size = quantized_bytes(specs[name], encodings.get(name))
-        for index in piece_indices:
-            totals[index] += size
-    names = piece_names(len(boundaries) - 1)
-    return [Piece(names[0], "embedding", totals[0], output_boundary=boundaries[0]),
-            *(Piece(names[layer + 1], "layer", totals[layer + 1], layer, boundaries[layer + 1])
-              for layer in range(len(boundaries) - 1)),
-            Piece(names[-1], "head", totals[-1])]
-
-
-def initializer_pieces(model: onnx.ModelProto, boundaries: Sequence[str]) -> dict[str, frozenset[int]]:
-    """Which pieces consume each initializer: 0 = embedding, i + 1 = layer i, L + 1 = head.
-
-    A node's piece is the number of boundaries upstream of it: data from graph inputs starts in piece 0
-    and crossing boundary k moves it to piece k + 1. Nodes fed only by constants (weight Transposes,
-    Constant nodes) belong to the pieces of their consumers. Unused initializers are left out.
-    Relies on ONNX's topological node order; subgraph bodies (If/Loop) are not looked into.
+def plan_float_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
+                      out_plan: str | os.PathLike[str], out_units: str | os.PathLike[str], request: SplitRequest, *,
+                      recipe: str, unit_memory_mb: int, **settings) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+    """The ``plan`` command for float graphs without encodings: :func:`plan_graphs` weighing the pieces as the named
+    recipe will store them, and the calibration chain's units; both written.
 
     Raises:
-        GenieBuildError: a boundary does not depend on the one before it (the boundaries do not cut the
-            residual stream in order), or is not computed from the graph inputs.
+        GenieBuildError: as :func:`plan_graphs` and :func:`genie_build.calibration_units.calibration_units`.
     """
-    graph = model.graph
-    consumers: dict[str, list[int]] = {}
-    for index, node in enumerate(graph.node):
-        for name in node.input:
-            consumers.setdefault(name, []).append(index)
-    data_pieces = _data_flow_pieces(graph, boundaries)
-    node_pieces: list[frozenset[int]] = [frozenset()] * len(graph.node)
-    for index in reversed(range(len(graph.node))):
-        piece = data_pieces[index]
-        node_pieces[index] = frozenset({piece}) if piece is not None else frozenset().union(
-            *(node_pieces[consumer] for output in graph.node[index].output for consumer in consumers.get(output, ())))
-    return {tensor.name: frozenset().union(*(node_pieces[consumer] for consumer in consumers[tensor.name]))
-            for tensor in graph.initializer if tensor.name in consumers}
+    precision = precision_of(recipe_named(recipe))
+    plan, weights = plan_graphs(prompt_path, token_path, by_precision(precision), request,
+                                activation_bits=precision.activations, **settings)
+    units = calibration_units(plan, weights.piece_floats(), unit_memory_mb)
+    write_plan_and_units(plan, units, out_plan, out_units)
+    return plan, units
 
 
-def _data_flow_pieces(graph: onnx.GraphProto, boundaries: Sequence[str]) -> list[int | None]:
-    """Each node's piece from the graph inputs downstream (None for nodes fed by constants only)."""
-    cut_index = {name: index for index, name in enumerate(boundaries)}
-    initializers = {tensor.name for tensor in graph.initializer}
-    tensor_piece = {value.name: 0 for value in graph.input if value.name not in initializers}
-    pieces: list[int | None] = []
-    for node in graph.node:
-        upstream = [tensor_piece[name] for name in node.input if name in tensor_piece]
-        piece = max(upstream) if upstream else None
-        pieces.append(piece)
-        for output in node.output if piece is not None else ():
-            if output in cut_index:
-                _check_cut_order(output, cut_index[output], piece, boundaries)
-                tensor_piece[output] = cut_index[output] + 1
-            else:
-                tensor_piece[output] = piece
-    unreached = [name for name in boundaries if name not in tensor_piece]
-    if unreached:
-        raise GenieBuildError(BOUNDARIES_KEY, f"{unreached} are not computed from the graph inputs (missing or "
-                                              "constant); the boundaries must be the residual stream")
-    return pieces
-
-
-def _check_cut_order(name: str, index: int, producer_piece: int, boundaries: Sequence[str]) -> None:
-    if producer_piece != index:
-        previous = f"boundary {index - 1} {boundaries[index - 1]!r}" if index else "the graph inputs"
-        raise GenieBuildError(BOUNDARIES_KEY, f"boundary {index} {name!r} does not follow {previous} in the data "
-                                              "flow; the boundaries must be the residual stream after the "
-                                              "embedding and after each layer, in order")
+def write_plan_and_units(plan: Plan, units: tuple[CalibrationUnit, ...], out_plan: str | os.PathLike[str],
+                         out_units: str | os.PathLike[str]) -> None:
+    """Write ``plan.json`` and the calibration units' file, and log each part with its units."""
+    write_plan(out_plan, plan)
+    write_units(out_units, units)
+    for part in plan.parts:
+        log.info("part %s: %s, %.2f MiB; units %s", part.label, "+".join(part.pieces), part.estimated_bytes / MIB,
+                 ", ".join(f"{unit.label} ({'+'.join(unit.pieces)})" for unit in part_units(units, part.label)))
 
 
 def quantized_bytes(spec: InitializerSpec, encoding: TensorEncoding | None) -> int:

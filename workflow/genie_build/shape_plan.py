@@ -1,11 +1,10 @@
-"""Plans made from shapes, before any calibration: of a Hugging Face checkpoint from its ``config.json`` alone
-(before anything is exported), and of float graphs brought without encodings.
+"""The plan of a Hugging Face checkpoint from its ``config.json`` alone, before anything is exported or calibrated.
 
 The pieces (embedding, each decoder layer, the head) are weighed as the calibrated encodings will store them
-(:func:`genie_build.recipes.precision_of`, AIMET's rule per weight) and balanced into parts by the same planner
-as a split (:mod:`genie_build.plan`). A checkpoint's part labels are therefore known when the workflow is parsed,
-and every part is exported, calibrated and converted as its own job. With the plan come the calibration chain's
-units (:mod:`genie_build.calibration_units`); :mod:`genie_build.check_plan` re-plans from the real encodings after
+(:func:`genie_build.recipes.precision_of`, AIMET's rule per weight) and planned by the same path as a graph's
+(:mod:`genie_build.plan`). A checkpoint's part labels are therefore known when the workflow is parsed, and every
+part is exported, calibrated and converted as its own job. With the plan come the calibration chain's units
+(:mod:`genie_build.calibration_units`); :mod:`genie_build.check_plan` re-plans from the real encodings after
 calibration and refuses a plan that they would cut differently.
 
 Also here, for the workflow's input functions: which checkpoint tensors each part reads
@@ -15,33 +14,27 @@ Also here, for the workflow's input functions: which checkpoint tensors each par
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
 import os
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
-from genie_build.auto_split import JobMemory, io_dims_from_hf_config, plan_request
-from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibration_units, part_units, write_units
+from genie_build.auto_split import io_dims_from_hf_config, part_jobs, plan_request
+from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibration_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
 from genie_build.errors import GenieBuildError
 from genie_build.hf_checkpoint import FP8_SCALE_SUFFIX, INDEX_NAME, Checkpoint, stored_name
 from genie_build.hf_config import ModelShape, shape_of
-from genie_build.job_memory import RunMemory, part_job_mb
-from genie_build.plan import plan_graphs, weighed_pieces
-from genie_build.plan_file import PartPlan, Piece, Plan, write_plan
-from genie_build.precision import weight_encoding
+from genie_build.job_memory import RunMemory
+from genie_build.plan import by_precision, weighed_pieces, write_plan_and_units
+from genie_build.plan_file import PartPlan, Plan
 from genie_build.recipes import precision_of, recipe_named
 from genie_build.split_request import SplitRequest
-from genie_build.units import MIB
-from genie_build.weight_inventory import ModelWeights, weights_from_hf_config, weights_from_onnx
+from genie_build.weight_inventory import weights_from_hf_config
 
-__all__ = ["part_jobs", "part_tensor_names", "part_weight_files", "piece_floats", "plan_checkpoint", "plan_from_hf_config",
-           "write_float_graphs_plan", "write_plan_checkpoint"]
-
-log = logging.getLogger(__name__)
+__all__ = ["part_tensor_names", "part_weight_files", "piece_floats", "plan_checkpoint", "plan_from_hf_config",
+           "write_plan_checkpoint"]
 
 
 def plan_from_hf_config(config_path: str | os.PathLike[str] | ModelShape, *, recipe: str, ar: int,
@@ -62,44 +55,17 @@ def plan_from_hf_config(config_path: str | os.PathLike[str] | ModelShape, *, rec
     request = SplitRequest(num_parts, max_part_bytes, embedding_alone)
     shape = shape_of(config_path)
     model = weights_from_hf_config(shape)
-    pieces = _weighed(model, recipe)
-    dims = io_dims_from_hf_config(shape, precision_of(recipe_named(recipe)).activations, ar, context)
-    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding,
-                        jobs=None if memory is None else part_jobs(_piece_floats(model), memory, evaluate))
-    return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
-
-
-def _weighed(model: ModelWeights, recipe: str) -> list[Piece]:
     precision = precision_of(recipe_named(recipe))
-    specs = {weight.spec.name: weight.spec for weight in model.weights}
-    owners = {weight.spec.name: weight.pieces for weight in model.weights}
-    encodings = {weight.spec.name: weight_encoding(weight, precision) for weight in model.weights}
-    return weighed_pieces(specs, owners, encodings, model.boundaries)
+    pieces = weighed_pieces(model, by_precision(precision))
+    dims = io_dims_from_hf_config(shape, precision.activations, ar, context)
+    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding,
+                        jobs=None if memory is None else part_jobs(model.piece_floats(), memory, evaluate))
+    return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
 
 
 def piece_floats(config_path: str | os.PathLike[str] | ModelShape) -> dict[str, PieceFloat]:
     """Piece name -> the float32 bytes of its weights and of the largest (what an export or a calibration holds)."""
-    return _piece_floats(weights_from_hf_config(config_path))
-
-
-def part_jobs(floats: Mapping[str, PieceFloat], memory: RunMemory, evaluate: bool) -> JobMemory:
-    """What a job of the run may take, and what the largest job holding a part takes: its export, its
-    verification, its evaluation with ``evaluate`` (:mod:`genie_build.job_memory`)."""
-    def part_mb(part: PartPlan) -> int:
-        return part_job_mb(sum(floats[name].total for name in part.pieces) / 1e6,
-                           max(floats[name].largest for name in part.pieces) / 1e6, evaluate=evaluate)
-
-    return JobMemory(memory.job_limit_mb, memory.given_mb, memory.source, part_mb)
-
-
-def _piece_floats(model: ModelWeights) -> dict[str, PieceFloat]:
-    """Piece name -> the float32 bytes of its weights and of the largest (what a calibration unit holds)."""
-    totals, largest = [0] * (model.num_layers + 2), [0] * (model.num_layers + 2)
-    for weight in model.weights:
-        for piece in weight.pieces:
-            totals[piece] += 4 * math.prod(weight.spec.shape)
-            largest[piece] = max(largest[piece], 4 * math.prod(weight.spec.shape))
-    return {name: PieceFloat(total, most) for name, total, most in zip(piece_names(model.num_layers), totals, largest)}
+    return weights_from_hf_config(config_path).piece_floats()
 
 
 def part_tensor_names(config_path: str | os.PathLike[str] | ModelShape, part: PartPlan,
@@ -152,12 +118,10 @@ def plan_checkpoint(config_path: str | os.PathLike[str] | ModelShape, split: Map
     """
     if split.get("boundaries"):
         raise GenieBuildError("split.boundaries", "the export names the residual stream itself; unset it")
-    max_mb = split.get("max_part_mb")
-    plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context,
-                               num_parts=split.get("num_parts"),
-                               max_part_bytes=None if max_mb is None else int(max_mb * MIB),
-                               embedding_alone=split.get("embedding_alone", True), load=load, embedding=embedding,
-                               memory=memory, evaluate=evaluate)
+    request = SplitRequest.from_section(split)
+    plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context, num_parts=request.num_parts,
+                               max_part_bytes=request.max_part_bytes, embedding_alone=request.embedding_alone,
+                               load=load, embedding=embedding, memory=memory, evaluate=evaluate)
     return plan, calibration_units(plan, piece_floats(config_path), unit_memory_mb)
 
 
@@ -166,45 +130,5 @@ def write_plan_checkpoint(config_path: str | os.PathLike[str], split: Mapping[st
                           **settings: Any) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The ``plan-hf`` command: :func:`plan_checkpoint`, written to ``plan.json`` and the units' file."""
     plan, units = plan_checkpoint(config_path, split, **settings)
-    _write(plan, units, out_plan, out_units)
-    return plan, units
-
-
-def _write(plan: Plan, units: tuple[CalibrationUnit, ...], out_plan: str | os.PathLike[str],
-           out_units: str | os.PathLike[str]) -> None:
-    write_plan(out_plan, plan)
-    write_units(out_units, units)
-    for part in plan.parts:
-        log.info("part %s: %s, %.2f MiB; units %s", part.label, "+".join(part.pieces), part.estimated_bytes / MIB,
-                 ", ".join(f"{unit.label} ({'+'.join(unit.pieces)})" for unit in part_units(units, part.label)))
-
-
-def write_float_graphs_plan(prompt_path: str | os.PathLike[str], token_path: str | os.PathLike[str],
-                            split: Mapping[str, Any], out_plan: str | os.PathLike[str],
-                            out_units: str | os.PathLike[str], *, recipe: str, unit_memory_mb: int,
-                            check_weights: bool = True, load: LoadParams = HTP_LOAD,
-                            other_lengths: Sequence[int] = (), embedding: str = "graph"
-                            ) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
-    """The ``plan`` command for float graphs without encodings: the pair's plan, its pieces weighed by the named
-    recipe's rule from the prompt graph's weight shapes (:func:`genie_build.weight_inventory.weights_from_onnx`),
-    and the calibration chain's units; both written.
-
-    Raises:
-        GenieBuildError: as :func:`genie_build.plan.plan_graphs` and :func:`genie_build.calibration_units.
-            calibration_units`.
-    """
-    weighed: dict[str, ModelWeights] = {}
-
-    def weigh(_model: Any, found: tuple[str, ...]) -> list[Piece]:
-        weighed["model"] = weights_from_onnx(prompt_path, found)
-        return _weighed(weighed["model"], recipe)
-
-    max_mb = split.get("max_part_mb")
-    plan = plan_graphs(prompt_path, token_path, weigh, num_parts=split.get("num_parts"),
-                       max_part_bytes=None if max_mb is None else int(max_mb * MIB),
-                       embedding_alone=split.get("embedding_alone", True), boundaries=split.get("boundaries"),
-                       check_weights=check_weights, load=load, other_lengths=other_lengths, embedding=embedding,
-                       activation_bits=precision_of(recipe_named(recipe)).activations)
-    units = calibration_units(plan, _piece_floats(weighed["model"]), unit_memory_mb)
-    _write(plan, units, out_plan, out_units)
+    write_plan_and_units(plan, units, out_plan, out_units)
     return plan, units

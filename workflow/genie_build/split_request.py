@@ -4,7 +4,9 @@ config, ``--split-json``, a :class:`SplitRequest`), and the checked request that
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from genie_build.errors import GenieBuildError
 from genie_build.units import MIB
@@ -44,6 +46,15 @@ class SplitRequest:
     def __post_init__(self) -> None:
         check_split_request(self.num_parts, None if self.max_part_bytes is None else self.max_part_bytes / MIB,
                             "split")
+
+    @classmethod
+    def from_section(cls, split: Mapping[str, Any]) -> SplitRequest:
+        """The request of a ``split`` section (the config's, or :func:`genie_build.cli_args.split_options`'):
+        ``num_parts``, ``max_part_mb`` (MiB) and ``embedding_alone`` (default true); its ``boundaries`` are the
+        graph's business (:func:`genie_build.boundaries.find_boundaries`)."""
+        max_mb = split.get("max_part_mb")
+        return cls(split.get("num_parts"), None if max_mb is None else int(max_mb * MIB),
+                   split.get("embedding_alone", True))
 
     @property
     def auto(self) -> bool:

@@ -4,8 +4,9 @@ and role (a precision recipe picks its bits by role), and the pieces (embedding,
 From an HF ``config.json`` of a family :mod:`genie_build.families` registers, the weights are named and shaped as
 ``docs/conventions.md`` says and as the export writes them. From an ONNX graph loaded without its external data,
 every float initializer of rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph
-constants, which the size model counts per layer as the conventions' graph has them, so that a graph and its
-config estimate alike.
+constants, kept apart: a graph's encodings weigh them as stored (:mod:`genie_build.plan`), while the size model
+counts them per layer as the conventions' graph has them, so that a graph and its config estimate alike.
+Which pieces use an initializer follows the graph's data flow from its boundaries (:func:`initializer_pieces`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from genie_build.boundaries import find_boundaries
-from genie_build.conventions import EMBEDDING_BOUNDARY, LM_HEAD_WEIGHT, layer_output
-from genie_build.hf_config import ModelShape, shape_of, stored_tensors
-from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs, load_graph
-from genie_build.plan import initializer_pieces
+import onnx
 
-__all__ = ["ModelWeights", "Role", "Weight", "weights_from_hf_config", "weights_from_onnx"]
+from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
+from genie_build.calibration_units import PieceFloat
+from genie_build.conventions import EMBEDDING_BOUNDARY, LM_HEAD_WEIGHT, layer_output, piece_names
+from genie_build.errors import GenieBuildError
+from genie_build.hf_config import ModelShape, shape_of, stored_tensors
+from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs
+
+__all__ = ["ModelWeights", "Role", "Weight", "initializer_pieces", "weights_from_graph", "weights_from_hf_config"]
 
 Role = Literal["embedding", "layers", "lm_head", "float"]
 
@@ -50,14 +54,27 @@ class Weight:
 
 @dataclass(frozen=True)
 class ModelWeights:
-    """What the estimate knows about a model: its weights and its L + 1 boundary tensors."""
+    """What the plans and the estimate know about a model: its weights, its L + 1 boundary tensors, and (of a
+    graph) its other initializers, the graph constants, each with the pieces using it."""
 
     weights: tuple[Weight, ...]
     boundaries: tuple[str, ...]
+    constants: tuple[Weight, ...] = ()
 
     @property
     def num_layers(self) -> int:
         return len(self.boundaries) - 1
+
+    def piece_floats(self) -> dict[str, PieceFloat]:
+        """Piece name -> the float32 bytes of its weights and of the largest (what an export or a calibration
+        unit holds)."""
+        totals, largest = [0] * (self.num_layers + 2), [0] * (self.num_layers + 2)
+        for weight in self.weights:
+            for piece in weight.pieces:
+                totals[piece] += 4 * math.prod(weight.spec.shape)
+                largest[piece] = max(largest[piece], 4 * math.prod(weight.spec.shape))
+        return {name: PieceFloat(total, most)
+                for name, total, most in zip(piece_names(self.num_layers), totals, largest)}
 
 
 def weights_from_hf_config(path: str | os.PathLike[str] | ModelShape) -> ModelWeights:
@@ -85,28 +102,89 @@ def weights_from_hf_config(path: str | os.PathLike[str] | ModelShape) -> ModelWe
     return ModelWeights(tuple(weights), boundaries)
 
 
-def weights_from_onnx(path: str | os.PathLike[str], boundaries: Sequence[str] | None = None) -> ModelWeights:
-    """The weights of an ONNX graph (read without its external data) and the pieces using each.
+def weights_from_graph(model: onnx.ModelProto, boundaries: Sequence[str]) -> ModelWeights:
+    """The weights of an ONNX graph (loaded without its external data) cut at its ``boundaries``
+    (:func:`genie_build.boundaries.find_boundaries`), and the pieces using each.
 
     A float initializer of rank >= 1 is a weight: a 2-D one is the ``embedding`` when the embedding piece
-    uses it, else ``lm_head`` in the head and ``layers`` in a layer; the others are ``float``.
+    uses it, else ``lm_head`` in the head and ``layers`` in a layer; the others are ``float``. Scalars and
+    integer initializers are the graph's constants; unused initializers are left out.
 
     Raises:
-        GenieBuildError: the graph cannot be read or its boundaries not found.
+        GenieBuildError: the boundaries do not cut the residual stream in order (:func:`initializer_pieces`).
     """
-    model = load_graph(path)
-    found = find_boundaries(model, path, boundaries)
-    owners = initializer_pieces(model, found)
-    head_piece = len(found)
+    owners = initializer_pieces(model, boundaries)
+    head_piece = len(boundaries)
     specs = initializer_specs(model)
     layouts = consumer_layouts([model.graph], {name: tuple(spec.shape) for name, spec in specs.items()})
-    weights = []
+    weights, constants = [], []
     for name, spec in specs.items():
-        if name not in owners or not spec.shape or "float" not in spec.dtype:  # float16, bfloat16, float8...
+        if name not in owners:
             continue
         pieces = owners[name]
+        if not spec.shape or "float" not in spec.dtype:  # float16, bfloat16, float8... are weights
+            constants.append(Weight(spec, "float", pieces))
+            continue
         role: Role = "float"
         if len(spec.shape) == 2:
             role = "embedding" if 0 in pieces else "lm_head" if pieces == {head_piece} else "layers"
         weights.append(Weight(spec, role, pieces, layouts.get(name)))
-    return ModelWeights(tuple(weights), found)
+    return ModelWeights(tuple(weights), tuple(boundaries), tuple(constants))
+
+
+def initializer_pieces(model: onnx.ModelProto, boundaries: Sequence[str]) -> dict[str, frozenset[int]]:
+    """Which pieces consume each initializer: 0 = embedding, i + 1 = layer i, L + 1 = head.
+
+    A node's piece is the number of boundaries upstream of it: data from graph inputs starts in piece 0
+    and crossing boundary k moves it to piece k + 1. Nodes fed only by constants (weight Transposes,
+    Constant nodes) belong to the pieces of their consumers. Unused initializers are left out.
+    Relies on ONNX's topological node order; subgraph bodies (If/Loop) are not looked into.
+
+    Raises:
+        GenieBuildError: a boundary does not depend on the one before it (the boundaries do not cut the
+            residual stream in order), or is not computed from the graph inputs.
+    """
+    graph = model.graph
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            consumers.setdefault(name, []).append(index)
+    data_pieces = _data_flow_pieces(graph, boundaries)
+    node_pieces: list[frozenset[int]] = [frozenset()] * len(graph.node)
+    for index in reversed(range(len(graph.node))):
+        piece = data_pieces[index]
+        node_pieces[index] = frozenset({piece}) if piece is not None else frozenset().union(
+            *(node_pieces[consumer] for output in graph.node[index].output for consumer in consumers.get(output, ())))
+    return {tensor.name: frozenset().union(*(node_pieces[consumer] for consumer in consumers[tensor.name]))
+            for tensor in graph.initializer if tensor.name in consumers}
+
+
+def _data_flow_pieces(graph: onnx.GraphProto, boundaries: Sequence[str]) -> list[int | None]:
+    """Each node's piece from the graph inputs downstream (None for nodes fed by constants only)."""
+    cut_index = {name: index for index, name in enumerate(boundaries)}
+    initializers = {tensor.name for tensor in graph.initializer}
+    tensor_piece = {value.name: 0 for value in graph.input if value.name not in initializers}
+    pieces: list[int | None] = []
+    for node in graph.node:
+        upstream = [tensor_piece[name] for name in node.input if name in tensor_piece]
+        piece = max(upstream) if upstream else None
+        pieces.append(piece)
+        for output in node.output if piece is not None else ():
+            if output in cut_index:
+                _check_cut_order(output, cut_index[output], piece, boundaries)
+                tensor_piece[output] = cut_index[output] + 1
+            else:
+                tensor_piece[output] = piece
+    unreached = [name for name in boundaries if name not in tensor_piece]
+    if unreached:
+        raise GenieBuildError(BOUNDARIES_KEY, f"{unreached} are not computed from the graph inputs (missing or "
+                                              "constant); the boundaries must be the residual stream")
+    return pieces
+
+
+def _check_cut_order(name: str, index: int, producer_piece: int, boundaries: Sequence[str]) -> None:
+    if producer_piece != index:
+        previous = f"boundary {index - 1} {boundaries[index - 1]!r}" if index else "the graph inputs"
+        raise GenieBuildError(BOUNDARIES_KEY, f"boundary {index} {name!r} does not follow {previous} in the data "
+                                              "flow; the boundaries must be the residual stream after the "
+                                              "embedding and after each layer, in order")

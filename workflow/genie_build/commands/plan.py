@@ -1,7 +1,7 @@
 """``plan``: check the prompt/token graphs, find the boundaries, write ``plan.json``: the pieces weighed with the
 prompt graph's encodings (:func:`genie_build.plan.plan_split`), or, for float graphs to be calibrated part by part,
 by a recipe's rule from the weights' shapes, with the calibration chain's units
-(:func:`genie_build.shape_plan.write_float_graphs_plan`)."""
+(:func:`genie_build.plan.plan_float_graphs`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import argparse
 
 from genie_build.cli_args import add_embedding_option, add_load_options, add_split_options, load_params, positive_int, split_options
 from genie_build.errors import GenieBuildError
-from genie_build.plan import plan_split
+from genie_build.plan import plan_float_graphs, plan_split
 from genie_build.recipes import RECIPES
-from genie_build.units import MIB
+from genie_build.split_request import SplitRequest
 
 __all__ = ["register_parser", "run"]
 
@@ -44,17 +44,14 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     split = split_options(args)
+    if args.recipe is not None and (args.unit_memory_mb is None or args.out_units is None):
+        raise GenieBuildError("--recipe", "needs --unit-memory-mb and --out-units (the calibration units)")
+    request = SplitRequest.from_section(split)
+    settings = {"boundaries": split["boundaries"], "check_weights": not args.skip_weight_check,
+                "load": load_params(args), "other_lengths": args.other_lengths, "embedding": args.embedding}
     if args.recipe is not None:
-        if args.unit_memory_mb is None or args.out_units is None:
-            raise GenieBuildError("--recipe", "needs --unit-memory-mb and --out-units (the calibration units)")
-        from genie_build.shape_plan import write_float_graphs_plan
-        write_float_graphs_plan(args.prompt, args.token, split, args.out, args.out_units, recipe=args.recipe,
-                                unit_memory_mb=args.unit_memory_mb, check_weights=not args.skip_weight_check,
-                                load=load_params(args), other_lengths=args.other_lengths, embedding=args.embedding)
-        return 0
-    plan_split(args.prompt, args.token, args.encodings_prompt, args.out, num_parts=split["num_parts"],
-               max_part_bytes=None if split["max_part_mb"] is None else int(split["max_part_mb"] * MIB),
-               embedding_alone=split["embedding_alone"], boundaries=split["boundaries"],
-               check_weights=not args.skip_weight_check, load=load_params(args), other_lengths=args.other_lengths,
-               embedding=args.embedding)
+        plan_float_graphs(args.prompt, args.token, args.out, args.out_units, request, recipe=args.recipe,
+                          unit_memory_mb=args.unit_memory_mb, **settings)
+    else:
+        plan_split(args.prompt, args.token, args.encodings_prompt, args.out, request, **settings)
     return 0
