@@ -1,17 +1,19 @@
-"""The verification of a checkpoint exported part by part, before and after its jobs became one per part: the jobs'
-summed wall time and their largest peak RSS, each tree's ``verify-parts`` on the same parts, and the ratio, in one
-run (docs/export.md, "The verification").
+"""The verification of a checkpoint exported part by part, in a baseline tree and in this one: the jobs' summed wall
+time and their largest peak RSS, each tree's ``verify-parts`` on the same parts, and the ratio, in one run
+(docs/export.md, "The verification").
 
-A random Qwen2 checkpoint (tests/hf_checkpoints.py; ``--shape``) is planned into 3 parts and exported part by part
-at each of ``--context`` (the largest by ``export-part``, the others by ``export-length``), as the workflow does.
-The baseline tree (a checkout from before, whose ``verify-parts`` checks one graph of every part per job: one job
-per graph kind and length) and this tree (one job per part, every graph of it) then run their jobs one after the
-other, each under ``/usr/bin/time``; every file the jobs read is read once beforehand, so both find it in the page
-cache. ``--repeat`` runs both sets again, alternating, and keeps each job's fastest run.
+A random Qwen2 checkpoint (tests/hf_checkpoints.py; ``--shape``), or the one already in ``WORK/checkpoint`` (e.g.
+written by ``scripts/bench_checkpoint.py --generate``), is planned into 3 parts and exported part by part at each of
+``--context`` (the largest by ``export-part``, the others by ``export-length``), as the workflow does. The baseline
+tree (a checkout from before) and this tree then run their jobs one after the other, each under ``/usr/bin/time``,
+with ``--threads`` as ``OMP_NUM_THREADS`` (a workflow job's threads); every file the jobs read is read once
+beforehand, so both find it in the page cache. A baseline whose ``verify-parts`` checks one graph of every part per
+job runs a job per graph kind and length; one that checks a part per job, as this tree, a job per part.
+``--repeat`` runs both sets again, alternating, and keeps each job's fastest run.
 
 Usage::
 
-    git worktree add bench/base <commit before the per-part verification>
+    git worktree add bench/base <commit before the change measured>
     .venv-test/bin/python scripts/bench_verify.py --baseline bench/base --work-dir bench/verify
 
 Needs the Hugging Face extra (envs/requirements-hf.txt).
@@ -36,11 +38,12 @@ AR, NUM_PARTS = 128, 3
 SHAPE = {"layers": 8, "hidden": 768, "intermediate": 2048, "heads": 12, "kv_heads": 4, "vocab": 16000}
 
 
-def timed(command: list[str], tree: Path, work: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GB) of ``command`` with ``tree``'s package."""
+def timed(command: list[str], tree: Path, work: Path, threads: int | None = None) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GB) of ``command`` with ``tree``'s package (and ``threads`` threads if given)."""
     figures = work / "time.txt"
+    env = {**os.environ, "PYTHONPATH": str(tree / "workflow")} | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     result = subprocess.run([TIME, "-f", "%e %M", "-o", str(figures), *command], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(tree / "workflow")})
+                            stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode:
         raise SystemExit(f"{' '.join(command[:4])} failed:\n{result.stderr[-2000:]}")
     seconds, kib = figures.read_text().split()[-2:]
@@ -79,22 +82,26 @@ def graph_keys(contexts: list[int]) -> list[tuple[str, str, int]]:
             for context in sorted(contexts, reverse=True) for kind in ("prompt", "token")]
 
 
-def jobs(work: Path, plan, contexts: list[int]) -> dict[str, list[tuple[str, list[str]]]]:
-    """Each tree's verify-parts jobs: (name, command)."""
+def per_part(tree: Path) -> bool:
+    """Whether ``tree``'s verify-parts checks a part per job (it takes ``--part-json``)."""
+    return "--part-json" in (tree / "workflow" / "genie_build" / "commands" / "verify_parts.py").read_text()
+
+
+def jobs(work: Path, plan, contexts: list[int], tree: str, *, part_jobs: bool) -> list[tuple[str, list[str]]]:
+    """A tree's verify-parts jobs, (name, command): a job per part, or per graph kind and length."""
     checkpoint, keys = str(work / "checkpoint"), graph_keys(contexts)
     parts = {part.label: work / "parts" / part.label for part in plan.parts}
-    before = [(key, [sys.executable, "-m", "genie_build", "verify-parts", "--checkpoint", checkpoint,
-                     "--plan", str(work / "plan.json"), "--graph", kind, "--context", str(context),
-                     "--parts", *(str(folder / f"{key}.onnx") for folder in parts.values()),
-                     "--out", str(work / f"before_{key}.json")]) for key, kind, context in keys]
-    after = [(label, [sys.executable, "-m", "genie_build", "verify-parts", "--checkpoint", checkpoint,
-                      "--part-json", json.dumps({k: v for k, v in dataclasses.asdict(part).items()
-                                                 if k != "estimated_bytes"}),
-                      "--ar", str(AR), "--graphs-json", json.dumps([list(key) for key in keys]),
-                      "--paths", *(str(parts[label] / f"{key}.onnx") for key, _, _ in keys),
-                      "--out", str(work / f"after_{label}.json")])
-             for label, part in ((part.label, part) for part in plan.parts)]
-    return {"before": before, "after": after}
+    if not part_jobs:
+        return [(key, [sys.executable, "-m", "genie_build", "verify-parts", "--checkpoint", checkpoint,
+                       "--plan", str(work / "plan.json"), "--graph", kind, "--context", str(context),
+                       "--parts", *(str(folder / f"{key}.onnx") for folder in parts.values()),
+                       "--out", str(work / f"{tree}_{key}.json")]) for key, kind, context in keys]
+    return [(part.label, [sys.executable, "-m", "genie_build", "verify-parts", "--checkpoint", checkpoint,
+                          "--part-json", json.dumps({k: v for k, v in dataclasses.asdict(part).items()
+                                                     if k != "estimated_bytes"}),
+                          "--ar", str(AR), "--graphs-json", json.dumps([list(key) for key in keys]),
+                          "--paths", *(str(parts[part.label] / f"{key}.onnx") for key, _, _ in keys),
+                          "--out", str(work / f"{tree}_{part.label}.json")]) for part in plan.parts]
 
 
 def warm(work: Path) -> None:
@@ -113,6 +120,7 @@ def main() -> int:
     parser.add_argument("--context", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--shape", type=json.loads, default={}, help='e.g. {"layers": 4}: replaces SHAPE keys')
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="each job's OMP_NUM_THREADS (a workflow job's threads)")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()
     if not os.access(TIME, os.X_OK):
@@ -124,15 +132,18 @@ def main() -> int:
     trees = {"before": args.baseline.resolve(), "after": REPO}
     best: dict[str, dict[str, tuple[float, float]]] = {"before": {}, "after": {}}
     for _ in range(args.repeat):
-        for tree, commands in jobs(work, plan, contexts).items():
+        for tree, root in trees.items():
             warm(work)
-            for name, command in commands:
-                seconds, peak = timed(command, trees[tree], work)
+            for name, command in jobs(work, plan, contexts, tree, part_jobs=per_part(root)):
+                seconds, peak = timed(command, root, work, args.threads)
                 old = best[tree].get(name)
                 best[tree][name] = (seconds, peak) if old is None or seconds < old[0] else old
                 print(f"{tree} {name}: {seconds:.1f} s, {peak:.2f} GB", flush=True)
     totals = {tree: sum(seconds for seconds, _ in figures.values()) for tree, figures in best.items()}
-    report = {"shape": {**SHAPE, **args.shape}, "contexts": contexts, "parts": NUM_PARTS, "ar": AR,
+    config = json.loads((work / "checkpoint" / "config.json").read_text())
+    report = {"shape": {key: config[key] for key in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                                      "num_attention_heads", "num_key_value_heads", "vocab_size")},
+              "contexts": contexts, "parts": NUM_PARTS, "ar": AR, "threads": args.threads,
               "jobs": {tree: {name: {"seconds": s, "peak_gb": p} for name, (s, p) in figures.items()}
                        for tree, figures in best.items()},
               "total_seconds": totals, "ratio": totals["before"] / totals["after"],

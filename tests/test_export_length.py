@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 import pytest
 
-from genie_build.conventions import (INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, graph_ar, graph_name,
-                                     kv_name, rope_tables)
+from genie_build.conventions import (INPUT_IDS, LOGITS, MASK, MASK_MIN, POS_COS, POS_SIN, causal_mask, graph_ar,
+                                     graph_name, kv_name, rope_tables)
 from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
@@ -127,6 +127,79 @@ def test_each_length_computes_what_transformers_modules_compute(exported, tmp_pa
         checks = verify_part(checkpoint, part, graphs, ar=AR, out=tmp_path / f"{part.label}.json")
         assert {check.graph for check in checks} == {graph.key for graph in graphs}
         assert all(check.within_tolerance for check in checks)
+
+
+
+# --- a graph wrong at another length ----------------------------------------------------------------------
+
+def _rewire(model: onnx.ModelProto, names: tuple[str, ...], nodes: list[onnx.NodeProto],
+            constants: dict[str, np.ndarray]) -> None:
+    """Make every node that reads one of the graph inputs ``names`` read ``<name>_broken`` instead, which ``nodes``
+    (put first, with ``constants`` as initializers) compute from the inputs."""
+    for node in model.graph.node:
+        node.input[:] = [f"{each}_broken" if each in names else each for each in node.input]
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(value, key) for key, value in constants.items())
+    kept = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend([*nodes, *kept])
+
+
+def _far_cache_hidden(model, config, ar, context):
+    """The mask hides the second half of the cache, as a graph traced with a shorter cache's mask would."""
+    hidden = np.zeros((1, 1, context), np.float32)
+    hidden[..., (context - ar) // 2:context - ar] = MASK_MIN
+    _rewire(model, (MASK,), [onnx.helper.make_node("Add", [MASK, "far_half"], [f"{MASK}_broken"])],
+            {"far_half": hidden})
+
+
+def _mask_shifted(model, config, ar, context):
+    """The mask read one column off (each column takes the next one's value)."""
+    make = onnx.helper.make_node
+    _rewire(model, (MASK,), [make("Slice", [MASK, "one", "end", "last_axis"], ["mask_tail"]),
+                             make("Slice", [MASK, "zero", "one", "last_axis"], ["mask_head"]),
+                             make("Concat", ["mask_tail", "mask_head"], [f"{MASK}_broken"], axis=2)],
+            {name: np.array([value], np.int64) for name, value in
+             (("zero", 0), ("one", 1), ("end", context), ("last_axis", 2))})
+
+
+def _rope_offset(model, config, ar, context):
+    """Every position one ahead of the RoPE tables given: cos(a + b) and sin(a + b), b one position's angles."""
+    rope, make = read_rope(config, "config.json"), onnx.helper.make_node
+    cos_one, sin_one = rope_tables(head_dim(config, "config.json"), rope.theta, [1], rope.scaling)
+    _rewire(model, (POS_COS, POS_SIN),
+            [make("Mul", [POS_COS, "cos_one"], ["cos_cos"]), make("Mul", [POS_SIN, "sin_one"], ["sin_sin"]),
+             make("Mul", [POS_SIN, "cos_one"], ["sin_cos"]), make("Mul", [POS_COS, "sin_one"], ["cos_sin"]),
+             make("Sub", ["cos_cos", "sin_sin"], [f"{POS_COS}_broken"]),
+             make("Add", ["sin_cos", "cos_sin"], [f"{POS_SIN}_broken"])],
+            {"cos_one": cos_one, "sin_one": sin_one})
+
+
+BREAKS = {"far-cache-hidden": _far_cache_hidden, "mask-shifted": _mask_shifted, "rope-offset": _rope_offset}
+
+
+@pytest.mark.parametrize("graph_key", ["prompt_cl64", "token_cl16"])
+@pytest.mark.parametrize("case", sorted(BREAKS))
+def test_a_graph_wrong_at_another_length_fails_the_verification(exported, tmp_path, case, graph_key):
+    """Each length's graphs are checked on their kind's step laid out in their own cache: a graph at another
+    length than the part's own that hides part of its cache, reads its mask a column off or shifts its positions
+    fails, among every graph of the part, naming that graph."""
+    checkpoint, plan, parts, _ = exported
+    config = json.loads((checkpoint / "config.json").read_text())
+    part = next(part for part in plan.parts if part.first_layer is not None)
+    folder = tmp_path / part.label
+    shutil.copytree(parts / part.label, folder)
+    kind, context = graph_key.split("_cl")[0], int(graph_key.split("_cl")[1])
+    broken = folder / f"{graph_key}.onnx"
+    model = onnx.load(broken, load_external_data=False)
+    BREAKS[case](model, config, graph_ar(kind, AR), context)
+    onnx.save(model, broken)
+    graphs = [PartGraph(kind, kind, CONTEXT, path) for kind, path in part_files(folder)[0].items()] + [
+        PartGraph(f"{kind}_cl{length}", kind, length, path) for length in LENGTHS
+        for kind, path in length_files(folder, length).items()]
+    with pytest.raises(GenieBuildError, match="differs from transformers' modules") as error:
+        verify_part(checkpoint, part, graphs, ar=AR, out=tmp_path / "report.json")
+    assert Path(error.value.where) == broken
+    assert not (tmp_path / "report.json").exists()
 
 
 def _chained_logits(checkpoint: Path, plan, graphs_of, context: int, prompt_ids: np.ndarray,

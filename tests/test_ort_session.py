@@ -1,14 +1,19 @@
-"""Sessions take the job's thread count (Snakemake's OMP_NUM_THREADS), and results do not depend on it."""
+"""Sessions take the job's thread count (Snakemake's OMP_NUM_THREADS), and results do not depend on it; a float32
+check's session reads each linear weight as stored."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import helper, numpy_helper
 
 from genie_build.calibrate import calibrate
 from genie_build.demo import DemoShape, generate_demo
-from genie_build.ort_session import THREADS_VARIABLE, cpu_session_options, job_threads
+from genie_build.ort_session import THREADS_VARIABLE, cpu_session_options, float_check_options, job_threads
 
 SHAPE = DemoShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=300, context=48, ar=8)
 
@@ -36,3 +41,30 @@ def test_encodings_are_the_same_bytes_whatever_the_thread_count(tmp_path: Path,
         outputs[threads] = (tmp_path / f"p{threads}.json", tmp_path / f"t{threads}.json")
         calibrate(tmp_path / "prompt.onnx", tmp_path / "token.onnx", *outputs[threads], num_samples=2)
     assert all(first.read_bytes() == second.read_bytes() for first, second in zip(outputs["1"], outputs["2"]))
+
+
+def test_a_float_check_reads_each_linear_weight_as_stored(tmp_path: Path) -> None:
+    """torch.onnx's MatMul of a Transposed weight runs as one fused MatMul of the stored weight: no Transpose copies
+    the weight at each run, no folded transposed copy or packed copy is kept in the session, and the result is the
+    unfused session's within float32 rounding."""
+    weight = np.random.default_rng(0).standard_normal((48, 32)).astype(np.float32)   # nn.Linear(32, 48)'s [out, in]
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["linear.weight"], ["weight_t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["x", "weight_t"], ["y"])], "linear",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 32])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 48])],
+        [numpy_helper.from_array(weight, "linear.weight")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), tmp_path / "linear.onnx")
+    options = float_check_options()
+    options.optimized_model_filepath = str(tmp_path / "as_run.onnx")
+    x = np.random.default_rng(1).standard_normal((1, 4, 32)).astype(np.float32)
+    fused = ort.InferenceSession(tmp_path / "linear.onnx", options, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    as_run = onnx.load(tmp_path / "as_run.onnx")
+    assert [node.op_type for node in as_run.graph.node] == ["FusedMatMul"]
+    assert [tensor.name for tensor in as_run.graph.initializer] == ["linear.weight"]
+    assert np.array_equal(numpy_helper.to_array(as_run.graph.initializer[0]), weight)
+    assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    unfused = ort.InferenceSession(tmp_path / "linear.onnx", cpu_session_options(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.allclose(fused, unfused, rtol=1e-6, atol=1e-6)

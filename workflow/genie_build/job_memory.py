@@ -60,9 +60,10 @@ def export_mb(part_float_mb: float) -> int:
 
 
 def verify_parts_mb(part_float_mb: float, largest_weight_mb: float) -> int:
-    """A part's graphs against transformers' modules: the part's session, the transposed copy of its largest weight
-    that onnxruntime makes as it runs, and the steps' inputs and outputs (a 7B-shaped part of a layer and the head,
-    3.11 GB of weights, the largest 2.18 GB: 5.88 GB)."""
+    """A part's graphs against transformers' modules: the part's session (its weights mapped), or one piece's
+    float32 tensors beside the stored copy of the one torch widens, and the steps' inputs and outputs; planned with
+    the part's weights and its largest weight again (7B-shaped parts: a layer and the head, 3.11 GB of weights, the
+    largest 2.18 GB, 3.80 GB; the embedding, 2.18 GB, 3.70 GB; a layer, 0.93 GB, 1.83 GB)."""
     return int(part_float_mb + largest_weight_mb + _PROCESS_MB)
 
 

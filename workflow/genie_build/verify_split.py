@@ -137,8 +137,10 @@ def compare_arrays(name: str, part: str, expected: np.ndarray, actual: np.ndarra
     return OutputCheck(name, part, str(actual.dtype), tuple(actual.shape), diff, bit_exact)
 
 
-def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run one graph in onnxruntime (CPU, :func:`cpu_session_options`), taking its inputs by name from ``values``.
+def run_graph(path: Path, values: Mapping[str, np.ndarray], options: ort.SessionOptions | None = None
+              ) -> dict[str, np.ndarray]:
+    """Run one graph in onnxruntime (CPU, ``options`` or :func:`cpu_session_options`), taking its inputs by name from
+    ``values``.
 
     The session is dropped on return, so only one graph's weights are in memory at a time.
 
@@ -149,7 +151,7 @@ def run_graph(path: Path, values: Mapping[str, np.ndarray]) -> dict[str, np.ndar
         GenieBuildError: an input is missing from ``values``, or onnxruntime cannot load or run the graph.
     """
     try:
-        session = ort.InferenceSession(os.fspath(path), cpu_session_options(), providers=CPU)
+        session = ort.InferenceSession(os.fspath(path), options or cpu_session_options(), providers=CPU)
     except Exception as exc:  # onnxruntime's error types derive from Exception only and are not exported
         raise GenieBuildError(path, f"onnxruntime cannot load it: {exc}") from None
     wanted = [arg.name for arg in session.get_inputs()]
