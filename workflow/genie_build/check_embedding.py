@@ -108,7 +108,7 @@ def _check_first_graphs(size: int, datatype: str, graphs: tuple[GraphInfo, ...])
             findings.append(Finding(RULE, "error", f"graph {graph.name!r} takes {INPUTS_EMBEDS} "
                                                    f"{list(embeds.shape)}, but the table's rows are "
                                                    f"dialog.embedding.size {size} wide"))
-        elif "fixed" in datatype and embeds.dtype.startswith("float"):
+        elif "fixed" in datatype and embeds.quant is None and embeds.dtype.startswith("float"):
             findings.append(Finding(RULE, "error", f"graph {graph.name!r} takes {INPUTS_EMBEDS} as {embeds.dtype}, "
                                                    f"but the table holds {datatype} codes: Genie does not "
                                                    "dequantize them for a float input, and the model answers one "
