@@ -112,8 +112,9 @@ def with_inputs_embeds(infos: dict[str, BinaryInfo], width: int) -> dict[str, Bi
     for graph in infos[first].graphs:
         inputs = {tensor.name: tensor for tensor in graph.inputs}
         if "input_ids" in inputs:
-            infos = replace_tensor(infos, first, graph.name, "input_ids", name="inputs_embeds",
-                                   shape=(*inputs["input_ids"].shape, width), dtype="float32")
+            embeds = _tensor("inputs_embeds", (*inputs["input_ids"].shape, width))
+            infos = replace_tensor(infos, first, graph.name, "input_ids", name="inputs_embeds", shape=embeds.shape,
+                                   dtype=embeds.dtype, quant=embeds.quant)
         else:
             infos = replace_tensor(infos, first, graph.name, "/model/embed_tokens/Gather_output_0",
                                    name="inputs_embeds")

@@ -254,9 +254,13 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
 @pytest.mark.workflow
 def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     """demo.calibrator: aimet, end to end on the small demo: the split parts are calibrated by the chain, the
-    bundle passes Genie's load-time rules and its host run gives the tokens of the parts' converted graphs."""
+    bundle passes Genie's load-time rules, its host run gives the tokens of the parts' converted graphs, and Genie
+    itself gives the host run's tokens: the first binary takes inputs_embeds at the table's encoding (AIMET leaves
+    the Gather output unencoded; a float32 input under the ufixed16 table made Genie answer one token over and
+    over)."""
     from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
+    from genie_build.qnn_wheel.system import read_context_binary
     from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     workdir = copy_workflow(tmp_path)
@@ -273,6 +277,15 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     host_run = load_json(out / "host_run.json")
     assert host_run["new_ids"] == host_run["reference_ids"]
     assert host_run["compared_with"] == PARTS_REFERENCE + TABLE_REFERENCE
+    genie = load_json(out / "genie_run.json")
+    assert genie["mode"] == "generate" and len(genie["new_ids"]) == 16
+    assert genie["equal_to_host_run"] is True and genie["new_ids"] == host_run["new_ids"], genie.get("difference")
+    assert len(set(genie["new_ids"])) > 1
+    table = load_json(out / "genie_bundle" / "genie_config.json")["dialog"]["embedding"]
+    graphs = read_context_binary(out / "twin" / "part_2_of_3" / "context.bin").graphs
+    embeds = [tensor.quant for graph in graphs for tensor in graph.info.inputs if tensor.name == "inputs_embeds"]
+    assert [(quant.dtype, quant.offset) for quant in embeds] == [("uint16", table["quant-param"]["offset"])] * 2
+    assert [quant.scale for quant in embeds] == pytest.approx([table["quant-param"]["scale"]] * 2, rel=1e-6)
 
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):

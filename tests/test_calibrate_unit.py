@@ -28,7 +28,7 @@ from onnx import numpy_helper
 
 from workflow_helpers import REPO, load_json, run_snakemake
 
-from genie_build.conventions import KV_TENSOR, LOGITS, kv_name
+from genie_build.conventions import EMBEDDING_BOUNDARY, KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import fake_quantize_activations
@@ -155,10 +155,12 @@ def aimet_sim_with(pair: Path, recipe: str, encodings: Path, scratch: Path):
     model = onnx.load(pair / "prompt.onnx")
     graph = load_graph(pair / "prompt.onnx").graph
     sim = recipe_sim(model, RECIPES[recipe], lm_head_weight(graph, "prompt"), kv_cache_io(graph), pair, scratch)
-    # AIMET holds a layer's tied cache quantizer under past_*_in alone; past_*_out is the stage's copy of it
+    # AIMET holds a layer's tied cache quantizer under past_*_in alone; past_*_out is the stage's copy of it, and so
+    # is the embedding's output of the table's encoding (AIMET leaves that quantizer off: embedding_encoding)
     data = json.loads(encodings.read_text())
     data["activation_encodings"] = [entry for entry in data["activation_encodings"]
-                                    if not re.fullmatch(r"past_(key|value)_\d+_out", entry["name"])]
+                                    if not re.fullmatch(r"past_(key|value)_\d+_out", entry["name"])
+                                    and entry["name"] != EMBEDDING_BOUNDARY]
     as_aimet_exported = scratch.parent / "as_aimet_exported.json"
     as_aimet_exported.write_text(json.dumps(data))
     load_encodings_to_sim(sim, str(as_aimet_exported), strict=True)

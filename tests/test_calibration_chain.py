@@ -26,7 +26,7 @@ import pytest
 from workflow_helpers import REPO
 
 from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
-from genie_build.conventions import EMBEDDING_BOUNDARY, unit_label
+from genie_build.conventions import EMBED_WEIGHT, EMBEDDING_BOUNDARY, unit_label
 from genie_build.encodings import read_encodings, slice_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_tensors
@@ -156,9 +156,12 @@ def test_the_chain_gives_every_encoding_whole_model_calibration_gives(model, rec
         assert token.activations == {n: e for n, e in actual.activations.items() if n in token_names}
     record_property("encodings_compared", compared)
     assert compared > 100
-    # the part after the embedding has no encoding on its input, as the whole model quantizes no Gather output
-    assert EMBEDDING_BOUNDARY not in read_encodings(chain / f"prompt_{plan.parts[1].label}.json").activations
-    assert EMBEDDING_BOUNDARY in read_encodings(chain / f"unit_{units[1].label}.json").activations
+    # the part after the embedding takes its input at the table's encoding (AIMET leaves the Gather output
+    # unencoded), not at the one its own unit's input quantizer found
+    table = read_encodings(chain / f"prompt_{plan.parts[0].label}.json").of_initializer(EMBED_WEIGHT)
+    embeds = read_encodings(chain / f"prompt_{plan.parts[1].label}.json").activations[EMBEDDING_BOUNDARY]
+    assert embeds == dataclasses.replace(table, name=EMBEDDING_BOUNDARY) and table.kind == "per_tensor"
+    assert read_encodings(chain / f"unit_{units[1].label}.json").activations[EMBEDDING_BOUNDARY] != embeds
     # each unit stored its stream for the next one, window by window; the last unit's output is the logits
     stream = np.load(chain / f"unit_{units[0].label}.npy")
     assert stream.shape == (NUM_SAMPLES, 1, AR, 64) and stream.dtype == np.float32

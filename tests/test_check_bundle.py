@@ -274,7 +274,7 @@ def vendor_layout_bundle(directory: Path, edit=None) -> Path:
     metadata["model_files"] = {new: metadata["model_files"][old] for old, new in zip(old_names, new_names)}
     for graph in metadata["model_files"][new_names[0]]["graphs"].values():  # the first split takes the LUT's rows
         ids = graph["inputs"].pop("input_ids")
-        graph["inputs"] = {"inputs_embeds": {"shape": [*ids["shape"], 3072], "dtype": "float32"}, **graph["inputs"]}
+        graph["inputs"] = {"inputs_embeds": {"shape": [*ids["shape"], 3072], "dtype": "uint16"}, **graph["inputs"]}
     (bundle / METADATA_NAME).write_text(yaml.safe_dump(metadata))
     (bundle / "tokenizer.json").rename(bundle / "artifacts" / "tokenizer.json")
     (bundle / "htp_backend_ext_config.json").rename(bundle / "artifacts" / "tmpk2j4x9.json")

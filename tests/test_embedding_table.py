@@ -15,7 +15,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from bundle_helpers import synthetic_infos, with_inputs_embeds, write_bundle
+from bundle_helpers import replace_tensor, synthetic_infos, with_inputs_embeds, write_bundle
 from genie_build.check_bundle import check_bundle
 from genie_build.config import validate_config
 from genie_build.embedding_table import (TableEncoding, dequantize_rows, dialog_embedding, quantize_table,
@@ -186,6 +186,28 @@ def test_a_first_part_with_input_ids_under_a_table_is_an_error(tmp_path):
     plain = write_bundle(tmp_path / "plain", infos)
     (bundle / "metadata.yaml").write_text((plain / "metadata.yaml").read_text())
     assert any("has no inputs_embeds input" in finding for finding in _embedding_findings(bundle))
+
+
+@pytest.mark.parametrize("bitwidth", [16, 32])
+def test_a_table_of_codes_for_a_float_inputs_embeds_is_an_error(tmp_path, bitwidth):
+    """Genie converts a table's values into a quantized inputs_embeds, but not codes into a float one (measured on the
+    AIMET-calibrated demo: one token over and over): a ufixed16 table needs a quantized input, a float32 one not."""
+    bundle = lut_bundle(tmp_path / "b", table_bytes=64 * 64 * bitwidth // 8,
+                        **dialog_embedding(64, TableEncoding(bitwidth, 1e-4, -32768)))
+    if bitwidth == 32:
+        config = json.loads((bundle / "genie_config.json").read_text())
+        del config["dialog"]["embedding"]["quant-param"]
+        (bundle / "genie_config.json").write_text(json.dumps(config))
+    infos = with_inputs_embeds(dict(list(synthetic_infos(num_parts=3).items())[1:]), 64)
+    first = next(iter(infos))
+    for graph in infos[first].graphs:
+        infos = replace_tensor(infos, first, graph.name, "inputs_embeds", dtype="float32", quant=None)
+    (bundle / "metadata.yaml").write_text((write_bundle(tmp_path / "float", infos) / "metadata.yaml").read_text())
+    findings = _embedding_findings(bundle)
+    assert findings == ([] if bitwidth == 32 else [
+        f"error graph {graph!r} takes inputs_embeds as float32, but the table holds ufixed16 codes: Genie does not "
+        "dequantize them for a float input, and the model answers one token over and over (give the input the "
+        "table's encoding)" for graph in ("prompt_ar32_cl256_2_of_3", "token_ar1_cl256_2_of_3")])
 
 
 def _config(**bundle: object) -> dict:

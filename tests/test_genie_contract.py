@@ -4,6 +4,7 @@ on its own gives its own message."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -87,6 +88,18 @@ def test_demo_graphs_follow_the_contract(tmp_path: Path):
                                         expected={"prompt": (AR, CL), "token": (1, CL)}, context_size=CL)
     assert violations == []
     assert dims == {"prompt": (AR, CL), "token": (1, CL)}
+
+
+def test_a_graph_at_twice_its_ar_is_a_violation(tmp_path: Path):
+    """CL = 2 x AR: the cache inputs hold AR entries like the outputs, and Genie takes the graph for one that updates
+    its cache itself (measured: its tokens go wrong from that graph's first chunk on); the token graph at that CL
+    is read as it is."""
+    generate_demo(dataclasses.replace(SMALL, context=2 * AR), tmp_path)
+    _, violations = model_violations({kind: io_of(tmp_path / f"{kind}.onnx") for kind in ("prompt", "token")})
+    assert [str(violation) for violation in violations] == [
+        f"prompt: graph has CL {2 * AR} = 2 x AR {AR}; Genie needs another CL or AR: its cache inputs (CL - AR = "
+        f"{AR} entries) and outputs ({AR}) have one shape, which Genie takes for a graph that updates its cache "
+        "itself, and it answers wrongly (docs/genie-run.md)"]
 
 
 def test_check_contract_reads_no_weights(tmp_path: Path):

@@ -179,6 +179,11 @@ def test_dry_run_lists_jobs_and_uses_the_default_profile(tmp_path):
     ({"demo": {"context": 256.0}}, "config demo.context: 256.0 is not an integer (write 256)"),
     ({"demo": {"context": [128.0, 256]}}, "config demo.context[0]: 128.0 is not an integer (write 128)"),
     ({"export": {"context": [32, 64.0]}}, "config export.context[1]: 64.0 is not an integer (write 64)"),
+    # Genie takes a graph whose cache inputs and outputs have one shape (CL = 2 x AR) for one that updates its cache
+    # itself, and answers wrongly (measured: docs/genie-run.md)
+    ({"demo": {"context": [64, 256]}}, "config demo.context: 64 is twice demo.ar 32: at that length its cache inputs "
+                                       "(CL - AR = 32 entries) and outputs (32) have one shape, which Genie takes for "
+                                       "a graph that updates its cache itself"),
     ({"demo": {"context": [100000000]}}, "config demo.context: 100000000: one layer's KV cache at this length is "
                                          "23.8 GiB (keys and values, 128 wide, 1 byte a value), more than the 3,840 "
                                          "MiB of an HTP session under the load model of SM8750"),

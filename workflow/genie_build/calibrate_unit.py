@@ -17,7 +17,8 @@ chain at a time (:func:`calibrate_unit`, the ``calibrate-unit`` command), or a w
    stay min-max (the embedding table and norm weights, which AIMET quantizes as activations, follow it).
 4. ``compute_encodings`` runs the calibration windows (:func:`text_forward_pass`) on the sim's session (weights
    fake-quantized, activations observed in float, so a unit fed the stream its predecessor produced sees what it
-   would see inside the whole model), then the encodings are exported (AIMET 1.0.0).
+   would see inside the whole model), then the encodings are exported (AIMET 1.0.0), the embedding's output given
+   its table's encoding, which AIMET leaves it without (:mod:`genie_build.embedding_encoding`).
 
 The token graphs are not calibrated: they take the prompt graph's encoding for every tensor they share
 (:func:`token_encodings`; :mod:`genie_build.part_encodings` does it for each part).
@@ -48,10 +49,11 @@ from genie_build.calibration_feeds import (FeedShape, ForwardPass, calibration_w
                                            unit_feed_shape)
 from genie_build.calibration_units import CalibrationUnit
 from genie_build.conventions import EMBEDDING_PIECE, KV_TENSOR, LOGITS, kv_name
+from genie_build.embedding_encoding import encode_embedding_output
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
-from genie_build.onnx_graph import check_external_data, graph_tensors, load_graph, model_tensors
+from genie_build.onnx_graph import check_external_data, embedding_gather, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
 from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
@@ -166,13 +168,16 @@ def _calibrated(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str]
                 where: Path, forward_pass: Callable[..., None], calibrator: str = DEFAULT_CALIBRATOR, *,
                 with_sim: bool = False) -> Encodings:
     """``model``'s encodings: a sim set up by :func:`recipe_sim`, calibrated by ``forward_pass`` (called with the
-    sim's session, and with the sim itself when ``with_sim``: a unit that feeds a quantizer itself), exported."""
+    sim's session, and with the sim itself when ``with_sim``: a unit that feeds a quantizer itself), exported; the
+    embedding's output, which AIMET leaves unencoded, takes its table's encoding
+    (:mod:`genie_build.embedding_encoding`)."""
+    lookup = embedding_gather(model)
     with tempfile.TemporaryDirectory(prefix="genie-build-aimet-") as scratch:
         sim = recipe_sim(model, recipe, lm_head, kv_io, where, Path(scratch) / "sim", calibrator)
         del model
         sim.compute_encodings((lambda session: forward_pass(session, sim)) if with_sim else forward_pass)
         sim.export(scratch, "graph", encoding_version="1.0.0", export_model=False)
-        return read_encodings(Path(scratch) / "graph.encodings")
+        return encode_embedding_output(read_encodings(Path(scratch) / "graph.encodings"), lookup)
 
 
 def recipe_sim(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str] | None, kv_io: Mapping[str, str],

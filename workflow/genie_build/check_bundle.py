@@ -72,8 +72,8 @@ RULES = {
                "greedy)",
     **VENDOR_RULES,
     EMBEDDING_RULE: "dialog.embedding's table (type lut) is n-vocab x size x the datatype's bytes, its datatype comes "
-                    "with the quant-param it needs, and the first part's graphs take inputs_embeds of that size "
-                    "(genie_build.check_embedding)",
+                    "with the quant-param it needs, and the first part's graphs take inputs_embeds of that size, "
+                    "quantized for a table of codes (genie_build.check_embedding)",
 }
 
 UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them

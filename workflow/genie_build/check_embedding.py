@@ -4,7 +4,10 @@ Genie mmaps the table as headerless row-major ``[n_vocab][n_embd]`` and strides 
 ``datatype``'s width (``qualla::LUT``, SDK 2.48), indexing it with a ``uint32_t``; nothing in the file says its shape
 or datatype, so a table of the wrong size or datatype loads and gives plausible garbage. The checks: the datatype is
 one Genie knows and comes with the ``quant-param`` it needs, the file is exactly ``n-vocab x size x bytes`` and within
-the 4 GiB the index reaches, and the first part's graphs take ``inputs_embeds`` of width ``size``.
+the 4 GiB the index reaches, and the first part's graphs take ``inputs_embeds`` of width ``size``, quantized when
+the table holds codes. Genie converts the table's values into a quantized ``inputs_embeds`` (float32 values, or
+codes at another encoding), but not codes into a float one: measured with Genie 2.51 on x86, such a bundle answers
+one token over and over (docs/genie-run.md).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def check_embedding(bundle: Path, config: dict, first_graphs: tuple[GraphInfo, .
     if findings:
         return findings
     findings += _check_file(bundle, block, config_value(config, "dialog.context.n-vocab", int))
-    findings += _check_first_graphs(block["size"], first_graphs or ())
+    findings += _check_first_graphs(block["size"], block["datatype"], first_graphs or ())
     return findings
 
 
@@ -94,7 +97,7 @@ def _check_file(bundle: Path, block: dict, n_vocab: int | None) -> list[Finding]
     return []
 
 
-def _check_first_graphs(size: int, graphs: tuple[GraphInfo, ...]) -> list[Finding]:
+def _check_first_graphs(size: int, datatype: str, graphs: tuple[GraphInfo, ...]) -> list[Finding]:
     findings = []
     for graph in graphs:
         embeds = next((tensor for tensor in graph.inputs if tensor.name == INPUTS_EMBEDS), None)
@@ -105,6 +108,11 @@ def _check_first_graphs(size: int, graphs: tuple[GraphInfo, ...]) -> list[Findin
             findings.append(Finding(RULE, "error", f"graph {graph.name!r} takes {INPUTS_EMBEDS} "
                                                    f"{list(embeds.shape)}, but the table's rows are "
                                                    f"dialog.embedding.size {size} wide"))
+        elif "fixed" in datatype and embeds.quant is None and embeds.dtype.startswith("float"):
+            findings.append(Finding(RULE, "error", f"graph {graph.name!r} takes {INPUTS_EMBEDS} as {embeds.dtype}, "
+                                                   f"but the table holds {datatype} codes: Genie does not "
+                                                   "dequantize them for a float input, and the model answers one "
+                                                   "token over and over (give the input the table's encoding)"))
     return findings
 
 

@@ -27,6 +27,7 @@ from genie_build.chipsets import load_params, lookup
 from genie_build.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
+from genie_build.genie_contract import cache_length_problem
 from genie_build.load_model import KV_BYTES
 from genie_build.split_request import check_split_request
 from genie_build.units import GIB, MIB
@@ -332,6 +333,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
         raise GenieBuildError(_key(where, ("bundle", "graph_switching")),
                               "true cannot go with bundle.share_resources: true (the HTP backend does not switch "
                               "graphs of contexts that share resources): unset one")
+    _check_cache_lengths(config, where)
     if source_kind(config) == "demo":  # the demo is built: its sizes must make a model at every length
         for length in context_lengths(config["demo"]):
             try:
@@ -340,6 +342,20 @@ def _check_cross_fields(config: dict, where: str) -> None:
                 raise GenieBuildError(f"{where} {exc.where}", exc.problem) from None
         _check_demo_kv_cache(config, where)
     _check_user_lengths(config["model"], where)
+
+
+def _check_cache_lengths(config: dict, where: str) -> None:
+    """The source's lengths (``demo`` or ``export``: the graphs genie-build makes) with a cache Genie reads: none twice
+    the AR (:func:`genie_build.genie_contract.cache_length_problem`)."""
+    section = {"demo": "demo", "hf": "export"}.get(source_kind(config))
+    if section is None:
+        return
+    ar = config[section]["ar"]
+    for length in context_lengths(config[section]):
+        if (problem := cache_length_problem(ar, length)) is not None:
+            raise GenieBuildError(_key(where, (section, "context")),
+                                  f"{length} is twice {section}.ar {ar}: at that length {problem}; choose another "
+                                  "length")
 
 
 def _check_demo_kv_cache(config: dict, where: str) -> None:

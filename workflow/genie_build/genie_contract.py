@@ -12,6 +12,9 @@ shipped in the QAIRT SDK, ``examples/Genie``):
   ``[*, past, kv_dim]`` in, ``[*, kv_dim, AR]`` / ``[*, AR, kv_dim]`` out (only the new AR tokens), with
   past = CL - AR, or CL when the cache is scattered (Genie's test: key input length == the mask's CL).
   ``checkShape`` compares ``[height, width, channel]``, so a leading 1 (``[1, 1, AR, CL]``) is the same shape.
+- Measured with Genie 2.51 (its log at level 4, "Integrated KV$"): a graph whose cache inputs and outputs have one
+  shape, CL = 2 x AR, is taken for one that updates its cache itself, and Genie's tokens go wrong from its first
+  chunk on (:func:`cache_length_problem`).
 - Dtypes (ONNX graphs, before quantization): Genie writes token ids as integers and the mask, RoPE tables
   and cache as floats or their quantized codes (``nsp-model.cpp`` attention-mask fill: 0 / -1000 for a
   float mask), so a 0/1 integer mask as Hugging Face exports it is not what Genie feeds.
@@ -34,7 +37,8 @@ from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_
                                      shape_text, tensors_by_name)
 from genie_build.errors import GenieBuildError
 
-__all__ = ["FED_INPUTS", "Violation", "check_contract", "graph_violations", "model_violations"]
+__all__ = ["FED_INPUTS", "Violation", "cache_length_problem", "check_contract", "graph_violations",
+           "model_violations"]
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +252,20 @@ def _check_logits(graph: str, logits: Tensor | None, ar: int) -> list[Violation]
                       f"vocab or AR x vocab elements = [1, {ar}, {dims.largest}] (vocab = its largest dim)")]
 
 
+def cache_length_problem(ar: int, cl: int) -> str | None:
+    """Why Genie cannot run a graph of AR ``ar`` at context length ``cl`` whose cache holds CL - AR entries, or None.
+
+    Measured with Genie 2.51 on x86: at CL = 2 x AR (AR 8 at CL 16, AR 4 at CL 8) the graph's cache inputs (CL - AR
+    entries) and outputs (AR) have one shape, Genie logs it as "Integrated KV$: True" (a graph that updates its
+    cache itself), and its tokens differ from the graph's own from that graph's first chunk on; AR 4 at CL 12 and
+    AR 8 at CL 32 or 64 are read as they are and give the host run's tokens.
+    """
+    if cl != 2 * ar:
+        return None
+    return (f"its cache inputs (CL - AR = {ar} entries) and outputs ({ar}) have one shape, which Genie takes for a "
+            "graph that updates its cache itself, and it answers wrongly (docs/genie-run.md)")
+
+
 def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int, cl: int,
               whole: bool) -> list[Violation]:
     found = [Violation(graph, tensor.name, f"looks like a cache {side} but is not named past_key_{{i}}_{suffix} / "
@@ -274,6 +292,8 @@ def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *
                         if name.startswith("past_key_") and name.endswith("_in") and dims), None)
     scatter = key_in_dims is not None and key_in_dims.channel == cl  # Genie's own test (analyzeCacheGroupKV)
     past = cl if scatter else cl - ar
+    if cache and not scatter and (problem := cache_length_problem(ar, cl)) is not None:
+        found.append(Violation(graph, "graph", f"has CL {cl} = 2 x AR {ar}", f"another CL or AR: {problem}"))
     if head_dim is None:
         return found
     for name, (tensor, dims) in sorted(cache.items(), key=lambda item: _layer_order(item[0])):

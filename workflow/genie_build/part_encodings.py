@@ -3,8 +3,8 @@ token encodings, as the split's slices would be of a whole-model calibration.
 
 Each tensor's encoding comes from the unit that computes it. Units overlap only where one starts: a unit's
 residual-stream input gets a quantizer of its own (aimet-onnx quantizes graph inputs), so a boundary takes the
-encoding of the unit that produced it, here or in the previous part, and none when that unit gave it none (the
-embedding's Gather output, which AIMET does not quantize and the whole model does not encode). Every other tensor
+encoding of the unit that produced it, here or in the previous part (the embedding's output: its table's encoding,
+:mod:`genie_build.embedding_encoding`), and none when that unit gave it none. Every other tensor
 two units both encode (the mask, the RoPE tables and what is computed from them alone, copied into every unit)
 must have one encoding in both, which is checked. Then, as for a whole-model calibration: each ``past_*_out``
 takes its ``past_*_in``'s encoding, the token graph takes the prompt graph's encoding for every tensor it has,

@@ -2,10 +2,11 @@
 
 The workflow slices both graphs in one job (:func:`slice_model_encodings`): one checkpoint, so Snakemake learns of
 both graphs' slices at once, and each encodings file is read once. :func:`slice_graph_encodings` slices one graph,
-for a run by hand. Each validates a graph's full encodings against the full graph, checks them against the other
-graph's encodings (Genie rejects a tensor the two graphs share with different encodings) or takes the other graph's
-encodings for every tensor this graph has (as AI Hub gives the token graph the prompt graph's), then writes
-``part_{label}/{graph}.encodings.json`` (canonical bytes, in the version of the input file) for every
+for a run by hand. Each gives the embedding's output its table's encoding when it has none (AIMET's never has
+one: :mod:`genie_build.embedding_encoding`), validates a graph's full encodings against the full graph, checks them
+against the other graph's encodings (Genie rejects a tensor the two graphs share with different encodings) or takes
+the other graph's encodings for every tensor this graph has (as AI Hub gives the token graph the prompt graph's),
+then writes ``part_{label}/{graph}.encodings.json`` (canonical bytes, in the version of the input file) for every
 ``part_{label}/{graph}.onnx`` of the parts folder. The workflow's output folder appears complete or not at all; a
 graph's slices are rewritten with the same bytes when only the other graph's encodings changed, so nothing behind
 them reruns.
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build.conventions import find_parts, part_encodings_path
+from genie_build.embedding_encoding import encode_embedding_output
 from genie_build.encodings import (Encodings, check_boundary_consistency, check_graphs_consistent,
                                    check_kv_cache_tied, read_encodings, share_encodings, slice_encodings,
                                    validate_against_model, write_encodings)
 from genie_build.fileio import atomic_directory
-from genie_build.onnx_graph import part_tensor_names, read_graph_tensors
+from genie_build.onnx_graph import embedding_gather, graph_tensors, load_graph, part_tensor_names
 
 __all__ = ["GraphSliceFiles", "slice_graph_encodings", "slice_model_encodings"]
 
@@ -52,13 +54,12 @@ def slice_model_encodings(prompt: GraphSliceFiles, token: GraphSliceFiles, parts
     Raises:
         GenieBuildError: as :func:`slice_graph_encodings`, for either graph.
     """
-    prompt_encodings = read_encodings(prompt.encodings)
-    prompt_slices = _graph_slices("prompt", prompt_encodings, prompt.encodings, prompt.model, parts_dir,
-                                  kv_cache_tied=kv_cache_tied)
+    prompt_encodings, prompt_slices = _graph_slices("prompt", read_encodings(prompt.encodings), prompt.encodings,
+                                                    prompt.model, parts_dir, kv_cache_tied=kv_cache_tied)
     consistent_with, share_from = (None, prompt_encodings) if token_shares_prompt else (prompt_encodings, None)
-    token_slices = _graph_slices("token", read_encodings(token.encodings), token.encodings, token.model,
-                                 parts_dir, consistent_with=consistent_with, share_from=share_from,
-                                 kv_cache_tied=kv_cache_tied)
+    _, token_slices = _graph_slices("token", read_encodings(token.encodings), token.encodings, token.model,
+                                    parts_dir, consistent_with=consistent_with, share_from=share_from,
+                                    kv_cache_tied=kv_cache_tied)
     with atomic_directory(Path(out_dir)) as staging:
         _write_slices(staging, "prompt", prompt_slices)
         _write_slices(staging, "token", token_slices)
@@ -82,9 +83,9 @@ def slice_graph_encodings(graph: str, model: str | os.PathLike[str], encodings: 
         GenieBuildError: invalid encodings, encodings that do not fit the graph or the other graph's, an
             incomplete set of parts, or parts whose shared boundary tensors would get different encodings.
     """
-    slices = _graph_slices(graph, read_encodings(encodings), encodings, model, parts_dir,
-                           consistent_with=_read_if_given(consistent_with), share_from=_read_if_given(share_from),
-                           kv_cache_tied=kv_cache_tied)
+    _, slices = _graph_slices(graph, read_encodings(encodings), encodings, model, parts_dir,
+                              consistent_with=_read_if_given(consistent_with), share_from=_read_if_given(share_from),
+                              kv_cache_tied=kv_cache_tied)
     _write_slices(Path(out_dir), graph, slices)
 
 
@@ -94,9 +95,13 @@ def _read_if_given(path: str | os.PathLike[str] | None) -> Encodings | None:
 
 def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[str], model: str | os.PathLike[str],
                   parts_dir: str | os.PathLike[str], *, consistent_with: Encodings | None = None,
-                  share_from: Encodings | None = None, kv_cache_tied: bool) -> dict[str, Encodings]:
-    """One graph's checked encodings, cut per part: label -> the part's encodings."""
-    tensors = read_graph_tensors(model)
+                  share_from: Encodings | None = None,
+                  kv_cache_tied: bool) -> tuple[Encodings, dict[str, Encodings]]:
+    """One graph's checked encodings (the embedding's output given its table's encoding when it has none,
+    :mod:`genie_build.embedding_encoding`), and cut per part: label -> the part's encodings."""
+    graph_model = load_graph(model)
+    tensors = graph_tensors(graph_model)
+    enc = encode_embedding_output(enc, embedding_gather(graph_model))
     if share_from is not None:
         enc = share_encodings(share_from, enc, tensors.tensor_names)
     validate_against_model(enc, encodings_path, tensors.tensor_names, tensors.param_shapes, tensors.param_layouts)
@@ -108,7 +113,7 @@ def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[
               for label, path in find_parts(Path(parts_dir), graph).items()}
     check_boundary_consistency(slices)
     _log_coverage(graph, enc, slices)
-    return slices
+    return enc, slices
 
 
 def _write_slices(out_dir: Path, graph: str, slices: dict[str, Encodings]) -> None:

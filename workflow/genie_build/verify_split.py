@@ -24,7 +24,7 @@ import onnxruntime as ort
 from genie_build.conventions import INPUT_IDS, find_parts
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
-from genie_build.onnx_graph import check_external_data, graph_io, load_graph
+from genie_build.onnx_graph import check_external_data, embedding_gather, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
 
 __all__ = ["OutputCheck", "VerifyReport", "build_feed", "compare_arrays", "compare_chain", "find_token_input",
@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 
 CPU = ["CPUExecutionProvider"]
 FLOAT_RANGE = (-1.0, 1.0)
-# Ops that pass token ids through unchanged on their way to the embedding Gather.
-_ID_PRESERVING_OPS = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"}
 
 
 @dataclass(frozen=True)
@@ -218,22 +216,8 @@ def build_feed(model_path: str | os.PathLike[str], *, vocab: int | None = None, 
 
 
 def find_token_input(model: onnx.ModelProto) -> tuple[str, int | None]:
-    """The graph input holding token ids and the row count of the table it indexes.
-
-    It is the input that reaches a Gather's indices through id-preserving ops only (Cast, Reshape, …)
-    where the Gather's data is a 2-D initializer, possibly through a Cast (fp16-stored weights); without
-    one, ``input_ids`` and no row count.
+    """The graph input holding token ids and the row count of the table it indexes
+    (:func:`genie_build.onnx_graph.embedding_gather`); without an embedding lookup, ``input_ids`` and no row count.
     """
-    graph = model.graph
-    tables = {t.name: t.dims[0] for t in graph.initializer if len(t.dims) == 2}
-    for node in graph.node:
-        if node.op_type in ("Cast", "Identity") and node.input[0] in tables:
-            tables[node.output[0]] = tables[node.input[0]]
-    for value in graph_io(model).inputs:
-        reached = {value.name}
-        for node in graph.node:  # nodes are topologically sorted, so one pass follows every chain
-            if node.op_type == "Gather" and node.input[1] in reached and node.input[0] in tables:
-                return value.name, tables[node.input[0]]
-            if node.op_type in _ID_PRESERVING_OPS and node.input and node.input[0] in reached:
-                reached.update(node.output)
-    return INPUT_IDS, None
+    found = embedding_gather(model)
+    return (INPUT_IDS, None) if found is None else (found.token_input, found.rows)

@@ -15,9 +15,9 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_regular
 from genie_build.units import GIB
 
-__all__ = ["Dim", "FOUR_BIT_TYPES", "GraphIO", "InitializerSpec", "MAX_GRAPH_BYTES", "Shape", "TensorSpec",
-           "ar_and_context_length", "dtype_name", "graph_io", "initializer_specs", "load_graph", "stored_nbytes",
-           "tensor_shapes"]
+__all__ = ["Dim", "EmbeddingGather", "FOUR_BIT_TYPES", "GraphIO", "InitializerSpec", "MAX_GRAPH_BYTES", "Shape",
+           "TensorSpec", "ar_and_context_length", "dtype_name", "embedding_gather", "graph_io", "initializer_specs",
+           "load_graph", "stored_nbytes", "tensor_shapes"]
 
 Dim = int | str | None   # a fixed size, a symbolic name, or unknown
 Shape = tuple[Dim, ...]
@@ -50,6 +50,20 @@ class GraphIO:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
+
+@dataclass(frozen=True)
+class EmbeddingGather:
+    """The token embedding's lookup: the graph input holding token ids, the Gather of the table by them, and the
+    table (a 2-D initializer, the Gather's data directly or through a Cast or Identity) and its rows."""
+
+    token_input: str
+    output: str
+    table: str
+    rows: int
+
+
+# Ops that pass token ids through unchanged on their way to the embedding Gather.
+_ID_PRESERVING_OPS = frozenset({"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"})
 
 # The protobuf limit: an ONNX file larger than this cannot be a model (its weights must be external data).
 MAX_GRAPH_BYTES = 2 * GIB
@@ -144,6 +158,26 @@ def stored_nbytes(tensor: onnx.TensorProto, where: str | os.PathLike[str] = "", 
     return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
+
+
+def embedding_gather(model: onnx.ModelProto) -> EmbeddingGather | None:
+    """The first Gather whose data is a 2-D initializer (possibly through a Cast: fp16-stored weights) and whose
+    indices a graph input reaches through id-preserving ops only (Cast, Reshape, ...); None without one."""
+    graph = model.graph
+    rows = {tensor.name: tensor.dims[0] for tensor in graph.initializer if len(tensor.dims) == 2}
+    tables = {name: name for name in rows}  # a tensor holding a table's values -> the table
+    for node in graph.node:
+        if node.op_type in ("Cast", "Identity") and node.input[0] in tables:
+            tables[node.output[0]] = tables[node.input[0]]
+    for value in graph_io(model).inputs:
+        reached = {value.name}
+        for node in graph.node:  # nodes are topologically sorted, so one pass follows every chain
+            if node.op_type == "Gather" and node.input[1] in reached and node.input[0] in tables:
+                table = tables[node.input[0]]
+                return EmbeddingGather(value.name, node.output[0], table, rows[table])
+            if node.op_type in _ID_PRESERVING_OPS and node.input and node.input[0] in reached:
+                reached.update(node.output)
+    return None
 
 
 def ar_and_context_length(model: onnx.ModelProto) -> tuple[int, int] | None:
