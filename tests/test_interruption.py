@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import ReferenceBuild, build_reference_bundle
-from workflow_helpers import CONFIG_OPTIONS, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, snakemake_command, write_config
 
 # The small demo cut to 2 layers and 2 parts: fewer jobs, the same rules.
 TINY_WORKFLOW = {"demo": {**SMALL_DEMO["demo"], "layers": 2, "hidden": 32, "intermediate": 64, "vocab": 300},
@@ -131,10 +131,10 @@ def test_a_split_killed_mid_write_leaves_the_parts_as_they_were_and_the_rerun_no
 
 def _start_snakemake(workdir: Path, config_file: Path, log: Path) -> subprocess.Popen:
     """Snakemake in its own session, so that the whole process group (jobs included) can be killed at once."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
+    command, env = snakemake_command(workdir, config_file=config_file)
     with open(log, "w") as handle:
-        return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *CONFIG_OPTIONS, str(config_file)],
-                                cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(command, cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _group_members(pgid: int) -> list[str]:

@@ -15,11 +15,11 @@ from onnx import TensorProto, helper
 
 from genie_build.cli import main
 from genie_build.conventions import find_parts
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.split import split_graph
 from genie_build.verify_split import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
-from demo_shapes import SMALL
+from demo_shapes import ONE_LAYER, SMALL
 from tiny_decoder import make_plan
 
 SHAPE = SMALL
@@ -58,8 +58,7 @@ def test_feed_is_deterministic_per_seed_and_in_range(demo: Path) -> None:
 
 
 def test_vocab_is_found_through_a_cast_of_fp16_weights(tmp_path: Path) -> None:
-    generate_demo(DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=96, context=8, ar=2,
-                            weight_dtype="float16"), tmp_path)
+    generate_demo(dataclasses.replace(ONE_LAYER, vocab=96, weight_dtype="float16"), tmp_path)
     assert find_token_input(onnx.load(tmp_path / "token.onnx", load_external_data=False)) == ("input_ids", 96)
 
 

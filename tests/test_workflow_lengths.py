@@ -13,7 +13,8 @@ import onnx
 import pandas as pd
 import pytest
 
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
+from demo_shapes import demo_shape
 from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
@@ -152,8 +153,8 @@ def test_the_users_onnx_graphs_one_per_length_make_the_same_bundle(demo, tmp_pat
 def _fewer_layers(exports: Path, tmp_path: Path) -> None:
     """The short graphs of ``exports`` replaced by the demo's graphs of one layer fewer at that length, their weights
     read from the long graphs' data files (the same bytes for every weight they name)."""
-    shape = {**SMALL_DEMO["demo"], "layers": SMALL_DEMO["demo"]["layers"] - 1, "context": SHORT}
-    generate_demo(DemoShape(**shape), tmp_path / "fewer")
+    shape = demo_shape(SMALL_DEMO["demo"], layers=SMALL_DEMO["demo"]["layers"] - 1, context=SHORT)
+    generate_demo(shape, tmp_path / "fewer")
     for kind in ("prompt", "token"):
         long = {t.name: t for t in onnx.load(exports / f"{kind}.onnx", load_external_data=False).graph.initializer}
         short = onnx.load(tmp_path / "fewer" / f"{kind}.onnx", load_external_data=False)

@@ -28,12 +28,11 @@ rule check_model:
     benchmark:
         f"{OUT}/benchmarks/check_model.tsv"
     params:
-        lengths=[arg for key, graph in SOURCE.graphs.items() if key not in GRAPHS
-                 for arg in ("--length-graph", f"{graph.kind}={graph.onnx}")],
+        extra=check_model_extra,
         python=PYTHON,
     shell:
         "{params.python} -m genie_build check-model --prompt {input.prompt:q} --token {input.token:q}"
-        " {params.lengths:q} --out {output:q} > {log:q} 2>&1"
+        " {params.extra:q} --out {output:q} > {log:q} 2>&1"
 
 
 # A checkpoint, so that a plan rewritten with the same bytes does not force a new split. The plan reads the graphs'
@@ -53,14 +52,7 @@ checkpoint plan:
         **({"units": f"{OUT}/calibration_units.json"} if CALIBRATION_CHAIN else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
-        # the device, the embedding's layout and every context length's IO matter to split.num_parts auto only:
-        # another chipset, layout or length does not replan a fixed split
-        load=["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--embedding",
-              config["bundle"]["embedding"], "--other-lengths", *map(str, SOURCE.context_lengths[:-1])]
-        if config["split"].get("num_parts") == "auto" else [],
-        weighing=lambda wc, input, output: (
-            ["--recipe", config["quantize"]["recipe"], "--unit-memory-mb", str(config["quantize"]["unit_memory_mb"]),
-             "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.encodings]),
+        extra=plan_extra,
         python=PYTHON,
     log:
         f"{OUT}/logs/plan.log",
@@ -68,7 +60,7 @@ checkpoint plan:
         f"{OUT}/benchmarks/plan.tsv"
     shell:
         "{params.python} -m genie_build plan --prompt {input.prompt:q} --token {input.token:q}"
-        " {params.weighing:q} --split-json {params.split:q} {params.load:q}"
+        " --split-json {params.split:q} {params.extra:q}"
         " --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
