@@ -31,7 +31,7 @@ from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import read_plan
 from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.recipes import RECIPES, precision_of
-from genie_build.split import split_graph
+from genie_build.split import split_graphs
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
@@ -242,7 +242,7 @@ def compiled(tmp_path_factory) -> dict:
     pieces = model_pieces(prompt, read_encodings(encodings["prompt"]),
                           find_boundaries(prompt, source / "prompt.onnx"))
     plan = plan_by_num_parts(pieces, 3)
-    parts = {kind: split_graph(source / f"{kind}.onnx", plan, root / "parts", kind) for kind in encodings}
+    parts = split_graphs({kind: source / f"{kind}.onnx" for kind in encodings}, plan, root / "parts")
     converted: dict[str, dict[str, Path]] = {part.label: {} for part in plan.parts}
     for kind, paths in parts.items():
         full = read_encodings(encodings[kind])

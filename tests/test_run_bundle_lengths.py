@@ -37,8 +37,9 @@ def _converted_graphs(root: Path, cl: int, encodings: Path, plan: Path) -> dict[
     generate_demo(demo_shape(TINY_DEMO, context=cl), source)
     graphs: dict[int, list[str]] = {index: [] for index in range(1, NUM_PARTS + 1)}
     parts, sliced = source / "parts", source / "encodings"
+    _cli("split", "--plan", plan, "--graph", *(f"{kind}={source / f'{kind}.onnx'}" for kind in ("prompt", "token")),
+         "--parts-dir", parts)
     for kind, ar in (("prompt", AR), ("token", 1)):
-        _cli("split", "--plan", plan, "--graph", kind, "--model", source / f"{kind}.onnx", "--parts-dir", parts)
         _cli("slice-graph-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--encodings", encodings.with_name(f"{kind}.encodings.json"), "--parts-dir", parts, "--out-dir", sliced)
         for index in graphs:

@@ -6,6 +6,7 @@ fills, and gives the single-length bundle's tokens. On the demo and on the user'
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import onnx
 import pandas as pd
 import pytest
 
+from genie_build.conventions import PART_WEIGHTS_NAME
 from genie_build.demo import generate_demo
 from demo_shapes import demo_shape
 from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
@@ -61,11 +63,14 @@ def demo(tmp_path_factory):
     return workdir, single, jobs_run(added)
 
 
-def test_adding_a_length_regenerates_recalibrates_and_resplits_nothing(demo):
+def test_adding_a_length_regenerates_recalibrates_and_reconverts_nothing_but_its_graphs(demo):
     workdir, single, ran = demo
     assert {rule for rule, _ in ran} <= LENGTH_SIDE, ran
-    assert sorted(wildcards for rule, wildcards in ran if rule == "split") == [f"graph=prompt_cl{SHORT}",
-                                                                             f"graph=token_cl{SHORT}"]
+    # one split job writes every graph's parts; the graphs at the first length come out the same bytes, so only the
+    # new length's graphs are converted
+    assert [wildcards for rule, wildcards in ran if rule == "split"] == [""]
+    assert {re.search(r"graph=(\w+)", wildcards)[1] for rule, wildcards in ran if rule.startswith("convert_part")} == {
+        f"prompt_cl{SHORT}", f"token_cl{SHORT}"}
     assert (workdir / "results" / "demo" / "source" / "prompt.encodings.json").stat().st_mtime_ns == single["encodings"]
     # the second run is complete: a third has nothing to do
     again = run_snakemake(workdir, config_file=workdir / "two.yaml")
@@ -92,6 +97,12 @@ def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
     assert dialog["context"]["size"] == LONG and dialog["embedding"]["type"] == "lut"
     binaries = dialog["engine"]["model"]["binary"]["ctx-bins"]
     assert binaries == ["demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]
+    # every graph of a part, at both lengths, reads the part's one weights file
+    for index in (1, 2, 3):
+        part = out / "parts" / f"part_{index}_of_3"
+        keys = ("prompt", "token", f"prompt_cl{SHORT}", f"token_cl{SHORT}")
+        assert sorted(path.name for path in part.iterdir()) == sorted([PART_WEIGHTS_NAME,
+                                                                      *(f"{key}.onnx" for key in keys)])
     for index, name in enumerate(binaries, start=2):
         assert _graph_names(bundle / name) == _both_lengths(index)
     assert load_json(out / "bundle_check.json")["errors"] == 0

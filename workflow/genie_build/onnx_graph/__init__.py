@@ -19,14 +19,14 @@ from genie_build.onnx_graph.external import (ExternalData, check_external_data, 
 from genie_build.onnx_graph.layouts import (GraphTensors, WeightLayout, consumer_layouts, graph_tensors,
                                             part_tensor_names, read_graph_tensors)
 from genie_build.onnx_graph.model import (Dim, GraphIO, InitializerSpec, Shape, TensorSpec, ar_and_context_length,
-                                          graph_io, initializer_specs, load_graph, tensor_shapes)
+                                          dtype_name, graph_io, initializer_specs, load_graph, tensor_shapes)
 from genie_build.onnx_graph.sharing import check_same_weight_names, check_same_weights, check_shared_initializers
 from genie_build.onnx_graph.tensors import StoredTensor, model_tensors, subgraphs
 from genie_build.onnx_graph.values import FLOAT_TYPES, require_finite, scan_tensor, tensor_sha256
 
 __all__ = ["Dim", "ExternalData", "FLOAT_TYPES", "GraphIO", "GraphTensors", "InitializerSpec", "Shape", "StoredTensor",
            "TensorSpec", "WeightLayout", "ar_and_context_length", "check_external_data", "check_same_weight_names",
-           "check_same_weights", "check_shared_initializers", "consumer_layouts", "external_data",
+           "check_same_weights", "check_shared_initializers", "consumer_layouts", "dtype_name", "external_data",
            "external_data_files", "graph_io", "graph_tensors", "initializer_specs", "load_graph", "model_folders",
            "model_tensors", "open_external_data", "part_tensor_names", "read_graph_tensors", "require_finite",
            "scan_tensor", "subgraphs", "tensor_sha256", "tensor_shapes"]
