@@ -15,7 +15,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, models
 
 from genie_build.bundle import ctx_bin_name
-from genie_build.conventions import graph_name
+from genie_build.conventions import GRAPH_KINDS, graph_name
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
 from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
@@ -183,9 +183,9 @@ def build_reference_bundle(root: Path, num_parts: int = 3) -> ReferenceBuild:
          "--out-token", source / "token.encodings.json", "--num-samples", 1)
     _cli("plan", "--prompt", source / "prompt.onnx", "--token", source / "token.onnx",
          "--encodings-prompt", source / "prompt.encodings.json", "--num-parts", num_parts, "--out", root / "plan.json")
-    for kind in ("prompt", "token"):
-        _cli("split", "--plan", root / "plan.json", "--graph", kind, "--model", source / f"{kind}.onnx",
-             "--parts-dir", root / "parts")
+    _cli("split", "--plan", root / "plan.json", "--parts-dir", root / "parts",
+         "--graph", *(f"{kind}={source / f'{kind}.onnx'}" for kind in GRAPH_KINDS))
+    for kind in GRAPH_KINDS:
         _cli("slice-graph-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--encodings", source / f"{kind}.encodings.json", "--parts-dir", root / "parts",
              "--out-dir", root / "encodings")

@@ -13,6 +13,7 @@ turns the skip into a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -202,13 +203,14 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
     from whole_model import feeds_forward_pass, quantize_pair
 
     from genie_build.calibrate import calibration_feeds, graph_shape
-    from genie_build.demo import DemoShape, generate_demo
+    from bundle_helpers import TINY_DEMO
+    from demo_shapes import demo_shape
+    from genie_build.demo import generate_demo
     from genie_build.encodings import check_graphs_consistent
     from genie_build.onnx_graph import load_graph
     from genie_build.recipes import RECIPES
 
-    generate_demo(DemoShape(layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128, vocab=320, context=32, ar=4),
-                  tmp_path)
+    generate_demo(demo_shape(TINY_DEMO, vocab=320, context=32, ar=4), tmp_path)
     shape = graph_shape(load_graph(tmp_path / "prompt.onnx"), tmp_path / "prompt.onnx", tmp_path / "config.json")
     quantize_pair(tmp_path / "prompt.onnx", tmp_path / "token.onnx", tmp_path / "prompt.encodings.json",
                   tmp_path / "token.encodings.json", recipe=RECIPES["w4a16"],
@@ -289,14 +291,14 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
 
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
-    from genie_build.demo import DemoShape, generate_demo
+    from demo_shapes import ONE_LAYER
+    from genie_build.demo import generate_demo
     from genie_build.errors import GenieBuildError
     from genie_build.calibrate_unit import calibrate_prompt
     from genie_build.recipes import RECIPES
     from whole_model import feeds_forward_pass
 
-    generate_demo(DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=300, context=8, ar=2,
-                            weight_dtype="float16"), tmp_path)
+    generate_demo(dataclasses.replace(ONE_LAYER, weight_dtype="float16"), tmp_path)
     with pytest.raises(GenieBuildError, match="float16 weights"):
         calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16"], feeds_forward_pass([]))
 

@@ -23,6 +23,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from genie_build.conventions import PART_WEIGHTS_NAME
 from genie_build.encodings import read_encodings
 from genie_build.plan_file import read_plan
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
@@ -172,10 +173,10 @@ def encodings_name_unknown_tensors(build: ReferenceBuild, src: Path, out: Path) 
 
 
 def split_case(build: ReferenceBuild, src: Path, out: Path, where: object, problem: str) -> Case:
-    return Case(("split", "--plan", build.root / "plan.json", "--graph", "token", "--model", src / "token.onnx",
-                 "--parts-dir", out / "parts"), str(where), problem,
-                tuple(out / "parts" / f"part_{label}" / f"token.onnx{suffix}" for label in part_labels(build)
-                      for suffix in ("", ".data")))
+    return Case(("split", "--plan", build.root / "plan.json", "--graph", f"prompt={src / 'prompt.onnx'}",
+                 f"token={src / 'token.onnx'}", "--parts-dir", out / "parts"), str(where), problem,
+                tuple(out / "parts" / f"part_{label}" / name for label in part_labels(build)
+                      for name in ("prompt.onnx", "token.onnx", PART_WEIGHTS_NAME)))
 
 
 def split_with_truncated_data(build: ReferenceBuild, src: Path, out: Path) -> Case:

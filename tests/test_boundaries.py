@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,13 @@ from onnx import helper
 from genie_build.boundaries import embedding_table, find_boundaries, node_layer
 from genie_build.calibrate import calibrate
 from genie_build.cli import main
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph, tensor_shapes
 from genie_build.plan import by_encodings, weighed_pieces
 from genie_build.plan_file import read_plan
+from demo_shapes import THREE_LAYERS
 from genie_build.weight_inventory import weights_from_graph
 from hf_export import export_tiny_qwen2
 from scoped_graph import EMBED_OUT, NAME_SCOPES_KEY, build_scoped_graph, layer_out
@@ -142,8 +144,7 @@ def test_plan_of_a_float16_demo_equals_the_float32_plan(tmp_path: Path) -> None:
     plans = {}
     for dtype in ("float32", "float16"):
         source = tmp_path / dtype
-        generate_demo(DemoShape(layers=3, hidden=32, heads=2, kv_heads=1, intermediate=64, vocab=320, context=16,
-                                ar=4, weight_dtype=dtype), source)
+        generate_demo(dataclasses.replace(THREE_LAYERS, weight_dtype=dtype), source)
         encodings = [source / f"{kind}.encodings.json" for kind in ("prompt", "token")]
         calibrate(source / "prompt.onnx", source / "token.onnx", *encodings, num_samples=1)
         assert main(["plan", "--prompt", str(source / "prompt.onnx"), "--token", str(source / "token.onnx"),

@@ -417,11 +417,11 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
 
 
 def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
-    from genie_build.demo import DemoShape, generate_demo
+    from demo_shapes import ONE_LAYER
+    from genie_build.demo import generate_demo
     from genie_build.calibrate_unit import calibrate_prompt
 
-    generate_demo(DemoShape(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=96, vocab=300, context=8, ar=2),
-                  tmp_path)
+    generate_demo(replace(ONE_LAYER, hidden=32, intermediate=96), tmp_path)
     with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):
         calibrate_prompt(tmp_path / "prompt.onnx", RECIPES["w4a16-lpbq"], feeds_forward_pass([]))
 

@@ -33,7 +33,7 @@ from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_ten
 from genie_build.check_plan import check_plan, measured_pieces
 from genie_build.recipes import RECIPES
 from genie_build.shape_plan import piece_floats, plan_from_hf_config
-from genie_build.split import split_graph
+from genie_build.split import split_graphs
 
 pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
@@ -115,8 +115,7 @@ def exported(root: Path, checkpoint: Path):
     plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=AR, context=CONTEXT, num_parts=3)
     assert [part.pieces for part in plan.parts] == [("embedding",), ("layer_0", "layer_1"), ("layer_2", "head")]
     export_checkpoint(checkpoint, root / "whole", ar=AR, context=CONTEXT)
-    for kind in ("prompt", "token"):
-        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split", kind)
+    split_graphs({kind: root / "whole" / f"{kind}.onnx" for kind in ("prompt", "token")}, plan, root / "split")
     for part in plan.parts:
         export_part(checkpoint, part, root / "parts" / part.label, num_parts=3, ar=AR, context=CONTEXT)
     return plan

@@ -11,8 +11,8 @@ import re
 
 from genie_build.calibration_units import units_from_dicts
 from genie_build.conventions import (KV_TENSOR, PART_LABEL_PATTERN, PART_SUFFIX, UNIT_LABEL_PATTERN, graph_ar,
-                                     graph_ar_cl, graph_keys, graph_name, kv_name, length_graph_key, parse_part_label,
-                                     part_label, piece_names, unit_label, unsplit_graph_name)
+                                     graph_ar_cl, graph_keys, graph_name, key_kind, kv_name, length_graph_key,
+                                     parse_part_label, part_label, piece_names, unit_label, unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 
 
@@ -96,6 +96,18 @@ def test_a_graph_at_another_context_length_is_keyed_by_its_kind_and_length() -> 
     assert [length_graph_key(kind, 1024) for kind in ("prompt", "token")] == ["prompt_cl1024", "token_cl1024"]
     with pytest.raises(ValueError, match="graph kind"):
         length_graph_key("decode", 1024)
+
+
+@pytest.mark.parametrize("key, kind", [("prompt", "prompt"), ("token", "token"), ("prompt_cl512", "prompt"),
+                                       ("token_cl64", "token")])
+def test_a_graph_keys_kind_is_read_back(key: str, kind: str) -> None:
+    assert key_kind(key) == kind
+
+
+@pytest.mark.parametrize("key", ["decode", "prompt_cl", "prompt_clx", "prompt_512", "token_cl64_cl8", ""])
+def test_a_key_of_no_kind_is_refused(key: str) -> None:
+    with pytest.raises(ValueError, match="is not a kind"):
+        key_kind(key)
 
 
 def test_the_largest_length_keeps_the_kinds_key() -> None:

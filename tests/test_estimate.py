@@ -4,6 +4,7 @@ sizes by hand, config == graph, and the prediction against compiled reference co
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from genie_build.boundaries import find_boundaries
 from genie_build.calibrate import calibrate
 from genie_build.cli import main
 from genie_build.config import validate_config
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
 from genie_build.encodings import read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
@@ -30,7 +31,7 @@ from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import read_plan
 from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.recipes import RECIPES, precision_of
-from genie_build.split import split_graph
+from genie_build.split import split_graphs
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
@@ -39,6 +40,7 @@ from genie_build.toolchains.reference.container_format import inspect_container,
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, QUANTIZED_WEIGHTS_KEY, convert_model
 from genie_build.toolchains.reference.onnx_io import set_metadata_json
 from genie_build.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
+from demo_shapes import THREE_LAYERS, WIDE
 from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake
 from workflow_helpers import write_config as write_workflow_config
 
@@ -208,8 +210,7 @@ DEMO_DIMS = ("--ar", "4", "--context", "16")
 @pytest.fixture(scope="module", params=["float32", "float16"])
 def demo(request, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp(f"demo_{request.param}")
-    generate_demo(DemoShape(layers=3, hidden=32, heads=2, kv_heads=1, intermediate=64, vocab=320, context=16, ar=4,
-                            weight_dtype=request.param), out)
+    generate_demo(dataclasses.replace(THREE_LAYERS, weight_dtype=request.param), out)
     return out
 
 
@@ -240,15 +241,14 @@ def compiled(tmp_path_factory) -> dict:
     """A demo built by the package functions: calibrate, plan, split, slice, convert, compile 4 variants."""
     root = tmp_path_factory.mktemp("compiled")
     source = root / "source"
-    generate_demo(DemoShape(layers=5, hidden=160, heads=4, kv_heads=2, intermediate=448, vocab=1200, context=96,
-                            ar=16), source)
+    generate_demo(WIDE, source)
     encodings = {kind: source / f"{kind}.encodings.json" for kind in ("prompt", "token")}
     calibrate(source / "prompt.onnx", source / "token.onnx", encodings["prompt"], encodings["token"], num_samples=1)
     prompt = load_graph(source / "prompt.onnx")
     pieces = weighed_pieces(weights_from_graph(prompt, find_boundaries(prompt, source / "prompt.onnx")),
                             by_encodings(read_encodings(encodings["prompt"])))
     plan = plan_by_num_parts(pieces, 3)
-    parts = {kind: split_graph(source / f"{kind}.onnx", plan, root / "parts", kind) for kind in encodings}
+    parts = split_graphs({kind: source / f"{kind}.onnx" for kind in encodings}, plan, root / "parts")
     converted: dict[str, dict[str, Path]] = {part.label: {} for part in plan.parts}
     for kind, paths in parts.items():
         full = read_encodings(encodings[kind])

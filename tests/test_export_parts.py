@@ -27,7 +27,7 @@ from genie_build.conventions import INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, c
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
 from genie_build.shape_plan import part_tensor_names, plan_from_hf_config
-from genie_build.split import DATA_ALIGNMENT, split_graph
+from genie_build.split import DATA_ALIGNMENT, split_graphs
 from genie_build.verify_split import build_feed, run_graph
 
 pytestmark = pytest.mark.hf
@@ -68,8 +68,7 @@ def exported(request, tmp_path_factory):
     plan = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=AR, context=CONTEXT,
                                num_parts=NUM_PARTS)
     export_checkpoint(checkpoint, root / "whole", ar=AR, context=CONTEXT)
-    for kind in ("prompt", "token"):
-        split_graph(root / "whole" / f"{kind}.onnx", plan, root / "split", kind)
+    split_graphs({kind: root / "whole" / f"{kind}.onnx" for kind in ("prompt", "token")}, plan, root / "split")
     for part in plan.parts:
         export_part(checkpoint, part, root / "parts" / part.label, num_parts=NUM_PARTS, ar=AR, context=CONTEXT)
     return request.param, checkpoint, plan, root / "split", root / "parts"
@@ -111,18 +110,21 @@ def test_each_part_equals_the_split_of_the_whole_export(exported):
             assert all(actual[name].tobytes() == expected[name].tobytes() for name in expected), (case, part.label)
 
 
-def test_both_graphs_of_a_part_read_one_weights_file(exported):
-    _, _, plan, _, parts = exported
-    for part in plan.parts:
-        graphs, data = part_files(parts / part.label)
+def test_both_graphs_of_a_part_read_one_weights_file_exported_or_split(exported):
+    """One layout for every source: a part exported from the checkpoint and a part split from the whole export."""
+    _, _, plan, split, parts = exported
+    for folder in [*(parts / part.label for part in plan.parts),
+                   *(split / f"part_{part.label}" for part in plan.parts)]:
+        graphs, data = part_files(folder)
         assert sorted(p.name for p in data.parent.iterdir()) == sorted([data.name, *(g.name for g in graphs.values())])
         assert data.stat().st_nlink == 1   # a regular file, which ONNX's loader accepts
         checksum = hashlib.sha1(data.read_bytes()).hexdigest()
         layouts = []
         for path in graphs.values():
             model = onnx.load(path, load_external_data=False)
-            entries = {t.name: {e.key: e.value for e in t.external_data} for t in model.graph.initializer}
-            assert all(e["location"] == data.name and e["checksum"] == checksum
+            entries = {t.name: {e.key: e.value for e in t.external_data} for t in model.graph.initializer
+                       if t.data_location == onnx.TensorProto.EXTERNAL}   # the split keeps tensors under 1 KiB inline
+            assert entries and all(e["location"] == data.name and e["checksum"] == checksum
                        and int(e["offset"]) % DATA_ALIGNMENT == 0 for e in entries.values())
             layouts.append(entries)
         assert layouts[1].items() <= layouts[0].items()   # the token graph's weights are the prompt graph's

@@ -18,9 +18,10 @@ from genie_build.demo import DemoShape, generate_demo, graph_inputs, graph_outpu
 from genie_build.conventions import GenieDims, genie_dims, read_ar, read_cl
 from genie_build.genie_contract import model_violations
 from genie_build.onnx_graph import TensorSpec, graph_io, load_graph
+from demo_shapes import ONE_LAYER
 
 AR, CL = 4, 16
-SMALL = DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=32, context=CL, ar=AR)
+SMALL = dataclasses.replace(ONE_LAYER, vocab=32, context=CL, ar=AR)
 
 
 def spec(name: str, shape: tuple, dtype: str = "float32") -> TensorSpec:
@@ -295,7 +296,7 @@ def test_the_two_graphs_agree_with_each_other_and_the_config(token, expected, co
     token_kind, changes = token  # the demo's prompt IO with AR 2 makes a token graph of AR 2
     io = {"prompt": io_of(write_io_graph(tmp_path / "prompt.onnx", contract_graph("prompt"))),
           "token": io_of(write_io_graph(tmp_path / "token.onnx",
-                                        contract_graph(token_kind, DemoShape(**{**vars(SMALL), **changes}))))}
+                                        contract_graph(token_kind, dataclasses.replace(SMALL, **changes))))}
     messages = [str(v) for v in model_violations(io, expected=expected, context_size=context_size)[1]]
     assert len(messages) == 1 and fragment in messages[0], messages
 

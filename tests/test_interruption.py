@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import ReferenceBuild, build_reference_bundle
-from workflow_helpers import CONFIG_OPTIONS, SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from genie_build.conventions import PART_WEIGHTS_NAME
+from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, snakemake_command, write_config
 
 # The small demo cut to 2 layers and 2 parts: fewer jobs, the same rules.
 TINY_WORKFLOW = {"demo": {**SMALL_DEMO["demo"], "layers": 2, "hidden": 32, "intermediate": 64, "vocab": 300},
@@ -65,8 +66,8 @@ def _convert_args(build: ReferenceBuild, out: Path) -> list[object]:
 
 
 def _split_args(build: ReferenceBuild, out: Path) -> list[object]:
-    return ["split", "--plan", build.root / "plan.json", "--graph", "prompt", "--model", build.source / "prompt.onnx",
-            "--parts-dir", out]
+    return ["split", "--plan", build.root / "plan.json", "--graph", f"prompt={build.source / 'prompt.onnx'}",
+            f"token={build.source / 'token.onnx'}", "--parts-dir", out]
 
 
 # Python ignores SIGXFSZ from startup; restoring the default makes the kernel kill the writer the moment a write
@@ -99,10 +100,11 @@ def test_a_writer_killed_mid_write_leaves_no_output_and_the_rerun_no_leftovers(
     assert hidden(out.parent) == [], "the killed writer's temporary outlived the rerun"
 
 
-# The split writes into the parts folder every graph of the model shares (part_{label}/{graph}.onnx), moving each
-# file into place only once all parts are written: a killed split leaves every file that was there as it was and
-# no new one, and its staging folder does not outlive the rerun.
-_PROMPT_PARTS = {f"part_{index}_of_3/prompt.onnx{suffix}" for index in (1, 2, 3) for suffix in ("", ".data")}
+# The split writes the model's graphs into the parts folder (part_{label}/{graph}.onnx and the part's weights file),
+# moving each file into place only once all parts are written: a killed split leaves every file that was there as it
+# was and no new one, and its staging folder does not outlive the rerun.
+_PARTS = {f"part_{index}_of_3/{name}" for index in (1, 2, 3)
+          for name in ("prompt.onnx", "token.onnx", PART_WEIGHTS_NAME)}
 
 
 @pytest.mark.parametrize("previous", [False, True], ids=["empty", "previous-parts"])
@@ -120,9 +122,7 @@ def test_a_split_killed_mid_write_leaves_the_parts_as_they_were_and_the_rerun_no
     rerun = _genie_build(_split_args(build, out), tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     expected = visible_files(build.root / "parts")
-    if not previous:
-        expected = {name: data for name, data in expected.items() if name in _PROMPT_PARTS}
-    assert set(expected) >= _PROMPT_PARTS
+    assert set(expected) == _PARTS
     assert visible_files(out) == expected, "the rerun's parts differ from an uninterrupted split's"
     assert hidden(out.parent) == [], "the killed split's staging folder outlived the rerun"
 
@@ -131,10 +131,10 @@ def test_a_split_killed_mid_write_leaves_the_parts_as_they_were_and_the_rerun_no
 
 def _start_snakemake(workdir: Path, config_file: Path, log: Path) -> subprocess.Popen:
     """Snakemake in its own session, so that the whole process group (jobs included) can be killed at once."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
+    command, env = snakemake_command(workdir, config_file=config_file)
     with open(log, "w") as handle:
-        return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *CONFIG_OPTIONS, str(config_file)],
-                                cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(command, cwd=workdir, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _group_members(pgid: int) -> list[str]:

@@ -2,24 +2,64 @@
 
 The rules run the project venv's interpreter, not a conda env or container (QAIRT and the package come from
 pip, and envs/core.yaml cannot be deployed by Snakemake's ``conda:``), so "Specify a conda environment or
-container for each rule" is the one lint left; any other lint fails this test."""
+container for each rule" is the one lint left; any other lint fails this test.
+
+And the workflow's own rule (docs/snakemake.md, "Values, not command lines"): a rule's command line is written in its
+``shell:``; an option only some builds have comes from the rule's one ``<rule>_extra`` function."""
 
 from __future__ import annotations
 
+import io
 import re
-import subprocess
-import sys
+import tokenize
+from pathlib import Path
 
-from workflow_helpers import copy_workflow
+from workflow_helpers import REPO, copy_workflow, run_snakemake
 
 ACCEPTED = {"Specify a conda environment or container for each rule."}
 
 
 def test_snakemake_lint_reports_nothing_but_the_accepted_lint(tmp_path) -> None:
     workdir = copy_workflow(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=workdir, capture_output=True,
-                            text=True, timeout=300)
+    result = run_snakemake(workdir, "--lint", check=False, timeout=300)
     output = result.stdout + result.stderr
     titles = re.findall(r"^\s+\* (.+?):$", output, re.MULTILINE)
     assert titles, output[-3000:]  # the accepted lint is there, so the linter did run
     assert set(titles) <= ACCEPTED, sorted(set(titles) - ACCEPTED)
+
+
+def options_outside_shell(smk: Path) -> list[tuple[int, str]]:
+    """(line, top-level statement) of every string literal in ``smk`` that starts a command option (``"--x"``,
+    ``f"--{x}"``) outside a ``shell:`` directive; the statement is the line at column 0 that holds it."""
+    text = smk.read_text()
+    lines = text.splitlines()
+    skipped = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT}
+    found, in_shell, previous = [], False, None
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if previous is not None and previous.string == "shell" and token.string == ":":
+            in_shell = True
+        elif token.type != tokenize.STRING and token.type not in skipped and token.string != ":":
+            in_shell = False
+        option = token.type == tokenize.STRING and token.string.lstrip("rfbRFB").strip("\"'").startswith("--")
+        if option and not in_shell:
+            line = token.start[0]
+            owner = next(lines[index] for index in range(line - 1, -1, -1)
+                         if lines[index][:1] not in ("", " ", "\t", "#", ")", "]", "}"))
+            found.append((line, owner))
+        if token.type not in skipped:
+            previous = token
+    return found
+
+
+def test_rules_pass_values_and_build_options_only_in_their_extra_functions() -> None:
+    rule_files = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+    outside = [f"{smk.name}:{line}: {owner}" for smk in rule_files
+               for line, owner in options_outside_shell(smk) if not re.match(r"def \w+_extra\(", owner)]
+    assert outside == [], "options built outside a shell: command and a <rule>_extra function"
+
+
+def test_the_option_reader_finds_a_flag_list_in_params(tmp_path: Path) -> None:
+    smk = tmp_path / "x.smk"
+    smk.write_text('def x_extra(wildcards):\n    return ["--a"]\n\n\nrule x:\n    params:\n'
+                   '        b=lambda wc: ["--b"] if wc else [],\n    shell:\n        "run --c {params.b:q}"\n')
+    assert options_outside_shell(smk) == [(2, "def x_extra(wildcards):"), (7, "rule x:")]

@@ -3,6 +3,7 @@ check's session reads each linear weight as stored."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +13,11 @@ import pytest
 from onnx import helper, numpy_helper
 
 from genie_build.calibrate import calibrate
-from genie_build.demo import DemoShape, generate_demo
+from demo_shapes import TINY
+from genie_build.demo import generate_demo
 from genie_build.ort_session import THREADS_VARIABLE, cpu_session_options, float_check_options, job_threads
 
-SHAPE = DemoShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=300, context=48, ar=8)
+SHAPE = dataclasses.replace(TINY, hidden=128, intermediate=256)
 
 
 @pytest.mark.parametrize(("value", "threads"), [("1", 1), ("3", 3), ("", 0), ("0", 0), ("-2", 0), ("two", 0)])

@@ -141,10 +141,10 @@ def calibration_feed(build: ReferenceBuild, session: ort.InferenceSession) -> di
     """Part 2's inputs on the sample the tiny demo's encodings were calibrated on (tests/bundle_helpers.py calibrates
     on one): the embedding rows of its tokens (part 1 is the embedding alone), its mask, RoPE tables and cache."""
     from genie_build.calibrate import calibration_feeds
-    from genie_build.demo import DemoShape
+    from demo_shapes import demo_shape
     from genie_build.toolchains.reference.onnx_io import read_initializer
 
-    sample = next(calibration_feeds(DemoShape(**TINY_DEMO), "prompt", 1))
+    sample = next(calibration_feeds(demo_shape(TINY_DEMO), "prompt", 1))
     source = onnx.load(build.source / "prompt.onnx", load_external_data=False)
     table = read_initializer(next(t for t in source.graph.initializer if t.name == "model.embed_tokens.weight"),
                              build.source / "prompt.onnx")

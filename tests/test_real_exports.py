@@ -76,10 +76,11 @@ def test_every_runtime_requirement_of_the_hf_extra_is_pinned():
 
 def demo_sources(out: Path) -> Path:
     """The small demo's float graphs, config.json and tokenizer, as a user's model before quantization."""
-    from genie_build.demo import DemoShape, generate_demo
+    from demo_shapes import demo_shape
+    from genie_build.demo import generate_demo
 
     shape = SMALL_DEMO["demo"]
-    generate_demo(DemoShape(**{key: value for key, value in shape.items() if key != "seed"}), out)
+    generate_demo(demo_shape(shape), out)
     subprocess.run([sys.executable, "-m", "genie_build", "train-tokenizer", "--corpus",
                     str(REPO / "resources" / "tokenizer_corpus.txt"), "--vocab", str(shape["vocab"]),
                     "--out", str(out / "tokenizer.json")], check=True, capture_output=True)

@@ -14,6 +14,7 @@ import re
 import pytest
 import yaml
 
+from genie_build.conventions import PART_WEIGHTS_NAME
 from genie_build.fileio import sha256_file
 from rebuild_helpers import (USER_MODEL, clone_workdir, export_small_demo, matching,
                              scale_initializer, user_model_config, variant_options)
@@ -28,7 +29,7 @@ AGGREGATES = ("size_table.*", "memory_plan.*", "genie_bundle/*", "bundle_check.j
 # The bundle variant's parts compiled again without weight sharing, for the host run (rules/compile.smk)
 TWINS = "twin/part_{}/*"
 # Rewritten whenever the split runs again; what matters is which parts' bytes changed (checked by content).
-SPLIT_BOOKKEEPING = ("plan.json", "split/*", "parts/*", "encodings/*")
+SPLIT_BOOKKEEPING = ("plan.json", "split.json", "parts/*", "encodings/*")
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +139,9 @@ def test_one_layer_weight_change_rebuilds_only_the_part_holding_it(case):
     changed = rebuild(workdir, config_file, before)
 
     hashes_after = part_hashes(workdir)
-    # the data, and the .onnx that carries the data's SHA-1 (what the converts depend on)
+    # the part's data, and the .onnx files that carry the data's SHA-1 (what the converts depend on)
     assert {path for path in hashes_after if hashes_after[path] != hashes_before.get(path)} == {
-        f"part_{holder}/{graph}.onnx{ext}" for graph in ("prompt", "token") for ext in ("", ".data")}
+        f"part_{holder}/{name}" for name in ("prompt.onnx", "token.onnx", PART_WEIGHTS_NAME)}
     assert_rebuilt_exactly(changed, before, (*per_part(holder), *AGGREGATES, "verify/*", "model_check.json"),
                            may_change=SPLIT_BOOKKEEPING)
 

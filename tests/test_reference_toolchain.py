@@ -14,12 +14,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
+from demo_shapes import DEFAULT
 from tiny_decoder import build_tiny_decoder
 
 from genie_build import __version__
 from genie_build.chipsets import lookup
 from genie_build.cli import main
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, layout_of, write_encodings
 from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
@@ -612,7 +613,7 @@ def demo_part(tmp_path_factory) -> dict:
     """A two-layer demo model at the default demo's sizes (hidden 256, intermediate 768, vocab 2048),
     converted and compiled packed and unpacked."""
     root = tmp_path_factory.mktemp("demo")
-    generate_demo(DemoShape(layers=2), root)
+    generate_demo(replace(DEFAULT, layers=2), root)
     weights = source_weights(root / "prompt.onnx")
     encodings = demo_encodings(weights)
     write_encodings(root / "encodings.json", encodings)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
+from demo_shapes import demo_shape
 from genie_build.cli import main
 from genie_build.conventions import graph_name, part_encodings_path, part_graph_path, part_label
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.demo import generate_demo
 from genie_build.errors import GenieBuildError
 from genie_build.genie_runtime import Step, genie_steps
 from genie_build.run_bundle import GraphRun, generate, host_run, load_bundle, make_runner, run_bundle, unsplit_tokens
@@ -33,11 +34,12 @@ def _converted_graphs(root: Path, cl: int, encodings: Path, plan: Path) -> dict[
     ``encodings`` (one calibration for every length, so that the lengths differ in CL only): ``--graph`` arguments
     of each part."""
     source = root / f"cl{cl}"
-    generate_demo(DemoShape(**{**TINY_DEMO, "context": cl}), source)
+    generate_demo(demo_shape(TINY_DEMO, context=cl), source)
     graphs: dict[int, list[str]] = {index: [] for index in range(1, NUM_PARTS + 1)}
     parts, sliced = source / "parts", source / "encodings"
+    _cli("split", "--plan", plan, "--graph", *(f"{kind}={source / f'{kind}.onnx'}" for kind in ("prompt", "token")),
+         "--parts-dir", parts)
     for kind, ar in (("prompt", AR), ("token", 1)):
-        _cli("split", "--plan", plan, "--graph", kind, "--model", source / f"{kind}.onnx", "--parts-dir", parts)
         _cli("slice-graph-encodings", "--graph", kind, "--model", source / f"{kind}.onnx",
              "--encodings", encodings.with_name(f"{kind}.encodings.json"), "--parts-dir", parts, "--out-dir", sliced)
         for index in graphs:
@@ -68,7 +70,7 @@ def bundles(build: ReferenceBuild, tmp_path_factory: pytest.TempPathFactory) -> 
     model compiled at CL 128 alone."""
     root = tmp_path_factory.mktemp("lengths")
     top = root / f"cl{LENGTHS[-1]}"
-    generate_demo(DemoShape(**{**TINY_DEMO, "context": LENGTHS[-1]}), top)
+    generate_demo(demo_shape(TINY_DEMO, context=LENGTHS[-1]), top)
     encodings = root / "encodings" / "prompt.encodings.json"
     _cli("calibrate", "--model-dir", top, "--out-prompt", encodings, "--out-token",
          encodings.with_name("token.encodings.json"), "--num-samples", 1)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import ast
 import io
-import os
 import shutil
 import string
-import subprocess
-import sys
 import tokenize
 from pathlib import Path
 
@@ -22,12 +19,11 @@ import onnx
 import pytest
 
 from bundle_helpers import build_reference_bundle
-from workflow_helpers import CONFIG_OPTIONS, REPO, copy_workflow, load_json, write_config
+from workflow_helpers import REPO, copy_workflow, load_json, run_snakemake, write_config
 
 # Placeholders allowed without ":q", and why each cannot carry a shell metacharacter.
 UNQUOTED_ALLOWED = {
     "params.python": "shlex.quote()d interpreter path (common.smk PYTHON, python_for)",
-    "params.source": "the constant '--hf-config' or '--onnx' (estimate.smk)",
     "params.context_size": "integer (schema), 0 when unset",
     "params.strict": "boolean (schema): True or False",
     "params.share_resources": "boolean (schema): True or False",
@@ -116,10 +112,7 @@ def hostile_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
         model["encodings"][graph] = str(exports / f"enc {graph} {HOSTILE}.json")
         shutil.copy(source / f"{graph}.encodings.json", workdir / model["encodings"][graph])
     config = write_config(workdir, {"model": model, "split": {"num_parts": 2}}, name=f"config {HOSTILE}.yaml")
-    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *CONFIG_OPTIONS, str(config)],
-                            cwd=workdir, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    run_snakemake(workdir, config_file=config)
     return workdir, model
 
 

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,14 +76,10 @@ def as_workflow_config(workdir: Path, config_file: Path) -> None:
 
 def run_on_slurm(workdir: Path) -> str:
     """Build TARGETS through the SLURM profile; Snakemake's log. Killed if it outlives SLURM_RUN_TIMEOUT_S."""
-    command = [sys.executable, "-m", "snakemake", *TARGETS, "--workflow-profile", "workflow/profiles/slurm",
-               "--jobs", "4", "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5"]
-    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
-    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,
-                            timeout=SLURM_RUN_TIMEOUT_S)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, f"snakemake on SLURM failed ({result.returncode}):\n{log[-6000:]}"
-    return log
+    result = run_snakemake(workdir, *TARGETS, "--workflow-profile", "workflow/profiles/slurm", "--jobs", "4",
+                           "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5", cores=None,
+                           timeout=SLURM_RUN_TIMEOUT_S)
+    return result.stdout + result.stderr
 
 
 def test_slurm_build_equals_the_local_build(slurm, tmp_path):

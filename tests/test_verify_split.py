@@ -14,12 +14,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from genie_build.cli import main
-from genie_build.conventions import find_parts
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.conventions import PART_WEIGHTS_NAME, find_parts
+from genie_build.demo import generate_demo
 from genie_build.errors import GenieBuildError
-from genie_build.split import split_graph
+from genie_build.split import split_graphs
 from genie_build.verify_split import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
-from demo_shapes import SMALL
+from demo_shapes import ONE_LAYER, SMALL
 from tiny_decoder import make_plan
 
 SHAPE = SMALL
@@ -34,7 +34,7 @@ def demo(small_demo: Path) -> Path:
 @pytest.fixture()
 def parts(demo: Path, tmp_path: Path) -> dict[str, list[Path]]:
     """Both graphs' parts in one parts folder, fresh per test, since some tests damage them."""
-    return {kind: split_graph(demo / f"{kind}.onnx", PLAN, tmp_path / "parts", kind) for kind in ("prompt", "token")}
+    return split_graphs({kind: demo / f"{kind}.onnx" for kind in ("prompt", "token")}, PLAN, tmp_path / "parts")
 
 
 def test_feed_covers_every_input_with_its_dtype_and_shape(demo: Path) -> None:
@@ -58,8 +58,7 @@ def test_feed_is_deterministic_per_seed_and_in_range(demo: Path) -> None:
 
 
 def test_vocab_is_found_through_a_cast_of_fp16_weights(tmp_path: Path) -> None:
-    generate_demo(DemoShape(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=32, vocab=96, context=8, ar=2,
-                            weight_dtype="float16"), tmp_path)
+    generate_demo(dataclasses.replace(ONE_LAYER, vocab=96, weight_dtype="float16"), tmp_path)
     assert find_token_input(onnx.load(tmp_path / "token.onnx", load_external_data=False)) == ("input_ids", 96)
 
 
@@ -93,7 +92,7 @@ def test_changed_weight_in_a_part_fails_naming_graph_and_output(demo: Path, part
     last = parts["prompt"][2]
     head = next(t for t in onnx.load(last, load_external_data=False).graph.initializer if t.name == "lm_head.weight")
     offset = int({e.key: e.value for e in head.external_data}["offset"])
-    with open(last.with_name(last.name + ".data"), "r+b") as handle:
+    with open(last.with_name(PART_WEIGHTS_NAME), "r+b") as handle:
         handle.seek(offset)
         handle.write(np.float32(3.0).tobytes())
     full = demo / "prompt.onnx"
@@ -186,13 +185,13 @@ def test_float16_weights_chain_bit_exact_and_a_one_ulp_change_is_caught(tmp_path
     """Unfolded, float16 weights are cast at run time on both sides; the check still sees the smallest change."""
     generate_demo(dataclasses.replace(SHAPE, weight_dtype="float16"), tmp_path / "demo")
     full = tmp_path / "demo" / "token.onnx"
-    chain = split_graph(full, PLAN, tmp_path / "parts", "token")
+    chain = split_graphs({"token": full}, PLAN, tmp_path / "parts")["token"]
     assert verify_chain(full, chain, build_feed(full)).bit_exact
     last = chain[-1]
     head = next(t for t in onnx.load(last, load_external_data=False).graph.initializer if t.name == "lm_head.weight")
     assert head.data_type == TensorProto.FLOAT16
     offset = int({e.key: e.value for e in head.external_data}["offset"])
-    with open(last.with_name(last.name + ".data"), "r+b") as handle:
+    with open(last.with_name(PART_WEIGHTS_NAME), "r+b") as handle:
         handle.seek(offset)
         value = np.frombuffer(handle.read(2), np.float16)
         handle.seek(offset)

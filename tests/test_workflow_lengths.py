@@ -6,6 +6,7 @@ fills, and gives the single-length bundle's tokens. On the demo and on the user'
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import onnx
 import pandas as pd
 import pytest
 
-from genie_build.demo import DemoShape, generate_demo
+from genie_build.conventions import PART_WEIGHTS_NAME
+from genie_build.demo import generate_demo
+from demo_shapes import demo_shape
 from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
@@ -59,11 +62,14 @@ def demo(tmp_path_factory):
     return workdir, single, jobs_run(added)
 
 
-def test_adding_a_length_regenerates_recalibrates_and_resplits_nothing(demo):
+def test_adding_a_length_regenerates_recalibrates_and_reconverts_nothing_but_its_graphs(demo):
     workdir, single, ran = demo
     assert {rule for rule, _ in ran} <= LENGTH_SIDE, ran
-    assert sorted(wildcards for rule, wildcards in ran if rule == "split") == [f"graph=prompt_cl{SHORT}",
-                                                                             f"graph=token_cl{SHORT}"]
+    # one split job writes every graph's parts; the graphs at the first length come out the same bytes, so only the
+    # new length's graphs are converted
+    assert [wildcards for rule, wildcards in ran if rule == "split"] == [""]
+    assert {re.search(r"graph=(\w+)", wildcards)[1] for rule, wildcards in ran if rule.startswith("convert_part")} == {
+        f"prompt_cl{SHORT}", f"token_cl{SHORT}"}
     assert (workdir / "results" / "demo" / "source" / "prompt.encodings.json").stat().st_mtime_ns == single["encodings"]
     # the second run is complete: a third has nothing to do
     again = run_snakemake(workdir, config_file=workdir / "two.yaml")
@@ -90,6 +96,12 @@ def test_every_part_holds_both_lengths_with_its_weights_stored_once(demo):
     assert dialog["context"]["size"] == LONG and dialog["embedding"]["type"] == "lut"
     binaries = dialog["engine"]["model"]["binary"]["ctx-bins"]
     assert binaries == ["demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]
+    # every graph of a part, at both lengths, reads the part's one weights file
+    for index in (1, 2, 3):
+        part = out / "parts" / f"part_{index}_of_3"
+        keys = ("prompt", "token", f"prompt_cl{SHORT}", f"token_cl{SHORT}")
+        assert sorted(path.name for path in part.iterdir()) == sorted([PART_WEIGHTS_NAME,
+                                                                      *(f"{key}.onnx" for key in keys)])
     for index, name in enumerate(binaries, start=2):
         assert _graph_names(bundle / name) == _both_lengths(index)
     assert load_json(out / "bundle_check.json")["errors"] == 0
@@ -151,8 +163,8 @@ def test_the_users_onnx_graphs_one_per_length_make_the_same_bundle(demo, tmp_pat
 def _fewer_layers(exports: Path, tmp_path: Path) -> None:
     """The short graphs of ``exports`` replaced by the demo's graphs of one layer fewer at that length, their weights
     read from the long graphs' data files (the same bytes for every weight they name)."""
-    shape = {**SMALL_DEMO["demo"], "layers": SMALL_DEMO["demo"]["layers"] - 1, "context": SHORT}
-    generate_demo(DemoShape(**shape), tmp_path / "fewer")
+    shape = demo_shape(SMALL_DEMO["demo"], layers=SMALL_DEMO["demo"]["layers"] - 1, context=SHORT)
+    generate_demo(shape, tmp_path / "fewer")
     for kind in ("prompt", "token"):
         long = {t.name: t for t in onnx.load(exports / f"{kind}.onnx", load_external_data=False).graph.initializer}
         short = onnx.load(tmp_path / "fewer" / f"{kind}.onnx", load_external_data=False)

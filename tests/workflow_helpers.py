@@ -12,8 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config", "resources")
-# A write_config file as the whole config, last on the command line (--configfile takes every word up to the next
-# option): the options a test running Snakemake itself gives before the file.
+# A write_config file as the whole config (snakemake_command puts them last).
 CONFIG_OPTIONS = ("--replace-workflow-config", "--configfile")
 
 # A demo small enough for CI: the same code path as the default, a fraction of the time.
@@ -65,15 +64,24 @@ def write_config(workdir: Path, overrides: dict, name: str = "test-config.yaml")
     return path
 
 
-def run_snakemake(workdir: Path, *args: str, config_file: Path | None = None,
-                  check: bool = True) -> subprocess.CompletedProcess:
-    """``python -m snakemake --cores 2 [args]`` in ``workdir``, with ``config_file`` (write_config's) as the whole
-    config; output (Snakemake logs to stdout) returned."""
-    command = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
+def snakemake_command(workdir: Path, *args: str, config_file: Path | None = None,
+                      cores: int | None = 2) -> tuple[list[str], dict[str, str]]:
+    """The one way the tests run Snakemake: ``python -m snakemake --cores 2 [args]`` (no ``--cores`` with
+    ``cores=None``, for an executor that sets its own jobs), with ``config_file`` (write_config's) as the whole config
+    (last: --configfile takes every word up to the next option), and its environment: Snakemake's cache in
+    ``workdir``. Returns (command, environment)."""
+    command = [sys.executable, "-m", "snakemake", *(["--cores", str(cores)] if cores else []), *args]
     if config_file is not None:
         command += [*CONFIG_OPTIONS, str(config_file)]
-    env = {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
-    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    return command, {**os.environ, "XDG_CACHE_HOME": str(workdir / ".cache")}
+
+
+def run_snakemake(workdir: Path, *args: str, config_file: Path | None = None, check: bool = True,
+                  cores: int | None = 2, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """:func:`snakemake_command` run in ``workdir`` to its end (killed after ``timeout`` seconds); output (Snakemake
+    logs to stdout) returned; with ``check``, a failed run is an AssertionError holding the end of its log."""
+    command, env = snakemake_command(workdir, *args, config_file=config_file, cores=cores)
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n"
                              f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}")

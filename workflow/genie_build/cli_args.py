@@ -12,8 +12,9 @@ from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.errors import GenieBuildError
 from genie_build.split_request import check_split_request
 
-__all__ = ["add_embedding_option", "add_genie_run_arguments", "add_load_options", "add_split_options", "add_strict_option", "boolean", "json_object", "load_params",
-           "part_count", "positive_float", "positive_int", "split_options"]
+__all__ = ["add_embedding_option", "add_genie_run_arguments", "add_load_options", "add_split_options",
+           "add_strict_option", "add_switch", "boolean", "json_object", "load_params", "part_count", "positive_float", "positive_int",
+           "split_options"]
 
 
 def json_object(text: str, option: str) -> dict:
@@ -55,10 +56,16 @@ def boolean(text: str) -> bool:
     return value
 
 
+def add_switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A yes/no option that a rule passes as a value (``--kv-cache-tied False``), the config's boolean as it is; on
+    the command line alone it means true. Default false."""
+    parser.add_argument(flag, nargs="?", const=True, default=False, type=boolean, metavar="{true,false}",
+                        help=f"{help} (also {flag} true/false)")
+
+
 def add_strict_option(parser: argparse.ArgumentParser, flagged: str) -> None:
     """``--strict``, as ``report.strict`` reaches a command: fail on a flagged ``flagged`` instead of warning."""
-    parser.add_argument("--strict", nargs="?", const=True, default=False, type=boolean,
-                        help=f"fail on a flagged {flagged} instead of warning (also --strict true/false)")
+    add_switch(parser, "--strict", f"fail on a flagged {flagged} instead of warning")
 
 
 def add_genie_run_arguments(parser: argparse.ArgumentParser, modes: Sequence[str]) -> None:

@@ -39,10 +39,12 @@ from genie_build.fileio import is_json_int
 
 __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBEDDING_LAYOUTS", "EMBEDDING_PIECE", "HEAD_PIECE", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
            "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
-           "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "POS_COS", "POS_SIN",
+           "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "PART_WEIGHTS_NAME",
+           "POS_COS", "POS_SIN",
            "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
-           "graph_ar_cl", "graph_keys", "graph_name", "kv_name", "layer_output", "length_graph_key", "parse_part_label",
-           "part_encodings_path", "part_folder", "part_graph_path", "part_label", "piece_names", "read_ar", "read_cl",
+           "graph_ar_cl", "graph_keys", "graph_name", "key_kind", "kv_name", "layer_output", "length_graph_key",
+           "parse_part_label", "part_encodings_path", "part_folder", "part_graph_path", "part_label",
+           "part_weights_path", "piece_names", "read_ar", "read_cl",
            "rope_tables", "shape_text",
            "tensors_by_name", "unit_label", "unsplit_graph_name"]
 
@@ -89,6 +91,9 @@ PART_LABEL_PATTERN = r"\d+_of_\d+"
 # A calibration unit's label starts with "u", so it is never read as (or globbed with) a part's.
 UNIT_LABEL_PATTERN = r"u\d+_of_\d+"
 PART_SUFFIX = re.compile(r"_(\d+)_of_(\d+)$")
+# A part's weights, beside its graphs: one file whatever the source and however many graphs read it (ONNX refuses
+# external data that is a hard link or lies outside the graph's folder, so a part's graphs share one folder).
+PART_WEIGHTS_NAME = "weights.onnx.data"
 _EXPECTED_PARTS = "expected part_01_of_N … part_N_of_N, all N of them"
 
 
@@ -137,6 +142,12 @@ def part_graph_path(parts_dir: str | os.PathLike[str], label: str, graph: str) -
     return Path(parts_dir) / part_folder(label) / f"{graph}.onnx"
 
 
+def part_weights_path(parts_dir: str | os.PathLike[str], label: str) -> Path:
+    """``parts_dir/part_{label}/weights.onnx.data``: the one data file all of a part's graphs read, whatever the
+    source (the split of whole graphs, a checkpoint's export), each weight stored once."""
+    return Path(parts_dir) / part_folder(label) / PART_WEIGHTS_NAME
+
+
 def part_encodings_path(encodings_dir: str | os.PathLike[str], label: str, graph: str) -> Path:
     """``encodings_dir/part_{label}/{graph}.encodings.json``: one graph's encodings of a part."""
     return Path(encodings_dir) / part_folder(label) / f"{graph}.encodings.json"
@@ -180,6 +191,19 @@ def length_graph_key(kind: str, cl: int) -> str:
     if kind not in GRAPH_KINDS:
         raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
     return f"{kind}_cl{cl}"
+
+
+def key_kind(key: str) -> str:
+    """The kind of a graph's file key: ``prompt``, ``token``, or :func:`length_graph_key`'s ``prompt_cl512``.
+
+    Raises:
+        ValueError: a key of no kind.
+    """
+    kind, _, length = key.partition("_cl")
+    if kind not in GRAPH_KINDS or (length and not length.isdigit()) or key.endswith("_cl"):
+        raise ValueError(f"graph key {key!r} is not a kind ({', '.join(GRAPH_KINDS)}) or a kind at a context length "
+                         "(e.g. prompt_cl512)")
+    return kind
 
 
 def graph_keys(lengths: Iterable[int]) -> list[tuple[int, str, str]]:

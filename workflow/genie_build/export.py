@@ -55,8 +55,9 @@ from huggingface_hub.errors import StrictDataclassError
 
 from genie_build import __version__
 from genie_build.canonical import canonicalize
-from genie_build.conventions import (EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN,
-                                     graph_ar, graph_name, kv_name, layer_output, unsplit_graph_name)
+from genie_build.conventions import (EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LOGITS, MASK, PART_WEIGHTS_NAME,
+                                     POS_COS, POS_SIN, graph_ar, graph_name, kv_name, layer_output,
+                                     unsplit_graph_name)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, HashingWriter, atomic_open, write_bytes
 from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, Checkpoint, check_checkpoint, check_settings,
@@ -72,7 +73,6 @@ __all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphSpan", "dequantize_f
 
 log = logging.getLogger(__name__)
 STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
-PART_WEIGHTS_NAME = "weights.onnx.data"
 # What transformers raises for a config.json or checkpoint it cannot read (huggingface_hub's strict dataclasses
 # validate config fields, e.g. layer_types against num_hidden_layers, with an Exception of their own).
 _READ_ERRORS = (OSError, ValueError, TypeError, KeyError, StrictDataclassError)
@@ -424,9 +424,8 @@ def _span_text(span: GraphSpan) -> str:
 
 
 def part_files(out_dir: str | os.PathLike[str]) -> tuple[dict[str, Path], Path]:
-    """An exported part's files: each graph's ``.onnx`` and the one data file both read. (ONNX refuses external
-    data that is a hard link or lies outside the graph's folder, so sharing the weights puts both graphs in one
-    folder.)"""
+    """An exported part's files: each graph's ``.onnx`` and the one data file both read
+    (:data:`genie_build.conventions.PART_WEIGHTS_NAME`, as a split part's)."""
     out = Path(out_dir)
     return {kind: out / f"{kind}.onnx" for kind in GRAPH_KINDS}, out / PART_WEIGHTS_NAME
 

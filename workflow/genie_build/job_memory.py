@@ -82,8 +82,8 @@ class GraphWeights:
 
 
 def graph_weights(path: str | os.PathLike[str]) -> GraphWeights:
-    """The weights the graph at ``path`` declares, read from its protobuf: a split part's data file may hold other
-    graphs' weights too (a checkpoint part's prompt and token graphs share one), so its size says little. None
+    """The weights the graph at ``path`` declares, read from its protobuf: a part's data file holds the weights of
+    every graph of the part (one file for its prompt and token graphs at every length), so its size says little. None
     while the graph does not exist yet: Snakemake evaluates a job's resources again once its inputs exist."""
     if not os.path.exists(path):
         return GraphWeights(0.0, 0.0)

@@ -153,9 +153,10 @@ class _WholeGraphs(Source, abstract=True):
         return None
 
     def part_float_mb(self, label: str) -> float:
-        """MB of the part's weights as its prompt graph holds them: what a job loading the part holds."""
-        path = self.part_graph("prompt", label)
-        return sum(os.path.getsize(file) for file in (path, f"{path}.data") if os.path.exists(file)) / 1e6
+        """MB of the part's weights, as its prompt graph and the part's weights file hold them: what a job loading
+        the part holds."""
+        files = (self.part_graph("prompt", label), conventions.part_weights_path(self.parts_dir, label))
+        return sum(os.path.getsize(file) for file in files if os.path.exists(file)) / 1e6
 
     def contract_inputs(self) -> dict[str, Any]:
         """What ``check_contract`` reads of the graphs: the whole graphs (structure only)."""

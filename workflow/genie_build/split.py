@@ -1,10 +1,11 @@
-"""Split a prompt or token graph into the plan's parts, streaming the weights.
+"""Split a model's graphs (prompt and token, at every context length) into the plan's parts, streaming the weights.
 
-Memory stays bounded by a copy chunk, not by the model: the graph is loaded without its external data,
-each part's nodes are extracted by name, and each external tensor's bytes are copied from the source
-data file into the part's data file in chunks (:func:`genie_build.fileio.copy_range`), 4 KiB aligned,
-with a relative ``location`` and the data file's SHA-1 as ``checksum``. Tensors stored inline in the source stay
-inline.
+Memory stays bounded by a copy chunk, not by the model: the graphs are loaded without their external data, each
+part's nodes are extracted by name, and each external tensor's bytes are copied from the source data file into the
+part's one data file (``weights.onnx.data``, which all of the part's graphs read, as a checkpoint's export writes a
+part) in chunks (:func:`genie_build.fileio.copy_range`), 4 KiB aligned, with a relative ``location`` and the data
+file's SHA-1 as ``checksum``. A weight the graphs share (an initializer of one name) is stored once. Tensors stored
+inline in the source stay inline.
 
 Which tensors a part gives and takes:
 
@@ -28,7 +29,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -36,15 +37,16 @@ from typing import BinaryIO
 import onnx
 
 from genie_build import __version__
-from genie_build.conventions import GRAPH_KINDS, graph_name, part_graph_path
+from genie_build.conventions import (PART_WEIGHTS_NAME, graph_name, key_kind, part_folder, part_graph_path,
+                                     part_weights_path)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import HashingWriter, copy_range, open_regular, staging_directory
-from genie_build.onnx_graph import (ar_and_context_length, check_external_data, external_data, graph_io, load_graph,
-                                    model_folders, model_tensors, subgraphs)
+from genie_build.onnx_graph import (ar_and_context_length, check_external_data, dtype_name, external_data, graph_io,
+                                    load_graph, model_folders, model_tensors, subgraphs)
 from genie_build.plan_file import PartPlan, Plan
 
 __all__ = ["CHECKSUM_KEY", "DATA_ALIGNMENT", "PartSpec", "build_part", "check_part", "cut_graph", "ensure_value_info",
-           "node_inputs", "split_graph"]
+           "node_inputs", "split_graphs"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,77 +67,106 @@ class PartSpec:
     node_indices: tuple[int, ...]   # into the source graph's node list, in topological (source) order
 
 
-def split_graph(model_path: str | os.PathLike[str], plan: Plan, parts_dir: str | os.PathLike[str],
-                graph_kind: str, graph_key: str | None = None) -> list[Path]:
-    """Split one graph into ``parts_dir/part_{label}/{graph_key}.onnx`` (+ ``.onnx.data``): a part's graphs in one
-    folder, as a checkpoint's export writes them.
+@dataclass(frozen=True)
+class _Whole:
+    """One whole graph and the plan's parts of it: its key, kind, file, structure (no weights) and each part's spec."""
 
-    Every part is written and checked in a staging folder inside ``parts_dir`` first and moved into place only when
-    all are (its data before its graph, which is what readers name), so no part of a failed split replaces a good
-    one. The graph's files in part folders the plan no longer has are removed.
+    key: str
+    kind: str
+    path: Path
+    model: onnx.ModelProto
+    specs: list[PartSpec]
+
+
+def split_graphs(models: Mapping[str, str | os.PathLike[str]], plan: Plan, parts_dir: str | os.PathLike[str]
+                 ) -> dict[str, list[Path]]:
+    """Split a model's graphs into ``parts_dir/part_{label}/{key}.onnx``, every graph of a part reading the part's one
+    data file (:func:`genie_build.conventions.part_weights_path`), as a checkpoint's export writes a part.
+
+    A weight the graphs share (an initializer of one name) is stored once, where the first graph of ``models`` that
+    holds it put it; that they hold the same bytes for it is the check-model stage's (the bundle waits for it), and a
+    graph whose bytes differ would differ from its chained parts in verify-split. Every part's files are written and
+    checked in a staging folder inside ``parts_dir`` first and moved into place only when all are (a part's data file
+    before its graphs, which are what readers name), so no part of a failed split replaces a good one. Graph and data
+    files the split did not write (in the folders of another plan's parts, of a graph no longer given) are removed.
 
     Args:
-        model_path: the full ONNX graph; its external data is read from beside it.
+        models: the whole graphs by key, each with its external data beside it: ``prompt`` and ``token``, and those
+            at another context length (``prompt_cl512``, :func:`genie_build.conventions.length_graph_key`). The key
+            names the part graphs' files, its kind the part graphs.
         plan: the split plan (boundary tensor names per part).
-        parts_dir: the parts folder, shared by every graph of the model.
-        graph_kind: ``"prompt"`` or ``"token"``; names the part graphs.
-        graph_key: the file name of the graph's parts (default ``graph_kind``; ``prompt_cl512`` for a graph at
-            another context length).
+        parts_dir: the model's parts folder.
 
     Returns:
-        The part ``.onnx`` paths in part order.
+        Each key's part ``.onnx`` paths, in part order.
 
     Raises:
-        GenieBuildError: the model cannot be read, or the plan does not cut it cleanly.
+        GenieBuildError: a model cannot be read, the plan does not cut one cleanly, or two graphs store a weight of
+            one name as different tensors (dtype or shape).
+        ValueError: no graph, or a key of no kind.
     """
-    key, target = graph_key or graph_kind, Path(parts_dir)
-    with staging_directory(target, key, mirrors=target) as staging:
-        _write_parts(Path(model_path), plan, staging, graph_kind, key)
-        paths = []
-        for part in plan.parts:
-            written, final = part_graph_path(staging, part.label, key), part_graph_path(target, part.label, key)
-            final.parent.mkdir(exist_ok=True)
-            os.replace(_data_file(written), _data_file(final))
-            os.replace(written, final)
-            paths.append(final)
-        _remove_stale_parts(target, {part.label for part in plan.parts}, key)
-    return paths
+    if not models:
+        raise ValueError("no graph to split")
+    wholes = [_cut(key, Path(path), plan) for key, path in models.items()]
+    target = Path(parts_dir)
+    with staging_directory(target, "split", mirrors=target) as staging:
+        for index, part in enumerate(plan.parts):
+            _write_part(wholes, index, plan, staging)
+        labels = [part.label for part in plan.parts]
+        for label in labels:
+            _move_part(staging / part_folder(label), target / part_folder(label))
+        for folder in target.glob("part_*"):
+            if folder.is_dir() and folder.name.removeprefix("part_") not in labels:
+                _remove_split_files(folder, keep=set())
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+    return {key: [part_graph_path(target, label, key) for label in labels] for key in models}
 
 
-def _data_file(onnx_path: Path) -> Path:
-    return onnx_path.with_name(onnx_path.name + ".data")
-
-
-def _remove_stale_parts(parts_dir: Path, labels: set[str], key: str) -> None:
-    """Remove the graph's files from part folders of another plan (and the folders, once empty)."""
-    for folder in parts_dir.glob("part_*"):
-        if folder.name.removeprefix("part_") in labels or not folder.is_dir():
-            continue
-        for stale in (folder / f"{key}.onnx", folder / f"{key}.onnx.data"):
-            stale.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-def _write_parts(model_path: Path, plan: Plan, out_dir: Path, graph_kind: str, key: str) -> None:
-    """Write every part of one graph into ``out_dir`` (a staging folder), checking each one."""
-    if graph_kind not in GRAPH_KINDS:
-        raise ValueError(f"graph kind {graph_kind!r} is not one of {GRAPH_KINDS}")
+def _cut(key: str, model_path: Path, plan: Plan) -> _Whole:
+    """One whole graph read (structure only, its external data checked) and cut into the plan's parts."""
+    kind = key_kind(key)
     model = load_graph(model_path)
     check_external_data(model, model_path)
     specs = _plan_parts(model, plan, model_path)
     # Shape inference only adds value_info, so the specs' node indices stay valid.
-    model = ensure_value_info(model, [name for spec in specs for name in (*spec.inputs, *spec.outputs)],
-                              model_path)
-    for part, spec in zip(plan.parts, specs):
-        part_model = build_part(model, spec, _part_graph_name(model, graph_kind, part, plan.num_parts))
-        onnx_path = part_graph_path(out_dir, spec.label, key)
-        onnx_path.parent.mkdir()
-        _copy_external_data(part_model, model_path, _data_file(onnx_path))
-        onnx_path.write_bytes(part_model.SerializeToString(deterministic=True))
-        check_part(onnx_path, model_path)
-        logger.info("part %s: %d nodes, inputs %s, %d outputs", spec.label, len(spec.node_indices),
+    model = ensure_value_info(model, [name for spec in specs for name in (*spec.inputs, *spec.outputs)], model_path)
+    return _Whole(key, kind, model_path, model, specs)
+
+
+def _write_part(wholes: Sequence[_Whole], index: int, plan: Plan, out_dir: Path) -> None:
+    """Write part ``index`` of every graph and the part's data file into ``out_dir`` (a staging folder), checking
+    each graph."""
+    part = plan.parts[index]
+    (out_dir / part_folder(part.label)).mkdir()
+    graphs = [build_part(whole.model, whole.specs[index], _part_graph_name(whole.model, whole.kind, part,
+                                                                          plan.num_parts)) for whole in wholes]
+    _store_weights([(graph, whole.path) for graph, whole in zip(graphs, wholes)],
+                   part_weights_path(out_dir, part.label))
+    for graph, whole in zip(graphs, wholes):
+        onnx_path = part_graph_path(out_dir, part.label, whole.key)
+        onnx_path.write_bytes(graph.SerializeToString(deterministic=True))
+        check_part(onnx_path, whole.path)
+        spec = whole.specs[index]
+        logger.info("%s part %s: %d nodes, inputs %s, %d outputs", whole.key, spec.label, len(spec.node_indices),
                     list(spec.inputs), len(spec.outputs))
+
+
+def _move_part(written: Path, final: Path) -> None:
+    """Move a part's files from the staging folder into the part's folder, its data file first, and remove the graph
+    and data files there that the split did not write."""
+    final.mkdir(exist_ok=True)
+    names = [PART_WEIGHTS_NAME, *sorted(name for name in os.listdir(written) if name != PART_WEIGHTS_NAME)]
+    for name in names:
+        os.replace(written / name, final / name)
+    _remove_split_files(final, keep=set(names))
+
+
+def _remove_split_files(folder: Path, keep: set[str]) -> None:
+    """Remove the graph and data files (``*.onnx``, ``*.onnx.data``) of a part folder but those in ``keep``."""
+    for path in folder.iterdir():
+        if path.name not in keep and path.name.endswith((".onnx", ".onnx.data")) and path.is_file():
+            path.unlink()
 
 
 def ensure_value_info(model: onnx.ModelProto, names: Iterable[str], where: Path) -> onnx.ModelProto:
@@ -372,53 +403,77 @@ def _used_functions(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list
     return [f for f in model.functions if (f.domain, f.name) in used]
 
 
-def _copy_external_data(part: onnx.ModelProto, source_path: Path, data_path: Path) -> None:
-    """Copy the part's external tensors into ``data_path`` and point them at it.
+def _store_weights(graphs: Sequence[tuple[onnx.ModelProto, Path]], data_path: Path) -> None:
+    """Copy the part graphs' external tensors into ``data_path``, the part's one data file, and point them at it.
 
-    Every tensor the part stores is copied (:func:`genie_build.onnx_graph.model_tensors`: initializers, node
-    attributes such as ``Constant``'s value, subgraphs, functions), its source range resolved and checked by
-    :func:`genie_build.onnx_graph.external_data`. Each tensor starts at a multiple of :data:`DATA_ALIGNMENT`;
-    ``location`` is the data file's name (relative, beside the part). Every external tensor also gets the data
-    file's SHA-1 as ``checksum`` (the ONNX external-data key for it), so the part's ``.onnx`` changes whenever its
-    weights do: the workflow's jobs depend on the ``.onnx`` alone and Snakemake never hashes the weights again. The
-    file is written even when no tensor is external, so every part has the same two files.
+    ``graphs``: each part graph and the whole graph it was cut from. Every tensor a graph stores is copied
+    (:func:`genie_build.onnx_graph.model_tensors`: initializers, node attributes such as ``Constant``'s value,
+    subgraphs, functions), its source range resolved and checked by :func:`genie_build.onnx_graph.external_data`,
+    but an initializer an earlier graph stored under its name: it points at that one's bytes. Each tensor starts at a
+    multiple of :data:`DATA_ALIGNMENT`; ``location`` is the data file's name (relative, beside the part). Every
+    external tensor also gets the data file's SHA-1 as ``checksum`` (the ONNX external-data key for it), so a part's
+    graphs change whenever its weights do: the workflow's jobs depend on the ``.onnx`` files alone and Snakemake
+    never hashes the weights again. The file is written even when no tensor is external, so every part has one.
 
     Tensors under :data:`INLINE_MAX_BYTES` are moved into the part instead, as onnx's own writer keeps them: shape
     inference (the part's check, a converter's) reads Reshape shapes and other small constants only from the graph.
 
     Raises:
         GenieBuildError: naming the source model and the tensor: a data file missing, outside the model's folder,
-            not a regular file, or shorter than a tensor says.
+            not a regular file, or shorter than a tensor says; an initializer of a name an earlier graph stored with
+            another dtype or shape (naming both).
     """
-    external = []
+    external, stored_first = [], {}
     with open(data_path, "wb") as out, contextlib.ExitStack() as stack:
         dst = HashingWriter(hashlib.sha1(), out)
         sources: dict[Path, BinaryIO] = {}
-        for stored in model_tensors(part):
-            tensor = stored.tensor
-            if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            ref = external_data(stored, source_path)
-            if ref.real_path not in sources:
-                sources[ref.real_path] = stack.enter_context(open_regular(ref.path,
-                                                                          inside=model_folders(source_path)))
-            src = sources[ref.real_path]
-            if ref.length < INLINE_MAX_BYTES:
-                src.seek(ref.offset)
-                tensor.raw_data = src.read(ref.length)
+        for part, source_path in graphs:
+            for stored in model_tensors(part):
+                tensor = stored.tensor
+                if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                    continue
+                ref = external_data(stored, source_path)
+                if ref.real_path not in sources:
+                    sources[ref.real_path] = stack.enter_context(open_regular(ref.path,
+                                                                              inside=model_folders(source_path)))
+                src = sources[ref.real_path]
+                first = stored_first.get(tensor.name) if stored.initializer else None
+                if ref.length < INLINE_MAX_BYTES:
+                    src.seek(ref.offset)
+                    tensor.raw_data = src.read(ref.length)
+                    del tensor.external_data[:]
+                    tensor.data_location = onnx.TensorProto.DEFAULT
+                    continue
+                if first is not None:
+                    _check_same_tensor(first, tensor, source_path)
+                    entries = [(entry.key, entry.value) for entry in first[0].external_data]
+                else:
+                    dst.write(b"\0" * (-dst.tell() % DATA_ALIGNMENT))
+                    entries = [("location", data_path.name), ("offset", str(dst.tell())), ("length", str(ref.length))]
+                    copy_range(src, dst, ref.offset, ref.length)
+                    if stored.initializer:
+                        stored_first[tensor.name] = (tensor, source_path)
                 del tensor.external_data[:]
-                tensor.data_location = onnx.TensorProto.DEFAULT
-                continue
-            dst.write(b"\0" * (-dst.tell() % DATA_ALIGNMENT))
-            start = dst.tell()
-            copy_range(src, dst, ref.offset, ref.length)
-            del tensor.external_data[:]
-            for key, value in (("location", data_path.name), ("offset", str(start)), ("length", str(ref.length))):
-                tensor.external_data.add(key=key, value=value)
-            external.append(tensor)
+                for key, value in entries:
+                    tensor.external_data.add(key=key, value=value)
+                external.append(tensor)
     checksum = dst.digest.hexdigest()
     for tensor in external:
         tensor.external_data.add(key=CHECKSUM_KEY, value=checksum)
+
+
+def _check_same_tensor(first: tuple[onnx.TensorProto, Path], tensor: onnx.TensorProto, source_path: Path) -> None:
+    """An initializer stored once for the part's graphs must be one tensor in each: the same dtype and shape.
+
+    Raises:
+        GenieBuildError: naming ``source_path``, the tensor and the graph that stored it first.
+    """
+    stored, stored_path = first
+    if stored.data_type != tensor.data_type or list(stored.dims) != list(tensor.dims):
+        raise GenieBuildError(source_path, f"weight {tensor.name!r} is {dtype_name(tensor.data_type)} "
+                                           f"{list(tensor.dims)}, but {dtype_name(stored.data_type)} "
+                                           f"{list(stored.dims)} in {stored_path}: a model's graphs share a weight "
+                                           "by its name, so one name must be one tensor")
 
 
 def check_part(onnx_path: Path, source_path: Path | None = None) -> None:

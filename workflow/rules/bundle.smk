@@ -24,10 +24,7 @@ rule bundle:
         chipset=config["target"]["chipset"],
         context_size=config["bundle"].get("context_size") or 0,  # 0: the compiled context length
         share_resources=config["bundle"]["share_resources"],
-        # a lambda: a param that is an empty list vanishes (unset graph_switching: Genie's config leaves the key out)
-        table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
-        graph_switching=lambda wc: ([] if config["bundle"].get("graph_switching") is None
-                                    else ["--graph-switching", str(config["bundle"]["graph_switching"])]),
+        extra=bundle_extra,
         # what the bundle is made from, as its manifest records it (genie_build.config.bundle_config): not another
         # variant's options, the report, the host run's prompt, the calibration's memory budget or another source's
         # section, nor the order the context lengths are listed in
@@ -42,7 +39,7 @@ rule bundle:
         "{params.python} -m genie_build bundle --out-dir {params.bundle_dir:q} --model-name {params.model:q} --binaries {input.binaries:q}"
         " --toolchain {params.toolchain:q} --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q}"
         " --chipset {params.chipset:q} --context-size {params.context_size}"
-        " --share-resources {params.share_resources} {params.graph_switching:q} {params.table:q} --config-json {params.config_used:q}"
+        " --share-resources {params.share_resources} {params.extra:q} --config-json {params.config_used:q}"
         " > {log:q} 2>&1"
 
 

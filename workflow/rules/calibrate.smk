@@ -27,7 +27,7 @@ rule calibrate_unit:
         boundary=f"{CALIBRATION}/{{unit}}.boundary.npy",
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), unit_named(chain_units(), wc.unit).part)),
-        boundary_in=lambda wc, input: ["--boundary-in", input.boundary[0]] if input.boundary else [],
+        extra=calibrate_unit_extra,
         num_samples=calibration_windows(config["quantize"], SOURCE.graphs["prompt"].ar),
         calibrator=config["quantize"]["calibrator"],
         ar=SOURCE.graphs["prompt"].ar,
@@ -46,7 +46,7 @@ rule calibrate_unit:
         f"{OUT}/benchmarks/calibrate_unit/{{recipe}}/{{unit}}.tsv"
     shell:
         "{params.python} -m genie_build calibrate-unit --part-graph {input.part_graph:q}"
-        " --part-units-json {params.part_units:q} --unit {wildcards.unit} {params.boundary_in:q}"
+        " --part-units-json {params.part_units:q} --unit {wildcards.unit} {params.extra:q}"
         " --hf-config {input.graph_config:q} --tokens {input.tokens:q}"
         " --recipe {wildcards.recipe:q} --num-samples {params.num_samples:q}"
         " --calibrator {params.calibrator:q} --ar {params.ar:q} --context {params.context:q}"
@@ -61,11 +61,9 @@ rule part_encodings:
         token=SOURCE.part_encodings("token", "{part}", "{recipe}"),
     params:
         part_units=lambda wc: units_json(part_units(chain_units(), wc.part)),
-        previous=lambda wc, input: ["--previous-unit-json", json.dumps(dataclasses.asdict(previous_unit(wc)),
-                                                                        sort_keys=True),
-                                    "--previous-encodings", input.previous[0]] if input.previous else [],
+        extra=part_encodings_extra,
         # Genie refuses a KV cache output quantized unlike its input; only a bundle needs that
-        kv_cache_tied=["--kv-cache-tied"] if config["bundle"]["enabled"] else [],
+        kv_cache_tied=config["bundle"]["enabled"],
         python=PYTHON,
     priority: CRITICAL_PATH
     log:
@@ -74,8 +72,8 @@ rule part_encodings:
         f"{OUT}/benchmarks/part_encodings/{{recipe}}/part_{{part}}.tsv"
     shell:
         "{params.python} -m genie_build part-encodings --part-units-json {params.part_units:q}"
-        " --unit-encodings {input.units:q} {params.previous:q}"
-        " --prompt-graph {input.prompt_graph:q} --token-graph {input.token_graph:q} {params.kv_cache_tied:q}"
+        " --unit-encodings {input.units:q} {params.extra:q}"
+        " --prompt-graph {input.prompt_graph:q} --token-graph {input.token_graph:q} --kv-cache-tied {params.kv_cache_tied:q}"
         " --out-prompt {output.prompt:q} --out-token {output.token:q} > {log:q} 2>&1"
 
 

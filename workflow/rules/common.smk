@@ -175,6 +175,13 @@ def directory_of(name):
     return directory
 
 
+def optional(flag, values):
+    """``flag`` and its ``values``, or nothing without values: how a rule's ``*_extra`` function (inputs.smk) gives a
+    command an option that only some builds have (an input only some jobs take)."""
+    values = list(values)
+    return [flag, *values] if values else []
+
+
 def largest_part_float_mb():
     """MB of the largest part's weights, for the memory of a job holding one part at a time."""
     return max(map(SOURCE.part_float_mb, graph_labels("prompt")))

@@ -27,7 +27,7 @@ rule convert_part_reference:
         graph_name=graph_name_of,
         float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
         takes_embeddings=takes_embeddings,
-        shared=lambda wc, input: ["--share-weights-with", input.shared[0]] if input.shared else [],
+        extra=convert_part_extra,
         tool_version=toolchain_version("reference"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -41,8 +41,8 @@ rule convert_part_reference:
     shell:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain reference"
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
-        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
-        " {params.shared:q} --out {output.onnx:q} > {log:q} 2>&1"
+        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
+        " --takes-embeddings {params.takes_embeddings:q} {params.extra:q} --out {output.onnx:q} > {log:q} 2>&1"
 
 
 rule convert_part_sdk:
@@ -86,7 +86,7 @@ rule convert_part_qnn_htp:
         graph_name=graph_name_of,
         float_bitwidth=lambda wc: Converter.named(wc.converter).float_bitwidth,
         takes_embeddings=takes_embeddings,
-        shared=lambda wc, input: ["--share-weights-with", input.shared[0]] if input.shared else [],
+        extra=convert_part_extra,
         tool_version=toolchain_version("qnn-htp"),
         part=CACHE_KEY_PART,
         benchmark=CONVERT_BENCHMARK,
@@ -100,8 +100,8 @@ rule convert_part_qnn_htp:
     shell:
         "{params.python} -m genie_build --benchmark {params.benchmark:q} convert --toolchain qnn-htp"
         " --onnx {input.onnx:q} --encodings {input.encodings:q}"
-        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth} {params.takes_embeddings:q}"
-        " {params.shared:q} --out {output.onnx:q} > {log:q} 2>&1"
+        " --graph-name {params.graph_name:q} --float-bitwidth {params.float_bitwidth}"
+        " --takes-embeddings {params.takes_embeddings:q} {params.extra:q} --out {output.onnx:q} > {log:q} 2>&1"
 
 
 # With convert.dlc: the DLC QNN's IR backend makes of each qnn-htp converted graph, kept: the graph in the vendor's own

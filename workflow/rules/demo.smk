@@ -19,7 +19,7 @@ rule generate_demo:
     params:
         out_dir=directory_of("prompt"),
         shape=json.dumps(SOURCE.shape, sort_keys=True),
-        weights=lambda wc, input: ["--weights", *input.weights] if input.weights else [],
+        extra=generate_demo_extra,
         python=PYTHON,
     log:
         f"{OUT}/logs/generate_demo.log",
@@ -27,7 +27,7 @@ rule generate_demo:
         f"{OUT}/benchmarks/generate_demo.tsv"
     shell:
         "{params.python} -m genie_build generate-demo --out-dir {params.out_dir:q} --shape-json {params.shape:q}"
-        " {params.weights:q} > {log:q} 2>&1"
+        " {params.extra:q} > {log:q} 2>&1"
 
 
 # The graphs at the other context lengths (demo.context a list): a job per length, reading the weights of those at

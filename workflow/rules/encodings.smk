@@ -21,9 +21,9 @@ checkpoint slice_encodings:
     benchmark:
         f"{OUT}/benchmarks/slice_encodings.tsv"
     params:
-        token_shares_prompt=["--token-shares-prompt"] if config["encodings"]["share_from"] == "prompt" else [],
+        token_shares_prompt=config["encodings"]["share_from"] == "prompt",
         # Genie refuses a KV cache output quantized unlike its input; only a bundle needs that
-        kv_cache_tied=["--kv-cache-tied"] if config["bundle"]["enabled"] else [],
+        kv_cache_tied=config["bundle"]["enabled"],
         parts_dir=SOURCE.parts_dir,
         python=PYTHON,
     shell:
@@ -31,4 +31,4 @@ checkpoint slice_encodings:
         " --prompt-model {input.prompt_model:q} --prompt-encodings {input.prompt_encodings:q}"
         " --token-model {input.token_model:q} --token-encodings {input.token_encodings:q}"
         " --parts-dir {params.parts_dir:q} --out-dir {output.slices:q}"
-        " {params.token_shares_prompt:q} {params.kv_cache_tied:q} > {log:q} 2>&1"
+        " --token-shares-prompt {params.token_shares_prompt:q} --kv-cache-tied {params.kv_cache_tied:q} > {log:q} 2>&1"

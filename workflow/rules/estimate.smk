@@ -3,22 +3,11 @@
 # encodings or a compile (docs/field-report-comparison.md), with the load model's verdict on which contexts will map
 # (docs/memory-plan.md). Target: 'estimate'.
 # An estimate-only config (model.hf_config, no ONNX paths, e.g. config/qwen2_5_7b_6parts.yaml) runs this target alone.
-from genie_build.config import context_lengths
-
 PREDICTED = f"{OUT}/predicted"
 # The whole prompt graph when the workflow has one (the demo's or the user's: its own weight names,
-# split.boundaries apply), else the HF config.json, named and shaped as docs/conventions.md says.
+# split.boundaries apply), else the HF config.json, named and shaped as docs/conventions.md says (estimate_sizes_extra).
 WHOLE_PROMPT = SOURCE.graphs["prompt"].onnx if "prompt" in SOURCE.graphs else None
-ESTIMATE_OPTION, ESTIMATE_MODEL = ("--onnx", WHOLE_PROMPT) if WHOLE_PROMPT else ("--hf-config", SOURCE.hf_config)
-
-# A build that calibrates weighs its weights as its named recipe will store them (the schema then refuses a
-# 'precision' section); otherwise the section, or the default precision.
-if CALIBRATION_CHAIN:
-    ESTIMATE_PRECISION = ["--recipe", config["quantize"]["recipe"]]
-elif "precision" in config:
-    ESTIMATE_PRECISION = ["--precision-json", json.dumps(config["precision"], sort_keys=True)]
-else:
-    ESTIMATE_PRECISION = []
+ESTIMATE_MODEL = WHOLE_PROMPT or SOURCE.hf_config
 
 
 rule estimate_sizes:
@@ -34,20 +23,17 @@ rule estimate_sizes:
         memory_md=report(f"{PREDICTED}/memory_plan.md", caption="../report/memory_plan.rst", category="Estimate"),
         memory_png=report(f"{PREDICTED}/memory_plan.png", caption="../report/memory_plan.rst", category="Estimate"),
     params:
-        source=ESTIMATE_OPTION,
         split=json.dumps(config["split"], sort_keys=True),
-        precision=ESTIMATE_PRECISION,
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
         chipset=config["target"]["chipset"],
         embedding=config["bundle"]["embedding"],
         load=LOAD_JSON,
-        # the export's AR and CL, for a config.json; a graph carries its own
-        dims=["--ar", config["export"]["ar"], "--context", *context_lengths(config["export"])]
-        if ESTIMATE_OPTION == "--hf-config" else [],
         # split.num_parts auto: each job holding a part within a share of what the run is given (docs/memory-plan.md)
-        memory=["--run-memory-mb", RUN_MEMORY.given_mb, "--run-memory-source", RUN_MEMORY.source,
-                *(["--evaluate"] if config["evaluate"]["enabled"] else [])],
+        run_memory_mb=RUN_MEMORY.given_mb,
+        run_memory_source=RUN_MEMORY.source,
+        evaluate=config["evaluate"]["enabled"],
+        extra=estimate_sizes_extra,
         out_dir=directory_of("plan"),
         python=PYTHON,
     log:
@@ -55,10 +41,10 @@ rule estimate_sizes:
     benchmark:
         f"{OUT}/benchmarks/estimate_sizes.tsv"
     shell:
-        "{params.python} -m genie_build estimate {params.source} {input.model:q} --split-json {params.split:q}"
-        " {params.precision:q}"
+        "{params.python} -m genie_build estimate {params.extra:q} --split-json {params.split:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
-        " {params.dims:q} {params.memory:q} --chipset {params.chipset:q} --embedding {params.embedding:q}"
+        " --run-memory-mb {params.run_memory_mb:q} --run-memory-source {params.run_memory_source:q}"
+        " --evaluate {params.evaluate:q} --chipset {params.chipset:q} --embedding {params.embedding:q}"
         " --load-json {params.load:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 

@@ -44,7 +44,7 @@ rule evaluate_variant:
         mem_mb=evaluation_mem_mb,
     params:
         max_windows=config["evaluate"]["max_windows"],
-        weights_only=["--weights-only"] if config["evaluate"]["weights_only"] else [],
+        weights_only=config["evaluate"]["weights_only"],
         calibration=lambda wc: json.dumps(calibration_seen(config, config["variants"][wc.variant]["recipe"],
                                                            SOURCE.graphs["prompt"].ar), sort_keys=True),
         python=PYTHON,
@@ -58,7 +58,7 @@ rule evaluate_variant:
         "{params.python} -m genie_build evaluate --variant {wildcards.variant:q} --binaries {input.binaries:q}"
         " --encodings {input.encodings:q} --float-logits {input.float_logits:q} --tokens {input.tokens:q}"
         " --tokenizer {input.tokenizer:q} --hf-config {input.hf_config:q} --max-windows {params.max_windows:q}"
-        " {params.weights_only:q} --calibration-json {params.calibration:q} --out {output:q} > {log:q} 2>&1"
+        " --weights-only {params.weights_only:q} --calibration-json {params.calibration:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule genie_accuracy:
@@ -99,11 +99,8 @@ rule evaluation_table:
         csv=f"{OUT}/evaluation.csv",
         png=report(f"{OUT}/evaluation.png", caption="../report/evaluation.rst", category="Sizes"),
     params:
-        bounds=[f"--{key.replace('_', '-')}={config['report'][key]}" for key in ("min_top1_agreement", "max_mean_kl",
-                                                                                   "max_clipped_share")
-                if config["report"][key] is not None],
         strict=config["report"]["strict"],
-        genie=lambda wc, input: ["--genie-accuracy", *input.genie] if input.genie else [],
+        extra=evaluation_table_extra,
         python=PYTHON,
     log:
         f"{OUT}/logs/evaluation_table.log",
@@ -111,7 +108,7 @@ rule evaluation_table:
         f"{OUT}/benchmarks/evaluation_table.tsv"
     shell:
         "{params.python} -m genie_build evaluation-table --reports {input.reports:q} --size-table {input.size_table:q}"
-        " {params.bounds:q} --strict {params.strict} {params.genie:q} --md {output.md:q} --csv {output.csv:q}"
+        " --strict {params.strict} {params.extra:q} --md {output.md:q} --csv {output.csv:q}"
         " --png {output.png:q}"
         " > {log:q} 2>&1"
 

@@ -17,9 +17,9 @@ rule genie_run:
         report(f"{OUT}/genie_run.json", caption="../report/genie_run.rst", category="Genie bundle"),
     params:
         mode=GENIE_RUN,
-        strict=["--strict"] if config["report"]["strict"] else [],
-        host_run=lambda wc, input: ["--host-run", *input.host_run] if input.host_run else [],
-        float_graphs=lambda wc: ["--float-graph", *(f"{name}={path}" for name, path in genie_float_graphs(wc).items())],
+        strict=config["report"]["strict"],
+        float_graphs=lambda wc: [f"{name}={path}" for name, path in genie_float_graphs(wc).items()],
+        extra=genie_run_extra,
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     resources:
@@ -30,5 +30,6 @@ rule genie_run:
         f"{OUT}/benchmarks/genie_run.tsv"
     shell:
         "{params.python} -m genie_build genie-run {params.bundle_dir:q} --twin {input.twins:q} --mode {params.mode:q}"
-        " --prompt {input.prompt:q} {params.host_run:q} {params.float_graphs:q} {params.strict:q} --out {output:q}"
+        " --prompt {input.prompt:q} --float-graph {params.float_graphs:q} --strict {params.strict} {params.extra:q}"
+        " --out {output:q}"
         " > {log:q} 2>&1"

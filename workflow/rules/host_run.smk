@@ -93,11 +93,7 @@ rule run_bundle:
     params:
         prompt=HOST_PROMPT,
         new_tokens=HOST_NEW_TOKENS,
-        compare=lambda wc, input: ["--compare-with-parts", *(f for f in input.reference if f.endswith(".onnx"))]
-        if CALIBRATION_CHAIN or HOST_TWINS else ["--compare-with", input.reference[0]],
-        twins=lambda wc, input: ["--twin", *input.twins] if HOST_TWINS else [],
-        embedding_part=lambda wc, input: ["--embedding-part", input.embedding_onnx, input.embedding_encodings]
-        if EMBEDDING_LUT else [],
+        extra=run_bundle_extra,
         bundle_dir=directory_of("manifest"),
         python=PYTHON,
     log:
@@ -106,4 +102,4 @@ rule run_bundle:
         f"{OUT}/benchmarks/run_bundle.tsv"
     shell:
         "{params.python} -m genie_build run-bundle {params.bundle_dir:q} --prompt {params.prompt:q} --max-new-tokens {params.new_tokens:q}"
-        " {params.compare:q} {params.twins:q} {params.embedding_part:q} --out {output:q} > {log:q} 2>&1"
+        " {params.extra:q} --out {output:q} > {log:q} 2>&1"

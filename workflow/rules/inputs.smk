@@ -1,11 +1,12 @@
-# The input functions of the stages after the source, each named for what it returns, and the paths they share
-# (Snakemake's lint wants functions apart from rules). Each asks the source object (genie_build.sources), never its
-# kind.
+# The input functions of the stages, each named for what it returns, the paths they share, and each rule's optional
+# arguments: one `<rule>_extra` function per rule whose command takes options only some builds have (as the
+# snakemake-workflows catalog's `get_<tool>_extra`); every other value reaches its command as a value. Snakemake's
+# lint wants functions apart from rules. Each asks the source object (genie_build.sources), never its kind.
 import dataclasses
 
 from genie_build.bundle_layout import BundleLayout
 from genie_build.calibration_units import part_units, read_units, unit_before, unit_named
-from genie_build.config import calibration_windows
+from genie_build.config import calibration_windows, context_lengths
 from genie_build.tokens import host_prompt
 
 # --- the texts (rules/tokens.smk)
@@ -28,6 +29,47 @@ def text_of(name):
 
 def tokens_of(name):
     return TOKENS.format(text=name)
+
+
+# --- the whole graphs' plan and checks (rules/split.smk), the shape-only estimate (rules/estimate.smk), the demo
+
+def check_model_extra(wildcards):
+    """The graphs at the other context lengths, each checked against its kind's weights."""
+    return [arg for key, graph in SOURCE.graphs.items() if key not in GRAPHS
+            for arg in ("--length-graph", f"{graph.kind}={graph.onnx}")]
+
+
+def plan_extra(wildcards, input, output):
+    """How the plan weighs the pieces: by the prompt graph's encodings, or by the recipe with the calibration chain's
+    units written beside the plan; and the device, the embedding's layout and every context length's IO, which
+    matter to split.num_parts auto only (another chipset, layout or length does not replan a fixed split)."""
+    quantize = config["quantize"]
+    weighing = (["--recipe", quantize["recipe"], "--unit-memory-mb", str(quantize["unit_memory_mb"]),
+                 "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.encodings])
+    load = (["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--embedding",
+             config["bundle"]["embedding"], "--other-lengths", *map(str, SOURCE.context_lengths[:-1])]
+            if config["split"].get("num_parts") == "auto" else [])
+    return [*weighing, *load]
+
+
+def estimate_sizes_extra(wildcards, input):
+    """The estimate's model: the whole prompt graph, which carries its AR and CL, or config.json with the export's;
+    and its precision: quantize.recipe's when the build calibrates (the schema then refuses a 'precision' section),
+    else the config's 'precision' section, or the default."""
+    if WHOLE_PROMPT:
+        model = ["--onnx", input.model]
+    else:
+        model = ["--hf-config", input.model, "--ar", str(config["export"]["ar"]),
+                 "--context", *map(str, context_lengths(config["export"]))]
+    if CALIBRATION_CHAIN:
+        return [*model, "--recipe", config["quantize"]["recipe"]]
+    return [*model, *optional("--precision-json", [json.dumps(config["precision"], sort_keys=True)]
+                              if "precision" in config else [])]
+
+
+def generate_demo_extra(wildcards, input):
+    """The trained demo's weights, for the demo's own shape (another shape gets random weights)."""
+    return optional("--weights", input.weights)
 
 
 # --- the calibration chain (rules/calibrate.smk)
@@ -57,12 +99,26 @@ def previous_unit(wildcards):
     return unit_before(units, part_units(units, wildcards.part)[0].label)
 
 
+def calibrate_unit_extra(wildcards, input):
+    """The residual stream the unit before it stored (none for the chain's first unit)."""
+    return optional("--boundary-in", input.boundary)
+
+
 def part_encodings_inputs(wildcards):
     previous, calibration = previous_unit(wildcards), CALIBRATION.format(recipe=wildcards.recipe)
     return {"units": [f"{calibration}/{unit.label}.encodings.json"
                       for unit in part_units(chain_units(), wildcards.part)],
             "previous": [f"{calibration}/{previous.label}.encodings.json"] if previous else [],
             "prompt_graph": part_graph("prompt", wildcards.part), "token_graph": part_graph("token", wildcards.part)}
+
+
+def part_encodings_extra(wildcards, input):
+    """The unit before the part's first and its encodings, which give the part's input boundary its encoding (none
+    for part 1)."""
+    if not input.previous:
+        return []
+    return ["--previous-unit-json", json.dumps(dataclasses.asdict(previous_unit(wildcards)), sort_keys=True),
+            "--previous-encodings", *input.previous]
 
 
 def units_json(units):
@@ -107,9 +163,15 @@ def shared_weights_graph(wildcards):
 
 
 def takes_embeddings(wildcards):
-    """The convert option of the part after the embedding table, which takes the embedding vectors as inputs_embeds
-    (none without the table)."""
-    return ["--takes-embeddings"] if BUNDLE_LAYOUT.takes_embeddings(wildcards.part) else []
+    """Whether the part takes the embedding vectors as inputs_embeds: the part after the embedding table (no part
+    without the table)."""
+    return BUNDLE_LAYOUT.takes_embeddings(wildcards.part)
+
+
+def convert_part_extra(wildcards, input):
+    """The converted prompt graph whose data file this graph refers to for the weights they share (none for the
+    prompt graph itself): the first of its files (shared_weights_graph)."""
+    return optional("--share-weights-with", input.shared[:1])
 
 
 def converted_graphs(wildcards, variant=None):
@@ -150,6 +212,35 @@ def evaluation_mem_mb(wildcards):
     return job_memory.evaluation_mb(largest_part_float_mb())
 
 
+def evaluation_table_extra(wildcards, input):
+    """The quality bounds the config sets (report.*), and Genie's perplexity when Genie runs."""
+    settings = config["report"]
+    bounds = [f"--{key.replace('_', '-')}={settings[key]}"
+              for key in ("min_top1_agreement", "max_mean_kl", "max_clipped_share") if settings[key] is not None]
+    return [*bounds, *optional("--genie-accuracy", input.genie)]
+
+
+# --- the size table and the memory plan (rules/sizes.smk), the bundle (rules/bundle.smk)
+
+def size_table_extra(wildcards, input):
+    """The evaluation's reports, put beside the sizes when the build evaluates."""
+    return optional("--quality", input.quality)
+
+
+def memory_plan_extra(wildcards, input):
+    """The embedding table beside the contexts (bundle.embedding: lut), and which bound chose a checkpoint's part
+    count."""
+    return [*optional("--embedding-table", input.table), *optional("--split-choice", input.split_choice)]
+
+
+def bundle_extra(wildcards, input):
+    """The embedding table (bundle.embedding: lut), and Genie's graph switching when the config sets it (unset, Genie's
+    config leaves the key out)."""
+    switching = config["bundle"].get("graph_switching")
+    return [*optional("--embedding-table", input.table),
+            *optional("--graph-switching", [] if switching is None else [str(switching)])]
+
+
 # --- the host run (rules/host_run.smk)
 
 UNSPLIT = f"{OUT}/unsplit"
@@ -159,6 +250,8 @@ HOST_NEW_TOKENS = 16  # what the host run generates
 
 
 HOST_TWINS = toolchain_of(BUNDLE_VARIANT) == "qnn-htp"
+# The host run's reference is the bundle's converted part graphs, chained on the host, not the unsplit model's binary.
+HOST_REFERENCE_PARTS = CALIBRATION_CHAIN or HOST_TWINS
 
 
 def host_run_twins(wildcards):
@@ -170,10 +263,19 @@ def host_run_reference(wildcards):
     """The unsplit model compiled alike, or the bundle variant's converted prompt and token graphs of the parts in the
     bundle (with the table, the parts after it, fed part 1's rows as the table must hold them): a qnn-htp bundle's QDQ
     graphs, the graphs its binaries were compiled from."""
-    if CALIBRATION_CHAIN or HOST_TWINS:
+    if HOST_REFERENCE_PARTS:
         return [path for label in bundle_part_labels() for key in GRAPHS
                 for path in variant_converted_files(BUNDLE_VARIANT, key, label)]
     return [f"{UNSPLIT}/model.bin"]
+
+
+def run_bundle_extra(wildcards, input):
+    """What the host run compares the bundle with (host_run_reference's graphs, or its binary), a qnn-htp bundle's
+    twins, and with the embedding table part 1's graph and encodings."""
+    compare = (["--compare-with-parts", *(path for path in input.reference if path.endswith(".onnx"))]
+               if HOST_REFERENCE_PARTS else ["--compare-with", *input.reference])
+    embedding = [input.embedding_onnx, input.embedding_encodings] if EMBEDDING_LUT else []
+    return [*compare, *optional("--twin", input.twins), *optional("--embedding-part", embedding)]
 
 
 # --- Genie's run on the build box (rules/genie_run.smk, the evaluation's genie_accuracy)
@@ -189,6 +291,11 @@ def genie_float_graphs(wildcards):
     """Every part's float prompt and token graph by its graph name: the float model whose tokens stand beside
     Genie's."""
     return {graph_name_for(key, label): part_graph(key, label) for label in part_labels() for key in GRAPHS}
+
+
+def genie_run_extra(wildcards, input):
+    """The host run's tokens, which Genie's must equal, when the build runs the bundle on the host."""
+    return optional("--host-run", input.host_run)
 
 
 def genie_mem_mb(wildcards, input):

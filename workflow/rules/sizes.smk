@@ -36,7 +36,7 @@ rule size_table:
     params:
         baseline=config["report"]["baseline_variant"],
         strict=config["report"]["strict"],
-        quality=lambda wc, input: ["--quality", *input.quality] if input.quality else [],
+        extra=size_table_extra,
         python=PYTHON,
     log:
         f"{OUT}/logs/size_table.log",
@@ -44,7 +44,7 @@ rule size_table:
         f"{OUT}/benchmarks/size_table.tsv"
     shell:
         "{params.python} -m genie_build size-table --records {input.records:q} --baseline {params.baseline:q}"
-        " --strict {params.strict} {params.quality:q} --memory-plan {input.memory_plan:q}"
+        " --strict {params.strict} {params.extra:q} --memory-plan {input.memory_plan:q}"
         " --csv {output.csv:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"
 
 
@@ -63,9 +63,7 @@ rule memory_plan:
         chipset=config["target"]["chipset"],
         load=LOAD_JSON,
         strict=config["report"]["strict"],
-        # a lambda: a param that is an empty list vanishes
-        table=lambda wc: ["--embedding-table", EMBEDDING_TABLE] if EMBEDDING_LUT else [],
-        split_choice=lambda wc, input: ["--split-choice", input.split_choice[0]] if input.split_choice else [],
+        extra=memory_plan_extra,
         max_context_mb=config["report"]["max_context_mb"],
         max_session_mb=config["report"]["max_session_mb"],
         python=PYTHON,
@@ -76,6 +74,5 @@ rule memory_plan:
     shell:
         "{params.python} -m genie_build memory-plan --records {input.records:q} --variant {params.variant:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
-        " --chipset {params.chipset:q} --load-json {params.load:q} --strict {params.strict} {params.table:q}"
-        " {params.split_choice:q}"
+        " --chipset {params.chipset:q} --load-json {params.load:q} --strict {params.strict} {params.extra:q}"
         " --json {output.json:q} --md {output.md:q} --png {output.png:q} > {log:q} 2>&1"

@@ -1,9 +1,9 @@
-# Whole graphs (the demo's or the user's ONNX): plan the cut points, split every graph into the parts folder with
+# Whole graphs (the demo's or the user's ONNX): plan the cut points, split the graphs into the parts folder with
 # bounded memory, and check that the chained parts equal the whole graph and that the graphs share their weights.
-# Every part's files wait for the plan and each graph's split (checkpoints, common.smk), one graph's parts for the
-# plan and its own split; the bundle waits for the graphs' shared weights, the build for one verification per graph.
-PART_CHECKPOINTS += [("plan", {}), *(("split", {"graph": key}) for key in SOURCE.graphs)]
-GRAPH_CHECKPOINTS.update({key: [("plan", {}), ("split", {"graph": key})] for key in SOURCE.graphs})
+# Every part's files wait for the plan and the split (checkpoints, common.smk); the bundle waits for the graphs'
+# shared weights, the build for one verification per graph.
+PART_CHECKPOINTS += [("plan", {}), ("split", {})]
+GRAPH_CHECKPOINTS.update({key: [("plan", {}), ("split", {})] for key in SOURCE.graphs})
 MODEL_CHECKS.append(f"{OUT}/model_check.json")
 VERIFY_REPORTS += [f"{OUT}/verify/{key}.json" for key in SOURCE.graphs]
 
@@ -28,12 +28,11 @@ rule check_model:
     benchmark:
         f"{OUT}/benchmarks/check_model.tsv"
     params:
-        lengths=[arg for key, graph in SOURCE.graphs.items() if key not in GRAPHS
-                 for arg in ("--length-graph", f"{graph.kind}={graph.onnx}")],
+        extra=check_model_extra,
         python=PYTHON,
     shell:
         "{params.python} -m genie_build check-model --prompt {input.prompt:q} --token {input.token:q}"
-        " {params.lengths:q} --out {output:q} > {log:q} 2>&1"
+        " {params.extra:q} --out {output:q} > {log:q} 2>&1"
 
 
 # A checkpoint, so that a plan rewritten with the same bytes does not force a new split. The plan reads the graphs'
@@ -53,14 +52,7 @@ checkpoint plan:
         **({"units": f"{OUT}/calibration_units.json"} if CALIBRATION_CHAIN else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
-        # the device, the embedding's layout and every context length's IO matter to split.num_parts auto only:
-        # another chipset, layout or length does not replan a fixed split
-        load=["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--embedding",
-              config["bundle"]["embedding"], "--other-lengths", *map(str, SOURCE.context_lengths[:-1])]
-        if config["split"].get("num_parts") == "auto" else [],
-        weighing=lambda wc, input, output: (
-            ["--recipe", config["quantize"]["recipe"], "--unit-memory-mb", str(config["quantize"]["unit_memory_mb"]),
-             "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.encodings]),
+        extra=plan_extra,
         python=PYTHON,
     log:
         f"{OUT}/logs/plan.log",
@@ -68,32 +60,33 @@ checkpoint plan:
         f"{OUT}/benchmarks/plan.tsv"
     shell:
         "{params.python} -m genie_build plan --prompt {input.prompt:q} --token {input.token:q}"
-        " {params.weighing:q} --split-json {params.split:q} {params.load:q}"
+        " --split-json {params.split:q} {params.extra:q}"
         " --skip-weight-check --out {output.plan:q} > {log:q} 2>&1"
 
 
-# A checkpoint per graph: after it runs, Snakemake compares each part's bytes with what the next jobs last saw, so
-# only parts whose bytes changed are converted again. The graphs split side by side, each into every part's folder
-# (parts/part_{NN_of_N}/{graph}.onnx), beside the part's other graphs.
+# A checkpoint: after it runs, Snakemake compares each part's bytes with what the next jobs last saw, so only parts
+# whose bytes changed are converted again. Every graph in one job, so that a part's graphs (each kind at each
+# length, parts/part_{NN_of_N}/{graph}.onnx) read one weights file, each shared weight stored once, as a
+# checkpoint's export writes a part: the weights are written once, not once per graph.
 checkpoint split:
     input:
         plan=f"{OUT}/plan.json",
-        model=lambda wc: SOURCE.graphs[wc.graph].onnx,
-        weights=lambda wc: SOURCE.graphs[wc.graph].data,
+        models=[graph.onnx for graph in SOURCE.graphs.values()],
+        weights=sorted({path for graph in SOURCE.graphs.values() for path in graph.data}),
     output:
-        f"{OUT}/split/{{graph}}.json",
+        f"{OUT}/split.json",
     priority: CRITICAL_PATH
     log:
-        f"{OUT}/logs/split/{{graph}}.log",
+        f"{OUT}/logs/split.log",
     benchmark:
-        f"{OUT}/benchmarks/split/{{graph}}.tsv"
+        f"{OUT}/benchmarks/split.tsv"
     params:
-        kind=lambda wc: kind_of(wc.graph),  # a graph at another context length is split as its kind
+        graphs=[f"{key}={graph.onnx}" for key, graph in SOURCE.graphs.items()],
         parts_dir=SOURCE.parts_dir,
         python=PYTHON,
     shell:
-        "{params.python} -m genie_build split --plan {input.plan:q} --graph {params.kind:q} --key {wildcards.graph:q}"
-        " --model {input.model:q} --parts-dir {params.parts_dir:q} --out {output:q} > {log:q} 2>&1"
+        "{params.python} -m genie_build split --plan {input.plan:q} --graph {params.graphs:q}"
+        " --parts-dir {params.parts_dir:q} --out {output:q} > {log:q} 2>&1"
 
 
 # Weights are read but not inputs: a part's .onnx carries its weights' SHA-1, and a changed source weight changes

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from genie_build.bundle import assemble_bundle, runtime_tool_versions
-from genie_build.cli_args import boolean, json_object
+from genie_build.cli_args import add_switch, boolean, json_object
 from genie_build.toolchains import TOOLCHAINS
 
 __all__ = ["register_parser", "run"]
@@ -28,9 +28,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--chipset", required=True, help="target chipset, e.g. SM8750")
     parser.add_argument("--context-size", type=int,
                         help="dialog.context.size (default, or 0: the compiled context length)")
-    parser.add_argument("--share-resources", nargs="?", const=True, default=False, type=boolean,
-                        help="bundle.share_resources: groupContext share_resources with allow-async-init "
-                             "(also --share-resources true/false)")
+    add_switch(parser, "--share-resources",
+               "bundle.share_resources: groupContext share_resources with allow-async-init")
     parser.add_argument("--graph-switching", type=boolean, metavar="{true,false}",
                         help="bundle.graph_switching: Genie's QnnHtp enable-graph-switching (default: not written)")
     parser.add_argument("--embedding-table", type=Path, metavar="BIN",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.cli_args import add_switch
 from genie_build.errors import GenieBuildError
 from genie_build.toolchains import TOOLCHAINS, get_toolchain
 
@@ -25,10 +26,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--float-bitwidth", required=True, type=int, choices=(16, 32),
                         help="float width of tensors without an integer encoding")
     parser.add_argument("--out", required=True, type=Path, help="the converted graph (.onnx or .dlc)")
-    parser.add_argument("--takes-embeddings", action="store_true",
-                        help="the first part after an embedding table (bundle.embedding: lut; reference and qnn-htp "
-                             "toolchains): its hidden-state input becomes inputs_embeds, the input Genie feeds from "
-                             "the table")
+    add_switch(parser, "--takes-embeddings",
+               "the first part after an embedding table (bundle.embedding: lut; reference and qnn-htp toolchains): its "
+               "hidden-state input becomes inputs_embeds, the input Genie feeds from the table")
     parser.add_argument("--share-weights-with", type=Path,
                         help="reference and qnn-htp toolchains: a converted graph in --out's folder (the part's prompt "
                              "graph) whose data file holds the weights this graph shares; they are not written again")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
-from genie_build.cli_args import (add_embedding_option, add_load_options, add_split_options, json_object, load_params, positive_float,
-                                 positive_int, split_options)
+from genie_build.cli_args import (add_embedding_option, add_load_options, add_split_options, add_switch, json_object,
+                                 load_params, positive_float, positive_int, split_options)
 from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.job_memory import RunMemory
 from genie_build.memory_plan import MemoryLimits
@@ -55,7 +55,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                              "each job holding a part may take (docs/memory-plan.md)")
     parser.add_argument("--run-memory-source", default="the build is given",
                         help="where --run-memory-mb comes from, for the memory plan")
-    parser.add_argument("--evaluate", action="store_true", help="the build evaluates (its jobs hold a part too)")
+    add_switch(parser, "--evaluate", "the build evaluates (its jobs hold a part too)")
     add_embedding_option(parser)
     add_load_options(parser)
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")

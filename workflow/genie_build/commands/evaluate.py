@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.cli_args import json_object, positive_int
+from genie_build.cli_args import add_switch, json_object, positive_int
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import ClipSums, quality_of
 from genie_build.fileio import write_json
@@ -44,8 +44,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--encodings", required=True, nargs="+", type=Path,
                         help="the parts' prompt-graph encodings (their activation encodings are applied)")
     parser.add_argument("--float-logits", required=True, type=Path, help="what evaluate-float wrote for this text")
-    parser.add_argument("--weights-only", action="store_true",
-                        help="also run the binaries with every activation in float (twice the time)")
+    add_switch(parser, "--weights-only", "also run the binaries with every activation in float (twice the time)")
     parser.add_argument("--calibration-json", default="{}",
                         help="what the calibration saw (calibrator, windows, tokens, text), recorded in the report")
     add_text_arguments(parser)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.cli_args import add_genie_run_arguments
+from genie_build.cli_args import add_genie_run_arguments, add_strict_option
 from genie_build.commands.compile import parse_graphs
 from genie_build.fileio import write_json
 from genie_build.genie_run import MODES, SKIPPED, genie_run
@@ -25,9 +25,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--float-graph", action="extend", nargs="+", default=[], metavar="NAME=PATH",
                         help="the float model's graphs, every part's, each under its graph name: its tokens are "
                              "reported beside Genie's")
-    parser.add_argument("--strict", action="store_true",
-                        help="Genie's tokens that differ from the host run's are an error (report.strict), not a "
-                             "warning")
+    add_strict_option(parser, "token of Genie's that differs from the host run's (report.strict)")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     return parser
 

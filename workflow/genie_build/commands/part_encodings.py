@@ -8,6 +8,7 @@ import json
 
 from genie_build import part_encodings as stage
 from genie_build.calibration_units import units_from_dicts
+from genie_build.cli_args import add_switch
 from genie_build.errors import GenieBuildError
 
 __all__ = ["register_parser", "run"]
@@ -21,8 +22,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--previous-encodings", help="its encodings")
     parser.add_argument("--prompt-graph", required=True, help="the part's prompt graph")
     parser.add_argument("--token-graph", required=True, help="the part's token graph")
-    parser.add_argument("--kv-cache-tied", action="store_true",
-                        help="require each past_*_out to have its past_*_in's encoding (a bundle will be built)")
+    add_switch(parser, "--kv-cache-tied", "require each past_*_out to have its past_*_in's encoding (a bundle will be "
+                                          "built)")
     parser.add_argument("--out-prompt", required=True, help="the prompt graph's encodings")
     parser.add_argument("--out-token", required=True, help="the token graph's encodings")
     return parser

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from genie_build import slice_encodings as stage
+from genie_build.cli_args import add_switch
 from genie_build.conventions import GRAPH_KINDS
 
 __all__ = ["register_parser", "run"]
@@ -23,11 +24,11 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="the parts folder (part_{NN_of_N}/{prompt,token}.onnx)")
     parser.add_argument("--out-dir", required=True, type=Path,
                         help="written whole: part_{NN_of_N}/{prompt,token}.encodings.json")
-    parser.add_argument("--token-shares-prompt", action="store_true",
-                        help="the token graph takes the prompt graph's encoding for every tensor it has (otherwise "
-                             "tensors in both graphs must have identical encodings)")
-    parser.add_argument("--kv-cache-tied", action="store_true",
-                        help="a bundle will be built: each past_*_out must have its past_*_in's encoding (Genie)")
+    add_switch(parser, "--token-shares-prompt",
+               "the token graph takes the prompt graph's encoding for every tensor it has (otherwise tensors in both "
+               "graphs must have identical encodings)")
+    add_switch(parser, "--kv-cache-tied", "a bundle will be built: each past_*_out must have its past_*_in's encoding "
+                                          "(Genie)")
     return parser
 
 

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from genie_build import slice_encodings as stage
+from genie_build.cli_args import add_switch
 from genie_build.conventions import GRAPH_KINDS
 
 __all__ = ["register_parser", "run"]
@@ -26,8 +27,8 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                        help="the other graph's encodings: tensors in both must have identical encodings")
     other.add_argument("--share-from", type=Path, metavar="ENCODINGS",
                        help="the other graph's encodings: every tensor of it this graph has takes its encoding")
-    parser.add_argument("--kv-cache-tied", action="store_true",
-                        help="a bundle will be built: each past_*_out must have its past_*_in's encoding (Genie)")
+    add_switch(parser, "--kv-cache-tied", "a bundle will be built: each past_*_out must have its past_*_in's encoding "
+                                          "(Genie)")
     return parser
 
 

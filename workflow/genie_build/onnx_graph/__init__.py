@@ -19,8 +19,8 @@ from genie_build.onnx_graph.external import (ExternalData, check_external_data, 
 from genie_build.onnx_graph.layouts import (GraphTensors, WeightLayout, consumer_layouts, graph_tensors,
                                             part_tensor_names, read_graph_tensors)
 from genie_build.onnx_graph.model import (Dim, EmbeddingGather, GraphIO, InitializerSpec, Shape, TensorSpec,
-                                          ar_and_context_length, embedding_gather, graph_io, initializer_specs,
-                                          load_graph, tensor_shapes)
+                                          ar_and_context_length, dtype_name, embedding_gather, graph_io,
+                                          initializer_specs, load_graph, tensor_shapes)
 from genie_build.onnx_graph.sharing import check_same_weight_names, check_same_weights, check_shared_initializers
 from genie_build.onnx_graph.tensors import StoredTensor, model_tensors, subgraphs
 from genie_build.onnx_graph.values import FLOAT_TYPES, require_finite, scan_tensor, tensor_sha256
@@ -28,6 +28,7 @@ from genie_build.onnx_graph.values import FLOAT_TYPES, require_finite, scan_tens
 __all__ = ["Dim", "EmbeddingGather", "ExternalData", "FLOAT_TYPES", "GraphIO", "GraphTensors", "InitializerSpec",
            "Shape", "StoredTensor", "TensorSpec", "WeightLayout", "ar_and_context_length", "check_external_data",
            "check_same_weight_names", "check_same_weights", "check_shared_initializers", "consumer_layouts",
-           "embedding_gather", "external_data", "external_data_files", "graph_io", "graph_tensors", "initializer_specs",
-           "load_graph", "model_folders", "model_tensors", "open_external_data", "part_tensor_names",
-           "read_graph_tensors", "require_finite", "scan_tensor", "subgraphs", "tensor_sha256", "tensor_shapes"]
+           "dtype_name", "embedding_gather", "external_data", "external_data_files", "graph_io", "graph_tensors",
+           "initializer_specs", "load_graph", "model_folders", "model_tensors", "open_external_data",
+           "part_tensor_names", "read_graph_tensors", "require_finite", "scan_tensor", "subgraphs",
+           "tensor_sha256", "tensor_shapes"]
