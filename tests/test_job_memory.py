@@ -53,6 +53,10 @@ def unit(pieces: tuple[str, ...], float_bytes: int, largest: int, slices: int = 
     (job_memory.convert_mb(job_memory.GraphWeights(593.5 * MIB, 593.5 * MIB)), 1025 * MIB),
     # the 7B embedding part's compile: 1.09 GB of 16-bit codes, 1.17 GB peak
     (job_memory.compile_mb(1090), 1170),
+    # qnn-htp at Qwen2.5-7B's width: a part's weights (stored bytes) x its graphs, all held until the binary is written
+    (job_memory.compile_mb(117, graphs=4, toolchain="qnn-htp"), 3560),
+    (job_memory.compile_mb(662, graphs=2, toolchain="qnn-htp"), 5750),
+    (job_memory.compile_mb(700, graphs=8, toolchain="qnn-htp"), 21730),
 ])
 def test_each_job_is_planned_with_at_least_what_it_was_measured_to_take(planned, measured_mb):
     assert planned >= measured_mb

@@ -19,7 +19,8 @@ rule compile_part:
     cache: CACHE_PER_PART
     group: GROUP_PER_PART
     resources:
-        mem_mb=lambda wc, input: job_memory.compile_mb(job_memory.files_mb(input)),
+        mem_mb=lambda wc, input: job_memory.compile_mb(job_memory.files_mb(input), graphs=len(BUNDLE_GRAPHS),
+                                                       toolchain=toolchain_of(wc.variant)),
     log:
         f"{OUT}/logs/compile_part/{{variant}}/part_{{part}}.log",
     shell:
@@ -41,6 +42,9 @@ rule compile_twin:
         chipset=config["target"]["chipset"],
         tool_version=toolchain_version("qnn-htp"),
         python=PYTHON,
+    resources:
+        mem_mb=lambda wc, input: job_memory.compile_mb(job_memory.files_mb(input), graphs=len(BUNDLE_GRAPHS),
+                                                       toolchain="qnn-htp"),
     log:
         f"{OUT}/logs/compile_twin/part_{{part}}.log",
     benchmark:
