@@ -28,7 +28,6 @@ what the encodings say, the form ONNX Runtime's QNN execution provider hands to 
   outputs only); every other tensor stays
   float, which the HTP runs in float16 as QNN's converter does with ``float_fallback``. What each rule gave is
   recorded in the model's metadata (:data:`FILLED_KEY`).
-
 - **A weight read only through a Transpose** (torch.onnx writes ``nn.Linear`` as ``weight [out, in]`` -> Transpose ->
   MatMul) is stored transposed, its DequantizeLinear giving the Transpose's output and the Transpose removed: the
   same values, where QNN's execution provider fuses a DequantizeLinear feeding a MatMul but leaves one feeding a
@@ -64,7 +63,8 @@ from genie_build.toolchains.reference.onnx_io import (ExternalDataWriter, Shared
                                                      read_initializer)
 from genie_build.toolchains.reference.quantize import blocked_params, dequantize, lpbq_channel_scale, quantize
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "FOLDED_KEY", "QDQ_OPSET", "is_qdq_graph", "write_qdq_model"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_BITWIDTH", "FILLED_KEY", "FOLDED_KEY", "QDQ_OPSET", "elementwise_operands",
+           "is_qdq_graph", "weight_transposes", "write_qdq_model"]
 
 QDQ_OPSET = 21                      # int4 and blocked DequantizeLinear
 CONSTANT_BITWIDTH = 16
