@@ -43,4 +43,5 @@ include: "workflow/rules/estimate.smk"
 rule all:
     input:
         final_outputs,
+        dlc_files,
     default_target: True

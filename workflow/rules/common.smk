@@ -203,5 +203,4 @@ def final_outputs(wildcards):
         *([f"{OUT}/host_run.json"] if config["bundle"]["enabled"] and config["bundle"]["host_run"]
           and toolchain_of(BUNDLE_VARIANT) in HOST_RUN_TOOLCHAINS else []),
         *([f"{OUT}/genie_run.json"] if GENIE_RUNS else []),
-        *dlc_files(),
     ]

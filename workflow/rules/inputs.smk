@@ -182,8 +182,9 @@ def converted_graphs(wildcards, variant=None):
             **{f"{key}_data": paths[1:] for key, paths in files.items()}}
 
 
-def dlc_files():
-    """With convert.dlc: the DLC of every graph of every part the qnn-htp variants' converters convert."""
+def dlc_files(wildcards):
+    """With convert.dlc: the DLC of every graph of every part the qnn-htp variants' converters convert (an input
+    function of its own: the parts are known once the checkpoints ran, which must not hold back the other targets)."""
     if not config["convert"]["dlc"]:
         return []
     converters = {(encodings_of(variant), converter_of(variant)) for variant in config["variants"]
