@@ -63,3 +63,27 @@ def test_the_option_reader_finds_a_flag_list_in_params(tmp_path: Path) -> None:
     smk.write_text('def x_extra(wildcards):\n    return ["--a"]\n\n\nrule x:\n    params:\n'
                    '        b=lambda wc: ["--b"] if wc else [],\n    shell:\n        "run --c {params.b:q}"\n')
     assert options_outside_shell(smk) == [(2, "def x_extra(wildcards):"), (7, "rule x:")]
+
+
+def config_read_beside_the_jobs_files(smk: Path) -> list[str]:
+    """Param functions of ``smk`` that take the job's ``input`` or ``output`` and read ``config``: Snakemake does not
+    compare such params with the last run's (measured with Snakemake 9), so a changed config value would not rerun
+    the job."""
+    found = []
+    for match in re.finditer(r"^def (\w+)\(wildcards, (?:input|output)[^)]*\):\n((?:(?: .*)?\n)+)", smk.read_text(),
+                             re.M):
+        if re.search(r"\bconfig\b", match.group(2)):
+            found.append(match.group(1))
+    return found
+
+
+def test_a_param_that_reads_the_config_is_of_the_wildcards_only() -> None:
+    assert [(smk.name, name) for smk in sorted((REPO / "workflow" / "rules").glob("*.smk"))
+            for name in config_read_beside_the_jobs_files(smk)] == []
+
+
+def test_the_config_reader_finds_a_param_function_of_the_input_reading_the_config(tmp_path: Path) -> None:
+    smk = tmp_path / "x.smk"
+    smk.write_text('def x_extra(wildcards, input):\n    return [config["a"], input.b]\n\n\ndef y_extra(wildcards):\n'
+                   '    return [config["a"]]\n')
+    assert config_read_beside_the_jobs_files(smk) == ["x_extra"]

@@ -7,7 +7,7 @@ EXPORTED = f"{SOURCE.parts_dir}/part_{{part}}"
 # What config.json gives, written down now, each file only when its bytes change (docs/snakemake.md, "Files written
 # when the workflow is parsed"): the plan, the units, and which bound chose the part count, for the memory plan.
 SPLIT_CHOICE.append(f"{OUT}/split_choice.json")
-SOURCE.write_down(plan=f"{OUT}/plan.json", units=f"{OUT}/calibration_units.json", split_choice=SPLIT_CHOICE[0])
+SOURCE.write_down(plan=f"{OUT}/plan.json", units=PLAN_UNITS, split_choice=SPLIT_CHOICE[0])
 # The bundle waits for Genie's IO contract on the exported parts together; the build for one verification per part.
 # The contract holds the graphs to the AR and CL the export was asked for.
 MODEL_CHECKS.append(f"{OUT}/contract_check.json")

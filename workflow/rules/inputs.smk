@@ -39,27 +39,32 @@ def check_model_extra(wildcards):
             for arg in ("--length-graph", f"{graph.kind}={graph.onnx}")]
 
 
-def plan_extra(wildcards, input, output):
+PLAN_UNITS = f"{OUT}/calibration_units.json"  # the calibration chain's units, written beside the plan
+
+
+def plan_extra(wildcards):
     """How the plan weighs the pieces: by the prompt graph's encodings, or by the recipe with the calibration chain's
     units written beside the plan; and the device, the embedding's layout and every context length's IO, which
-    matter to split.num_parts auto only (another chipset, layout or length does not replan a fixed split)."""
+    matter to split.num_parts auto only (another chipset, layout or length does not replan a fixed split). Of the
+    wildcards only, not of the job's input and output: Snakemake compares such params with the last run's, so a
+    changed value replans."""
     quantize = config["quantize"]
     weighing = (["--recipe", quantize["recipe"], "--unit-memory-mb", str(quantize["unit_memory_mb"]),
-                 "--out-units", output.units] if CALIBRATION_CHAIN else ["--encodings-prompt", input.encodings])
+                 "--out-units", PLAN_UNITS] if CALIBRATION_CHAIN else ["--encodings-prompt", SOURCE.encodings["prompt"]])
     load = (["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--embedding",
              config["bundle"]["embedding"], "--other-lengths", *map(str, SOURCE.context_lengths[:-1])]
             if config["split"].get("num_parts") == "auto" else [])
     return [*weighing, *load]
 
 
-def estimate_sizes_extra(wildcards, input):
+def estimate_sizes_extra(wildcards):
     """The estimate's model: the whole prompt graph, which carries its AR and CL, or config.json with the export's;
     and its precision: quantize.recipe's when the build calibrates (the schema then refuses a 'precision' section),
     else the config's 'precision' section, or the default."""
     if WHOLE_PROMPT:
-        model = ["--onnx", input.model]
+        model = ["--onnx", ESTIMATE_MODEL]
     else:
-        model = ["--hf-config", input.model, "--ar", str(config["export"]["ar"]),
+        model = ["--hf-config", ESTIMATE_MODEL, "--ar", str(config["export"]["ar"]),
                  "--context", *map(str, context_lengths(config["export"]))]
     if CALIBRATION_CHAIN:
         return [*model, "--recipe", config["quantize"]["recipe"]]
@@ -112,13 +117,14 @@ def part_encodings_inputs(wildcards):
             "prompt_graph": part_graph("prompt", wildcards.part), "token_graph": part_graph("token", wildcards.part)}
 
 
-def part_encodings_extra(wildcards, input):
+def part_encodings_extra(wildcards):
     """The unit before the part's first and its encodings, which give the part's input boundary its encoding (none
     for part 1)."""
-    if not input.previous:
+    previous = part_encodings_inputs(wildcards)["previous"]
+    if not previous:
         return []
     return ["--previous-unit-json", json.dumps(dataclasses.asdict(previous_unit(wildcards)), sort_keys=True),
-            "--previous-encodings", *input.previous]
+            "--previous-encodings", *previous]
 
 
 def units_json(units):
@@ -213,12 +219,12 @@ def evaluation_mem_mb(wildcards):
     return job_memory.evaluation_mb(largest_part_float_mb())
 
 
-def evaluation_table_extra(wildcards, input):
+def evaluation_table_extra(wildcards):
     """The quality bounds the config sets (report.*), and Genie's perplexity when Genie runs."""
     settings = config["report"]
     bounds = [f"--{key.replace('_', '-')}={settings[key]}"
               for key in ("min_top1_agreement", "max_mean_kl", "max_clipped_share") if settings[key] is not None]
-    return [*bounds, *optional("--genie-accuracy", input.genie)]
+    return [*bounds, *optional("--genie-accuracy", [f"{EVALUATION}/genie_accuracy.json"] if GENIE_RUNS else [])]
 
 
 # --- the size table and the memory plan (rules/sizes.smk), the bundle (rules/bundle.smk)
@@ -234,11 +240,11 @@ def memory_plan_extra(wildcards, input):
     return [*optional("--embedding-table", input.table), *optional("--split-choice", input.split_choice)]
 
 
-def bundle_extra(wildcards, input):
+def bundle_extra(wildcards):
     """The embedding table (bundle.embedding: lut), and Genie's graph switching when the config sets it (unset, Genie's
     config leaves the key out)."""
     switching = config["bundle"].get("graph_switching")
-    return [*optional("--embedding-table", input.table),
+    return [*optional("--embedding-table", [EMBEDDING_TABLE] if EMBEDDING_LUT else []),
             *optional("--graph-switching", [] if switching is None else [str(switching)])]
 
 

@@ -49,7 +49,7 @@ checkpoint plan:
         **({} if CALIBRATION_CHAIN else {"encodings": SOURCE.encodings["prompt"]}),
     output:
         plan=f"{OUT}/plan.json",
-        **({"units": f"{OUT}/calibration_units.json"} if CALIBRATION_CHAIN else {}),
+        **({"units": PLAN_UNITS} if CALIBRATION_CHAIN else {}),
     params:
         split=json.dumps(config["split"], sort_keys=True),
         extra=plan_extra,
