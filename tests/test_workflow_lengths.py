@@ -27,10 +27,10 @@ SHORT, LONG = 32, 64      # the small demo's AR is 8: its 21-token prompt runs a
 DEMO = {**SMALL_DEMO, "bundle": {"genie_run": False}}
 BUNDLE_VARIANT = "qnn-htp"
 # what may run when a length is added: the new graphs, their parts, the check of their weights, and every part's
-# binaries (and the bundle's twins) and what reads them
+# binaries (and the bundle's twins) and what reads them; the new graphs' DLCs
 LENGTH_SIDE = {"generate_demo_length", "split", "verify_split", "check_model", "convert_part_reference",
-               "convert_part_qnn_htp", "compile_part", "compile_twin", "account", "size_table", "memory_plan",
-               "bundle", "check_bundle", "run_bundle", "all"}
+               "convert_part_qnn_htp", "convert_dlc", "compile_part", "compile_twin", "account", "size_table",
+               "memory_plan", "bundle", "check_bundle", "run_bundle", "all"}
 
 
 def _graph_names(binary: Path) -> list[str]:
