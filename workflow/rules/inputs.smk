@@ -50,7 +50,8 @@ def plan_extra(wildcards):
     changed value replans."""
     quantize = config["quantize"]
     weighing = (["--recipe", quantize["recipe"], "--unit-memory-mb", str(quantize["unit_memory_mb"]),
-                 "--out-units", PLAN_UNITS] if CALIBRATION_CHAIN else ["--encodings-prompt", SOURCE.encodings["prompt"]])
+                 "--out-units", PLAN_UNITS] if CALIBRATION_CHAIN
+                else ["--encodings-prompt", SOURCE.encodings["prompt"]])
     load = (["--chipset", config["target"]["chipset"], "--load-json", LOAD_JSON, "--embedding",
              config["bundle"]["embedding"], "--other-lengths", *map(str, SOURCE.context_lengths[:-1])]
             if config["split"].get("num_parts") == "auto" else [])

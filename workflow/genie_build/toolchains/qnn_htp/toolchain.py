@@ -85,7 +85,8 @@ def convert_dlc(qdq_path: Path, graph_name: str, out_path: Path) -> None:
 
     locate_wheel(f"toolchain {NAME}")
     device = CHIPSETS["SM8750"]
-    write_dlc(Path(qdq_path), graph_name, Path(out_path), HtpTarget(device.soc_model, int(device.dsp_arch.lstrip("v"))))
+    target = HtpTarget(device.soc_model, int(device.dsp_arch.lstrip("v")))
+    write_dlc(Path(qdq_path), graph_name, Path(out_path), target)
 
 
 def qnn_binary_info(binary_path: Path, toolchain: str, library: Path | None = None) -> BinaryInfo:
