@@ -62,6 +62,13 @@ def test_each_job_is_planned_with_at_least_what_it_was_measured_to_take(planned,
     assert planned >= measured_mb
 
 
+@pytest.mark.parametrize("part_mb, largest_mb, measured_mb", [(3110, 2180, 3800), (2180, 2180, 3700), (932, 272, 1830)])
+def test_the_verification_is_planned_within_a_tenth_of_what_it_took(part_mb, largest_mb, measured_mb):
+    """Its plan feeds split.num_parts auto: planned far above the measure, it would cut a model into parts it does
+    not need."""
+    assert measured_mb <= job_memory.verify_parts_mb(part_mb, largest_mb) <= 1.1 * measured_mb
+
+
 def test_files_mb_counts_the_files_that_exist(tmp_path):
     (tmp_path / "a").write_bytes(b"x" * 3_000_000)
     assert job_memory.files_mb([tmp_path / "a", tmp_path / "missing"]) == 3.0

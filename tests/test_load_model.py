@@ -218,6 +218,51 @@ def test_auto_on_qwen_7b_keeps_every_part_job_within_a_third_of_the_run_memory(g
     assert all(evaluated.part_mb(part) >= jobs.part_mb(part) for part in plan.parts)
 
 
+LENGTHS = [512, 1024, 2048, 4096]
+
+
+def test_auto_weighs_the_htp_compile_of_every_graph_a_binary_holds():
+    """The HTP backend holds every graph of a binary until it writes it: on 64 GB, Qwen2.5-7B at one length takes
+    the device's 3 parts with qnn-htp too, at four lengths (8 graphs a binary) more parts, each compile within a
+    third; the plan says the compile chose; the reference toolchain alone changes nothing; the table (lut) is not
+    compiled."""
+    from genie_build.auto_split import binary_compile, part_jobs
+    from genie_build.job_memory import RunMemory, compile_mb
+    from genie_build.shape_plan import piece_floats, plan_from_hf_config
+
+    memory = RunMemory(64_000, "the run is given")
+
+    def plan(context, toolchains):
+        return plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=context, num_parts="auto",
+                                   memory=memory, embedding="lut", toolchains=toolchains)
+
+    assert plan([4096], ["qnn-htp"]).num_parts == plan([4096], []).num_parts == 3
+    assert plan(LENGTHS, ["reference"]).num_parts == 3
+    four = plan(LENGTHS, ["reference", "qnn-htp"])
+    assert four.num_parts > 3 and "the build box chose the count" in four.chosen_by
+    assert re.search(r"part 3_of_3's compile would take [\d,]+ MB", four.chosen_by)
+    jobs = part_jobs(piece_floats(QWEN_7B), memory, False, binary_compile(["qnn-htp"], LENGTHS), "lut")
+    assert "compile" not in jobs.jobs_of(four.parts[0])      # the table, read by Genie on the CPU
+    for part in four.parts[1:]:
+        assert jobs.jobs_of(part)["compile"] == compile_mb(part.estimated_bytes / 1e6, graphs=8, toolchain="qnn-htp")
+        assert jobs.part_mb(part) <= memory.job_limit_mb
+
+
+def test_auto_names_the_compile_and_its_remedies_when_no_count_fits_the_box():
+    """On 24 GB no split of Qwen2.5-7B at four lengths compiles the LM head's part within a third: one line naming
+    the compile, the part, and what helps."""
+    from genie_build.job_memory import RunMemory
+    from genie_build.shape_plan import plan_from_hf_config
+
+    with pytest.raises(GenieBuildError) as error:
+        plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=LENGTHS, num_parts="auto",
+                            memory=RunMemory(24_000, "the run is given"), embedding="lut", toolchains=["qnn-htp"])
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("split.num_parts: auto: 3 parts map on the device")
+    assert re.search(r"part 29_of_29's compile, [\d,]+ MB, at 29", message)
+    assert "fewer context lengths (export.context" in message and "--resources mem_mb" in message
+
+
 def small_config(tmp_path: Path, model_type: str) -> Path:
     """A checkpoint's config.json (the plan reads nothing else): Qwen2.5-7B's keys at a toy size."""
     config = {**json.loads(QWEN_7B.read_text()), "model_type": model_type, "hidden_size": 64, "intermediate_size": 128,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import REFERENCE_BUILD, SMALL_DEMO, TEST_VARIANTS, copy_workflow, load_json, run_snakemake, write_config
 
 pytestmark = pytest.mark.workflow
 
@@ -109,35 +109,42 @@ def test_auto_is_the_default_split_of_a_checkpoint(tmp_path):
     assert "part=1_of_2" in result.stdout and "part=2_of_2" in result.stdout and "_of_3" not in result.stdout
 
 
-@pytest.mark.parametrize("given_mb, parts, bound", [(24_000, 9, "the build box"), (64_000, 3, "the device")])
-def test_auto_weighs_the_memory_the_run_is_given(tmp_path, given_mb, parts, bound):
+@pytest.mark.parametrize("given_mb, lengths, parts, bound", [(24_000, [4096], 9, "the build box"),
+                                                             (64_000, [4096], 3, "the device"),
+                                                             (64_000, [512, 1024, 2048, 4096], 9, "the build box")])
+def test_auto_weighs_the_memory_the_run_is_given(tmp_path, given_mb, lengths, parts, bound):
     """Qwen2.5-7B with split.num_parts auto through the 'estimate' target: given 24 GB (--resources mem_mb), the
     fewest parts that map and whose every export and verification fits a third of it; given 64 GB, the device's
-    3. The memory plan says which bound chose the count."""
+    3, unless four lengths make the qnn-htp variant's compile of 8 graphs a binary the largest job. The memory plan
+    says which bound chose the count, and by which job."""
     from genie_build.job_memory import RunMemory
     from genie_build.plan_file import read_plan
-    from genie_build.auto_split import part_jobs
+    from genie_build.auto_split import binary_compile, part_jobs
     from genie_build.shape_plan import piece_floats
 
     workdir = copy_workflow(tmp_path)
     config = write_config(workdir, {"model": {"name": "qwen7b", "hf_config": "config/hf/qwen2_5_7b_instruct.json"},
-                                    "split": {"num_parts": "auto"}}, name="auto.yaml")
+                                    "split": {"num_parts": "auto"}, "export": {"context": lengths}}, name="auto.yaml")
     run_snakemake(workdir, "estimate", "--resources", f"mem_mb={given_mb}", "--configfile", str(config))
     predicted = workdir / "results" / "qwen7b" / "predicted"
     plan = read_plan(predicted / "plan.json")
     jobs = part_jobs(piece_floats(workdir / "config" / "hf" / "qwen2_5_7b_instruct.json"),
-                     RunMemory(given_mb, ""), evaluate=False)
+                     RunMemory(given_mb, ""), evaluate=False, compile=binary_compile(TEST_VARIANTS, lengths),
+                     embedding="lut")
     assert plan.num_parts == parts and max(map(jobs.part_mb, plan.parts)) <= given_mb // 3
     line = next(line for line in (predicted / "memory_plan.md").read_text().splitlines()
                 if line.startswith("**Part count**"))
     assert f"{bound} chose the count" in line and f"a third of the {given_mb:,} MB the run is given" in line
+    assert ("'s compile would take" in line) == (len(lengths) > 1)
     assert load_json(predicted / "memory_plan.json")["part_count"] == line.removeprefix("**Part count**: ")[:-1]
 
 
 @pytest.mark.hf
 def test_auto_on_a_checkpoint_takes_more_parts_when_the_run_is_given_less_memory(tmp_path):
     """A run given just less than three times the largest job of the device's own count: auto takes more parts,
-    each of whose jobs fits, and writes down that the build box chose (the memory plan's input)."""
+    each of whose jobs fits, and writes down that the build box chose (the memory plan's input). The reference
+    toolchain's variants: at this size the HTP backend's own process (a compile's floor) would be the largest job
+    at every count."""
     pytest.importorskip("torch", reason="the checkpoint is written with torch")
     import hf_checkpoints
     from genie_build.job_memory import RunMemory
@@ -148,7 +155,7 @@ def test_auto_on_a_checkpoint_takes_more_parts_when_the_run_is_given_less_memory
     checkpoint = hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2", layers=4, hidden=256,
                                                 intermediate=1024)
     config = write_config(workdir, {"model": {"name": "ckpt", "hf_checkpoint": "checkpoint"},
-                                    "export": {"ar": 8, "context": 64}})
+                                    "export": {"ar": 8, "context": 64}, **REFERENCE_BUILD})
     device = plan_from_hf_config(checkpoint / "config.json", recipe="w4a16", ar=8, context=64, num_parts="auto")
     jobs = part_jobs(piece_floats(checkpoint / "config.json"), RunMemory(1, ""), evaluate=False)
     given = 3 * (max(map(jobs.part_mb, device.parts)) - 1)

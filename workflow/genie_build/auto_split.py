@@ -1,7 +1,7 @@
 """``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GiB (and
 ``split.max_part_mb`` when set), which all map under the load model (:mod:`genie_build.load_model`), and, for a
-build that holds a part per job (a checkpoint's export, verification and evaluation), whose jobs each fit the
-memory a job of the run may take (:class:`JobMemory`, docs/memory-plan.md).
+build that holds a part per job (a checkpoint's export, verification and evaluation, and each binary's compile),
+whose jobs each fit the memory a job of the run may take (:class:`JobMemory`, docs/memory-plan.md).
 
 Also the one place a split request (a count, ``auto`` or a largest part) becomes a plan, and the readers of the IO
 dimensions the load model sizes a context's IO tensors by: from an HF ``config.json`` with the export's AR and CL,
@@ -21,10 +21,10 @@ import onnx
 from genie_build.bundle_layout import BundleLayout
 from genie_build.calibration_units import PieceFloat
 from genie_build.chipsets import HTP_CONTEXT_BYTES, LoadParams
-from genie_build.conventions import kv_name
+from genie_build.conventions import graph_keys, kv_name
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import ModelShape, shape_of
-from genie_build.job_memory import RunMemory, part_job_mb
+from genie_build.job_memory import BinaryCompile, RunMemory, part_jobs_mb
 from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
@@ -32,7 +32,7 @@ from genie_build.plan_file import PartPlan, Piece, Plan
 from genie_build.split_request import SplitRequest
 from genie_build.units import GIB, MIB
 
-__all__ = ["JobMemory", "auto_plan", "io_dims_from_graph", "io_dims_from_hf_config", "part_jobs", "plan_request"]
+__all__ = ["JobMemory", "auto_plan", "binary_compile", "io_dims_from_graph", "io_dims_from_hf_config", "part_jobs", "plan_request"]
 
 log = logging.getLogger(__name__)
 
@@ -42,31 +42,50 @@ _CONTEXT_GIB = f"{HTP_CONTEXT_BYTES / GIB:.0f} GiB"   # the vendor's bound on a 
 @dataclass(frozen=True)
 class JobMemory:
     """What a job of the run may take (``limit_mb``, a share of the ``given_mb`` the run is given, ``source`` saying
-    whence) and what the largest job holding a part takes (``part_mb``)."""
+    whence) and the jobs holding a part (``jobs_of``: job name -> MB)."""
 
     limit_mb: int
     given_mb: int
     source: str
-    part_mb: Callable[[PartPlan], int]
+    jobs_of: Callable[[PartPlan], dict[str, int]]
 
-    def largest(self, plan: Plan) -> tuple[PartPlan, int]:
-        """The part whose job takes the most, and that job's MB."""
+    def part_mb(self, part: PartPlan) -> int:
+        """The MB of the largest job holding ``part``."""
+        return max(self.jobs_of(part).values())
+
+    def largest(self, plan: Plan) -> tuple[PartPlan, str, int]:
+        """The part whose job takes the most, that job's name and its MB."""
         part = max(plan.parts, key=self.part_mb)
-        return part, self.part_mb(part)
+        name, mb = max(self.jobs_of(part).items(), key=lambda item: item[1])
+        return part, name, mb
 
     def describe(self) -> str:
         return f"the {self.limit_mb:,} MB a job may take (a third of the {self.given_mb:,} MB {self.source})"
 
 
-def part_jobs(floats: Mapping[str, PieceFloat], memory: RunMemory, evaluate: bool) -> JobMemory:
-    """What a job of the run may take, and what the largest job holding a part takes: its export, its
-    verification, its evaluation with ``evaluate`` (:mod:`genie_build.job_memory`); ``floats``: each piece's
-    (:meth:`genie_build.weight_inventory.ModelWeights.piece_floats`)."""
-    def part_mb(part: PartPlan) -> int:
-        return part_job_mb(sum(floats[name].total for name in part.pieces) / 1e6,
-                           max(floats[name].largest for name in part.pieces) / 1e6, evaluate=evaluate)
+def part_jobs(floats: Mapping[str, PieceFloat], memory: RunMemory, evaluate: bool,
+              compile: BinaryCompile | None = None, embedding: str = "graph") -> JobMemory:
+    """What a job of the run may take, and the jobs holding a part: its export, its verification, its evaluation
+    with ``evaluate`` (:mod:`genie_build.job_memory`), and with ``compile`` the compile of its binary (parts that
+    are binaries in the ``embedding`` layout), which the HTP backend's holding of every graph makes the largest at
+    several context lengths; ``floats``: each piece's (:meth:`genie_build.weight_inventory.ModelWeights.
+    piece_floats`)."""
+    layout = BundleLayout(embedding)
 
-    return JobMemory(memory.job_limit_mb, memory.given_mb, memory.source, part_mb)
+    def jobs_of(part: PartPlan) -> dict[str, int]:
+        jobs = part_jobs_mb(sum(floats[name].total for name in part.pieces) / 1e6,
+                            max(floats[name].largest for name in part.pieces) / 1e6, evaluate=evaluate)
+        if compile is not None and layout.holds(part.index):
+            jobs["compile"] = compile.mb(part.estimated_bytes / 1e6)
+        return jobs
+
+    return JobMemory(memory.job_limit_mb, memory.given_mb, memory.source, jobs_of)
+
+
+def binary_compile(toolchains: Sequence[str], context_lengths: Sequence[int]) -> BinaryCompile | None:
+    """The compile of each part's binary in a build by ``toolchains`` (none: not weighed) of a checkpoint exported at
+    ``context_lengths``: a prompt and a token graph at each."""
+    return BinaryCompile(tuple(sorted(set(toolchains))), len(graph_keys(context_lengths))) if toolchains else None
 
 
 def io_dims_from_hf_config(path: str | os.PathLike[str] | ModelShape, activation_bits: int, ar: int,
@@ -138,17 +157,19 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
                 and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
                 and place_contexts(contexts, load).maps):
             device = device or plan
-            if jobs is None or jobs.largest(plan)[1] <= jobs.limit_mb:
+            if jobs is None or jobs.largest(plan)[2] <= jobs.limit_mb:
                 log.info("split.num_parts auto: %d parts, the fewest that map%s", num_parts,
                          "" if jobs is None else " and whose jobs fit")
                 return dataclasses.replace(plan, chosen_by=_chosen_by(plan, device, jobs))
         most, num_parts = (plan, held, contexts), num_parts + 1
     if device is not None and jobs is not None:
-        part, mb = jobs.largest(most[0])
+        part, job, mb = jobs.largest(most[0])
+        fewer = (" or fewer context lengths (export.context: the HTP backend holds every graph of a binary until it "
+                 "writes it) or fewer weight bits" if job == "compile" else "")
         raise GenieBuildError(NUM_PARTS_KEY, f"auto: {device.num_parts} parts map on the device, but at every count "
                                              f"up to {most[0].num_parts} a job is larger than {jobs.describe()} (part "
-                                             f"{part.label}'s, {mb:,} MB, at {most[0].num_parts}); run with more "
-                                             "memory (--resources mem_mb) or give num_parts")
+                                             f"{part.label}'s {job}, {mb:,} MB, at {most[0].num_parts}); run with "
+                                             f"more memory (--resources mem_mb){fewer}, or give num_parts")
     raise _no_part_count(most, dims, load, max_part_bytes)
 
 def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims, load: LoadParams,
@@ -192,13 +213,13 @@ def _chosen_by(plan: Plan, device: Plan, jobs: JobMemory | None) -> str:
     if jobs is None:
         return f"split.num_parts auto: {plan.num_parts} parts, {mapped}"
     if device.num_parts == plan.num_parts:
-        part, mb = jobs.largest(plan)
+        part, job, mb = jobs.largest(plan)
         return (f"split.num_parts auto: {plan.num_parts} parts, {mapped}; the device chose the count: their largest "
-                f"job (part {part.label}, {mb:,} MB) fits {jobs.describe()}")
-    part, mb = jobs.largest(device)
+                f"job (part {part.label}'s {job}, {mb:,} MB) fits {jobs.describe()}")
+    part, job, mb = jobs.largest(device)
     return (f"split.num_parts auto: {plan.num_parts} parts, the fewest that map on the device and whose jobs fit "
             f"{jobs.describe()}; the build box chose the count: {device.num_parts} parts would map, but part "
-            f"{part.label}'s largest job would take {mb:,} MB")
+            f"{part.label}'s {job} would take {mb:,} MB")
 
 
 def plan_request(pieces: Sequence[Piece], request: SplitRequest, *, dims: IoDims | None = None,

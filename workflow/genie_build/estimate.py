@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
-from genie_build.auto_split import (JobMemory, auto_plan, io_dims_from_graph, io_dims_from_hf_config, part_jobs,
-                                   plan_request)
+from genie_build.auto_split import (JobMemory, auto_plan, binary_compile, io_dims_from_graph, io_dims_from_hf_config,
+                                   part_jobs, plan_request)
 from genie_build.boundaries import find_boundaries
 from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_LOAD, LoadParams
@@ -291,12 +291,13 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
                     ar: int | None = None, context_length: int | Sequence[int] | None = None,
                     load: LoadParams = HTP_LOAD,
                     memory_variant: str = MEMORY_VARIANT, limits: MemoryLimits = MemoryLimits(),
-                    embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False) -> Estimate:
+                    embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False,
+                    toolchains: Sequence[str] = ()) -> Estimate:
     """The ``estimate`` stage: the weights of an HF config or of an ONNX graph (exactly one), the split the
     workflow would make (``split``: ``num_parts`` or ``max_part_mb``, ``embedding_alone``, ``boundaries``; for an
     HF config's ``num_parts`` "auto", its parts' jobs within what a job of a run given ``memory`` may take, the
-    evaluation's with ``evaluate``) and every part's predicted sizes, written by :func:`_write_estimate` and logged
-    per part.
+    evaluation's with ``evaluate``, each binary's compile by ``toolchains``) and every part's predicted sizes,
+    written by :func:`_write_estimate` and logged per part.
 
     Raises:
         GenieBuildError: boundaries given with a config (its boundaries follow the conventions), an unreadable
@@ -321,7 +322,8 @@ def estimate_to_dir(out_dir: str | os.PathLike[str], precision: Precision, split
         model = weights_from_graph(graph, find_boundaries(graph, onnx, split["boundaries"]))
         dims = io_dims_from_graph(graph, precision.activations, onnx)
     request = SplitRequest.from_section(split)
-    jobs = None if memory is None or hf_config is None else part_jobs(model.piece_floats(), memory, evaluate)
+    jobs = None if memory is None or hf_config is None else part_jobs(
+        model.piece_floats(), memory, evaluate, binary_compile(toolchains, dims.context_lengths), embedding)
     result = estimate(model, precision, num_parts=request.num_parts, max_part_bytes=request.max_part_bytes,
                       embedding_alone=request.embedding_alone, dims=dims, load=load, embedding=embedding, jobs=jobs)
     _write_estimate(out_dir, result, source=os.fspath(hf_config if hf_config is not None else onnx),

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 
 from genie_build.onnx_graph import initializer_specs, load_graph
 
-__all__ = ["JOB_SHARE", "GraphWeights", "RunMemory", "compile_mb", "convert_mb", "evaluation_mb", "export_mb",
-           "files_mb", "genie_mb", "graph_weights", "part_job_mb", "run_memory", "tokenize_mb", "verify_parts_mb"]
+__all__ = ["JOB_SHARE", "BinaryCompile", "GraphWeights", "RunMemory", "compile_mb", "convert_mb", "evaluation_mb",
+           "export_mb", "files_mb", "genie_mb", "graph_weights", "part_jobs_mb", "run_memory", "tokenize_mb",
+           "verify_parts_mb"]
 
 # torch, transformers and onnxruntime loaded, before any weight
 _PROCESS_MB = 1000
 # beside a part's float32 weights, an export holds torch's and transformers' own (1.3-1.5 GB at 7B)
 _EXPORT_MB = 1600
+# beside the part's weights, a verification's process, its steps' inputs and outputs (at 7B); beside 1.5 times one
+# weight (its float32 and the stored copy torch widens), the rest of that piece
+_VERIFY_MB, _VERIFY_PIECE_MB = 900, 450
 # A job may take a third of the memory the run is given: two jobs side by side (the calibration chain's unit and a
 # part's export, verification or convert, one per core of the 2-core box) and a third left to the system and the
 # page cache the weights are read through
@@ -60,17 +64,32 @@ def export_mb(part_float_mb: float) -> int:
 
 
 def verify_parts_mb(part_float_mb: float, largest_weight_mb: float) -> int:
-    """A part's graphs against transformers' modules: the part's session (its weights mapped), or one piece's
-    float32 tensors beside the stored copy of the one torch widens, and the steps' inputs and outputs; planned with
-    the part's weights and its largest weight again (7B-shaped parts: a layer and the head, 3.11 GB of weights, the
-    largest 2.18 GB, 3.80 GB; the embedding, 2.18 GB, 3.70 GB; a layer, 0.93 GB, 1.83 GB)."""
-    return int(part_float_mb + largest_weight_mb + _PROCESS_MB)
+    """A part's graphs against transformers' modules: the part's session, whose fused float32 weights it holds once,
+    or one piece's float32 tensors beside the stored copy of the one torch widens, whichever is larger, and the
+    steps' inputs and outputs (7B-shaped parts: a layer and the head, 3.11 GB of weights, 3.80 GB; the embedding,
+    2.18 GB in one tensor, 3.70 GB; a layer, 0.93 GB, 1.83 GB)."""
+    return int(max(part_float_mb + _VERIFY_MB, 1.5 * largest_weight_mb + _VERIFY_PIECE_MB))
 
 
-def part_job_mb(part_float_mb: float, largest_weight_mb: float, *, evaluate: bool) -> int:
-    """The largest job holding one part: its export, its verification, and with ``evaluate`` its evaluation."""
-    return max(export_mb(part_float_mb), verify_parts_mb(part_float_mb, largest_weight_mb),
-               evaluation_mb(part_float_mb) if evaluate else 0)
+def part_jobs_mb(part_float_mb: float, largest_weight_mb: float, *, evaluate: bool) -> dict[str, int]:
+    """The jobs holding one part's float weights, by name: its export, its verification, and with ``evaluate`` its
+    evaluation."""
+    jobs = {"export": export_mb(part_float_mb), "verification": verify_parts_mb(part_float_mb, largest_weight_mb)}
+    return {**jobs, "evaluation": evaluation_mb(part_float_mb)} if evaluate else jobs
+
+
+@dataclass(frozen=True)
+class BinaryCompile:
+    """What compiles each part's binary: the toolchains of the build's variants and the graphs a binary holds (a
+    prompt and a token graph at every context length)."""
+
+    toolchains: tuple[str, ...]
+    graphs: int
+
+    def mb(self, stored_mb: float) -> int:
+        """The largest compile of a part whose weights take ``stored_mb`` as the encodings store them."""
+        return max((compile_mb(stored_mb, graphs=self.graphs, toolchain=toolchain) for toolchain in self.toolchains),
+                   default=0)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from genie_build.auto_split import io_dims_from_hf_config, part_jobs, plan_request
+from genie_build.auto_split import binary_compile, io_dims_from_hf_config, part_jobs, plan_request
 from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibration_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
@@ -41,12 +41,13 @@ def plan_from_hf_config(config_path: str | os.PathLike[str] | ModelShape, *, rec
                         context: int | Sequence[int], num_parts: int | str | None = None,
                         max_part_bytes: int | None = None,
                         embedding_alone: bool = True, load: LoadParams = HTP_LOAD, embedding: str = "graph",
-                        memory: RunMemory | None = None, evaluate: bool = False) -> Plan:
+                        memory: RunMemory | None = None, evaluate: bool = False,
+                        toolchains: Sequence[str] = ()) -> Plan:
     """The plan of the checkpoint whose ``config.json`` is ``config_path``, quantized by the named ``recipe`` and
     exported with prompt AR ``ar`` and context ``context``, one length or several (``num_parts`` "auto": the fewest
     parts that map under ``load`` in the ``embedding`` layout, with the IO of every length's graphs, and with
-    ``memory`` whose export, verification and, with ``evaluate``, evaluation jobs each fit what a job of the run may
-    take); the plan's context length is the largest. ``config_path``: the file, or its shape as read once.
+    ``memory`` whose export, verification, with ``evaluate`` evaluation, and with ``toolchains`` (the variants')
+    compile jobs each fit what a job of the run may take); the plan's context length is the largest. ``config_path``: the file, or its shape as read once.
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
@@ -58,8 +59,9 @@ def plan_from_hf_config(config_path: str | os.PathLike[str] | ModelShape, *, rec
     precision = precision_of(recipe_named(recipe))
     pieces = weighed_pieces(model, by_precision(precision))
     dims = io_dims_from_hf_config(shape, precision.activations, ar, context)
-    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding,
-                        jobs=None if memory is None else part_jobs(model.piece_floats(), memory, evaluate))
+    jobs = None if memory is None else part_jobs(model.piece_floats(), memory, evaluate,
+                                                 binary_compile(toolchains, dims.context_lengths), embedding)
+    plan = plan_request(pieces, request, dims=dims, load=load, embedding=embedding, jobs=jobs)
     return dataclasses.replace(plan, graph_ar={"prompt": ar, "token": 1}, context_length=dims.context_length)
 
 
@@ -105,8 +107,8 @@ def part_weight_files(checkpoint: Checkpoint, part: PartPlan) -> list[Path]:
 
 def plan_checkpoint(config_path: str | os.PathLike[str] | ModelShape, split: Mapping[str, Any], *, recipe: str,
                     ar: int, context: int | Sequence[int], unit_memory_mb: int, load: LoadParams = HTP_LOAD,
-                    embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False
-                    ) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
+                    embedding: str = "graph", memory: RunMemory | None = None, evaluate: bool = False,
+                    toolchains: Sequence[str] = ()) -> tuple[Plan, tuple[CalibrationUnit, ...]]:
     """The plan and the calibration chain's units of a checkpoint, from the config's ``split`` section, the named
     recipe, the export's AR and context, the calibration budget and (for ``num_parts`` "auto") the run's
     ``memory``: what the workflow computes when it is parsed (from the checkpoint's shape as read once), and what
@@ -121,7 +123,8 @@ def plan_checkpoint(config_path: str | os.PathLike[str] | ModelShape, split: Map
     request = SplitRequest.from_section(split)
     plan = plan_from_hf_config(config_path, recipe=recipe, ar=ar, context=context, num_parts=request.num_parts,
                                max_part_bytes=request.max_part_bytes, embedding_alone=request.embedding_alone,
-                               load=load, embedding=embedding, memory=memory, evaluate=evaluate)
+                               load=load, embedding=embedding, memory=memory, evaluate=evaluate,
+                               toolchains=toolchains)
     return plan, calibration_units(plan, piece_floats(config_path), unit_memory_mb)
 
 

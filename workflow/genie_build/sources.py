@@ -284,7 +284,8 @@ class CheckpointSource(Source):
                                           ar=ar, context=lengths, unit_memory_mb=config["quantize"]["unit_memory_mb"],
                                           load=load_params(config["target"]["chipset"], config["report"]["load"]),
                                           embedding=config["bundle"]["embedding"], memory=memory,
-                                          evaluate=config["evaluate"]["enabled"])
+                                          evaluate=config["evaluate"]["enabled"],
+                                          toolchains=[variant["toolchain"] for variant in config["variants"].values()])
             weight_files = {part.label: tuple(map(str, part_weight_files(checkpoint, part))) for part in plan.parts}
             check_tokenizer(tokenizer, hf_config, vocab=checkpoint.shape.vocab)
         except GenieBuildError as exc:

@@ -33,6 +33,7 @@ rule estimate_sizes:
         run_memory_mb=RUN_MEMORY.given_mb,
         run_memory_source=RUN_MEMORY.source,
         evaluate=config["evaluate"]["enabled"],
+        toolchains=sorted({variant["toolchain"] for variant in config["variants"].values()}),
         extra=estimate_sizes_extra,
         out_dir=directory_of("plan"),
         python=PYTHON,
@@ -44,7 +45,8 @@ rule estimate_sizes:
         "{params.python} -m genie_build estimate {params.extra:q} --split-json {params.split:q}"
         " --max-context-mb {params.max_context_mb} --max-session-mb {params.max_session_mb}"
         " --run-memory-mb {params.run_memory_mb:q} --run-memory-source {params.run_memory_source:q}"
-        " --evaluate {params.evaluate:q} --chipset {params.chipset:q} --embedding {params.embedding:q}"
+        " --evaluate {params.evaluate:q} --toolchains {params.toolchains:q}"
+        " --chipset {params.chipset:q} --embedding {params.embedding:q}"
         " --load-json {params.load:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 

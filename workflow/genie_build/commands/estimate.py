@@ -18,6 +18,7 @@ from genie_build.job_memory import RunMemory
 from genie_build.memory_plan import MemoryLimits
 from genie_build.precision import Precision, precision_from_dict, read_precision
 from genie_build.recipes import RECIPES, precision_of, recipe_named
+from genie_build.toolchains import TOOLCHAINS
 from genie_build.units import MIB
 
 __all__ = ["register_parser", "run"]
@@ -56,6 +57,9 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--run-memory-source", default="the build is given",
                         help="where --run-memory-mb comes from, for the memory plan")
     add_switch(parser, "--evaluate", "the build evaluates (its jobs hold a part too)")
+    parser.add_argument("--toolchains", nargs="*", default=[], choices=sorted(TOOLCHAINS),
+                        help="with --run-memory-mb: the build's variants' toolchains, whose compile of each part's "
+                             "binary is weighed too")
     add_embedding_option(parser)
     add_load_options(parser)
     parser.add_argument("--out-dir", required=True, help="results/{model}/predicted")
@@ -75,5 +79,5 @@ def run(args: argparse.Namespace) -> int:
                     ar=args.ar, context_length=args.context, load=load_params(args),
                     memory_variant=args.memory_variant, limits=limits, embedding=args.embedding,
                     memory=None if args.run_memory_mb is None else RunMemory(args.run_memory_mb, args.run_memory_source),
-                    evaluate=args.evaluate)
+                    evaluate=args.evaluate, toolchains=args.toolchains)
     return 0
