@@ -118,6 +118,9 @@ def test_the_checkpoint_becomes_a_bundle_that_passes_check_bundle_and_runs_as_it
         assert read_back_qnn_bundle(workdir / OUT, "w4a16") == {
             f"{MODEL}_part_{index}_of_3.bin": [f"prompt_ar{AR}_cl{CONTEXT}_{index}_of_3",
                                                f"token_ar1_cl{CONTEXT}_{index}_of_3"] for index in (2, 3)}
+        # the vendor's Genie ran the bundle (its twins, in the HTP simulation) to the host run's tokens
+        genie_run = load_json(workdir / f"{OUT}/genie_run.json")
+        assert genie_run["equal_to_host_run"] and genie_run["new_ids"] == host_run["new_ids"], genie_run
     else:
         assert host_run["compared_with"] == PARTS_REFERENCE
     for index in (1, 2, 3):   # every part, each of its graphs, against transformers' modules
