@@ -25,16 +25,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from genie_build.chipsets import ALIGNMENTS, HTP_MANUAL, LoadParams
+from genie_build.conventions import KV_BYTES
 from genie_build.units import MIB
 
 if TYPE_CHECKING:  # the memory-plan command starts without the plan file's jsonschema
     from genie_build.plan_file import PartPlan
     from genie_build.sizes import AccountRecord
 
-__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "KV_BYTES", "LoadPlan",
+__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "LoadPlan",
            "PAGE", "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round", "place_contexts"]
 
-KV_BYTES = 1  # a KV cache value: 8 bits, as every recipe's KV cache encodings store it
 PAGE = 2 * MIB
 INPUT_IDS_BYTES = 4                          # int32
 
