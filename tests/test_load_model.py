@@ -16,7 +16,8 @@ from genie_build.chipsets import HTP_CONTEXT_BYTES, HTP_LOAD, CHIPSETS, LoadPara
 from genie_build.errors import GenieBuildError
 from genie_build.estimate import estimate
 from genie_build.load_model import (ASSUMPTIONS, PAGE, Buffer, ContextLoad, alignment_of, estimated_contexts,
-                                    measured_contexts, page_round, place_contexts)
+                                    page_round, place_contexts)
+from genie_build.memory_plan import measured_contexts
 from genie_build.precision import read_precision
 from genie_build.shape_plan import plan_checkpoint
 from genie_build.sizes import AccountRecord, GraphCount

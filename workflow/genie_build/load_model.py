@@ -14,8 +14,9 @@ weights of contexts 8, 9 and 10; a 6-part bundle of the same total mapped all. I
 - a mapping that finds no aligned hole fails, and its context is missing (the loader does not retry it elsewhere);
 - a context needing more than a session's usable space can never map.
 
-The same functions serve measured binaries (:func:`measured_contexts`, from accounting records) and the shape-only
-estimate (:func:`estimated_contexts`): both give :class:`ContextLoad` rows, and :func:`place_contexts` places them.
+The same functions serve measured binaries (:func:`genie_build.memory_plan.measured_contexts`, from accounting
+records) and the shape-only estimate (:func:`estimated_contexts`): both give :class:`ContextLoad` rows, and
+:func:`place_contexts` places them.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from genie_build.units import MIB
 
 if TYPE_CHECKING:  # the memory-plan command starts without the plan file's jsonschema
     from genie_build.plan_file import PartPlan
-    from genie_build.sizes import AccountRecord
 
-__all__ = ["ASSUMPTIONS", "Assumption", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "LoadPlan",
-           "PAGE", "Placed", "alignment_of", "estimated_contexts", "measured_contexts", "page_round", "place_contexts"]
+__all__ = ["ASSUMPTIONS", "Assumption", "Basis", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "LoadPlan",
+           "PAGE", "Placed", "alignment_of", "estimated_contexts", "page_round", "place_contexts"]
 
 PAGE = 2 * MIB
 INPUT_IDS_BYTES = 4                          # int32
@@ -292,24 +292,3 @@ def _graph_io_bytes(ar: int, cl: int, layers: int, embedding: bool, head: bool, 
         total += ar * cl * act + 2 * ar * (dims.head_dim // 2) * act
         total += layers * 2 * dims.kv_width * ar * dims.kv_bytes
     return total
-
-
-def measured_contexts(records: Sequence[AccountRecord]) -> tuple[ContextLoad, ...]:
-    """Each accounted binary's buffers: its weight section as stored (its file size where the toolchain cannot
-    tell), its graphs' IO as read back (the KV cache inputs once, the rest per graph), and where the binary says
-    (a QNN binary) its spill-fill buffer (the largest graph's: one buffer per context) and every graph's op data;
-    where it does not (a reference container), those count as 0 and say so."""
-    contexts = []
-    for record in sorted(records, key=lambda r: r.part):
-        weights = (Buffer("shared weights", record.weight_bytes, "measured") if record.weight_bytes
-                   else Buffer("shared weights (file size)", record.bytes, "measured"))
-        io_known = any(graph.io_bytes for graph in record.graphs)
-        basis: Basis = "measured" if io_known else "not known"
-        spill_fill = [graph.spill_fill_bytes for graph in record.graphs if graph.spill_fill_bytes is not None]
-        op_data = [graph.op_data_bytes for graph in record.graphs if graph.op_data_bytes is not None]
-        contexts.append(ContextLoad(record.part, (
-            weights, Buffer("KV cache", max((graph.kv_bytes for graph in record.graphs), default=0), basis),
-            Buffer("IO", sum(graph.io_bytes - graph.kv_bytes for graph in record.graphs), basis),
-            Buffer("spill-fill", max(spill_fill, default=0), "measured" if spill_fill else "not known"),
-            Buffer("op data", sum(op_data), "measured" if op_data else "not known"))))
-    return tuple(contexts)

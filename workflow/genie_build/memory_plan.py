@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass, replace
 from genie_build import fileio, load_report
 from genie_build.chipsets import HTP_LOAD, HTP_MODEL_BYTES, HTP_SESSION_BYTES, LoadParams
 from genie_build.errors import GenieBuildError
-from genie_build.load_model import Buffer, ContextLoad, LoadPlan, measured_contexts, place_contexts
+from genie_build.load_model import Basis, Buffer, ContextLoad, LoadPlan, place_contexts
 from genie_build.sizes import AccountRecord, read_record
 from genie_build.units import MIB
 
-__all__ = ["MemoryLimits", "MemoryPlan", "MemoryWarning", "PartSize", "memory_plan_json", "memory_plan_markdown",
-           "part_sizes_from_records", "plan_measured_memory", "plan_memory", "write_memory_plan"]
+__all__ = ["MemoryLimits", "MemoryPlan", "MemoryWarning", "PartSize", "measured_contexts", "memory_plan_json",
+           "memory_plan_markdown", "part_sizes_from_records", "plan_measured_memory", "plan_memory",
+           "write_memory_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,27 @@ def part_sizes_from_records(records: Sequence[AccountRecord], variant: str) -> t
         variants = sorted({record.variant for record in records})
         raise GenieBuildError("--variant", f"no accounting records for variant {variant!r}; records have {variants}")
     return sizes
+
+
+def measured_contexts(records: Sequence[AccountRecord]) -> tuple[ContextLoad, ...]:
+    """Each accounted binary's buffers: its weight section as stored (its file size where the toolchain cannot
+    tell), its graphs' IO as read back (the KV cache inputs once, the rest per graph), and where the binary says
+    (a QNN binary) its spill-fill buffer (the largest graph's: one buffer per context) and every graph's op data;
+    where it does not (a reference container), those count as 0 and say so."""
+    contexts = []
+    for record in sorted(records, key=lambda r: r.part):
+        weights = (Buffer("shared weights", record.weight_bytes, "measured") if record.weight_bytes
+                   else Buffer("shared weights (file size)", record.bytes, "measured"))
+        io_known = any(graph.io_bytes for graph in record.graphs)
+        basis: Basis = "measured" if io_known else "not known"
+        spill_fill = [graph.spill_fill_bytes for graph in record.graphs if graph.spill_fill_bytes is not None]
+        op_data = [graph.op_data_bytes for graph in record.graphs if graph.op_data_bytes is not None]
+        contexts.append(ContextLoad(record.part, (
+            weights, Buffer("KV cache", max((graph.kv_bytes for graph in record.graphs), default=0), basis),
+            Buffer("IO", sum(graph.io_bytes - graph.kv_bytes for graph in record.graphs), basis),
+            Buffer("spill-fill", max(spill_fill, default=0), "measured" if spill_fill else "not known"),
+            Buffer("op data", sum(op_data), "measured" if op_data else "not known"))))
+    return tuple(contexts)
 
 
 def plan_measured_memory(record_paths: Sequence[str | os.PathLike[str]], variant: str, limits: MemoryLimits,
