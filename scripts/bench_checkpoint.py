@@ -119,8 +119,8 @@ def write_checkpoint(out: Path, shape: dict, *, dtype: str = "bfloat16", seed: i
     import ml_dtypes
     from safetensors.numpy import save_file
 
+    from genie_build.demo.train_tokenizer import build_tokenizer
     from genie_build.fileio import write_json, write_text
-    from genie_build.train_tokenizer import build_tokenizer
 
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     out.mkdir(parents=True, exist_ok=True)

@@ -205,7 +205,7 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
     from genie_build.calibrate import calibration_feeds, graph_shape
     from bundle_helpers import TINY_DEMO
     from demo_shapes import demo_shape
-    from genie_build.demo import generate_demo
+    from genie_build.demo.demo import generate_demo
     from genie_build.encodings import check_graphs_consistent
     from genie_build.onnx_graph import load_graph
     from genie_build.recipes import RECIPES
@@ -292,9 +292,9 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
     from demo_shapes import ONE_LAYER
-    from genie_build.demo import generate_demo
-    from genie_build.errors import GenieBuildError
     from genie_build.calibrate_unit import calibrate_prompt
+    from genie_build.demo.demo import generate_demo
+    from genie_build.errors import GenieBuildError
     from genie_build.recipes import RECIPES
     from whole_model import feeds_forward_pass
 

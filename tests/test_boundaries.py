@@ -13,7 +13,7 @@ from onnx import helper
 from genie_build.boundaries import embedding_table, find_boundaries, node_layer
 from genie_build.calibrate import calibrate
 from genie_build.cli import main
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph, tensor_shapes

@@ -418,8 +418,8 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
 
 def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
     from demo_shapes import ONE_LAYER
-    from genie_build.demo import generate_demo
     from genie_build.calibrate_unit import calibrate_prompt
+    from genie_build.demo.demo import generate_demo
 
     generate_demo(replace(ONE_LAYER, hidden=32, intermediate=96), tmp_path)
     with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):

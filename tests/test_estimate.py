@@ -19,16 +19,16 @@ from genie_build.boundaries import find_boundaries
 from genie_build.calibrate import calibrate
 from genie_build.cli import main
 from genie_build.config import validate_config
-from genie_build.demo import generate_demo
+from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
+from genie_build.demo.demo import generate_demo
 from genie_build.encodings import read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
 from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
                                   container_overhead, estimate, stored_size)
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
 from genie_build.plan import by_encodings, weighed_pieces
-from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import read_plan
+from genie_build.planners import plan_by_num_parts
 from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.recipes import RECIPES, precision_of
 from genie_build.split import split_graphs

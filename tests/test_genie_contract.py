@@ -14,8 +14,8 @@ import pytest
 from onnx import helper
 
 from genie_build.cli import main
-from genie_build.demo import DemoShape, generate_demo, graph_inputs, graph_outputs
 from genie_build.conventions import GenieDims, genie_dims, read_ar, read_cl
+from genie_build.demo.demo import DemoShape, generate_demo, graph_inputs, graph_outputs
 from genie_build.genie_contract import model_violations
 from genie_build.onnx_graph import TensorSpec, graph_io, load_graph
 from demo_shapes import ONE_LAYER

@@ -77,7 +77,7 @@ def test_every_runtime_requirement_of_the_hf_extra_is_pinned():
 def demo_sources(out: Path) -> Path:
     """The small demo's float graphs, config.json and tokenizer, as a user's model before quantization."""
     from demo_shapes import demo_shape
-    from genie_build.demo import generate_demo
+    from genie_build.demo.demo import generate_demo
 
     shape = SMALL_DEMO["demo"]
     generate_demo(demo_shape(shape), out)

@@ -16,13 +16,13 @@ import pytest
 from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
 from genie_build.conventions import PART_WEIGHTS_NAME, find_parts
-from genie_build.demo import example_inputs
+from genie_build.demo.demo import example_inputs
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
 from genie_build.plan import by_encodings, weighed_pieces
-from genie_build.planners import plan_by_num_parts
 from genie_build.plan_file import write_plan
+from genie_build.planners import plan_by_num_parts
 from genie_build.split import node_inputs, split_graphs
 from genie_build.verify_split import build_feed, verify_chain
 from genie_build.weight_inventory import weights_from_graph

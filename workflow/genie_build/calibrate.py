@@ -1,6 +1,6 @@
 """AIMET-style encodings calibrated on the demo model (what AIMET's min/max quantsim would export).
 
-Activations: both graphs run in onnxruntime on deterministic inputs (:func:`genie_build.demo.example_inputs`)
+Activations: both graphs run in onnxruntime on deterministic inputs (:func:`genie_build.demo.demo.example_inputs`)
 with every float intermediate exposed as an output; each tensor's min/max is taken over the prompt AND the
 token runs, so a tensor present in both graphs gets one encoding, identical in both files (Genie rejects
 "Non-identical quantization parameters found for the same tensor"). A layer's KV cache input and output
@@ -31,8 +31,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from genie_build.conventions import GRAPH_KINDS, INPUT_IDS, KV_TENSOR, LM_HEAD_WEIGHT
-from genie_build.demo import (DemoShape, example_inputs, graph_inputs, graph_past,
-                              shape_from_hf_config)
+from genie_build.demo.demo import DemoShape, example_inputs, graph_inputs, graph_past, shape_from_hf_config
 from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import load_hf_config

@@ -25,7 +25,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import load_params, lookup
 from genie_build.conventions import KV_BYTES, cache_length_problem
-from genie_build.demo import DemoShape, shape_config
+from genie_build.demo.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
 from genie_build.split_request import check_split_request

@@ -34,7 +34,7 @@ from genie_build import conventions
 from genie_build.calibration_units import CalibrationUnit, PieceFloat, write_units
 from genie_build.chipsets import load_params
 from genie_build.config import calibration_chain, context_lengths, source_kind
-from genie_build.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
+from genie_build.demo.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import CONFIG_NAME, Checkpoint

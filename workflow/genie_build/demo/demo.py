@@ -35,10 +35,10 @@ from onnx import TensorProto, helper, numpy_helper
 from genie_build.conventions import (EMBED_WEIGHT, GRAPH_KINDS, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS, MASK, POS_COS,
                                      POS_SIN, causal_mask, kv_name, length_graph_key, rope_tables, unsplit_graph_name)
 from genie_build.conventions import graph_ar as _kind_ar
+from genie_build.demo.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import COPY_CHUNK_BYTES, atomic_open, write_json
 from genie_build.hf_config import read_model_shape, read_rope, rope_kind
-from genie_build.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 
 __all__ = ["DemoShape", "EXTERNAL_DATA_ALIGNMENT", "TRAINED_SHAPE", "TRAINED_WEIGHTS", "TensorSpec", "WEIGHT_DTYPES",
            "example_inputs", "generate_demo", "generate_demo_length", "graph_inputs", "graph_outputs", "graph_past", "hf_config", "shape_config",
