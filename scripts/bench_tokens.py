@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     import hf_checkpoints  # needs torch
 
     from genie_build.export import export_part
-    from genie_build.shape_plan import plan_checkpoint
+    from genie_build.plan.shape_plan import plan_checkpoint
 
     work = args.work_dir.resolve()
     work.mkdir(parents=True)

@@ -55,8 +55,8 @@ def prepare(work: Path, shape: dict, contexts: list[int]):
     import hf_checkpoints
     from genie_build.export import export_part
     from genie_build.export_length import export_length
-    from genie_build.plan_file import write_plan
-    from genie_build.shape_plan import plan_from_hf_config
+    from genie_build.plan.plan_file import write_plan
+    from genie_build.plan.shape_plan import plan_from_hf_config
 
     checkpoint = work / "checkpoint"
     if not checkpoint.exists():

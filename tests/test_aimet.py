@@ -37,8 +37,8 @@ from aimet_onnx.quantsim import (QuantizationSimModel, set_blockwise_quantizatio
                                  set_lpbq_for_params)
 
 VOCAB, HIDDEN, WIDE, BLOCK = 32, 64, 96, 32
-# How a QuantizationSimModel is set up (not a named recipe of genie_build.recipes): setup -> (param type, the formats
-# aimet-onnx writes for it: 0.6.1 has no blocked encodings)
+# How a QuantizationSimModel is set up (not a named recipe of genie_build.plan.recipes): setup -> (param type, the
+# formats aimet-onnx writes for it: 0.6.1 has no blocked encodings)
 QUANTSIM_SETUPS = {"per_tensor": ("int8", ("0.6.1", "1.0.0", "2.0.0")),
                    "per_channel_4": ("int4", ("0.6.1", "1.0.0", "2.0.0")),
                    "per_channel_8": ("int8", ("0.6.1", "1.0.0", "2.0.0")), "per_block": ("int4", ("1.0.0", "2.0.0")),
@@ -208,7 +208,7 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
     from genie_build.demo.demo import generate_demo
     from genie_build.encodings import check_graphs_consistent
     from genie_build.onnx_graph import load_graph
-    from genie_build.recipes import RECIPES
+    from genie_build.plan.recipes import RECIPES
 
     generate_demo(demo_shape(TINY_DEMO, vocab=320, context=32, ar=4), tmp_path)
     shape = graph_shape(load_graph(tmp_path / "prompt.onnx"), tmp_path / "prompt.onnx", tmp_path / "config.json")
@@ -295,7 +295,7 @@ def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
     from genie_build.calibrate_unit import calibrate_prompt
     from genie_build.demo.demo import generate_demo
     from genie_build.errors import GenieBuildError
-    from genie_build.recipes import RECIPES
+    from genie_build.plan.recipes import RECIPES
     from whole_model import feeds_forward_pass
 
     generate_demo(dataclasses.replace(ONE_LAYER, weight_dtype="float16"), tmp_path)

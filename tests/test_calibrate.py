@@ -19,7 +19,7 @@ from genie_build.conventions import EMBED_WEIGHT
 from genie_build.demo.demo import generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.recipes import RECIPES, precision_of
+from genie_build.plan.recipes import RECIPES, precision_of
 
 import demo_shapes
 

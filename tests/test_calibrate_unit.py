@@ -28,14 +28,14 @@ from onnx import numpy_helper
 
 from workflow_helpers import REPO, load_json, run_snakemake
 
+from genie_build.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
+from genie_build.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
 from genie_build.conventions import EMBEDDING_BOUNDARY, KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import fake_quantize_activations
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
-from genie_build.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
-from genie_build.recipes import LPBQ_BLOCK_SIZE, RECIPES
+from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, RECIPES
 from genie_build.tokens import text_token_ids
 
 pytestmark = pytest.mark.hf

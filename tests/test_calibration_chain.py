@@ -25,14 +25,14 @@ import pytest
 
 from workflow_helpers import REPO
 
-from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
+from genie_build.check_plan import check_plan, measured_pieces
 from genie_build.conventions import EMBED_WEIGHT, EMBEDDING_BOUNDARY, unit_label
 from genie_build.encodings import read_encodings, slice_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_tensors
-from genie_build.check_plan import check_plan, measured_pieces
-from genie_build.recipes import RECIPES
-from genie_build.shape_plan import piece_floats, plan_from_hf_config
+from genie_build.plan.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
+from genie_build.plan.recipes import RECIPES
+from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
 from genie_build.split import split_graphs
 
 pytestmark = pytest.mark.hf

@@ -138,8 +138,8 @@ def test_a_tied_config_with_its_own_stored_head_reads_the_stored_head_as_transfo
     loaded, _ = _transformers_tensors(folder)
     assert not torch.equal(loaded[HEAD], loaded[EMBED])   # transformers kept the stored head
     _assert_same(exported, loaded)
-    from genie_build.shape_plan import part_tensor_names
-    from genie_build.plan_file import PartPlan
+    from genie_build.plan.plan_file import PartPlan
+    from genie_build.plan.shape_plan import part_tensor_names
     head = PartPlan(2, "2_of_2", ("head",), None, None, "x", None, 0)
     assert part_tensor_names(folder / "config.json", head, tensor_files(folder)) == ["model.norm.weight", HEAD]
 

@@ -22,13 +22,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from genie_build.boundaries import discover_boundaries
 from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS, MASK,
                                      POS_COS, POS_SIN, causal_mask, kv_name, layer_output, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.hf_config import head_dim, read_rope
 from genie_build.genie_contract import model_violations
+from genie_build.hf_config import head_dim, read_rope
 from genie_build.onnx_graph import graph_io, load_graph
+from genie_build.plan.boundaries import discover_boundaries
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")

@@ -29,7 +29,7 @@ from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
 from genie_build.onnx_graph import ar_and_context_length
-from genie_build.shape_plan import plan_from_hf_config
+from genie_build.plan.shape_plan import plan_from_hf_config
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container_format import read_header

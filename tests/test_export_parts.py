@@ -26,7 +26,7 @@ from genie_build.canonical import canonicalize
 from genie_build.conventions import INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, kv_name, rope_tables
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
-from genie_build.shape_plan import part_tensor_names, plan_from_hf_config
+from genie_build.plan.shape_plan import part_tensor_names, plan_from_hf_config
 from genie_build.split import DATA_ALIGNMENT, split_graphs
 from genie_build.verify_split import build_feed, run_graph
 

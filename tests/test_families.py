@@ -24,7 +24,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.families import FAMILIES, REFUSED_FAMILIES
 from genie_build.hf_checkpoint import check_checkpoint, tensor_headers
 from genie_build.hf_config import head_dim, read_model_shape, stored_tensors
-from genie_build.weight_inventory import weights_from_hf_config
+from genie_build.plan.weight_inventory import weights_from_hf_config
 from family_cases import FAMILY_CASES
 from family_cases.phi3 import LONGROPE
 

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from genie_build.families import FAMILIES
 from genie_build.hf_checkpoint import check_checkpoint
 from genie_build.hf_config import read_model_shape, stored_tensors
-from genie_build.shape_plan import plan_from_hf_config
+from genie_build.plan.shape_plan import plan_from_hf_config
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")

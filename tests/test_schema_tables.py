@@ -18,8 +18,8 @@ from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.demo.demo import WEIGHT_DTYPES
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind
 from genie_build.errors import GenieBuildError
-from genie_build.precision import Precision, WeightRule, precision_from_dict
-from genie_build.recipes import RECIPES
+from genie_build.plan.precision import Precision, WeightRule, precision_from_dict
+from genie_build.plan.recipes import RECIPES
 from genie_build.toolchains import TOOLCHAINS
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTHS
 

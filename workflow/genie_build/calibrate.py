@@ -13,9 +13,9 @@ per-channel encoding along its last (output) axis, the LM head 8-bit along its l
 table 8-bit along axis 0 (``offset = -2**(bw-1)``, ``scale = max|w| / (2**(bw-1) - 1)`` per channel).
 Norm weights and biases get none: they fall back to float later.
 
-These widths are :data:`BUILTIN_PRECISION`, the default precision (:class:`genie_build.precision.Precision`), so
+These widths are :data:`BUILTIN_PRECISION`, the default precision (:class:`genie_build.plan.precision.Precision`), so
 the estimate's default predicts the demo this calibrator quantizes. It is the named recipe ``w4a16``'s
-(:mod:`genie_build.recipes`) backbone, LM head and activations, but not its embedding table: aimet-onnx gives the
+(:mod:`genie_build.plan.recipes`) backbone, LM head and activations, but not its embedding table: aimet-onnx gives the
 table 16 bits per tensor, this calibrator 8 bits per vocab row, as AI Hub Models' w4a16 exports keep it.
 """
 
@@ -37,7 +37,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.hf_config import load_hf_config
 from genie_build.onnx_graph import StoredTensor, check_external_data, load_graph, open_external_data
 from genie_build.ort_session import cpu_session_options
-from genie_build.precision import Precision
+from genie_build.plan.precision import Precision
 
 __all__ = ["BUILTIN_PRECISION", "DEFAULT_NUM_SAMPLES", "Range", "activation_encoding", "calibrate", "calibration_feeds",
            "float_activations", "graph_shape", "merge_ranges", "read_initializer", "symmetric_per_channel",

@@ -24,7 +24,7 @@ The token graphs are not calibrated: they take the prompt graph's encoding for e
 (:func:`token_encodings`; :mod:`genie_build.part_encodings` does it for each part).
 
 Memory: AIMET holds a unit's weights in its ``ModelProto``, again in its onnxruntime session and fake-quantized,
-about four times its float32 weights (:mod:`genie_build.calibration_units` sizes the units by it); the feeds are
+about four times its float32 weights (:mod:`genie_build.plan.calibration_units` sizes the units by it); the feeds are
 made one window at a time, so they add one KV cache of the unit's layers. Needs aimet-onnx
 (``envs/requirements-hf.txt``).
 """
@@ -47,7 +47,6 @@ from genie_build.calibrate import float_activations
 from genie_build.calibrate_tables import embedding_table, head_slice_graph, head_slices, merge_head_slices, one_row_graph
 from genie_build.calibration_feeds import (FeedShape, ForwardPass, calibration_windows, text_forward_pass,
                                            unit_feed_shape)
-from genie_build.calibration_units import CalibrationUnit
 from genie_build.conventions import EMBEDDING_PIECE, KV_TENSOR, LOGITS, kv_name
 from genie_build.embedding_encoding import encode_embedding_output
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
@@ -55,7 +54,8 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
 from genie_build.onnx_graph import check_external_data, embedding_gather, graph_tensors, load_graph, model_tensors
 from genie_build.ort_session import job_threads
-from genie_build.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
+from genie_build.plan.calibration_units import CalibrationUnit
+from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
 from genie_build.split import build_part, cut_graph, ensure_value_info
 from genie_build.tokens import read_tokens
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
@@ -285,7 +285,7 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
                    num_samples: int, ar: int, context: int, boundary_in: str | Path | None = None,
                    calibrator: str = DEFAULT_CALIBRATOR) -> Encodings:
     """The ``calibrate-unit`` command: unit ``label`` of the chain, one of its part's ``units``
-    (:mod:`genie_build.calibration_units`), carved from the part's prompt graph, quantized by ``recipe`` and
+    (:mod:`genie_build.plan.calibration_units`), carved from the part's prompt graph, quantized by ``recipe`` and
     AIMET's LLM recipe, and calibrated on ``num_samples`` windows of the calibration text's ids (``tokens_path``:
     what ``tokenize-text`` wrote; only those windows are read), fed the residual stream the unit before it stored
     (``boundary_in``, read a window at a time); writes its encodings and its own output stream (``out_boundary``:

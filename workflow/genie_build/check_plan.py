@@ -1,11 +1,11 @@
-"""The plan check: a plan made before calibration, from shapes (:mod:`genie_build.shape_plan`), against the pieces
+"""The plan check: a plan made before calibration, from shapes (:mod:`genie_build.plan.shape_plan`), against the pieces
 weighed from the encodings the calibration wrote.
 
 Each part's prompt graph and encodings give the bytes of the pieces it holds (the plan stage's own weighing,
-:func:`genie_build.plan.piece_bytes` of :func:`genie_build.weight_inventory.weights_from_graph`, cut at the part's
-internal boundaries); the planner then runs again with the plan's settings. Parts that would differ are an error: the
-binaries would then not be the ones the plan promised, and the next build from the same config would cut the
-model elsewhere.
+:func:`genie_build.plan.plan.piece_bytes` of :func:`genie_build.plan.weight_inventory.weights_from_graph`, cut at the
+part's internal boundaries); the planner then runs again with the plan's settings. Parts that would differ are an
+error: the binaries would then not be the ones the plan promised, and the next build from the same config would cut
+the model elsewhere.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from genie_build.encodings import read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import by_encodings, piece_bytes
-from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
-from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.plan.plan import by_encodings, piece_bytes
+from genie_build.plan.plan_file import PartPlan, Piece, Plan
+from genie_build.plan.planners import plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.plan.weight_inventory import weights_from_graph
 from genie_build.units import MIB
-from genie_build.weight_inventory import weights_from_graph
 
 __all__ = ["PlanCheck", "check_plan", "measured_pieces"]
 

@@ -1,8 +1,8 @@
 """The size model: plan and estimate context binary sizes from shapes alone (no weights, no encodings, no
 compile).
 
-The input is a model's weight inventory (:mod:`genie_build.weight_inventory`: from an HF ``config.json`` or an
-ONNX graph loaded without its external data) and a precision (:mod:`genie_build.precision`). The output
+The input is a model's weight inventory (:mod:`genie_build.plan.weight_inventory`: from an HF ``config.json`` or an
+ONNX graph loaded without its external data) and a precision (:mod:`genie_build.plan.precision`). The output
 is the plan the workflow would make (``plan.json``), and per part and predicted variant the size of the
 reference toolchain's context binary (``docs/reference-container.md``):
 
@@ -30,9 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
-from genie_build.auto_split import (JobMemory, auto_plan, binary_compile, io_dims_from_graph, io_dims_from_hf_config,
-                                   part_jobs, plan_request)
-from genie_build.boundaries import find_boundaries
 from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
@@ -43,19 +40,22 @@ from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import check_settings
 from genie_build.hf_config import load_hf_config
 from genie_build.job_memory import RunMemory
-from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
-from genie_build.plan import by_precision, weighed_pieces
-from genie_build.plan_file import Piece, Plan, write_plan
-from genie_build.precision import Precision
+from genie_build.plan.auto_split import (JobMemory, auto_plan, binary_compile, io_dims_from_graph,
+                                         io_dims_from_hf_config, part_jobs, plan_request)
+from genie_build.plan.boundaries import find_boundaries
+from genie_build.plan.load_model import IoDims, estimated_contexts, place_contexts
+from genie_build.plan.plan import by_precision, weighed_pieces
+from genie_build.plan.plan_file import Piece, Plan, write_plan
+from genie_build.plan.precision import Precision
+from genie_build.plan.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
 from genie_build.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.split_request import SplitRequest
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
 from genie_build.toolchains.reference.quantize import stored_bitwidth, unsigned_dtype
 from genie_build.units import MIB
-from genie_build.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
 
 __all__ = ["Estimate", "LAYER_CONSTANT_BYTES", "MEMORY_VARIANT", "PREDICTED_VARIANTS", "PartEstimate", "StoredSize",
            "TABLE_ENTRY_BYTES", "Variant", "container_overhead", "estimate", "estimate_to_dir", "graphs_per_part",
@@ -170,7 +170,7 @@ def estimate(model: ModelWeights, precision: Precision, *, num_parts: int | str 
     """Plan the split and predict every part's container for every variant of :data:`PREDICTED_VARIANTS`.
 
     One of ``num_parts`` and ``max_part_bytes`` is given, or both with ``num_parts`` "auto" (which needs ``dims``:
-    :func:`genie_build.auto_split.plan_request`, in the ``embedding`` layout, its parts' ``jobs`` within what a job
+    :func:`genie_build.plan.auto_split.plan_request`, in the ``embedding`` layout, its parts' ``jobs`` within what a job
     may take).
 
     Raises:

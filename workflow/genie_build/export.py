@@ -64,7 +64,7 @@ from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, Checkpoint
                                        stored_name, tensor_files)
 from genie_build.hf_config import read_model_shape
 from genie_build.onnx_graph import check_shared_initializers, require_finite
-from genie_build.plan_file import PartPlan
+from genie_build.plan.plan_file import PartPlan
 from genie_build.sequence_split import split_without_sequences
 from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
 

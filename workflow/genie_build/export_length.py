@@ -22,7 +22,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.export import ExportSummary, export_part_graphs, part_files
 from genie_build.hf_checkpoint import check_checkpoint
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
-from genie_build.plan_file import PartPlan
+from genie_build.plan.plan_file import PartPlan
 
 __all__ = ["export_length", "length_files"]
 

@@ -10,7 +10,7 @@ the plans and the estimate weigh, the export, the Genie config and the tests all
 
 AIMET's rule per weight is the same for every family: a projection is a ``layers`` weight (the recipe's bits, per
 channel), norms and biases stay float, the table and the head have their own rules
-(:func:`genie_build.recipes.precision_of`).
+(:func:`genie_build.plan.recipes.precision_of`).
 
 Adding a family is one :func:`register` call here and its checkpoint cases in the tests.
 """

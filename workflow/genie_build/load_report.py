@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from genie_build.load_model import ASSUMPTIONS, ContextPlacement, LoadPlan
+from genie_build.plan.load_model import ASSUMPTIONS, ContextPlacement, LoadPlan
 from genie_build.units import MIB
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn

@@ -2,7 +2,7 @@
 
 The input is a list of (part, weight_bytes, file_bytes) sizes, measured from the compiled binaries or predicted
 from shapes alone (``basis="predicted"``), and each context's buffers for the load model
-(:mod:`genie_build.load_model`), which predicts the session and address range every context maps to and which do
+(:mod:`genie_build.plan.load_model`), which predicts the session and address range every context maps to and which do
 not map. The size limits come from vendor documentation; the load model is a hypothesis fitted to the field
 report (an 11-part build failed to map its last contexts where a 6-part build of the same total worked).
 """
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from genie_build import fileio, load_report
 from genie_build.chipsets import HTP_LOAD, HTP_MODEL_BYTES, HTP_SESSION_BYTES, LoadParams
 from genie_build.errors import GenieBuildError
-from genie_build.load_model import Basis, Buffer, ContextLoad, LoadPlan, place_contexts
+from genie_build.plan.load_model import Basis, Buffer, ContextLoad, LoadPlan, place_contexts
 from genie_build.sizes import AccountRecord, read_record
 from genie_build.units import MIB
 

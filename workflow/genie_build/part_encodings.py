@@ -18,12 +18,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from genie_build.calibration_units import CalibrationUnit
+from genie_build.calibrate_unit import copy_kv_input_encodings, shared_token_tensors, token_encodings
 from genie_build.encodings import (Encodings, TensorEncoding, check_kv_cache_tied, read_encodings,
                                    validate_against_model, write_encodings)
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import read_graph_tensors
-from genie_build.calibrate_unit import copy_kv_input_encodings, shared_token_tensors, token_encodings
+from genie_build.plan.calibration_units import CalibrationUnit
 
 __all__ = ["merge_unit_encodings", "write_part_encodings"]
 

@@ -43,7 +43,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import HashingWriter, copy_range, open_regular, staging_directory
 from genie_build.onnx_graph import (ar_and_context_length, check_external_data, dtype_name, external_data, graph_io,
                                     load_graph, model_folders, model_tensors, subgraphs)
-from genie_build.plan_file import PartPlan, Plan
+from genie_build.plan.plan_file import PartPlan, Plan
 
 __all__ = ["CHECKSUM_KEY", "DATA_ALIGNMENT", "PartSpec", "build_part", "check_part", "cut_graph", "ensure_value_info",
            "node_inputs", "split_graphs"]

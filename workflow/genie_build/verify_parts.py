@@ -42,7 +42,7 @@ from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import CONFIG_NAME, read_checkpoint
 from genie_build.hf_config import read_rope
 from genie_build.ort_session import float_check_options
-from genie_build.plan_file import PartPlan
+from genie_build.plan.plan_file import PartPlan
 from genie_build.verify_split import run_graph
 
 __all__ = ["TOLERANCE", "PartCheck", "PartGraph", "verify_part"]

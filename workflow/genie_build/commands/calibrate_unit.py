@@ -8,10 +8,10 @@ import argparse
 import json
 
 from genie_build import calibrate_unit as stage
-from genie_build.calibration_units import units_from_dicts
 from genie_build.cli_args import positive_int
 from genie_build.errors import GenieBuildError
-from genie_build.recipes import RECIPES
+from genie_build.plan.calibration_units import units_from_dicts
+from genie_build.plan.recipes import RECIPES
 
 __all__ = ["register_parser", "run"]
 

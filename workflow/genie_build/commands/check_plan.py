@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.errors import GenieBuildError
 from genie_build.check_plan import check_plan, measured_pieces
-from genie_build.plan_file import read_plan
+from genie_build.errors import GenieBuildError
+from genie_build.plan.plan_file import read_plan
 
 __all__ = ["register_parser", "run"]
 

@@ -7,7 +7,7 @@ import argparse
 
 from genie_build.cli_args import json_object, positive_int
 from genie_build.errors import GenieBuildError
-from genie_build.plan_file import PartPlan, part_from_dict
+from genie_build.plan.plan_file import PartPlan, part_from_dict
 
 __all__ = ["HF_EXTRA_HINT", "add_part_arguments", "part_argument", "register_parser", "run"]
 

@@ -7,9 +7,9 @@ import argparse
 import json
 
 from genie_build import part_encodings as stage
-from genie_build.calibration_units import units_from_dicts
 from genie_build.cli_args import add_switch
 from genie_build.errors import GenieBuildError
+from genie_build.plan.calibration_units import units_from_dicts
 
 __all__ = ["register_parser", "run"]
 

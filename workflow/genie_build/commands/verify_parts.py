@@ -10,7 +10,7 @@ from pathlib import Path
 from genie_build.cli_args import positive_int
 from genie_build.conventions import GRAPH_KINDS
 from genie_build.errors import GenieBuildError
-from genie_build.plan_file import part_from_dict
+from genie_build.plan.plan_file import part_from_dict
 
 __all__ = ["register_parser", "run"]
 

@@ -30,7 +30,7 @@ from genie_build.conventions import KV_BYTES
 from genie_build.units import MIB
 
 if TYPE_CHECKING:  # the memory-plan command starts without the plan file's jsonschema
-    from genie_build.plan_file import PartPlan
+    from genie_build.plan.plan_file import PartPlan
 
 __all__ = ["ASSUMPTIONS", "Assumption", "Basis", "Buffer", "ContextLoad", "ContextPlacement", "IoDims", "LoadPlan",
            "PAGE", "Placed", "alignment_of", "estimated_contexts", "page_round", "place_contexts"]
@@ -45,7 +45,7 @@ _OPEN_GENIE = "TadayukiOkada/open-genie-server docs/PLATFORM_NOTES.md (SA8255P, 
 _FIELD = ("the field report: Qwen2.5-7B on an SM8750 phone, 11 parts failed to map contexts 8-10 (\"fastrpc memory "
           "map ... length: 352321536 failed\"), 6 parts mapped all")
 _GENIE_SOURCE = "Genie SDK qnn-api/QnnApi.cpp (public copy)"
-_AIMET_RECIPE = "genie_build.recipes: AIMET's LLM recipe, KV cache 8-bit"
+_AIMET_RECIPE = "genie_build.plan.recipes: AIMET's LLM recipe, KV cache 8-bit"
 
 
 @dataclass(frozen=True)

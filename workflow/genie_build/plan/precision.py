@@ -1,10 +1,10 @@
 """A precision: the bits per weight role (embedding, decoder layers, LM head), overridable per tensor-name pattern,
-and the shape-only encoding it gives each weight of a :mod:`genie_build.weight_inventory`.
+and the shape-only encoding it gives each weight of a :mod:`genie_build.plan.weight_inventory`.
 
 A precision is what the size estimate and the plans weigh weights by. It is written as the config's top-level
 ``precision`` section (a precision file is a YAML file holding such a section), or follows from a named
-quantization recipe (``quantize.recipe``, :mod:`genie_build.recipes`), which says what aimet-onnx is asked for:
-:func:`genie_build.recipes.precision_of`. Precision files and workflow configs are judged by one definition, the
+quantization recipe (``quantize.recipe``, :mod:`genie_build.plan.recipes`), which says what aimet-onnx is asked for:
+:func:`genie_build.plan.recipes.precision_of`. Precision files and workflow configs are judged by one definition, the
 ``precision`` section of the config schema.
 """
 
@@ -24,7 +24,7 @@ from genie_build.encodings import (SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITW
                                    block_grid)
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_text
-from genie_build.weight_inventory import Weight
+from genie_build.plan.weight_inventory import Weight
 
 __all__ = ["Granularity", "Precision", "WeightRule", "precision_from_dict", "read_precision", "weight_encoding"]
 

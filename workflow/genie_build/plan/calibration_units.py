@@ -27,7 +27,7 @@ from typing import Any
 from genie_build.conventions import EMBEDDING_PIECE, HEAD_PIECE, UNIT_LABEL_PATTERN, unit_label
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json
-from genie_build.plan_file import Plan
+from genie_build.plan.plan_file import Plan
 
 __all__ = ["BUDGET_KEY", "CalibrationUnit", "PieceFloat", "calibration_units", "part_units", "read_units",
            "unit_before", "unit_named", "unit_peak_mb", "units_from_dicts", "write_units"]

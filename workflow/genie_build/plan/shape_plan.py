@@ -1,10 +1,10 @@
 """The plan of a Hugging Face checkpoint from its ``config.json`` alone, before anything is exported or calibrated.
 
 The pieces (embedding, each decoder layer, the head) are weighed as the calibrated encodings will store them
-(:func:`genie_build.recipes.precision_of`, AIMET's rule per weight) and planned by the same path as a graph's
-(:mod:`genie_build.plan`). A checkpoint's part labels are therefore known when the workflow is parsed, and every
+(:func:`genie_build.plan.recipes.precision_of`, AIMET's rule per weight) and planned by the same path as a graph's
+(:mod:`genie_build.plan.plan`). A checkpoint's part labels are therefore known when the workflow is parsed, and every
 part is exported, calibrated and converted as its own job. With the plan come the calibration chain's units
-(:mod:`genie_build.calibration_units`); :mod:`genie_build.check_plan` re-plans from the real encodings after
+(:mod:`genie_build.plan.calibration_units`); :mod:`genie_build.check_plan` re-plans from the real encodings after
 calibration and refuses a plan that they would cut differently.
 
 Also here, for the workflow's input functions: which checkpoint tensors each part reads
@@ -19,19 +19,19 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from genie_build.auto_split import binary_compile, io_dims_from_hf_config, part_jobs, plan_request
-from genie_build.calibration_units import CalibrationUnit, PieceFloat, calibration_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
 from genie_build.errors import GenieBuildError
 from genie_build.hf_checkpoint import FP8_SCALE_SUFFIX, INDEX_NAME, Checkpoint, stored_name
 from genie_build.hf_config import ModelShape, shape_of
 from genie_build.job_memory import RunMemory
-from genie_build.plan import by_precision, weighed_pieces, write_plan_and_units
-from genie_build.plan_file import PartPlan, Plan
-from genie_build.recipes import precision_of, recipe_named
+from genie_build.plan.auto_split import binary_compile, io_dims_from_hf_config, part_jobs, plan_request
+from genie_build.plan.calibration_units import CalibrationUnit, PieceFloat, calibration_units
+from genie_build.plan.plan import by_precision, weighed_pieces, write_plan_and_units
+from genie_build.plan.plan_file import PartPlan, Plan
+from genie_build.plan.recipes import precision_of, recipe_named
+from genie_build.plan.weight_inventory import weights_from_hf_config
 from genie_build.split_request import SplitRequest
-from genie_build.weight_inventory import weights_from_hf_config
 
 __all__ = ["part_tensor_names", "part_weight_files", "piece_floats", "plan_checkpoint", "plan_from_hf_config",
            "write_plan_checkpoint"]
@@ -115,7 +115,7 @@ def plan_checkpoint(config_path: str | os.PathLike[str] | ModelShape, split: Map
     the ``plan-hf`` command writes down.
 
     Raises:
-        GenieBuildError: as :func:`plan_from_hf_config` and :func:`genie_build.calibration_units.
+        GenieBuildError: as :func:`plan_from_hf_config` and :func:`genie_build.plan.calibration_units.
             calibration_units`; ``split.boundaries`` (the export names its own).
     """
     if split.get("boundaries"):

@@ -13,7 +13,7 @@ bytes of every weight after quantization are known before any calibration (:func
 - biases: no encoding (kept as float16 by the converters).
 
 The per-part plan weighs its pieces by this rule, and re-plans from the real encodings after calibration to
-check it (:mod:`genie_build.shape_plan`).
+check it (:mod:`genie_build.plan.shape_plan`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.errors import GenieBuildError
-from genie_build.precision import Precision, WeightRule
+from genie_build.plan.precision import Precision, WeightRule
 
 __all__ = ["RECIPES", "LPBQ_BLOCK_SIZE", "Recipe", "precision_of", "recipe_named"]
 
@@ -60,7 +60,7 @@ def recipe_named(name: str) -> Recipe:
 
 def precision_of(recipe: Recipe) -> Precision:
     """The bits AIMET's LLM recipe gives each weight role under ``recipe`` (see the module doc), as a
-    :class:`~genie_build.precision.Precision`, so that a plan weighs each weight as the calibrated encodings will
+    :class:`~genie_build.plan.precision.Precision`, so that a plan weighs each weight as the calibrated encodings will
     store it."""
     per_tensor = "per_tensor"
     return Precision(layers=recipe.weight_bitwidth, embedding=TABLE_BITWIDTH, lm_head=LM_HEAD_BITWIDTH,

@@ -3,9 +3,9 @@ contiguous parts, a number of parts or the fewest under a byte bound, balanced b
 Hub Models' Genie exports, part 1 holds the embedding lookup alone by default, and the head always shares the last
 part with the last layer(s).
 
-Pure functions on names and sizes; the plan's records and its file are :mod:`genie_build.plan_file`, the plan stage
-that weighs a model's pieces :mod:`genie_build.plan`, the choice of a part count by the load model
-:mod:`genie_build.auto_split`.
+Pure functions on names and sizes; the plan's records and its file are :mod:`genie_build.plan.plan_file`, the plan stage
+that weighs a model's pieces :mod:`genie_build.plan.plan`, the choice of a part count by the load model
+:mod:`genie_build.plan.auto_split`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from genie_build.conventions import part_label
 from genie_build.errors import GenieBuildError
-from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.plan.plan_file import PartPlan, Piece, Plan
 from genie_build.units import MIB
 
 __all__ = ["MAX_PART_KEY", "NUM_PARTS_KEY", "plan_by_max_part_bytes", "plan_by_num_parts"]

@@ -1,7 +1,7 @@
 """``plan.json``: the split plan's typed records (:class:`Plan`, :class:`PartPlan`, :class:`Piece`), its JSON
 schema, and its writer and reader.
 
-Apart from the planner (:mod:`genie_build.plan`): the jobs that read a plan (split, the workflow's input
+Apart from the planner (:mod:`genie_build.plan.plan`): the jobs that read a plan (split, the workflow's input
 functions) need neither the planner's onnx and encodings modules, and the plan job, which writes one, does not
 need jsonschema.
 """

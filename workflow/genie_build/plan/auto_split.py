@@ -1,5 +1,5 @@
 """``split.num_parts: auto``: the fewest parts whose contexts each stay under the vendor's 3 GiB (and
-``split.max_part_mb`` when set), which all map under the load model (:mod:`genie_build.load_model`), and, for a
+``split.max_part_mb`` when set), which all map under the load model (:mod:`genie_build.plan.load_model`), and, for a
 build that holds a part per job (a checkpoint's export, verification and evaluation, and each binary's compile),
 whose jobs each fit the memory a job of the run may take (:class:`JobMemory`, docs/memory-plan.md).
 
@@ -19,16 +19,16 @@ from dataclasses import dataclass
 import onnx
 
 from genie_build.bundle_layout import BundleLayout
-from genie_build.calibration_units import PieceFloat
 from genie_build.chipsets import HTP_CONTEXT_BYTES, LoadParams
 from genie_build.conventions import graph_keys, kv_name
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import ModelShape, shape_of
 from genie_build.job_memory import BinaryCompile, RunMemory, part_jobs_mb
-from genie_build.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.onnx_graph import ar_and_context_length, graph_io
-from genie_build.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
-from genie_build.plan_file import PartPlan, Piece, Plan
+from genie_build.plan.calibration_units import PieceFloat
+from genie_build.plan.load_model import IoDims, estimated_contexts, place_contexts
+from genie_build.plan.plan_file import PartPlan, Piece, Plan
+from genie_build.plan.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.split_request import SplitRequest
 from genie_build.units import GIB, MIB
 
@@ -68,7 +68,7 @@ def part_jobs(floats: Mapping[str, PieceFloat], memory: RunMemory, evaluate: boo
     """What a job of the run may take, and the jobs holding a part: its export, its verification, its evaluation
     with ``evaluate`` (:mod:`genie_build.job_memory`), and with ``compile`` the compile of its binary (parts that
     are binaries in the ``embedding`` layout), which the HTP backend's holding of every graph makes the largest at
-    several context lengths; ``floats``: each piece's (:meth:`genie_build.weight_inventory.ModelWeights.
+    several context lengths; ``floats``: each piece's (:meth:`genie_build.plan.weight_inventory.ModelWeights.
     piece_floats`)."""
     layout = BundleLayout(embedding)
 

@@ -1,12 +1,12 @@
 """The plan stage: a prompt/token graph pair checked, cut into *pieces* (``embedding``, ``layer_0`` ..
 ``layer_{L-1}``, ``head``: final norm + LM head) at its boundaries, each piece weighed by its bytes after
-quantization, and the pieces planned into parts (:func:`genie_build.auto_split.plan_request`).
+quantization, and the pieces planned into parts (:func:`genie_build.plan.auto_split.plan_request`).
 
-One path for every planner: a model's weights (:mod:`genie_build.weight_inventory`: of a graph, read once, or of a
+One path for every planner: a model's weights (:mod:`genie_build.plan.weight_inventory`: of a graph, read once, or of a
 checkpoint's ``config.json``) are weighed by a rule (:class:`Weighing`: the graph's encodings, or a precision) into
 pieces (:func:`weighed_pieces`), which the split request plans. The checkpoint's plan is
-:mod:`genie_build.shape_plan`, the estimate :mod:`genie_build.estimate`; the plan's records and its file are
-:mod:`genie_build.plan_file`.
+:mod:`genie_build.plan.shape_plan`, the estimate :mod:`genie_build.estimate`; the plan's records and its file are
+:mod:`genie_build.plan.plan_file`.
 """
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ from dataclasses import dataclass
 
 import onnx
 
-from genie_build.auto_split import io_dims_from_graph, plan_request
-from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
-from genie_build.boundaries import find_boundaries
-from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, write_units
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import piece_names
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import (InitializerSpec, ar_and_context_length, check_external_data,
                                     check_shared_initializers, load_graph)
-from genie_build.plan_file import Piece, Plan, write_plan
-from genie_build.precision import Precision, weight_encoding
-from genie_build.recipes import precision_of, recipe_named
+from genie_build.plan.auto_split import io_dims_from_graph, plan_request
+from genie_build.plan.boundaries import CONFIG_KEY as BOUNDARIES_KEY
+from genie_build.plan.boundaries import find_boundaries
+from genie_build.plan.calibration_units import CalibrationUnit, calibration_units, part_units, write_units
+from genie_build.plan.plan_file import Piece, Plan, write_plan
+from genie_build.plan.precision import Precision, weight_encoding
+from genie_build.plan.recipes import precision_of, recipe_named
+from genie_build.plan.weight_inventory import ModelWeights, Weight, weights_from_graph
 from genie_build.split_request import SplitRequest
 from genie_build.units import MIB
-from genie_build.weight_inventory import ModelWeights, Weight, weights_from_graph
 
 __all__ = ["Weighing", "by_encodings", "by_precision", "piece_bytes", "plan_float_graphs", "plan_graphs",
            "plan_split", "quantized_bytes", "weighed_pieces", "write_plan_and_units"]
@@ -68,7 +68,7 @@ def by_encodings(encodings: Encodings) -> Weighing:
 
 
 def by_precision(precision: Precision) -> Weighing:
-    """Each weight weighed as ``precision`` stores it (:func:`genie_build.precision.weight_encoding`)."""
+    """Each weight weighed as ``precision`` stores it (:func:`genie_build.plan.precision.weight_encoding`)."""
     return Weighing(lambda weight: weight_encoding(weight, precision), counts_constants=False)
 
 
@@ -181,7 +181,7 @@ def plan_float_graphs(prompt_path: str | os.PathLike[str], token_path: str | os.
     recipe will store them, and the calibration chain's units; both written.
 
     Raises:
-        GenieBuildError: as :func:`plan_graphs` and :func:`genie_build.calibration_units.calibration_units`.
+        GenieBuildError: as :func:`plan_graphs` and :func:`genie_build.plan.calibration_units.calibration_units`.
     """
     precision = precision_of(recipe_named(recipe))
     plan, weights = plan_graphs(prompt_path, token_path, by_precision(precision), request,

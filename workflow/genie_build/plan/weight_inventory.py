@@ -4,7 +4,7 @@ and role (a precision recipe picks its bits by role), and the pieces (embedding,
 From an HF ``config.json`` of a family :mod:`genie_build.families` registers, the weights are named and shaped as
 ``docs/conventions.md`` says and as the export writes them. From an ONNX graph loaded without its external data,
 every float initializer of rank >= 1 is a weight; scalars and integer tensors (eps, Reshape shapes) are graph
-constants, kept apart: a graph's encodings weigh them as stored (:mod:`genie_build.plan`), while the size model
+constants, kept apart: a graph's encodings weigh them as stored (:mod:`genie_build.plan.plan`), while the size model
 counts them per layer as the conventions' graph has them, so that a graph and its config estimate alike.
 Which pieces use an initializer follows the graph's data flow from its boundaries (:func:`initializer_pieces`).
 """
@@ -19,12 +19,12 @@ from typing import Literal
 
 import onnx
 
-from genie_build.boundaries import CONFIG_KEY as BOUNDARIES_KEY
-from genie_build.calibration_units import PieceFloat
 from genie_build.conventions import EMBEDDING_BOUNDARY, LM_HEAD_WEIGHT, layer_output, piece_names
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import ModelShape, shape_of, stored_tensors
 from genie_build.onnx_graph import InitializerSpec, WeightLayout, consumer_layouts, initializer_specs
+from genie_build.plan.boundaries import CONFIG_KEY as BOUNDARIES_KEY
+from genie_build.plan.calibration_units import PieceFloat
 
 __all__ = ["ModelWeights", "Role", "Weight", "initializer_pieces", "weights_from_graph", "weights_from_hf_config"]
 
@@ -104,7 +104,7 @@ def weights_from_hf_config(path: str | os.PathLike[str] | ModelShape) -> ModelWe
 
 def weights_from_graph(model: onnx.ModelProto, boundaries: Sequence[str]) -> ModelWeights:
     """The weights of an ONNX graph (loaded without its external data) cut at its ``boundaries``
-    (:func:`genie_build.boundaries.find_boundaries`), and the pieces using each.
+    (:func:`genie_build.plan.boundaries.find_boundaries`), and the pieces using each.
 
     A float initializer of rank >= 1 is a weight: a 2-D one is the ``embedding`` when the embedding piece
     uses it, else ``lm_head`` in the head and ``layers`` in a layer; the others are ``float``. Scalars and
