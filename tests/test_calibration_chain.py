@@ -33,7 +33,7 @@ from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_ten
 from genie_build.plan.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
 from genie_build.plan.recipes import RECIPES
 from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
-from genie_build.split import split_graphs
+from genie_build.split.split import split_graphs
 
 pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":

@@ -32,7 +32,7 @@ from genie_build.plan.planners import plan_by_num_parts
 from genie_build.plan.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.plan.recipes import RECIPES, precision_of
 from genie_build.plan.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
-from genie_build.split import split_graphs
+from genie_build.split.split import split_graphs
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY

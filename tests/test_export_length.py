@@ -30,10 +30,10 @@ from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
 from genie_build.onnx_graph import ar_and_context_length
 from genie_build.plan.shape_plan import plan_from_hf_config
+from genie_build.split.verify_split import run_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container_format import read_header
-from genie_build.verify_split import run_graph
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")

@@ -27,8 +27,8 @@ from genie_build.conventions import INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, c
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
 from genie_build.plan.shape_plan import part_tensor_names, plan_from_hf_config
-from genie_build.split import DATA_ALIGNMENT, split_graphs
-from genie_build.verify_split import build_feed, run_graph
+from genie_build.split.split import DATA_ALIGNMENT, split_graphs
+from genie_build.split.verify_split import build_feed, run_graph
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")

@@ -56,7 +56,7 @@ from genie_build.onnx_graph import check_external_data, embedding_gather, graph_
 from genie_build.ort_session import job_threads
 from genie_build.plan.calibration_units import CalibrationUnit
 from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
-from genie_build.split import build_part, cut_graph, ensure_value_info
+from genie_build.split.split import build_part, cut_graph, ensure_value_info
 from genie_build.tokens import read_tokens
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
 from genie_build.window_stream import WindowFile, open_windows, write_windows

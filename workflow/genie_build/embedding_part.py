@@ -33,9 +33,9 @@ from genie_build.fileio import resolve_inside
 from genie_build.genie_config import GENIE_CONFIG_NAME
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
-from genie_build.split import build_part, cut_graph
+from genie_build.split.split import build_part, cut_graph
+from genie_build.split.verify_split import find_token_input
 from genie_build.toolchains.reference.container import ContainerGraph
-from genie_build.verify_split import find_token_input
 
 __all__ = ["EmbeddingLookup", "EmbeddingPart", "PartLookup", "PartRows", "embedding_lookup", "graph_after_embedding",
            "read_embedding_part"]

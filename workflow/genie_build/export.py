@@ -18,7 +18,7 @@ A part holds the plan's pieces: the embedding (its graph takes ``input_ids``), a
 ``past_*`` tensors) and the head (it gives ``logits``); between parts only the residual stream crosses, as the
 input and output boundary (``/model/embed_tokens/Gather_output_0``, ``/model/layers.{i}/Add_1_output_0``). Its
 graphs have the IO, tensor names and graph names the split gives a part of the whole export
-(:mod:`genie_build.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
+(:mod:`genie_build.split.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
 graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped. The weights (HF
 names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) are written once, 4 KiB-aligned, to one
 data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`); the part's graphs at
@@ -66,7 +66,7 @@ from genie_build.hf_config import read_model_shape
 from genie_build.onnx_graph import check_shared_initializers, require_finite
 from genie_build.plan.plan_file import PartPlan
 from genie_build.sequence_split import split_without_sequences
-from genie_build.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
+from genie_build.split.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
 
 __all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphSpan", "dequantize_fp8", "export_checkpoint",
            "export_part", "export_part_graphs", "export_shape", "part_files", "part_modules", "piece_outputs"]

@@ -2,7 +2,7 @@
 context length its binary holds), run in onnxruntime, against the checkpoint's own transformers modules run in torch
 on the same step.
 
-There is no whole graph to compare the parts with (:mod:`genie_build.verify_split` does that for a split), so the
+There is no whole graph to compare the parts with (:mod:`genie_build.split.verify_split` does that for a split), so the
 reference is the model itself. Each graph kind gets one step (:func:`_kind_steps`): random token ids for the first
 part, a random residual stream for a part after it, random past keys and values filling half the cache of the kind's
 shortest graph, the RoPE tables of the positions after them. transformers' modules run it once, on a cache of
@@ -43,7 +43,7 @@ from genie_build.hf_checkpoint import CONFIG_NAME, read_checkpoint
 from genie_build.hf_config import read_rope
 from genie_build.ort_session import float_check_options
 from genie_build.plan.plan_file import PartPlan
-from genie_build.verify_split import run_graph
+from genie_build.split.verify_split import run_graph
 
 __all__ = ["TOLERANCE", "PartCheck", "PartGraph", "verify_part"]
 
