@@ -214,7 +214,7 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
     fp32 = write_checkpoint(checkpoint, WHOLE_PATH_SHAPE, dtype="float32")
     export = work / "whole-path-export"
     steps = {
-        "export": ("from genie_build.export import export_checkpoint; "
+        "export": ("from genie_build.export.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
         "calibration": ("from pathlib import Path; from genie_build import calibrate_unit as q; "
                         "from genie_build import calibration_feeds as f; "

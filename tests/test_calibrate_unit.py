@@ -68,7 +68,7 @@ EVALUATION_LOGITS_ATOL = 4e-3
 def hf_pair(family: str) -> Callable[[Path], Path]:
     def make(out: Path) -> Path:
         import hf_checkpoints
-        from genie_build.export import export_checkpoint
+        from genie_build.export.export import export_checkpoint
         hf_checkpoints.make_checkpoint(out / "ckpt", family, hidden=128, heads=4, kv_heads=2, intermediate=256)
         export_checkpoint(out / "ckpt", out, ar=8, context=64)
         for name in ("config.json", "tokenizer.json"):

@@ -44,7 +44,7 @@ pytest.importorskip("torch")
 
 import hf_checkpoints  # noqa: E402
 
-from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
+from genie_build.export.export import export_checkpoint, export_part, part_files  # noqa: E402
 from genie_build.part_encodings import write_part_encodings  # noqa: E402
 from genie_build.calibrate_unit import calibrate_prompt, calibrate_unit, copy_kv_input_encodings  # noqa: E402
 from genie_build.calibration_feeds import feed_shape, text_forward_pass  # noqa: E402

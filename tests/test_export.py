@@ -39,7 +39,7 @@ import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 import onnxruntime as ort  # noqa: E402
 
-from genie_build.export import export_checkpoint  # noqa: E402
+from genie_build.export.export import export_checkpoint  # noqa: E402
 from genie_build.ort_session import cpu_session_options  # noqa: E402
 
 AR, CONTEXT = 8, 32
@@ -247,7 +247,7 @@ def test_ar_and_context_are_checked(checkpoint, tmp_path):
 
 
 def test_a_failure_in_the_second_graph_leaves_no_file(checkpoint, tmp_path, monkeypatch):
-    import genie_build.export as export
+    import genie_build.export.export as export
 
     real = export._exported_graph
 

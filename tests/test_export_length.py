@@ -42,9 +42,9 @@ pytest.importorskip("onnxscript")
 
 import hf_checkpoints  # noqa: E402  (needs torch)
 
-from genie_build.export import export_part, part_files  # noqa: E402
-from genie_build.export_length import export_length, length_files  # noqa: E402
-from genie_build.verify_parts import TOLERANCE, PartGraph, verify_part  # noqa: E402
+from genie_build.export.export import export_part, part_files  # noqa: E402
+from genie_build.export.export_length import export_length, length_files  # noqa: E402
+from genie_build.export.verify_parts import TOLERANCE, PartGraph, verify_part  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS, MAX_POSITIONS = 8, 32, 3, 64
 LENGTHS = (16, MAX_POSITIONS)   # one shorter than the part's own, one longer

@@ -250,7 +250,7 @@ def _chunk_graph(shape):
 def test_a_chunk_is_exported_as_one_split_of_the_same_tensors():
     import onnxruntime as ort
 
-    from genie_build.sequence_split import split_without_sequences
+    from genie_build.export.sequence_split import split_without_sequences
 
     model = _chunk_graph([1, 4, 6])
     x = np.random.default_rng(0).standard_normal((1, 4, 6)).astype(np.float32)
@@ -265,7 +265,7 @@ def test_a_chunk_is_exported_as_one_split_of_the_same_tensors():
 
 
 def test_a_chunk_of_unknown_width_is_refused():
-    from genie_build.sequence_split import split_without_sequences
+    from genie_build.export.sequence_split import split_without_sequences
 
     with pytest.raises(GenieBuildError, match="cannot make this SplitToSequence a static Split"):
         split_without_sequences(_chunk_graph([1, 4, None]).graph)

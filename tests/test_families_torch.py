@@ -30,7 +30,7 @@ pytest.importorskip("onnxscript")
 import hf_checkpoints  # noqa: E402  (needs torch)
 from test_families import DIMS, PUBLISHED  # noqa: E402
 
-from genie_build.export import export_part, part_files  # noqa: E402
+from genie_build.export.export import export_part, part_files  # noqa: E402
 
 AR, CONTEXT = 8, 32
 SWITCHES = {"attention_bias": True, "mlp_bias": True}

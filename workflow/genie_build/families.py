@@ -4,7 +4,7 @@ A record holds what differs between families: the ``model_type`` and transformer
 decoder layer (names, widths, which config key gives them a bias; a fused one is one projection whose output is
 several), the RoPE kinds the bundle carries, the per-head norm, the defaults transformers gives a key a
 ``config.json`` may leave out, and how the config states a sliding window. The parts are built from transformers'
-own modules (:mod:`genie_build.export`), so a record is facts, not code: the config reader
+own modules (:mod:`genie_build.export.export`), so a record is facts, not code: the config reader
 (:mod:`genie_build.hf_config`), the checkpoint checks (:mod:`genie_build.hf_checkpoint`), the weight inventory
 the plans and the estimate weigh, the export, the Genie config and the tests all read these records.
 

@@ -257,7 +257,7 @@ class CheckpointSource(Source):
         """Write what the checkpoint's ``config.json`` gives when the workflow is parsed, each file only when its
         bytes change: the plan, the units, which bound chose the part count and the graphs' part of
         ``config.json`` (:attr:`graph_config`); docs/snakemake.md says why no job writes them."""
-        from genie_build.graph_config import write_graph_config
+        from genie_build.export.graph_config import write_graph_config
 
         write_plan(plan, self.plan, unless_same=True)
         write_units(units, self.units, unless_same=True)

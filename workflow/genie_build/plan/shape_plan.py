@@ -85,7 +85,7 @@ def part_tensor_names(config_path: str | os.PathLike[str] | ModelShape, part: Pa
 
 def part_weight_files(checkpoint: Checkpoint, part: PartPlan) -> list[Path]:
     """The weights files a part's export depends on beside what its graphs take of ``config.json``
-    (:mod:`genie_build.graph_config`): the shard index (if any) and the safetensors files holding the part's
+    (:mod:`genie_build.export.graph_config`): the shard index (if any) and the safetensors files holding the part's
     tensors, so a changed shard re-exports only the parts it feeds. ``checkpoint``: as read once, headers included
     (:func:`genie_build.hf_checkpoint.check_checkpoint`).
 

@@ -1,7 +1,7 @@
 """A graph as the exporter writes it, made of ops AIMET and Genie's graphs carry: ``torch.chunk`` (Phi-3's
 gate_up_proj halves) exports as a ``SplitToSequence`` read by ``SequenceAt``, a sequence type AIMET cannot quantize;
 :func:`split_without_sequences` makes it one ``Split`` with an output per chunk, the same tensors. The export runs it
-on every graph before the canonical names (:mod:`genie_build.canonical`), so a part and the split of the whole
+on every graph before the canonical names (:mod:`genie_build.export.canonical`), so a part and the split of the whole
 export stay alike.
 """
 

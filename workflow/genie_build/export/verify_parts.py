@@ -37,7 +37,7 @@ import numpy as np
 from genie_build.conventions import (INPUT_IDS, MASK, MASK_MIN, POS_COS, POS_SIN, causal_mask, graph_ar, kv_name,
                                      rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.export import ExportShape, GraphSpan, export_shape, piece_outputs
+from genie_build.export.export import ExportShape, GraphSpan, export_shape, piece_outputs
 from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import CONFIG_NAME, read_checkpoint
 from genie_build.hf_config import read_rope

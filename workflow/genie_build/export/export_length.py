@@ -1,11 +1,11 @@
-"""Another context length for a part :func:`genie_build.export.export_part` exported: ``prompt_cl{CL}.onnx`` and
+"""Another context length for a part :func:`genie_build.export.export.export_part` exported: ``prompt_cl{CL}.onnx`` and
 ``token_cl{CL}.onnx`` in the part's folder (:func:`length_files`), its graphs at context CL, whose weights are the
 part's ``prompt.onnx``'s references into its ``weights.onnx.data`` (same names, dtypes, shapes, offsets, lengths
 and checksum). No weight is written and the part's own graphs and data file are left as they are: calibration
 reads ``prompt.onnx``, so adding a length recalibrates nothing, and a context binary holding the part's graphs at
 several lengths stores each weight once.
 
-The graphs are exported as the part's (:func:`genie_build.export.export_part_graphs`): the part's modules are
+The graphs are exported as the part's (:func:`genie_build.export.export.export_part_graphs`): the part's modules are
 built from its tensors alone, so memory is one part's float32 weights, as for ``export_part``.
 """
 
@@ -19,7 +19,7 @@ import onnx
 
 from genie_build.conventions import GRAPH_KINDS, length_graph_key, read_cl
 from genie_build.errors import GenieBuildError
-from genie_build.export import ExportSummary, export_part_graphs, part_files
+from genie_build.export.export import ExportSummary, export_part_graphs, part_files
 from genie_build.hf_checkpoint import check_checkpoint
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.plan.plan_file import PartPlan
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def export_length(checkpoint_dir: str | os.PathLike[str], part: PartPlan, out_dir: str | os.PathLike[str], *,
                   num_parts: int, ar: int, context: int) -> ExportSummary:
     """Write ``part``'s prompt (AR ``ar``) and token (AR 1) graphs at context ``context`` into ``out_dir``, the
-    folder :func:`genie_build.export.export_part` wrote it to (:func:`length_files`), referring to the weights
+    folder :func:`genie_build.export.export.export_part` wrote it to (:func:`length_files`), referring to the weights
     of the folder's ``prompt.onnx``. Both graphs are written only once both have their weights.
 
     Raises:
@@ -51,7 +51,7 @@ def export_length(checkpoint_dir: str | os.PathLike[str], part: PartPlan, out_di
 
 def length_files(out_dir: str | os.PathLike[str], context: int) -> dict[str, Path]:
     """An exported part's graphs at context ``context`` other than its own, kind -> path: in the part's folder,
-    beside the graphs whose data file they read (:func:`genie_build.export.part_files`)."""
+    beside the graphs whose data file they read (:func:`genie_build.export.export.part_files`)."""
     return {kind: Path(out_dir) / f"{length_graph_key(kind, context)}.onnx" for kind in GRAPH_KINDS}
 
 

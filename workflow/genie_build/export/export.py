@@ -18,11 +18,12 @@ A part holds the plan's pieces: the embedding (its graph takes ``input_ids``), a
 ``past_*`` tensors) and the head (it gives ``logits``); between parts only the residual stream crosses, as the
 input and output boundary (``/model/embed_tokens/Gather_output_0``, ``/model/layers.{i}/Add_1_output_0``). Its
 graphs have the IO, tensor names and graph names the split gives a part of the whole export
-(:mod:`genie_build.split.split`): every node and value gets its canonical name (:mod:`genie_build.canonical`), the
-graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack traces are dropped. The weights (HF
-names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) are written once, 4 KiB-aligned, to one
-data file both graphs read, with its SHA-1 as each tensor's ``checksum`` (:func:`part_files`); the part's graphs at
-other context lengths refer to the same file (:mod:`genie_build.export_length`).
+(:mod:`genie_build.split.split`): every node and value gets its canonical name
+(:mod:`genie_build.export.canonical`), the graphs are named ``prompt_ar{AR}_cl{CL}_{k}_of_{N}``, the exporter's stack
+traces are dropped. The weights (HF names, Linear weights ``[out, in]`` behind a Transpose as torch writes them) are
+written once, 4 KiB-aligned, to one data file both graphs read, with its SHA-1 as each tensor's ``checksum``
+(:func:`part_files`); the part's graphs at other context lengths refer to the same file
+(:mod:`genie_build.export.export_length`).
 
 A tied LM head is written as its own ``lm_head.weight`` (the embedding table's values): Genie bundles quantize the
 table and the head differently, and they sit in different parts.
@@ -54,18 +55,18 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from genie_build import __version__
-from genie_build.canonical import canonicalize
 from genie_build.conventions import (EMBEDDING_BOUNDARY, GRAPH_KINDS, INPUT_IDS, LOGITS, MASK, PART_WEIGHTS_NAME,
                                      POS_COS, POS_SIN, graph_ar, graph_name, kv_name, layer_output,
                                      unsplit_graph_name)
 from genie_build.errors import GenieBuildError
+from genie_build.export.canonical import canonicalize
+from genie_build.export.sequence_split import split_without_sequences
 from genie_build.fileio import COPY_CHUNK_BYTES, HashingWriter, atomic_open, write_bytes
 from genie_build.hf_checkpoint import (CONFIG_NAME, FP8_SCALE_SUFFIX, Checkpoint, check_checkpoint, check_settings,
                                        stored_name, tensor_files)
 from genie_build.hf_config import read_model_shape
 from genie_build.onnx_graph import check_shared_initializers, require_finite
 from genie_build.plan.plan_file import PartPlan
-from genie_build.sequence_split import split_without_sequences
 from genie_build.split.split import CHECKSUM_KEY, DATA_ALIGNMENT, check_part
 
 __all__ = ["ExportShape", "ExportSummary", "GenieIO", "GraphSpan", "dequantize_fp8", "export_checkpoint",
