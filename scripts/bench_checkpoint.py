@@ -216,8 +216,8 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
     steps = {
         "export": ("from genie_build.export.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
-        "calibration": ("from pathlib import Path; from genie_build import calibrate_unit as q; "
-                        "from genie_build import calibration_feeds as f; "
+        "calibration": ("from pathlib import Path; from genie_build.quantize import calibrate_unit as q; "
+                        "from genie_build.quantize import calibration_feeds as f; "
                         "from genie_build.plan.recipes import RECIPES; "
                         f"p = Path({str(export / 'prompt.onnx')!r}); c = Path({str(checkpoint / 'config.json')!r}); "
                         "from genie_build.tokens import text_token_ids; "

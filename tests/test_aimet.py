@@ -202,7 +202,7 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
     from aimet_onnx.quantsim import load_encodings_to_sim
     from whole_model import feeds_forward_pass, quantize_pair
 
-    from genie_build.calibrate import calibration_feeds, graph_shape
+    from genie_build.quantize.calibrate import calibration_feeds, graph_shape
     from bundle_helpers import TINY_DEMO
     from demo_shapes import demo_shape
     from genie_build.demo.demo import generate_demo
@@ -292,10 +292,10 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
     from demo_shapes import ONE_LAYER
-    from genie_build.calibrate_unit import calibrate_prompt
     from genie_build.demo.demo import generate_demo
     from genie_build.errors import GenieBuildError
     from genie_build.plan.recipes import RECIPES
+    from genie_build.quantize.calibrate_unit import calibrate_prompt
     from whole_model import feeds_forward_pass
 
     generate_demo(dataclasses.replace(ONE_LAYER, weight_dtype="float16"), tmp_path)

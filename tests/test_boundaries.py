@@ -10,7 +10,6 @@ import onnx
 import pytest
 from onnx import helper
 
-from genie_build.calibrate import calibrate
 from genie_build.cli import main
 from genie_build.demo.demo import generate_demo
 from genie_build.encodings import Encodings
@@ -19,6 +18,7 @@ from genie_build.onnx_graph import check_external_data, check_shared_initializer
 from genie_build.plan.boundaries import embedding_table, find_boundaries, node_layer
 from genie_build.plan.plan import by_encodings, weighed_pieces
 from genie_build.plan.plan_file import read_plan
+from genie_build.quantize.calibrate import calibrate
 from demo_shapes import THREE_LAYERS
 from genie_build.plan.weight_inventory import weights_from_graph
 from hf_export import export_tiny_qwen2

@@ -1,5 +1,5 @@
-"""The AIMET driver (genie_build.calibrate_unit) against aimet-onnx itself, on Genie-shaped graph pairs calibrated whole
-(tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
+"""The AIMET driver (genie_build.quantize.calibrate_unit) against aimet-onnx itself, on Genie-shaped graph pairs
+calibrated whole (tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
 
 A graph pair is a fixture parameter (:data:`PAIRS`: a name -> a function writing ``prompt.onnx``, ``token.onnx``,
 ``config.json`` and ``tokenizer.json`` into a folder): the demo's graphs today; exported Hugging Face graphs join by
@@ -28,14 +28,14 @@ from onnx import numpy_helper
 
 from workflow_helpers import REPO, load_json, run_snakemake
 
-from genie_build.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
-from genie_build.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
 from genie_build.conventions import EMBEDDING_BOUNDARY, KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.evaluate import fake_quantize_activations
 from genie_build.onnx_graph import load_graph, read_graph_tensors
 from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, RECIPES
+from genie_build.quantize.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
+from genie_build.quantize.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
 from genie_build.tokens import text_token_ids
 
 pytestmark = pytest.mark.hf
@@ -334,7 +334,7 @@ def test_each_calibrator_reaches_aimets_activation_quantizers_and_leaves_the_mat
     """quantize.calibrator sets the activation quantizers' scheme: percentile's grids lie within min-max's (the
     windows' extremes; AIMET takes the percentile from a histogram, whose bins leave up to 0.3% over), and cut
     tensors with rare outliers by more than 1%; TF-enhanced's differ; the MatMul weights' encodings are min-max's."""
-    from genie_build.calibrate_unit import CALIBRATORS, calibrate_prompt
+    from genie_build.quantize.calibrate_unit import CALIBRATORS, calibrate_prompt
 
     shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
     ids = text_token_ids(CORPUS, pair / "tokenizer.json")
@@ -418,8 +418,8 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
 
 def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
     from demo_shapes import ONE_LAYER
-    from genie_build.calibrate_unit import calibrate_prompt
     from genie_build.demo.demo import generate_demo
+    from genie_build.quantize.calibrate_unit import calibrate_prompt
 
     generate_demo(replace(ONE_LAYER, hidden=32, intermediate=96), tmp_path)
     with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):

@@ -15,7 +15,6 @@ import pytest
 import yaml
 from onnx import helper, numpy_helper
 
-from genie_build.calibrate import calibrate
 from genie_build.cli import main
 from genie_build.config import validate_config
 from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
@@ -32,6 +31,7 @@ from genie_build.plan.planners import plan_by_num_parts
 from genie_build.plan.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
 from genie_build.plan.recipes import RECIPES, precision_of
 from genie_build.plan.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
+from genie_build.quantize.calibrate import calibrate
 from genie_build.split.split import split_graphs
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions

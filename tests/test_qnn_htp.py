@@ -140,7 +140,7 @@ def test_the_qdq_part_on_the_cpu_computes_the_reference_parts_outputs(build, con
 def calibration_feed(build: ReferenceBuild, session: ort.InferenceSession) -> dict[str, np.ndarray]:
     """Part 2's inputs on the sample the tiny demo's encodings were calibrated on (tests/bundle_helpers.py calibrates
     on one): the embedding rows of its tokens (part 1 is the embedding alone), its mask, RoPE tables and cache."""
-    from genie_build.calibrate import calibration_feeds
+    from genie_build.quantize.calibrate import calibration_feeds
     from demo_shapes import demo_shape
     from genie_build.toolchains.reference.onnx_io import read_initializer
 

@@ -88,8 +88,8 @@ def demo_sources(out: Path) -> Path:
 
 
 def demo_feeds(sources: Path, kind: str) -> list[dict]:
-    from genie_build.calibrate import calibration_feeds, graph_shape
     from genie_build.onnx_graph import load_graph
+    from genie_build.quantize.calibrate import calibration_feeds, graph_shape
 
     shape = graph_shape(load_graph(sources / "prompt.onnx"), sources / "prompt.onnx", sources / "config.json")
     return list(calibration_feeds(shape, kind, 2))

@@ -215,7 +215,7 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
 # The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.
 USER_EXPORT_KEYS = ("prompt_onnx", "token_onnx", "encodings", "tokenizer", "hf_config")
 SourceKind = Literal["demo", "files", "hf", "estimate"]
-DemoCalibrator = Literal["builtin", "aimet"]  # demo.calibrator: genie_build.calibrate, or the calibration chain
+DemoCalibrator = Literal["builtin", "aimet"]  # demo.calibrator: genie_build.quantize.calibrate, or the chain
 
 
 def source_kind(config: Mapping[str, Any]) -> SourceKind:

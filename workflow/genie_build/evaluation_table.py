@@ -261,7 +261,7 @@ def calibration_seen(config: Mapping[str, Any], recipe: str | None, ar: int) -> 
         return {"calibrator": f"aimet-onnx {config['quantize']['calibrator']}", "recipe": recipe,
                 "windows": windows, "tokens": windows * ar, "text": os.path.basename(config["quantize"]["corpus"])}
     if source_kind(config) == "demo":   # the built-in calibrator: seeded random feeds of each graph
-        from genie_build.calibrate import DEFAULT_NUM_SAMPLES
+        from genie_build.quantize.calibrate import DEFAULT_NUM_SAMPLES
 
         return {"calibrator": "builtin min-max", "windows": DEFAULT_NUM_SAMPLES, "tokens": DEFAULT_NUM_SAMPLES * ar,
                 "text": "random token ids and KV caches"}

@@ -11,8 +11,8 @@ docs/large-models.md): aimet-onnx holds a unit's float32 weights :data:`SIM_COPI
 copy, the fake-quantized weights) and its largest weight once more (the transposed copy its MatMul reads), beside
 the process (:data:`MEMORY_BASE_MB`). Two pieces are cheaper alone: the embedding reads its table in place, once,
 and the head is calibrated in slices of its vocabulary, one sim (and the previous slice's weight, which aimet-onnx
-leaves behind) at a time (:mod:`genie_build.calibrate_tables`). A piece that alone would exceed the budget is an
-error naming the smallest budget that fits it.
+leaves behind) at a time (:mod:`genie_build.quantize.calibrate_tables`). A piece that alone would exceed the budget is
+an error naming the smallest budget that fits it.
 """
 
 from __future__ import annotations

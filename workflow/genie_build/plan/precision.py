@@ -51,7 +51,7 @@ class Precision:
     compressed width, twice that as the decompressed one: values, a float scale per channel and an integer
     scale per block.
 
-    The defaults are what the builtin calibrator (:mod:`genie_build.calibrate`) gives the demo, and the config
+    The defaults are what the builtin calibrator (:mod:`genie_build.quantize.calibrate`) gives the demo, and the config
     schema's ``precision`` defaults restate them (tests/test_schema_tables.py ties the three)."""
 
     layers: int = 4

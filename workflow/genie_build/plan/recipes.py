@@ -1,8 +1,8 @@
 """The named quantization recipes (``quantize.recipe``: ``w4a16``, ``w4a16-lpbq``, ``w8a16``) and what AIMET's LLM
 recipe gives each weight under one, from shapes alone.
 
-A named recipe sets what aimet-onnx is asked for (:mod:`genie_build.calibrate_unit`): the backbone weights' type and
-whether they are LPBQ. What aimet-onnx 2.42 then writes for a Genie decoder is fixed by AIMET's rules, so the
+A named recipe sets what aimet-onnx is asked for (:mod:`genie_build.quantize.calibrate_unit`): the backbone weights'
+type and whether they are LPBQ. What aimet-onnx 2.42 then writes for a Genie decoder is fixed by AIMET's rules, so the
 bytes of every weight after quantization are known before any calibration (:func:`precision_of`):
 
 - the embedding table and every norm weight (RMSNorm scales, Qwen3's q/k norms): a 16-bit per-tensor encoding

@@ -4,8 +4,8 @@ The pieces (embedding, each decoder layer, the head) are weighed as the calibrat
 (:func:`genie_build.plan.recipes.precision_of`, AIMET's rule per weight) and planned by the same path as a graph's
 (:mod:`genie_build.plan.plan`). A checkpoint's part labels are therefore known when the workflow is parsed, and every
 part is exported, calibrated and converted as its own job. With the plan come the calibration chain's units
-(:mod:`genie_build.plan.calibration_units`); :mod:`genie_build.check_plan` re-plans from the real encodings after
-calibration and refuses a plan that they would cut differently.
+(:mod:`genie_build.plan.calibration_units`); :mod:`genie_build.quantize.check_plan` re-plans from the real encodings
+after calibration and refuses a plan that they would cut differently.
 
 Also here, for the workflow's input functions: which checkpoint tensors each part reads
 (:func:`part_tensor_names`) and so which safetensors files it depends on (:func:`part_weight_files`).

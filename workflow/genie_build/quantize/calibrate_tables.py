@@ -14,7 +14,8 @@ and how their encodings make the whole piece's (docs/quantize.md, "The embedding
   of the same graph with a one-row table (:func:`one_row_graph`) gives that quantizer, fed the table mapped from
   the part's data file.
 
-This module builds the graphs and merges the encodings; :mod:`genie_build.calibrate_unit` runs aimet-onnx on them.
+This module builds the graphs and merges the encodings; :mod:`genie_build.quantize.calibrate_unit` runs aimet-onnx on
+them.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ chain at a time (:func:`calibrate_unit`, the ``calibrate-unit`` command), or a w
 4. ``compute_encodings`` runs the calibration windows (:func:`text_forward_pass`) on the sim's session (weights
    fake-quantized, activations observed in float, so a unit fed the stream its predecessor produced sees what it
    would see inside the whole model), then the encodings are exported (AIMET 1.0.0), the embedding's output given
-   its table's encoding, which AIMET leaves it without (:mod:`genie_build.embedding_encoding`).
+   its table's encoding, which AIMET leaves it without (:mod:`genie_build.quantize.embedding_encoding`).
 
 The token graphs are not calibrated: they take the prompt graph's encoding for every tensor they share
-(:func:`token_encodings`; :mod:`genie_build.part_encodings` does it for each part).
+(:func:`token_encodings`; :mod:`genie_build.quantize.part_encodings` does it for each part).
 
 Memory: AIMET holds a unit's weights in its ``ModelProto``, again in its onnxruntime session and fake-quantized,
 about four times its float32 weights (:mod:`genie_build.plan.calibration_units` sizes the units by it); the feeds are
@@ -43,12 +43,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from genie_build.calibrate import float_activations
-from genie_build.calibrate_tables import embedding_table, head_slice_graph, head_slices, merge_head_slices, one_row_graph
-from genie_build.calibration_feeds import (FeedShape, ForwardPass, calibration_windows, text_forward_pass,
-                                           unit_feed_shape)
 from genie_build.conventions import EMBEDDING_PIECE, KV_TENSOR, LOGITS, kv_name
-from genie_build.embedding_encoding import encode_embedding_output
 from genie_build.encodings import Encodings, read_encodings, share_encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_open
@@ -56,10 +51,16 @@ from genie_build.onnx_graph import check_external_data, embedding_gather, graph_
 from genie_build.ort_session import job_threads
 from genie_build.plan.calibration_units import CalibrationUnit
 from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, Recipe, recipe_named
+from genie_build.quantize.calibrate import float_activations
+from genie_build.quantize.calibrate_tables import (embedding_table, head_slice_graph, head_slices, merge_head_slices,
+                                                   one_row_graph)
+from genie_build.quantize.calibration_feeds import (FeedShape, ForwardPass, calibration_windows, text_forward_pass,
+                                                    unit_feed_shape)
+from genie_build.quantize.embedding_encoding import encode_embedding_output
+from genie_build.quantize.window_stream import WindowFile, open_windows, write_windows
 from genie_build.split.split import build_part, cut_graph, ensure_value_info
 from genie_build.tokens import read_tokens
 from genie_build.toolchains.reference.onnx_io import load_external_bytes
-from genie_build.window_stream import WindowFile, open_windows, write_windows
 
 __all__ = ["CALIBRATORS", "DEFAULT_CALIBRATOR", "PERCENTILE", "calibrate_prompt", "calibrate_unit",
            "copy_kv_input_encodings", "kv_cache_io", "lm_head_weight", "recipe_sim", "require_aimet",
@@ -170,7 +171,7 @@ def _calibrated(model: onnx.ModelProto, recipe: Recipe, lm_head: tuple[str, str]
     """``model``'s encodings: a sim set up by :func:`recipe_sim`, calibrated by ``forward_pass`` (called with the
     sim's session, and with the sim itself when ``with_sim``: a unit that feeds a quantizer itself), exported; the
     embedding's output, which AIMET leaves unencoded, takes its table's encoding
-    (:mod:`genie_build.embedding_encoding`)."""
+    (:mod:`genie_build.quantize.embedding_encoding`)."""
     lookup = embedding_gather(model)
     with tempfile.TemporaryDirectory(prefix="genie-build-aimet-") as scratch:
         sim = recipe_sim(model, recipe, lm_head, kv_io, where, Path(scratch) / "sim", calibrator)
@@ -291,7 +292,7 @@ def calibrate_unit(part_graph: str | Path, units: Sequence[CalibrationUnit], lab
     (``boundary_in``, read a window at a time); writes its encodings and its own output stream (``out_boundary``:
     ``[windows, 1, AR, hidden]`` float32, written a window at a time; empty for the last unit, whose output is the
     logits). A unit of the embedding alone reads its table in place, and a unit of the head whose ``slices`` is
-    above 1 is calibrated in slices of its vocabulary (:mod:`genie_build.calibrate_tables`).
+    above 1 is calibrated in slices of its vocabulary (:mod:`genie_build.quantize.calibrate_tables`).
 
     Raises:
         GenieBuildError: a bad recipe or sample count, a unit the chain does not have, a boundary file of another

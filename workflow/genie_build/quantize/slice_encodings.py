@@ -3,8 +3,8 @@
 The workflow slices both graphs in one job (:func:`slice_model_encodings`): one checkpoint, so Snakemake learns of
 both graphs' slices at once, and each encodings file is read once. :func:`slice_graph_encodings` slices one graph,
 for a run by hand. Each gives the embedding's output its table's encoding when it has none (AIMET's never has
-one: :mod:`genie_build.embedding_encoding`), validates a graph's full encodings against the full graph, checks them
-against the other graph's encodings (Genie rejects a tensor the two graphs share with different encodings) or takes
+one: :mod:`genie_build.quantize.embedding_encoding`), validates a graph's full encodings against the full graph, checks
+them against the other graph's encodings (Genie rejects a tensor the two graphs share with different encodings) or takes
 the other graph's encodings for every tensor this graph has (as AI Hub gives the token graph the prompt graph's),
 then writes ``part_{label}/{graph}.encodings.json`` (canonical bytes, in the version of the input file) for every
 ``part_{label}/{graph}.onnx`` of the parts folder. The workflow's output folder appears complete or not at all; a
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build.conventions import find_parts, part_encodings_path
-from genie_build.embedding_encoding import encode_embedding_output
 from genie_build.encodings import (Encodings, check_boundary_consistency, check_graphs_consistent,
                                    check_kv_cache_tied, read_encodings, share_encodings, slice_encodings,
                                    validate_against_model, write_encodings)
 from genie_build.fileio import atomic_directory
 from genie_build.onnx_graph import embedding_gather, graph_tensors, load_graph, part_tensor_names
+from genie_build.quantize.embedding_encoding import encode_embedding_output
 
 __all__ = ["GraphSliceFiles", "slice_graph_encodings", "slice_model_encodings"]
 
@@ -98,7 +98,7 @@ def _graph_slices(graph: str, enc: Encodings, encodings_path: str | os.PathLike[
                   share_from: Encodings | None = None,
                   kv_cache_tied: bool) -> tuple[Encodings, dict[str, Encodings]]:
     """One graph's checked encodings (the embedding's output given its table's encoding when it has none,
-    :mod:`genie_build.embedding_encoding`), and cut per part: label -> the part's encodings."""
+    :mod:`genie_build.quantize.embedding_encoding`), and cut per part: label -> the part's encodings."""
     graph_model = load_graph(model)
     tensors = graph_tensors(graph_model)
     enc = encode_embedding_output(enc, embedding_gather(graph_model))

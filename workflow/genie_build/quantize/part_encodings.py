@@ -4,7 +4,7 @@ token encodings, as the split's slices would be of a whole-model calibration.
 Each tensor's encoding comes from the unit that computes it. Units overlap only where one starts: a unit's
 residual-stream input gets a quantizer of its own (aimet-onnx quantizes graph inputs), so a boundary takes the
 encoding of the unit that produced it, here or in the previous part (the embedding's output: its table's encoding,
-:mod:`genie_build.embedding_encoding`), and none when that unit gave it none. Every other tensor
+:mod:`genie_build.quantize.embedding_encoding`), and none when that unit gave it none. Every other tensor
 two units both encode (the mask, the RoPE tables and what is computed from them alone, copied into every unit)
 must have one encoding in both, which is checked. Then, as for a whole-model calibration: each ``past_*_out``
 takes its ``past_*_in``'s encoding, the token graph takes the prompt graph's encoding for every tensor it has,
@@ -18,12 +18,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from genie_build.calibrate_unit import copy_kv_input_encodings, shared_token_tensors, token_encodings
 from genie_build.encodings import (Encodings, TensorEncoding, check_kv_cache_tied, read_encodings,
                                    validate_against_model, write_encodings)
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import read_graph_tensors
 from genie_build.plan.calibration_units import CalibrationUnit
+from genie_build.quantize.calibrate_unit import copy_kv_input_encodings, shared_token_tensors, token_encodings
 
 __all__ = ["merge_unit_encodings", "write_part_encodings"]
 
@@ -90,7 +90,7 @@ def write_part_encodings(units: Sequence[tuple[CalibrationUnit, str | os.PathLik
 
     Raises:
         GenieBuildError: no units, units of several parts, or the problems of :func:`merge_unit_encodings`,
-            :func:`genie_build.calibrate_unit.shared_token_tensors` and :func:`genie_build.encodings.
+            :func:`genie_build.quantize.calibrate_unit.shared_token_tensors` and :func:`genie_build.encodings.
             validate_against_model`; with ``kv_cache_tied``, a cache output whose encoding is not its input's.
     """
     if not units or len({unit.part for unit, _ in units}) != 1:
