@@ -1,4 +1,4 @@
-"""genie_build.estimate and the ``estimate`` command: weights from a config or a graph, the precision, stored
+"""genie_build.sizes.estimate and the ``estimate`` command: weights from a config or a graph, the precision, stored
 sizes by hand, config == graph, and the prediction against compiled reference containers."""
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings
 from genie_build.demo.demo import generate_demo
 from genie_build.encodings import read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
-                                  container_overhead, estimate, stored_size)
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
 from genie_build.plan.boundaries import find_boundaries
 from genie_build.plan.plan import by_encodings, weighed_pieces
@@ -32,6 +30,8 @@ from genie_build.plan.precision import Precision, WeightRule, precision_from_dic
 from genie_build.plan.recipes import RECIPES, precision_of
 from genie_build.plan.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
 from genie_build.quantize.calibrate import calibrate
+from genie_build.sizes.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
+                                        container_overhead, estimate, stored_size)
 from genie_build.split.split import split_graphs
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions

@@ -13,14 +13,14 @@ import pytest
 from genie_build import cli
 from genie_build.chipsets import HTP_CONTEXT_BYTES, HTP_LOAD, CHIPSETS, LoadParams, load_params
 from genie_build.errors import GenieBuildError
-from genie_build.estimate import estimate
-from genie_build.memory_plan import measured_contexts
 from genie_build.plan.auto_split import auto_plan, io_dims_from_graph, io_dims_from_hf_config
 from genie_build.plan.load_model import (ASSUMPTIONS, PAGE, Buffer, ContextLoad, alignment_of, estimated_contexts,
                                          page_round, place_contexts)
 from genie_build.plan.precision import read_precision
 from genie_build.plan.shape_plan import plan_checkpoint
-from genie_build.sizes import AccountRecord, GraphCount
+from genie_build.sizes.estimate import estimate
+from genie_build.sizes.memory_plan import measured_contexts
+from genie_build.sizes.sizes import AccountRecord, GraphCount
 from genie_build.toolchains.base import AppliedOptions
 
 MIB = 1024 ** 2
@@ -417,8 +417,8 @@ def test_the_table_is_named_as_a_remedy_only_of_a_plan_without_it(tmp_path):
 def test_the_labels_of_six_small_contexts_are_drawn_apart(tmp_path):
     """The demo's six parts fill a few hundred KiB of a 3,840 MiB session: memory_plan.png draws their labels one
     above the other, none over another."""
-    from genie_build.load_report import load_plan_figure
-    from genie_build.memory_plan import MemoryLimits, plan_measured_memory
+    from genie_build.sizes.load_report import load_plan_figure
+    from genie_build.sizes.memory_plan import MemoryLimits, plan_measured_memory
 
     records = []
     for part in range(1, 7):
@@ -454,7 +454,7 @@ def test_size_table_flags_the_parts_the_memory_plan_says_will_not_map(tmp_path, 
 
 
 def test_accounting_counts_each_graphs_io_bytes_and_says_when_it_cannot(caplog):
-    from genie_build.sizes import account_binary
+    from genie_build.sizes.sizes import account_binary
     from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
     kv = TensorInfo("past_key_0_in", (1, 2, 16, 56), "float32", QuantInfo("uint8", bitwidth=8))

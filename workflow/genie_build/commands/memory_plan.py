@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
 from genie_build.cli_args import add_load_options, add_strict_option, load_params, positive_float, positive_int
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
-from genie_build.memory_plan import MemoryLimits, plan_measured_memory
+from genie_build.sizes.memory_plan import MemoryLimits, plan_measured_memory
 from genie_build.units import MIB
 
 __all__ = ["register_parser", "run"]

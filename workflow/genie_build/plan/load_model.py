@@ -14,7 +14,7 @@ weights of contexts 8, 9 and 10; a 6-part bundle of the same total mapped all. I
 - a mapping that finds no aligned hole fails, and its context is missing (the loader does not retry it elsewhere);
 - a context needing more than a session's usable space can never map.
 
-The same functions serve measured binaries (:func:`genie_build.memory_plan.measured_contexts`, from accounting
+The same functions serve measured binaries (:func:`genie_build.sizes.memory_plan.measured_contexts`, from accounting
 records) and the shape-only estimate (:func:`estimated_contexts`): both give :class:`ContextLoad` rows, and
 :func:`place_contexts` places them.
 """

@@ -5,7 +5,7 @@ quantization, and the pieces planned into parts (:func:`genie_build.plan.auto_sp
 One path for every planner: a model's weights (:mod:`genie_build.plan.weight_inventory`: of a graph, read once, or of a
 checkpoint's ``config.json``) are weighed by a rule (:class:`Weighing`: the graph's encodings, or a precision) into
 pieces (:func:`weighed_pieces`), which the split request plans. The checkpoint's plan is
-:mod:`genie_build.plan.shape_plan`, the estimate :mod:`genie_build.estimate`; the plan's records and its file are
+:mod:`genie_build.plan.shape_plan`, the estimate :mod:`genie_build.sizes.estimate`; the plan's records and its file are
 :mod:`genie_build.plan.plan_file`.
 """
 

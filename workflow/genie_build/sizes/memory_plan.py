@@ -14,11 +14,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from genie_build import fileio, load_report
+from genie_build import fileio
 from genie_build.chipsets import HTP_LOAD, HTP_MODEL_BYTES, HTP_SESSION_BYTES, LoadParams
 from genie_build.errors import GenieBuildError
 from genie_build.plan.load_model import Basis, Buffer, ContextLoad, LoadPlan, place_contexts
-from genie_build.sizes import AccountRecord, read_record
+from genie_build.sizes import load_report
+from genie_build.sizes.sizes import AccountRecord, read_record
 from genie_build.units import MIB
 
 __all__ = ["MemoryLimits", "MemoryPlan", "MemoryWarning", "PartSize", "measured_contexts", "memory_plan_json",

@@ -40,7 +40,6 @@ from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import check_settings
 from genie_build.hf_config import load_hf_config
 from genie_build.job_memory import RunMemory
-from genie_build.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
 from genie_build.onnx_graph import InitializerSpec, load_graph
 from genie_build.plan.auto_split import (JobMemory, auto_plan, binary_compile, io_dims_from_graph,
                                          io_dims_from_hf_config, part_jobs, plan_request)
@@ -50,7 +49,8 @@ from genie_build.plan.plan import by_precision, weighed_pieces
 from genie_build.plan.plan_file import Piece, Plan, write_plan
 from genie_build.plan.precision import Precision
 from genie_build.plan.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
-from genie_build.sizes import AccountRecord, build_size_table, write_size_table
+from genie_build.sizes.memory_plan import MemoryLimits, PartSize, plan_memory, write_memory_plan
+from genie_build.sizes.sizes import AccountRecord, build_size_table, write_size_table
 from genie_build.split_request import SplitRequest
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.toolchains.reference.container import stored_nbytes
