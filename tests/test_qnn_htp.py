@@ -281,7 +281,7 @@ def test_a_weight_with_a_float_encoding_stays_float_and_runs_on_the_htp(build, t
 
 
 def test_check_bundle_refuses_a_binary_compiled_for_another_soc_than_the_extension_config_names(converted, tmp_path):
-    from genie_build.check_bundle import _check_binary_socs
+    from genie_build.bundle.check_bundle import _check_binary_socs
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
+from genie_build.bundle.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
 from genie_build.conventions import PART_SUFFIX
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json, write_json

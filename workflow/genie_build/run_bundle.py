@@ -35,16 +35,16 @@ import onnx
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from genie_build.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
+from genie_build.bundle.check_bundle import MAX_DOCUMENT_BYTES, require_valid_bundle
+from genie_build.bundle.embedding_part import (EmbeddingLookup, PartLookup, PartRows, embedding_lookup,
+                                               graph_after_embedding, read_embedding_part)
 from genie_build.conventions import (INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, PART_SUFFIX, POS_COS,
                                      POS_SIN, causal_mask, graph_ar_cl, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.embedding_part import (EmbeddingLookup, PartLookup, PartRows, embedding_lookup, graph_after_embedding,
-                                        read_embedding_part)
-from genie_build.fileio import read_json
 from genie_build.families import FAMILIES
-from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
+from genie_build.fileio import read_json
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
+from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
 from genie_build.near_ties import NEAR_TIE_SHARE, FollowBundle, NearTie
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options

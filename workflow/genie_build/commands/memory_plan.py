@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
                           max_session_bytes=round(args.max_session_mb * MIB), max_contexts=args.max_contexts)
     table = 0
     if args.embedding_table is not None:
-        from genie_build.embedding_table import read_table_file, table_bytes  # numpy: only a table's plan pays it
+        # numpy: only a table's plan pays it
+        from genie_build.bundle.embedding_table import read_table_file, table_bytes
 
         described = read_table_file(args.embedding_table)
         table = table_bytes(described.n_vocab, described.n_embd, described.encoding.bitwidth)

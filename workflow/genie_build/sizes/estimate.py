@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genie_build import __version__
+from genie_build.bundle.embedding_table import table_bytes
 from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import HTP_LOAD, LoadParams
 from genie_build.conventions import GRAPH_KINDS
-from genie_build.embedding_table import table_bytes
 from genie_build.encodings import TensorEncoding
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json

@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from genie_build.bundle.embedding_table import LUT_BITWIDTHS, TableEncoding, dequantize_rows, quantize_table
 from genie_build.conventions import INPUTS_EMBEDS
-from genie_build.embedding_table import LUT_BITWIDTHS, TableEncoding, dequantize_rows, quantize_table
 from genie_build.encodings import Encodings, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import resolve_inside

@@ -2,14 +2,14 @@
 ``manifest.json``.
 
 The bundle is built in a staging directory, checked against Genie's load-time rules there
-(:func:`genie_build.check_bundle.require_valid_bundle`) and only then renamed into place
+(:func:`genie_build.bundle.check_bundle.require_valid_bundle`) and only then renamed into place
 (:func:`genie_build.fileio.atomic_directory`), so neither a half-built bundle nor one that fails its check ever sits
 at the final path. Its bytes are deterministic: no timestamps, no absolute paths, sorted hashes — two runs on the
 same inputs give identical manifests.
 
 ``metadata.yaml`` (per ctx-bin: graphs, IO tensors with shapes, dtypes and quantization, read back with the
-toolchain's ``inspect``) has the format :mod:`genie_build.metadata` defines; ``manifest.json`` that of
-:mod:`genie_build.manifest`.
+toolchain's ``inspect``) has the format :mod:`genie_build.bundle.metadata` defines; ``manifest.json`` that of
+:mod:`genie_build.bundle.manifest`.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from genie_build import __version__
+from genie_build.bundle.check_bundle import require_valid_bundle
+from genie_build.bundle.embedding_table import EMBEDDING_TABLE_NAME, dialog_embedding, read_table_file
+from genie_build.bundle.manifest import MANIFEST_NAME, manifest_document
+from genie_build.bundle.metadata import METADATA_NAME, dump_metadata
 from genie_build.bundle_layout import BundleLayout
-from genie_build.check_bundle import require_valid_bundle
 from genie_build.conventions import graph_ar_cl, part_label
-from genie_build.embedding_table import EMBEDDING_TABLE_NAME, dialog_embedding, read_table_file
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import atomic_directory, write_json, write_text
 from genie_build.genie_config import (GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, TOKENIZER_NAME, make_genie_config,
                                       make_htp_backend_ext_config)
 from genie_build.hf_config import load_hf_config
-from genie_build.manifest import MANIFEST_NAME, manifest_document
-from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import BinaryInfo
 
@@ -73,9 +73,10 @@ def assemble_bundle(out_dir: str | os.PathLike[str], binaries: Sequence[str | os
         tool_versions: recorded in the manifest (see :func:`runtime_tool_versions`), with the version of the
             toolchain each ctx-bin says made it.
         model_name: prefix of the ctx-bin names.
-        embedding_table: the embedding as a CPU table (:func:`genie_build.embedding_table.write_embedding_table`):
-            copied as ``embedding_table.bin`` and named in ``dialog.embedding``; ``binaries`` are then parts 2..N,
-            their ctx-bins keeping their part numbers.
+        embedding_table: the embedding as a CPU table
+            (:func:`genie_build.bundle.embedding_table.write_embedding_table`): copied as ``embedding_table.bin``
+            and named in ``dialog.embedding``; ``binaries`` are then parts 2..N, their ctx-bins keeping their part
+            numbers.
 
     Returns:
         ``out_dir`` as a Path.

@@ -3,8 +3,8 @@
 Genie's ``dialog.embedding`` (``type: lut``) names a headerless, row-major ``[n_vocab][n_embd]`` table that the
 library mmaps; the row stride is ``n_embd`` times the ``datatype``'s width, and nothing in the file says either, so
 a table of the wrong size or datatype gives plausible garbage (check-bundle checks both:
-:mod:`genie_build.check_embedding`). Its rows are what part 1 computes for each token id, quantized per tensor at
-the encoding of part 1's output (:mod:`genie_build.embedding_part`), to ``ufixed{bw}`` codes
+:mod:`genie_build.bundle.check_embedding`). Its rows are what part 1 computes for each token id, quantized per tensor at
+the encoding of part 1's output (:mod:`genie_build.bundle.embedding_part`), to ``ufixed{bw}`` codes
 ``clip(round_half_away(x / scale - offset), 0, 2**bw - 1)``; Genie reads a code back as ``(q + offset) * scale``.
 Without an encoding the table stays float32. For part 1 the Gather alone, this is the table qairt-dev's LLM builder
 writes (``gen_ai_api/builders/embedding.py``, ``dump_embedding_table``): tests/qairt_api checks the bytes and the
@@ -92,7 +92,7 @@ def dialog_embedding(n_embd: int, encoding: TableEncoding, lut_path: str = EMBED
 
 def write_embedding_table(onnx_path: str | os.PathLike[str], encodings_path: str | os.PathLike[str],
                           out_path: str | os.PathLike[str]) -> TableFile:
-    """Write the table of part 1 (its rows for every token id, :mod:`genie_build.embedding_part`) to ``out_path``
+    """Write the table of part 1 (its rows for every token id, :mod:`genie_build.bundle.embedding_part`) to ``out_path``
     (atomically), a chunk of rows at a time, and its description beside it (``<out>.json``: ``n_vocab``, ``n_embd``,
     ``datatype``, ``bitwidth``, ``scale``, ``offset``).
 
@@ -101,7 +101,7 @@ def write_embedding_table(onnx_path: str | os.PathLike[str], encodings_path: str
             table can carry.
     """
     # imported here: onnxruntime, which the commands that only check or bundle a table need not load
-    from genie_build.embedding_part import PartRows, read_embedding_part
+    from genie_build.bundle.embedding_part import PartRows, read_embedding_part
 
     out_path = Path(out_path)
     part = read_embedding_part(onnx_path, encodings_path)

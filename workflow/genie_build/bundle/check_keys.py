@@ -2,12 +2,12 @@
 (:data:`genie_build.genie_config.GENIE_CONFIG_SECTIONS`, the keys Genie 2.51 takes in a basic dialog of QnnHtp
 ctx-bins): mandatory and known keys, their types and versions, the values genie-build's other checks need, one RoPE
 style, and a sampler Genie would not make greedy. Where the onnxruntime-qnn wheel is installed Genie itself checks
-the file as well (:mod:`genie_build.check_vendor`).
+the file as well (:mod:`genie_build.bundle.check_vendor`).
 """
 
 from __future__ import annotations
 
-from genie_build.bundle_files import Finding, config_value
+from genie_build.bundle.bundle_files import Finding, config_value
 from genie_build.genie_config import (BINARY_SOURCES, EXPECTED_VALUES, GENIE_CONFIG_SECTIONS, ROPE_SCALING_TYPES,
                                       GenieSection, sampler_problem)
 

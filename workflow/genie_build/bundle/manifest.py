@@ -1,5 +1,6 @@
 """A bundle's ``manifest.json``: the sha256 and size of every other file of the bundle, the tool versions and the
-workflow config that made it. :mod:`genie_build.bundle` writes it, :mod:`genie_build.check_bundle` checks it."""
+workflow config that made it. :mod:`genie_build.bundle.bundle` writes it, :mod:`genie_build.bundle.check_bundle`
+checks it."""
 
 from __future__ import annotations
 

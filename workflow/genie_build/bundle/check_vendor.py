@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from genie_build.bundle_files import MAX_DOCUMENT_BYTES, Finding, load_bundle_json
+from genie_build.bundle.bundle_files import MAX_DOCUMENT_BYTES, Finding, load_bundle_json
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME
 from genie_build.qnn_wheel import DISTRIBUTION, WheelInfo, backend_extensions, genie, locate_wheel

@@ -10,7 +10,7 @@ resolved: a link out of it is a finding, never followed), each within a size bou
 :func:`genie_build.fileio.open_regular`; it hashes only the files the manifest lists under the bundle's folder, and
 never touches a path a config or manifest names outside it. Time and memory stay bounded by those sizes.
 
-``metadata.yaml`` is read with :func:`genie_build.metadata.parse_metadata` (:mod:`genie_build.metadata`).
+``metadata.yaml`` is read with :func:`genie_build.bundle.metadata.parse_metadata` (:mod:`genie_build.bundle.metadata`).
 """
 
 from __future__ import annotations
@@ -21,23 +21,24 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from genie_build.bundle_files import (MAX_CTX_BIN_BYTES, MAX_DOCUMENT_BYTES, MAX_HASHED_BYTES, Finding, Severity,
-                                     bundle_file_problem, bundle_path, config_value, is_inside, load_bundle_json)
-from genie_build.check_embedding import RULE as EMBEDDING_RULE, check_embedding
-from genie_build.check_keys import check_keys
-from genie_build.check_vendor import RULES as VENDOR_RULES, check_vendor
+from genie_build.bundle.bundle_files import (MAX_CTX_BIN_BYTES, MAX_DOCUMENT_BYTES, MAX_HASHED_BYTES, Finding, Severity,
+                                             bundle_file_problem, bundle_path, config_value, is_inside,
+                                             load_bundle_json)
+from genie_build.bundle.check_embedding import RULE as EMBEDDING_RULE, check_embedding
+from genie_build.bundle.check_keys import check_keys
+from genie_build.bundle.check_vendor import RULES as VENDOR_RULES, check_vendor
+from genie_build.bundle.manifest import MANIFEST_NAME
+from genie_build.bundle.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
 from genie_build.chipsets import CHIPSETS, Chipset, check_device, lookup
 from genie_build.conventions import (AR_IN_NAME, CL_IN_NAME, FIRST_PART_INPUTS, KV_TENSOR, LOGITS, MASK,
                                      PART_SUFFIX, POS_COS, POS_SIN, Reading, genie_dims, graph_ar_cl, read_ar,
                                      read_cl)
 from genie_build.errors import GenieBuildError
-from genie_build.htp_extensions import extension_problems
 from genie_build.fileio import is_json_int, read_text, regular_file_size, resolve_inside, sha256_file
 from genie_build.genie_config import GENIE_CONFIG_NAME, HTP_EXT_CONFIG_NAME, MAX_TOKENIZER_BYTES, load_tokenizer
 from genie_build.genie_contract import graph_violations
 from genie_build.hf_config import load_hf_config
-from genie_build.manifest import MANIFEST_NAME
-from genie_build.metadata import METADATA_NAME, UNNAMED_GRAPH, parse_metadata
+from genie_build.htp_extensions import extension_problems
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container_format import MAGIC as CONTAINER_MAGIC, inspect_container
 
@@ -73,7 +74,7 @@ RULES = {
     **VENDOR_RULES,
     EMBEDDING_RULE: "dialog.embedding's table (type lut) is n-vocab x size x the datatype's bytes, its datatype comes "
                     "with the quant-param it needs, and the first part's graphs take inputs_embeds of that size, "
-                    "quantized for a table of codes (genie_build.check_embedding)",
+                    "quantized for a table of codes (genie_build.bundle.check_embedding)",
 }
 
 UNSHARED_TENSORS = (LOGITS,)  # Genie's shared-quantization rule excludes them

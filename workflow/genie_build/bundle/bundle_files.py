@@ -2,7 +2,7 @@
 reads them -- only regular files inside the bundle's folder (symlinks resolved: a link out of it is a finding, never
 followed), each within a size bound (:func:`genie_build.fileio.open_regular`).
 
-:mod:`genie_build.check_bundle` runs the checks; :mod:`genie_build.check_embedding` is one of them.
+:mod:`genie_build.bundle.check_bundle` runs the checks; :mod:`genie_build.bundle.check_embedding` is one of them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ MAX_HASHED_BYTES = 64 * GIB
 
 @dataclass(frozen=True)
 class Finding:
-    """One violation: ``rule`` is a key of :data:`genie_build.check_bundle.RULES`."""
+    """One violation: ``rule`` is a key of :data:`genie_build.bundle.check_bundle.RULES`."""
 
     rule: str
     severity: Severity

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genie_build.bundle_files import Finding, bundle_file_problem, bundle_path, config_value
+from genie_build.bundle.bundle_files import Finding, bundle_file_problem, bundle_path, config_value
+from genie_build.bundle.embedding_table import table_bytes
 from genie_build.conventions import INPUT_IDS, INPUTS_EMBEDS
-from genie_build.embedding_table import table_bytes
 from genie_build.fileio import is_json_int, is_json_number, regular_file_size
 from genie_build.toolchains.base import GraphInfo
 from genie_build.units import GIB
