@@ -263,7 +263,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
     from genie_build.qnn_wheel.system import read_context_binary
-    from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
+    from genie_build.run.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     workdir = copy_workflow(tmp_path)
     config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "calibrator": "aimet"},

@@ -68,7 +68,7 @@ def test_the_docs_and_the_schema_name_the_registered_families():
 def test_every_rope_kind_a_family_carries_has_genie_tables_and_host_tables():
     from genie_build.conventions import rope_tables
     from genie_build.genie_config import GENIE_ROPE_TYPES
-    from genie_build.run_bundle import HOST_ROPE_TYPES
+    from genie_build.run.run_bundle import HOST_ROPE_TYPES
 
     examples = {"default": None, "llama3": PUBLISHED["llama"]["rope_scaling"],
                 "longrope": {**LONGROPE, "factor": 32.0, "original_max_position_embeddings": 4096}}

@@ -196,7 +196,7 @@ def test_the_weight_shared_binary_is_smaller_than_the_separate_graphs_and_packin
 
 
 def test_the_twin_runs_in_the_htp_simulation_as_the_qdq_graph_on_the_cpu(build, converted, tmp_path):
-    from genie_build.run_bundle import GraphFile, _graph_session
+    from genie_build.run.run_bundle import GraphFile, _graph_session
     from genie_build.toolchains.qnn_htp.twin import require_same_io, twin_models, twin_target
 
     shipped, twin = tmp_path / "part_2.bin", tmp_path / "twin"

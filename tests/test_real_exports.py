@@ -398,7 +398,7 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     """A user's float graphs with no model.encodings: split, then calibrated by the chain (recipe w8a16), without
     ever calibrating the whole model; the bundle passes check-bundle and its host run gives the tokens of the
     parts' converted graphs (there are no whole encodings to convert an unsplit model with)."""
-    from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
+    from genie_build.run.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     exports = tmp_path / "exports"
     exports.mkdir()

@@ -34,9 +34,9 @@ from onnx import helper, numpy_helper
 from genie_build.conventions import INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.fileio import atomic_open
 from genie_build.evaluation_table import ClippedTensor, Clipping, Quality
-from genie_build.run_bundle import GraphSession, KVCache, graph_ar_cl_of, make_runner, read_graph_file
+from genie_build.fileio import atomic_open
+from genie_build.run.run_bundle import GraphSession, KVCache, graph_ar_cl_of, make_runner, read_graph_file
 from genie_build.tokens import mapped_array, read_tokens
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 
@@ -175,7 +175,7 @@ def write_float_logits(float_parts: Sequence[str | os.PathLike[str]], out: str |
     Args:
         float_parts: the float prompt graphs, part order.
         tokens_path: the text's token ids (what ``tokenize-text`` wrote).
-        rope: ``head_dim``, ``rope_theta`` and ``rope_scaling`` as :func:`genie_build.run_bundle.host_rope` gives.
+        rope: ``head_dim``, ``rope_theta`` and ``rope_scaling`` as :func:`genie_build.run.run_bundle.host_rope` gives.
         max_windows: windows of held-out text at most.
 
     Returns:

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import GENIE_CONFIG_NAME, load_tokenizer
-from genie_build.genie_run import choose_mode, ctx_bin_bytes, dialog_timeout, twin_bundle
+from genie_build.run.genie_run import choose_mode, ctx_bin_bytes, dialog_timeout, twin_bundle
 from genie_build.tokens import read_tokens
 
 __all__ = ["GeniePerplexity", "GenieWindow", "genie_perplexity", "genie_windows", "window_count"]
@@ -93,7 +93,7 @@ def genie_perplexity(bundle_dir: str | os.PathLike[str], twins: Sequence[str | o
     """Genie's perplexity of the bundle (through its twins) on the held-out text (``tokens_path``: its token ids, as
     ``tokenize-text`` wrote them), and the float model's
     (``float_parts``: its prompt graphs, part order) on the same tokens; for a bundle too large to run in the
-    simulation (:func:`genie_build.genie_run.choose_mode`), why not.
+    simulation (:func:`genie_build.run.genie_run.choose_mode`), why not.
 
     Raises:
         GenieBuildError: a bad bundle, twin or text; Genie fails, crashes or hangs (one line naming the bundle).
@@ -101,7 +101,7 @@ def genie_perplexity(bundle_dir: str | os.PathLike[str], twins: Sequence[str | o
     from genie_build.evaluate import float_nll
     from genie_build.qnn_wheel.dialog_run import DialogJob, run_dialog
     from genie_build.qnn_wheel.genie import load_genie
-    from genie_build.run_bundle import host_rope
+    from genie_build.run.run_bundle import host_rope
 
     genie = load_genie("Genie's perplexity").describe()
     chosen, why = choose_mode(mode, ctx_bin_bytes(bundle_dir))

@@ -14,7 +14,7 @@ from genie_build.evaluate import ClipSums, quality_of
 from genie_build.fileio import write_json
 from genie_build.genie_config import make_genie_config
 from genie_build.hf_config import load_hf_config
-from genie_build.run_bundle import host_rope
+from genie_build.run.run_bundle import host_rope
 
 __all__ = ["add_text_arguments", "register_parser", "rope_of", "run"]
 

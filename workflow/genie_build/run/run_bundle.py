@@ -2,7 +2,7 @@
 
 The prompt is Genie's first query: ``bos-token`` first, then the prompt's tokens. It is processed in chunks, each
 through every part in order; then one token at a time, greedily. Each chunk or token runs on the graph (AR, CL)
-Genie's KV manager picks (:mod:`genie_build.genie_runtime`): the smallest CL that holds the cache, moving up a
+Genie's KV manager picks (:mod:`genie_build.run.genie_runtime`): the smallest CL that holds the cache, moving up a
 length one step before the cache would fill it, and back down when a smaller one holds it again. The host keeps the
 KV cache (docs/conventions.md): per layer, keys ``[1, n_kv, D, len]`` (transposed) and values ``[1, n_kv, len, D]``,
 valid entries first, in one buffer of the largest CL whose empty slots hold what Genie's cleared cache reads as. A
@@ -44,10 +44,10 @@ from genie_build.errors import GenieBuildError
 from genie_build.families import FAMILIES
 from genie_build.fileio import read_json
 from genie_build.genie_config import GENIE_CONFIG_NAME, GENIE_ROPE_SCALING_KEYS, GENIE_ROPE_TYPES, load_tokenizer
-from genie_build.genie_runtime import empty_kv, first_query_ids, genie_steps
-from genie_build.near_ties import NEAR_TIE_SHARE, FollowBundle, NearTie
 from genie_build.onnx_graph import check_external_data, graph_io, load_graph
 from genie_build.ort_session import cpu_session_options
+from genie_build.run.genie_runtime import empty_kv, first_query_ids, genie_steps
+from genie_build.run.near_ties import NEAR_TIE_SHARE, FollowBundle, NearTie
 from genie_build.toolchains.base import GraphInfo, TensorInfo
 from genie_build.toolchains.reference.container import ContainerGraph, read_graphs
 from genie_build.toolchains.reference.onnx_io import read_initializer
@@ -248,7 +248,7 @@ def _twin_parts(bundle: Path, binaries: Sequence[Path], twins: Sequence[str | os
 def generate(runner: Runner, prompt_ids: Sequence[int], max_new_tokens: int, *,
              eos_ids: frozenset[int] = frozenset(), context_size: int | None = None) -> list[int]:
     """Greedy decoding: the prompt in chunks, then one token at a time, each on the graph Genie picks
-    (:func:`genie_build.genie_runtime.genie_steps`).
+    (:func:`genie_build.run.genie_runtime.genie_steps`).
 
     Args:
         runner: the model's parts.
@@ -321,7 +321,7 @@ def host_run(bundle_dir: str | os.PathLike[str], prompt: str, max_new_tokens: in
     table, ``embedding_part`` (part 1's float graph and its encodings) gives the reference its embedding: part 1's
     rows computed for each token and quantized as the table stores them, never read from the bundle's table.
 
-    The reference follows the bundle's tokens (:class:`genie_build.near_ties.FollowBundle`): with ``twins`` (a QNN
+    The reference follows the bundle's tokens (:class:`genie_build.run.near_ties.FollowBundle`): with ``twins`` (a QNN
     bundle, run by the HTP simulation while the reference runs on the CPU) a step where the reference's logits nearly
     tie the bundle's token with its own is accepted and reported; a reference bundle must match exactly.
 

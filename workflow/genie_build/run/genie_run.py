@@ -291,7 +291,7 @@ def float_tokens(bundle_dir: str | os.PathLike[str], graphs: Mapping[str, str | 
     Raises:
         GenieBuildError: a name that does not say its part, or a graph that cannot be read.
     """
-    from genie_build.run_bundle import read_graph_file, reference_tokens
+    from genie_build.run.run_bundle import read_graph_file, reference_tokens
 
     parts: dict[tuple[int, int], dict] = {}
     for name, path in graphs.items():
