@@ -31,7 +31,7 @@ from workflow_helpers import REPO, load_json, run_snakemake
 from genie_build.conventions import EMBEDDING_BOUNDARY, KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.evaluate import fake_quantize_activations
+from genie_build.evaluate.evaluate import fake_quantize_activations
 from genie_build.onnx_graph import load_graph, read_graph_tensors
 from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, RECIPES
 from genie_build.quantize.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
@@ -280,8 +280,8 @@ def without_aimets_quantizers(sim) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_the_evaluations_arithmetic_is_aimets_full_simulation(pair, quantized, recipe, tmp_path):
-    """The activation quantizers ``evaluate`` adds (genie_build.evaluate.fake_quantize_activations), on AIMET's own
-    quantized weights, against AIMET's session with every quantizer on: the logits agree within
+    """The activation quantizers ``evaluate`` adds (genie_build.evaluate.evaluate.fake_quantize_activations), on AIMET's
+    own quantized weights, against AIMET's session with every quantizer on: the logits agree within
     :data:`EVALUATION_LOGITS_ATOL`, at least three times closer than the same graph with float activations."""
     import onnxruntime as ort
 

@@ -380,7 +380,7 @@ def test_weight_sharing_that_shares_nothing_is_flagged():
 def test_evaluated_variants_quality_stands_beside_their_size_and_an_unknown_variant_is_refused(ab_records):
     """Quality is a variant's, the same on each of its rows (NaN where the variant was not evaluated); the Markdown
     puts it under the totals."""
-    from genie_build.evaluation_table import Quality
+    from genie_build.evaluate.evaluation_table import Quality
 
     packed = Quality(positions=512, top1_agreement=0.875, mean_kl=0.0123, float_perplexity=9.0,
                      variant_perplexity=9.5)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from genie_build import conventions, fileio
 from genie_build.errors import GenieBuildError
-from genie_build.evaluation_table import Quality, read_quality
+from genie_build.evaluate.evaluation_table import Quality, read_quality
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, TensorInfo
 from genie_build.units import MIB
@@ -39,8 +39,8 @@ NO_EFFECT_MIN_REDUCTION = 0.01
 
 TABLE_COLUMNS = ("part", "variant", "baseline", "toolchain", "tool_version", "recipe", "bytes", "weight_bytes",
                  "graphs", "graph_bytes", "reduction_vs_baseline", "top1_agreement", "mean_kl", "perplexity", "flag")
-# A variant's quality against the float model (genie_build.evaluation_table), the same on each of its rows; empty where the
-# variant was not evaluated.
+# A variant's quality against the float model (genie_build.evaluate.evaluation_table), the same on each of its rows;
+# empty where the variant was not evaluated.
 QUALITY_COLUMNS = {"top1_agreement": "top1_agreement", "mean_kl": "mean_kl", "perplexity": "variant_perplexity"}
 _QUALITY_ROWS = (("top-1 agreement", "top1_agreement", "{:.1%}"), ("mean KL (nats)", "mean_kl", "{:.3g}"),
                  ("perplexity", "perplexity", "{:,.2f}"))

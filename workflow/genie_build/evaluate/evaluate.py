@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 from genie_build.conventions import INPUT_IDS, INPUTS_EMBEDS, KV_PREFIX, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.evaluation_table import ClippedTensor, Clipping, Quality
+from genie_build.evaluate.evaluation_table import ClippedTensor, Clipping, Quality
 from genie_build.fileio import atomic_open
 from genie_build.run.run_bundle import GraphSession, KVCache, graph_ar_cl_of, make_runner, read_graph_file
 from genie_build.tokens import mapped_array, read_tokens

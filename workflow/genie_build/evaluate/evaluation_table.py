@@ -1,7 +1,7 @@
 """What an evaluation found, beside size: a variant's :class:`Quality` against the float model (the report
 ``evaluate`` writes per variant), the bounds that flag it, and ``evaluation.{md,csv,png}``, which put each variant's
-size beside it (genie_build.evaluate runs the models), and a qnn-htp bundle's perplexity by Genie itself
-(:class:`GenieRow`, genie_build.genie_accuracy) beside the float model's on the tokens Genie scored."""
+size beside it (genie_build.evaluate.evaluate runs the models), and a qnn-htp bundle's perplexity by Genie itself
+(:class:`GenieRow`, genie_build.evaluate.genie_accuracy) beside the float model's on the tokens Genie scored."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def genie_perplexity(bundle_dir: str | os.PathLike[str], twins: Sequence[str | o
     Raises:
         GenieBuildError: a bad bundle, twin or text; Genie fails, crashes or hangs (one line naming the bundle).
     """
-    from genie_build.evaluate import float_nll
+    from genie_build.evaluate.evaluate import float_nll
     from genie_build.qnn_wheel.dialog_run import DialogJob, run_dialog
     from genie_build.qnn_wheel.genie import load_genie
     from genie_build.run.run_bundle import host_rope
