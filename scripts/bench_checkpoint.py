@@ -119,8 +119,8 @@ def write_checkpoint(out: Path, shape: dict, *, dtype: str = "bfloat16", seed: i
     import ml_dtypes
     from safetensors.numpy import save_file
 
+    from genie_build.demo.train_tokenizer import build_tokenizer
     from genie_build.fileio import write_json, write_text
-    from genie_build.train_tokenizer import build_tokenizer
 
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -214,11 +214,11 @@ def whole_path_ratios(work: Path, python: str) -> dict[str, float]:
     fp32 = write_checkpoint(checkpoint, WHOLE_PATH_SHAPE, dtype="float32")
     export = work / "whole-path-export"
     steps = {
-        "export": ("from genie_build.export import export_checkpoint; "
+        "export": ("from genie_build.export.export import export_checkpoint; "
                    f"export_checkpoint({str(checkpoint)!r}, {str(export)!r}, ar=128, context=2048)"),
-        "calibration": ("from pathlib import Path; from genie_build import calibrate_unit as q; "
-                        "from genie_build import calibration_feeds as f; "
-                        "from genie_build.recipes import RECIPES; "
+        "calibration": ("from pathlib import Path; from genie_build.quantize import calibrate_unit as q; "
+                        "from genie_build.quantize import calibration_feeds as f; "
+                        "from genie_build.plan.recipes import RECIPES; "
                         f"p = Path({str(export / 'prompt.onnx')!r}); c = Path({str(checkpoint / 'config.json')!r}); "
                         "from genie_build.tokens import text_token_ids; "
                         "s = f.feed_shape(q.load_graph(p), p, c); "

@@ -1,7 +1,7 @@
 """Benchmark the streaming split on a multi-GB demo model: wall time and peak RSS, against ``cp -r``.
 
 Generates the demo model with ``python -m genie_build generate-demo`` (skipped when it is already in the
-work directory), writes a plan with ``genie_build.plan``, then times ``python -m genie_build split`` (both
+work directory), writes a plan with ``genie_build.plan.plan``, then times ``python -m genie_build split`` (both
 graphs, one job) and ``cp -r`` of the same source files, alternating, ``--repeat`` times each. Peak RSS is the
 child's own ``ru_maxrss`` (``os.wait4``), so the generator and the other runs do not count.
 
@@ -26,14 +26,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from genie_build.boundaries import find_boundaries
 from genie_build.encodings import Encodings
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import by_encodings, weighed_pieces
-from genie_build.planners import plan_by_num_parts
-from genie_build.plan_file import write_plan
+from genie_build.plan.boundaries import find_boundaries
+from genie_build.plan.plan import by_encodings, weighed_pieces
+from genie_build.plan.plan_file import write_plan
+from genie_build.plan.planners import plan_by_num_parts
+from genie_build.plan.weight_inventory import weights_from_graph
 from genie_build.units import MIB
-from genie_build.weight_inventory import weights_from_graph
 
 # 24 layers, hidden 2048, vocab 32000: about 2.7 GB of fp32 weights per graph (prompt and token).
 DEMO_SIZE = {"layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 4, "intermediate": 2048,

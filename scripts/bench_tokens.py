@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import hf_checkpoints  # needs torch
 
-    from genie_build.export import export_part
-    from genie_build.shape_plan import plan_checkpoint
+    from genie_build.export.export import export_part
+    from genie_build.plan.shape_plan import plan_checkpoint
 
     work = args.work_dir.resolve()
     work.mkdir(parents=True)

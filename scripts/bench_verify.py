@@ -53,10 +53,10 @@ def timed(command: list[str], tree: Path, work: Path, threads: int | None = None
 def prepare(work: Path, shape: dict, contexts: list[int]):
     """The checkpoint, its plan (written as plan.json) and its parts at every length; returns the plan."""
     import hf_checkpoints
-    from genie_build.export import export_part
-    from genie_build.export_length import export_length
-    from genie_build.plan_file import write_plan
-    from genie_build.shape_plan import plan_from_hf_config
+    from genie_build.export.export import export_part
+    from genie_build.export.export_length import export_length
+    from genie_build.plan.plan_file import write_plan
+    from genie_build.plan.shape_plan import plan_from_hf_config
 
     checkpoint = work / "checkpoint"
     if not checkpoint.exists():

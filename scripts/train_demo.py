@@ -2,7 +2,7 @@
 ``--family llama``, a Llama 3 decoder of another shape trained the same way, written as a Hugging Face checkpoint.
 
 The weights go to ``resources/demo_model.safetensors`` (float16, Hugging Face names and layout), which
-:mod:`genie_build.demo` builds the demo's graphs from, so a build needs no torch. The Llama model (4 layers, hidden
+:mod:`genie_build.demo.demo` builds the demo's graphs from, so a build needs no torch. The Llama model (4 layers, hidden
 256, vocabulary 4096, Llama 3's RoPE base and ``llama3`` scaling, :data:`LLAMA_SHAPE`) goes to a checkpoint folder
 (``config.json``, ``model.safetensors`` in float16, its own ``tokenizer.json``) that ``model.hf_checkpoint`` builds:
 a second trained model of another family, on which the calibration's defaults were chosen (docs/quantize.md). The text is the King James
@@ -36,9 +36,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from genie_build.demo import TRAINED_SHAPE, hf_config
+from genie_build.demo.demo import TRAINED_SHAPE, hf_config
+from genie_build.demo.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, train_tokenizer
 from genie_build.genie_config import load_tokenizer
-from genie_build.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID, train_tokenizer
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 TRAINING_TEXTS = ("calibration_corpus.txt", "training_corpus.txt")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, models
 
-from genie_build.bundle import ctx_bin_name
+from genie_build.bundle.bundle import ctx_bin_name
+from genie_build.bundle.metadata import METADATA_NAME, dump_metadata
 from genie_build.conventions import GRAPH_KINDS, graph_name
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
-from genie_build.metadata import METADATA_NAME, dump_metadata
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -123,7 +123,7 @@ def with_inputs_embeds(infos: dict[str, BinaryInfo], width: int) -> dict[str, Bi
 
 def write_bundle(directory: Path, infos: dict[str, BinaryInfo] | None = None, *, context_size: int = 256,
                  chipset: str = "SM8750", hf_config: dict | None = None) -> Path:
-    """A bundle as :func:`genie_build.bundle.assemble_bundle` lays it out, with placeholder ctx-bins."""
+    """A bundle as :func:`genie_build.bundle.bundle.assemble_bundle` lays it out, with placeholder ctx-bins."""
     infos = infos if infos is not None else synthetic_infos()
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = write_tokenizer(directory / "tokenizer.json")

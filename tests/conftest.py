@@ -21,7 +21,7 @@ import pytest
 
 from bundle_helpers import ReferenceBuild, build_reference_bundle
 from demo_shapes import SMALL
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 
 
 @pytest.fixture(scope="session")

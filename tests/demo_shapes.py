@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from genie_build.demo import DemoShape
+from genie_build.demo.demo import DemoShape
 
 # 2 layers, 4 query / 2 KV heads: calibration and the demo's own numerics
 TINY = DemoShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=300, context=48, ar=8)

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from genie_build.demo.train_tokenizer import build_tokenizer
 from genie_build.families import FAMILIES as REGISTERED
 from genie_build.fileio import write_text
-from genie_build.train_tokenizer import build_tokenizer
 from family_cases import FAMILY_CASES
 
 CORPUS = Path(__file__).resolve().parent.parent / "resources" / "tokenizer_corpus.txt"

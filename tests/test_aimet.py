@@ -37,8 +37,8 @@ from aimet_onnx.quantsim import (QuantizationSimModel, set_blockwise_quantizatio
                                  set_lpbq_for_params)
 
 VOCAB, HIDDEN, WIDE, BLOCK = 32, 64, 96, 32
-# How a QuantizationSimModel is set up (not a named recipe of genie_build.recipes): setup -> (param type, the formats
-# aimet-onnx writes for it: 0.6.1 has no blocked encodings)
+# How a QuantizationSimModel is set up (not a named recipe of genie_build.plan.recipes): setup -> (param type, the
+# formats aimet-onnx writes for it: 0.6.1 has no blocked encodings)
 QUANTSIM_SETUPS = {"per_tensor": ("int8", ("0.6.1", "1.0.0", "2.0.0")),
                    "per_channel_4": ("int4", ("0.6.1", "1.0.0", "2.0.0")),
                    "per_channel_8": ("int8", ("0.6.1", "1.0.0", "2.0.0")), "per_block": ("int4", ("1.0.0", "2.0.0")),
@@ -202,13 +202,13 @@ def test_the_demo_calibrated_by_aimet_converts_to_aimets_own_weights(tmp_path, r
     from aimet_onnx.quantsim import load_encodings_to_sim
     from whole_model import feeds_forward_pass, quantize_pair
 
-    from genie_build.calibrate import calibration_feeds, graph_shape
+    from genie_build.quantize.calibrate import calibration_feeds, graph_shape
     from bundle_helpers import TINY_DEMO
     from demo_shapes import demo_shape
-    from genie_build.demo import generate_demo
+    from genie_build.demo.demo import generate_demo
     from genie_build.encodings import check_graphs_consistent
     from genie_build.onnx_graph import load_graph
-    from genie_build.recipes import RECIPES
+    from genie_build.plan.recipes import RECIPES
 
     generate_demo(demo_shape(TINY_DEMO, vocab=320, context=32, ar=4), tmp_path)
     shape = graph_shape(load_graph(tmp_path / "prompt.onnx"), tmp_path / "prompt.onnx", tmp_path / "config.json")
@@ -263,7 +263,7 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
     from workflow_helpers import SMALL_DEMO, copy_workflow, load_json, run_snakemake, write_config
 
     from genie_build.qnn_wheel.system import read_context_binary
-    from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
+    from genie_build.run.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     workdir = copy_workflow(tmp_path)
     config = write_config(workdir, {**SMALL_DEMO, "demo": {**SMALL_DEMO["demo"], "calibrator": "aimet"},
@@ -292,10 +292,10 @@ def test_the_workflow_builds_the_demo_calibrated_by_aimet(tmp_path):
 
 def test_aimet_refuses_float16_weights_it_would_leave_unquantized(tmp_path):
     from demo_shapes import ONE_LAYER
-    from genie_build.demo import generate_demo
+    from genie_build.demo.demo import generate_demo
     from genie_build.errors import GenieBuildError
-    from genie_build.calibrate_unit import calibrate_prompt
-    from genie_build.recipes import RECIPES
+    from genie_build.plan.recipes import RECIPES
+    from genie_build.quantize.calibrate_unit import calibrate_prompt
     from whole_model import feeds_forward_pass
 
     generate_demo(dataclasses.replace(ONE_LAYER, weight_dtype="float16"), tmp_path)

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 
 from genie_build.conventions import PART_WEIGHTS_NAME
 from genie_build.encodings import read_encodings
-from genie_build.plan_file import read_plan
+from genie_build.plan.plan_file import read_plan
 from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from workflow_helpers import copy_workflow, run_snakemake, write_config
 

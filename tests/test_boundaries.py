@@ -1,4 +1,4 @@
-"""genie_build.boundaries: residual-stream boundaries, explicit or found from node scopes."""
+"""genie_build.plan.boundaries: residual-stream boundaries, explicit or found from node scopes."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import onnx
 import pytest
 from onnx import helper
 
-from genie_build.boundaries import embedding_table, find_boundaries, node_layer
-from genie_build.calibrate import calibrate
 from genie_build.cli import main
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import check_external_data, check_shared_initializers, load_graph, tensor_shapes
-from genie_build.plan import by_encodings, weighed_pieces
-from genie_build.plan_file import read_plan
+from genie_build.plan.boundaries import embedding_table, find_boundaries, node_layer
+from genie_build.plan.plan import by_encodings, weighed_pieces
+from genie_build.plan.plan_file import read_plan
+from genie_build.quantize.calibrate import calibrate
 from demo_shapes import THREE_LAYERS
-from genie_build.weight_inventory import weights_from_graph
+from genie_build.plan.weight_inventory import weights_from_graph
 from hf_export import export_tiny_qwen2
 from scoped_graph import EMBED_OUT, NAME_SCOPES_KEY, build_scoped_graph, layer_out
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import genie_build.bundle as bundle_module
+import genie_build.bundle.bundle as bundle_module
 from bundle_helpers import TINY_DEMO, ReferenceBuild
-from genie_build.bundle import assemble_bundle, runtime_tool_versions
-from genie_build.check_bundle import check_bundle
+from genie_build.bundle.bundle import assemble_bundle, runtime_tool_versions
+from genie_build.bundle.check_bundle import check_bundle
+from genie_build.bundle.metadata import METADATA_NAME, parse_metadata
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
-from genie_build.metadata import METADATA_NAME, parse_metadata
 from genie_build.toolchains.reference.container_format import inspect_container
 
 CTX_BINS = ["demo_part_1_of_3.bin", "demo_part_2_of_3.bin", "demo_part_3_of_3.bin"]

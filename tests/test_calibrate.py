@@ -13,13 +13,13 @@ import pytest
 from onnx import numpy_helper
 
 from genie_build import cli
-from genie_build.calibrate import (BUILTIN_PRECISION, activation_encoding, calibrate, calibration_feeds,
-                                   merge_ranges, symmetric_per_channel, tie_kv_cache)
 from genie_build.conventions import EMBED_WEIGHT
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.recipes import RECIPES, precision_of
+from genie_build.plan.recipes import RECIPES, precision_of
+from genie_build.quantize.calibrate import (BUILTIN_PRECISION, activation_encoding, calibrate, calibration_feeds,
+                                            merge_ranges, symmetric_per_channel, tie_kv_cache)
 
 import demo_shapes
 

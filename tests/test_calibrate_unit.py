@@ -1,5 +1,5 @@
-"""The AIMET driver (genie_build.calibrate_unit) against aimet-onnx itself, on Genie-shaped graph pairs calibrated whole
-(tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
+"""The AIMET driver (genie_build.quantize.calibrate_unit) against aimet-onnx itself, on Genie-shaped graph pairs
+calibrated whole (tests/whole_model.py: what the calibration chain must equal, tests/test_calibration_chain.py).
 
 A graph pair is a fixture parameter (:data:`PAIRS`: a name -> a function writing ``prompt.onnx``, ``token.onnx``,
 ``config.json`` and ``tokenizer.json`` into a folder): the demo's graphs today; exported Hugging Face graphs join by
@@ -31,11 +31,11 @@ from workflow_helpers import REPO, load_json, run_snakemake
 from genie_build.conventions import EMBEDDING_BOUNDARY, KV_TENSOR, LOGITS, kv_name
 from genie_build.encodings import check_graphs_consistent, check_kv_cache_tied, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.evaluate import fake_quantize_activations
+from genie_build.evaluate.evaluate import fake_quantize_activations
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
-from genie_build.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
-from genie_build.recipes import LPBQ_BLOCK_SIZE, RECIPES
+from genie_build.plan.recipes import LPBQ_BLOCK_SIZE, RECIPES
+from genie_build.quantize.calibrate_unit import kv_cache_io, lm_head_weight, recipe_sim
+from genie_build.quantize.calibration_feeds import FeedShape, feed_shape, session_outputs, text_forward_pass
 from genie_build.tokens import text_token_ids
 
 pytestmark = pytest.mark.hf
@@ -68,7 +68,7 @@ EVALUATION_LOGITS_ATOL = 4e-3
 def hf_pair(family: str) -> Callable[[Path], Path]:
     def make(out: Path) -> Path:
         import hf_checkpoints
-        from genie_build.export import export_checkpoint
+        from genie_build.export.export import export_checkpoint
         hf_checkpoints.make_checkpoint(out / "ckpt", family, hidden=128, heads=4, kv_heads=2, intermediate=256)
         export_checkpoint(out / "ckpt", out, ar=8, context=64)
         for name in ("config.json", "tokenizer.json"):
@@ -280,8 +280,8 @@ def without_aimets_quantizers(sim) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_the_evaluations_arithmetic_is_aimets_full_simulation(pair, quantized, recipe, tmp_path):
-    """The activation quantizers ``evaluate`` adds (genie_build.evaluate.fake_quantize_activations), on AIMET's own
-    quantized weights, against AIMET's session with every quantizer on: the logits agree within
+    """The activation quantizers ``evaluate`` adds (genie_build.evaluate.evaluate.fake_quantize_activations), on AIMET's
+    own quantized weights, against AIMET's session with every quantizer on: the logits agree within
     :data:`EVALUATION_LOGITS_ATOL`, at least three times closer than the same graph with float activations."""
     import onnxruntime as ort
 
@@ -334,7 +334,7 @@ def test_each_calibrator_reaches_aimets_activation_quantizers_and_leaves_the_mat
     """quantize.calibrator sets the activation quantizers' scheme: percentile's grids lie within min-max's (the
     windows' extremes; AIMET takes the percentile from a histogram, whose bins leave up to 0.3% over), and cut
     tensors with rare outliers by more than 1%; TF-enhanced's differ; the MatMul weights' encodings are min-max's."""
-    from genie_build.calibrate_unit import CALIBRATORS, calibrate_prompt
+    from genie_build.quantize.calibrate_unit import CALIBRATORS, calibrate_prompt
 
     shape = feed_shape(load_graph(pair / "prompt.onnx"), pair / "prompt.onnx", pair / "config.json")
     ids = text_token_ids(CORPUS, pair / "tokenizer.json")
@@ -418,8 +418,8 @@ def test_a_token_graph_tensor_the_prompt_graph_lacks_is_named(pair, tmp_path):
 
 def test_lpbq_refuses_a_weight_that_does_not_split_into_blocks(tmp_path):
     from demo_shapes import ONE_LAYER
-    from genie_build.demo import generate_demo
-    from genie_build.calibrate_unit import calibrate_prompt
+    from genie_build.demo.demo import generate_demo
+    from genie_build.quantize.calibrate_unit import calibrate_prompt
 
     generate_demo(replace(ONE_LAYER, hidden=32, intermediate=96), tmp_path)
     with pytest.raises(GenieBuildError, match=f"LPBQ with blocks of {LPBQ_BLOCK_SIZE}"):

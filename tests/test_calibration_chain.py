@@ -2,7 +2,7 @@
 
 For random checkpoints of every registered family (tests/hf_checkpoints.py), exported part by part (3 parts, the
 middle one in two units), and each recipe: the units calibrated one after the other, each fed the residual stream
-the unit before it stored, merged per part (genie_build.part_encodings), give every encoding, activation and
+the unit before it stored, merged per part (genie_build.quantize.part_encodings), give every encoding, activation and
 weight, that whole-model calibration (tests/whole_model.py: the whole export's prompt graph in one
 QuantizationSimModel) gives the same part's tensors, bit for bit, over windows that fill the cache and start a
 second sequence. The plan made from config.json weighs every piece as the calibrated encodings store it. Also: the
@@ -25,15 +25,15 @@ import pytest
 
 from workflow_helpers import REPO
 
-from genie_build.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
 from genie_build.conventions import EMBED_WEIGHT, EMBEDDING_BOUNDARY, unit_label
 from genie_build.encodings import read_encodings, slice_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, part_tensor_names, read_graph_tensors
-from genie_build.check_plan import check_plan, measured_pieces
-from genie_build.recipes import RECIPES
-from genie_build.shape_plan import piece_floats, plan_from_hf_config
-from genie_build.split import split_graphs
+from genie_build.plan.calibration_units import CalibrationUnit, calibration_units, part_units, unit_peak_mb
+from genie_build.plan.recipes import RECIPES
+from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
+from genie_build.quantize.check_plan import check_plan, measured_pieces
+from genie_build.split.split import split_graphs
 
 pytestmark = pytest.mark.hf
 if os.environ.get("GENIE_BUILD_REQUIRE_AIMET") == "1":
@@ -44,10 +44,10 @@ pytest.importorskip("torch")
 
 import hf_checkpoints  # noqa: E402
 
-from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
-from genie_build.part_encodings import write_part_encodings  # noqa: E402
-from genie_build.calibrate_unit import calibrate_prompt, calibrate_unit, copy_kv_input_encodings  # noqa: E402
-from genie_build.calibration_feeds import feed_shape, text_forward_pass  # noqa: E402
+from genie_build.export.export import export_checkpoint, export_part, part_files  # noqa: E402
+from genie_build.quantize.part_encodings import write_part_encodings  # noqa: E402
+from genie_build.quantize.calibrate_unit import calibrate_prompt, calibrate_unit, copy_kv_input_encodings  # noqa: E402
+from genie_build.quantize.calibration_feeds import feed_shape, text_forward_pass  # noqa: E402
 from genie_build.tokens import text_token_ids, tokenize_text  # noqa: E402
 
 CORPUS = REPO / "resources" / "calibration_corpus.txt"
@@ -219,7 +219,7 @@ def test_the_table_in_place_and_the_head_in_slices_give_whole_model_calibrations
     """The embedding's unit reads its table in place and the head's is calibrated a third of its vocabulary at a
     time; every part's encodings still equal whole-model calibration's, bit for bit, under every calibrator."""
     root, checkpoint, plan, units = wide_head
-    with caplog.at_level("INFO", logger="genie_build.calibrate_unit"):
+    with caplog.at_level("INFO", logger="genie_build.quantize.calibrate_unit"):
         chain = run_chain(root, checkpoint, plan, units, recipe, calibrator)
     assert f"LM head rows 0..{320 // HEAD_SLICES - 1} (slice 1 of {HEAD_SLICES})" in caplog.text
     whole = whole_model_encodings(root, checkpoint, recipe, calibrator)

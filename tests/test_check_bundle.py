@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from bundle_helpers import (demo_hf_config, edit_json, quant, replace_tensor, synthetic_infos, write_bundle,
                             write_tokenizer)
-from genie_build.check_bundle import RULES, Finding, check_bundle, require_valid_bundle
-from genie_build.check_vendor import RULES as VENDOR_RULES
+from genie_build.bundle.check_bundle import RULES, Finding, check_bundle, require_valid_bundle
+from genie_build.bundle.check_vendor import RULES as VENDOR_RULES
+from genie_build.bundle.metadata import METADATA_NAME, dump_metadata
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
-from genie_build.metadata import METADATA_NAME, dump_metadata
 
 VENDOR = Path(__file__).resolve().parent / "data" / "vendor"  # copies, with their source and licence: README.md
 QWEN_VOCAB = 152064

@@ -1,5 +1,5 @@
-"""The check-model stage (genie_build.check_model, ``check-model``): both graphs' weights all there and finite, the
-shared ones equal, and a summary of what they share."""
+"""The check-model stage (genie_build.split.check_model, ``check-model``): both graphs' weights all there and finite,
+the shared ones equal, and a summary of what they share."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from genie_build.check_model import check_model
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
+from genie_build.split.check_model import check_model
 from scoped_graph import weight
 from test_onnx_graph import EMBED, one_line_error, prompt_and_token, replace_initializer  # noqa: F401 (a fixture)
 

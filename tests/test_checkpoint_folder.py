@@ -2,7 +2,7 @@
 each shard holds; what it would take silently (one tensor in two shards) refused; headers that cannot be read,
 non-finite weights and tensors the model does not have reported against the shard; the Hugging Face cache's
 symlinked layout accepted within its repository folder. Each case runs transformers' own ``from_pretrained`` on
-the folder and compares it with what the export reads (:func:`genie_build.export.part_modules`)."""
+the folder and compares it with what the export reads (:func:`genie_build.export.export.part_modules`)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _transformers_tensors(folder: Path, **kwargs):
 
 
 def _export_tensors(folder: Path):
-    from genie_build.export import GraphSpan, part_modules
+    from genie_build.export.export import GraphSpan, part_modules
     checkpoint = check_checkpoint(folder, ar=AR, context=CONTEXT)
     layers = checkpoint.config["num_hidden_layers"]
     return {name: tensor for name, tensor in part_modules(checkpoint, GraphSpan.whole(layers)).state_dict().items()}
@@ -138,8 +138,8 @@ def test_a_tied_config_with_its_own_stored_head_reads_the_stored_head_as_transfo
     loaded, _ = _transformers_tensors(folder)
     assert not torch.equal(loaded[HEAD], loaded[EMBED])   # transformers kept the stored head
     _assert_same(exported, loaded)
-    from genie_build.shape_plan import part_tensor_names
-    from genie_build.plan_file import PartPlan
+    from genie_build.plan.plan_file import PartPlan
+    from genie_build.plan.shape_plan import part_tensor_names
     head = PartPlan(2, "2_of_2", ("head",), None, None, "x", None, 0)
     assert part_tensor_names(folder / "config.json", head, tensor_files(folder)) == ["model.norm.weight", HEAD]
 
@@ -188,7 +188,7 @@ def test_a_layer_beyond_num_hidden_layers_is_refused(sharded, tmp_path):
 
 @pytest.mark.hf
 def test_a_nan_weight_is_refused_by_the_export_naming_the_shard_and_the_tensor(sharded, tmp_path):
-    from genie_build.export import GraphSpan, part_modules
+    from genie_build.export.export import GraphSpan, part_modules
     folder = _copy(sharded, tmp_path / "nan")
     name = "model.layers.1.mlp.up_proj.weight"
     shard = tensor_files(folder)[name]

@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from genie_build import cli
-from genie_build.check_model import check_model
 from genie_build.config import context_lengths, validate_config
 from genie_build.conventions import length_graph_key
-from genie_build.demo import example_inputs, generate_demo, generate_demo_length
+from genie_build.demo.demo import example_inputs, generate_demo, generate_demo_length
 from genie_build.errors import GenieBuildError
-from genie_build.load_model import IoDims, estimated_contexts
-from genie_build.plan_file import PartPlan
+from genie_build.plan.load_model import IoDims, estimated_contexts
+from genie_build.plan.plan_file import PartPlan
+from genie_build.split.check_model import check_model
 
 import demo_shapes
 

@@ -9,11 +9,11 @@ import pytest
 
 import re
 
-from genie_build.calibration_units import units_from_dicts
 from genie_build.conventions import (KV_TENSOR, PART_LABEL_PATTERN, PART_SUFFIX, UNIT_LABEL_PATTERN, graph_ar,
                                      graph_ar_cl, graph_keys, graph_name, key_kind, kv_name, length_graph_key,
                                      parse_part_label, part_label, piece_names, unit_label, unsplit_graph_name)
 from genie_build.errors import GenieBuildError
+from genie_build.plan.calibration_units import units_from_dicts
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ def test_a_unit_label_is_never_read_as_a_part_label(index: int, num_units: int, 
 
 def test_a_piece_is_named_by_its_position_and_the_planner_names_it_so() -> None:
     from genie_build.encodings import Encodings
-    from genie_build.plan import by_encodings, weighed_pieces
-    from genie_build.weight_inventory import ModelWeights
+    from genie_build.plan.plan import by_encodings, weighed_pieces
+    from genie_build.plan.weight_inventory import ModelWeights
     assert piece_names(2) == ("embedding", "layer_0", "layer_1", "head")
     pieces = weighed_pieces(ModelWeights((), ("b0", "b1", "b2")), by_encodings(Encodings()))
     assert tuple(piece.name for piece in pieces) == piece_names(2)

@@ -12,12 +12,12 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from genie_build import cli, demo
+from genie_build import cli
 from genie_build.conventions import EMBED_WEIGHT, MASK_MIN, causal_mask, rope_tables
-from genie_build.demo import (example_inputs, generate_demo, graph_inputs, graph_outputs,
-                              shape_from_hf_config)
+from genie_build.demo import demo
+from genie_build.demo.demo import example_inputs, generate_demo, graph_inputs, graph_outputs, shape_from_hf_config
+from genie_build.demo.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 from genie_build.errors import GenieBuildError
-from genie_build.train_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 
 import demo_shapes
 

@@ -1,7 +1,7 @@
 """The embedding lookup's output takes its table's encoding when the encodings give it none (AIMET's never do:
-genie_build.embedding_encoding), in every encodings version, written in that version; an output with an encoding of
-its own, a per-channel table or a graph without a lookup keep what they have. The workflow cases (the AIMET demo, a
-user's AIMET export) are tests/test_aimet.py and tests/test_real_exports.py."""
+genie_build.quantize.embedding_encoding), in every encodings version, written in that version; an output with an
+encoding of its own, a per-channel table or a graph without a lookup keep what they have. The workflow cases (the AIMET
+demo, a user's AIMET export) are tests/test_aimet.py and tests/test_real_exports.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from genie_build.embedding_encoding import encode_embedding_output
 from genie_build.encodings import format_encodings, parse_encodings
 from genie_build.onnx_graph import embedding_gather
+from genie_build.quantize.embedding_encoding import encode_embedding_output
 
 TABLE, OUTPUT = "model.embed_tokens.weight", "/model/embed_tokens/Gather_output_0"
 ENTRIES = {  # the table's per-tensor 16-bit encoding as each version writes it (scale 2e-6, offset -32768)

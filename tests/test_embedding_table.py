@@ -16,13 +16,13 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle_helpers import replace_tensor, synthetic_infos, with_inputs_embeds, write_bundle
-from genie_build.check_bundle import check_bundle
+from genie_build.bundle.check_bundle import check_bundle
+from genie_build.bundle.embedding_table import (TableEncoding, dequantize_rows, dialog_embedding, quantize_table,
+                                                write_embedding_table)
 from genie_build.config import validate_config
-from genie_build.embedding_table import (TableEncoding, dequantize_rows, dialog_embedding, quantize_table,
-                                         write_embedding_table)
 from genie_build.errors import GenieBuildError
-from genie_build.estimate import estimate_to_dir
-from genie_build.precision import Precision
+from genie_build.plan.precision import Precision
+from genie_build.sizes.estimate import estimate_to_dir
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT, TABLE = "/model/embed_tokens/Gather_output_0", "model.embed_tokens.weight"

@@ -668,7 +668,7 @@ def test_model_command_failure_keeps_the_previous_output_folder_whole(three_part
         if len(calls) == len(LABELS) + 1:   # every prompt slice and the first token slice written
             raise GenieBuildError(path, "disk full")
 
-    monkeypatch.setattr("genie_build.slice_encodings.write_encodings", write_then_fail)
+    monkeypatch.setattr("genie_build.quantize.slice_encodings.write_encodings", write_then_fail)
     assert model_slice_cli(three_parts, token) == 2
     assert len(calls) == len(LABELS) + 1
     assert slice_files(out) == before and listing(out) == names

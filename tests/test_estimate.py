@@ -1,4 +1,4 @@
-"""genie_build.estimate and the ``estimate`` command: weights from a config or a graph, the precision, stored
+"""genie_build.sizes.estimate and the ``estimate`` command: weights from a config or a graph, the precision, stored
 sizes by hand, config == graph, and the prediction against compiled reference containers."""
 
 from __future__ import annotations
@@ -15,23 +15,24 @@ import pytest
 import yaml
 from onnx import helper, numpy_helper
 
-from genie_build.boundaries import find_boundaries
-from genie_build.calibrate import calibrate
 from genie_build.cli import main
 from genie_build.config import validate_config
-from genie_build.demo import generate_demo
+from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
+from genie_build.demo.demo import generate_demo
 from genie_build.encodings import read_encodings, slice_encodings, write_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT, part_encodings_path, part_graph_path
-from genie_build.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
-                                  container_overhead, estimate, stored_size)
 from genie_build.onnx_graph import initializer_specs, load_graph, part_tensor_names
-from genie_build.plan import by_encodings, weighed_pieces
-from genie_build.planners import plan_by_num_parts
-from genie_build.plan_file import read_plan
-from genie_build.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
-from genie_build.recipes import RECIPES, precision_of
-from genie_build.split import split_graphs
+from genie_build.plan.boundaries import find_boundaries
+from genie_build.plan.plan import by_encodings, weighed_pieces
+from genie_build.plan.plan_file import read_plan
+from genie_build.plan.planners import plan_by_num_parts
+from genie_build.plan.precision import Precision, WeightRule, precision_from_dict, read_precision, weight_encoding
+from genie_build.plan.recipes import RECIPES, precision_of
+from genie_build.plan.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
+from genie_build.quantize.calibrate import calibrate
+from genie_build.sizes.estimate import (LAYER_CONSTANT_BYTES, PREDICTED_VARIANTS, TABLE_ENTRY_BYTES, StoredSize,
+                                        container_overhead, estimate, stored_size)
+from genie_build.split.split import split_graphs
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.graph_edits import IO_ENCODINGS_KEY
@@ -39,7 +40,6 @@ from genie_build.toolchains.reference.container import stored_nbytes, write_cont
 from genie_build.toolchains.reference.container_format import inspect_container, read_header
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTH_KEY, QUANTIZED_WEIGHTS_KEY, convert_model
 from genie_build.toolchains.reference.onnx_io import set_metadata_json
-from genie_build.weight_inventory import ModelWeights, weights_from_graph, weights_from_hf_config
 from demo_shapes import THREE_LAYERS, WIDE
 from workflow_helpers import SMALL_DEMO, copy_workflow, run_snakemake
 from workflow_helpers import write_config as write_workflow_config

@@ -20,13 +20,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from genie_build.commands.evaluate import rope_of
 from genie_build.encodings import Encodings, TensorEncoding, read_encodings
 from genie_build.errors import GenieBuildError
-from genie_build.commands.evaluate import rope_of
-from genie_build.evaluate import (CLIP_STATS_SUFFIX, ClipSums, compare_logits, fake_quantize_activations, grid_of,
-                                  quality_of, text_windows)
-from genie_build.evaluation_table import (Clipping, ClippedTensor, Quality, QualityBounds, quality_flags, quality_rows,
-                                 write_quality_table)
+from genie_build.evaluate.evaluate import (CLIP_STATS_SUFFIX, ClipSums, compare_logits, fake_quantize_activations,
+                                           grid_of, quality_of, text_windows)
+from genie_build.evaluate.evaluation_table import (Clipping, ClippedTensor, Quality, QualityBounds, quality_flags,
+                                                   quality_rows, write_quality_table)
 from genie_build.toolchains.reference.quantize import quantize
 from rebuild_helpers import (EXPORTS, USER_MODEL, export_small_demo, scale_initializer, user_model_checkout,
                              user_model_config)

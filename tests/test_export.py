@@ -22,13 +22,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from genie_build.boundaries import discover_boundaries
 from genie_build.conventions import (EMBED_WEIGHT, EMBEDDING_BOUNDARY, INPUT_IDS, LM_HEAD_WEIGHT, LOGITS, MASK,
                                      POS_COS, POS_SIN, causal_mask, kv_name, layer_output, rope_tables)
 from genie_build.errors import GenieBuildError
-from genie_build.hf_config import head_dim, read_rope
 from genie_build.genie_contract import model_violations
+from genie_build.hf_config import head_dim, read_rope
 from genie_build.onnx_graph import graph_io, load_graph
+from genie_build.plan.boundaries import discover_boundaries
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
@@ -39,7 +39,7 @@ import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 import onnxruntime as ort  # noqa: E402
 
-from genie_build.export import export_checkpoint  # noqa: E402
+from genie_build.export.export import export_checkpoint  # noqa: E402
 from genie_build.ort_session import cpu_session_options  # noqa: E402
 
 AR, CONTEXT = 8, 32
@@ -247,7 +247,7 @@ def test_ar_and_context_are_checked(checkpoint, tmp_path):
 
 
 def test_a_failure_in_the_second_graph_leaves_no_file(checkpoint, tmp_path, monkeypatch):
-    import genie_build.export as export
+    import genie_build.export.export as export
 
     real = export._exported_graph
 

@@ -29,11 +29,11 @@ from genie_build.encodings import Encodings, TensorEncoding, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.hf_config import head_dim, read_rope
 from genie_build.onnx_graph import ar_and_context_length
-from genie_build.shape_plan import plan_from_hf_config
+from genie_build.plan.shape_plan import plan_from_hf_config
+from genie_build.split.verify_split import run_graph
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container_format import read_header
-from genie_build.verify_split import run_graph
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
@@ -42,9 +42,9 @@ pytest.importorskip("onnxscript")
 
 import hf_checkpoints  # noqa: E402  (needs torch)
 
-from genie_build.export import export_part, part_files  # noqa: E402
-from genie_build.export_length import export_length, length_files  # noqa: E402
-from genie_build.verify_parts import TOLERANCE, PartGraph, verify_part  # noqa: E402
+from genie_build.export.export import export_part, part_files  # noqa: E402
+from genie_build.export.export_length import export_length, length_files  # noqa: E402
+from genie_build.export.verify_parts import TOLERANCE, PartGraph, verify_part  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS, MAX_POSITIONS = 8, 32, 3, 64
 LENGTHS = (16, MAX_POSITIONS)   # one shorter than the part's own, one longer

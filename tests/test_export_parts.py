@@ -22,13 +22,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from genie_build.canonical import canonicalize
 from genie_build.conventions import INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, kv_name, rope_tables
 from genie_build.errors import GenieBuildError
+from genie_build.export.canonical import canonicalize
 from genie_build.hf_config import head_dim, read_rope
-from genie_build.shape_plan import part_tensor_names, plan_from_hf_config
-from genie_build.split import DATA_ALIGNMENT, split_graphs
-from genie_build.verify_split import build_feed, run_graph
+from genie_build.plan.shape_plan import part_tensor_names, plan_from_hf_config
+from genie_build.split.split import DATA_ALIGNMENT, split_graphs
+from genie_build.split.verify_split import build_feed, run_graph
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
@@ -39,8 +39,8 @@ import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 from test_export import as_hub_config, _hf_steps  # noqa: E402
 
-from genie_build.export import export_checkpoint, export_part, part_files  # noqa: E402
-from genie_build.verify_parts import PartGraph, verify_part  # noqa: E402
+from genie_build.export.export import export_checkpoint, export_part, part_files  # noqa: E402
+from genie_build.export.verify_parts import PartGraph, verify_part  # noqa: E402
 
 AR, CONTEXT, NUM_PARTS = 8, 32, 3
 CASES = {  # name -> (family, tied, max_shard_size, dtype, config.json in the Hub's transformers-4 layout, keys)

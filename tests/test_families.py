@@ -24,7 +24,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.families import FAMILIES, REFUSED_FAMILIES
 from genie_build.hf_checkpoint import check_checkpoint, tensor_headers
 from genie_build.hf_config import head_dim, read_model_shape, stored_tensors
-from genie_build.weight_inventory import weights_from_hf_config
+from genie_build.plan.weight_inventory import weights_from_hf_config
 from family_cases import FAMILY_CASES
 from family_cases.phi3 import LONGROPE
 
@@ -68,7 +68,7 @@ def test_the_docs_and_the_schema_name_the_registered_families():
 def test_every_rope_kind_a_family_carries_has_genie_tables_and_host_tables():
     from genie_build.conventions import rope_tables
     from genie_build.genie_config import GENIE_ROPE_TYPES
-    from genie_build.run_bundle import HOST_ROPE_TYPES
+    from genie_build.run.run_bundle import HOST_ROPE_TYPES
 
     examples = {"default": None, "llama3": PUBLISHED["llama"]["rope_scaling"],
                 "longrope": {**LONGROPE, "factor": 32.0, "original_max_position_embeddings": 4096}}
@@ -250,7 +250,7 @@ def _chunk_graph(shape):
 def test_a_chunk_is_exported_as_one_split_of_the_same_tensors():
     import onnxruntime as ort
 
-    from genie_build.sequence_split import split_without_sequences
+    from genie_build.export.sequence_split import split_without_sequences
 
     model = _chunk_graph([1, 4, 6])
     x = np.random.default_rng(0).standard_normal((1, 4, 6)).astype(np.float32)
@@ -265,7 +265,7 @@ def test_a_chunk_is_exported_as_one_split_of_the_same_tensors():
 
 
 def test_a_chunk_of_unknown_width_is_refused():
-    from genie_build.sequence_split import split_without_sequences
+    from genie_build.export.sequence_split import split_without_sequences
 
     with pytest.raises(GenieBuildError, match="cannot make this SplitToSequence a static Split"):
         split_without_sequences(_chunk_graph([1, 4, None]).graph)

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from genie_build.families import FAMILIES
 from genie_build.hf_checkpoint import check_checkpoint
 from genie_build.hf_config import read_model_shape, stored_tensors
-from genie_build.shape_plan import plan_from_hf_config
+from genie_build.plan.shape_plan import plan_from_hf_config
 
 pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch", reason="the export needs torch: pip install --no-deps -r envs/requirements-hf.txt")
@@ -30,7 +30,7 @@ pytest.importorskip("onnxscript")
 import hf_checkpoints  # noqa: E402  (needs torch)
 from test_families import DIMS, PUBLISHED  # noqa: E402
 
-from genie_build.export import export_part, part_files  # noqa: E402
+from genie_build.export.export import export_part, part_files  # noqa: E402
 
 AR, CONTEXT = 8, 32
 SWITCHES = {"attention_bias": True, "mlp_bias": True}

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bundle_helpers import build_reference_bundle
-from genie_build.check_bundle import Finding, check_bundle
+from genie_build.bundle.check_bundle import Finding, check_bundle
 from genie_build.config import load_config, validate_config
 from genie_build.encodings import Encodings, format_encodings, read_encodings
 from genie_build.errors import GenieBuildError

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import BOS, EOS, demo_hf_config, write_tokenizer
-from genie_build.check_bundle import check_bundle
+from genie_build.bundle.check_bundle import check_bundle
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import (GENIE_CONFIG_NAME, GENIE_CONFIG_SECTIONS, GENIE_ROPE_TYPES, ROPE_SCALING_TYPES,
                                       make_genie_config, make_htp_backend_ext_config)

@@ -14,8 +14,8 @@ import pytest
 from onnx import helper
 
 from genie_build.cli import main
-from genie_build.demo import DemoShape, generate_demo, graph_inputs, graph_outputs
 from genie_build.conventions import GenieDims, genie_dims, read_ar, read_cl
+from genie_build.demo.demo import DemoShape, generate_demo, graph_inputs, graph_outputs
 from genie_build.genie_contract import model_violations
 from genie_build.onnx_graph import TensorSpec, graph_io, load_graph
 from demo_shapes import ONE_LAYER
@@ -307,8 +307,8 @@ def hf_user_model(workdir: Path, hf_graphs: tuple[Path, Path]) -> Path:
     """The HF export as a user brings it to the workflow: the graphs, 4-bit per-channel weight encodings (8-bit
     embedding and LM head, as AIHM's w4a16), a tokenizer and the HF config."""
     from bundle_helpers import write_tokenizer
-    from genie_build.calibrate import read_initializer, symmetric_per_channel
     from genie_build.encodings import Encodings, write_encodings
+    from genie_build.quantize.calibrate import read_initializer, symmetric_per_channel
     from rebuild_helpers import EXPORTS
     from workflow_helpers import copy_workflow
 

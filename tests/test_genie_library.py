@@ -22,11 +22,11 @@ pytest.importorskip("onnxruntime_qnn")
 
 from bundle_helpers import demo_hf_config, edit_json, write_bundle, write_tokenizer  # noqa: E402
 from genie_build import qnn_wheel  # noqa: E402
-from genie_build.check_bundle import check_bundle  # noqa: E402
-from genie_build.check_vendor import EXTENSIONS_RULE, GENIE_RULE, RULES as VENDOR_RULES  # noqa: E402
+from genie_build.bundle.check_bundle import check_bundle  # noqa: E402
+from genie_build.bundle.check_vendor import EXTENSIONS_RULE, GENIE_RULE, RULES as VENDOR_RULES  # noqa: E402
 from genie_build.chipsets import CHIPSETS, lookup  # noqa: E402
 from genie_build.cli import main  # noqa: E402
-from genie_build.embedding_table import TableEncoding, dialog_embedding  # noqa: E402
+from genie_build.bundle.embedding_table import TableEncoding, dialog_embedding  # noqa: E402
 from genie_build.genie_config import (GENIE_CONFIG_SECTIONS, GENIE_ROPE_TYPES, ROPE_SCALING_TYPES,  # noqa: E402
                                       make_genie_config, make_htp_backend_ext_config)
 from genie_build.htp_extensions import (CONTEXT_KEYS, CORE_KEYS, GROUP_CONTEXT_KEYS, MEMORY_TYPES,  # noqa: E402

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from genie_build import genie_run as genie_run_module
 from genie_build.errors import GenieBuildError
-from genie_build.evaluation_table import GenieRow, write_quality_table
-from genie_build.genie_accuracy import genie_perplexity
-from genie_build.genie_run import GENERATE_MAX_MB, SKIPPED, choose_mode, genie_run, twin_bundle, x86_config
+from genie_build.evaluate.evaluation_table import GenieRow, write_quality_table
+from genie_build.evaluate.genie_accuracy import genie_perplexity
 from genie_build.qnn_wheel.dialog_run import CONFIG_NAME, DialogJob, run_dialog
+from genie_build.run import genie_run as genie_run_module
+from genie_build.run.genie_run import GENERATE_MAX_MB, SKIPPED, choose_mode, genie_run, twin_bundle, x86_config
 from workflow_helpers import (SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, without_qnn_wheel,
                               write_config)
 

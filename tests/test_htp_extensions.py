@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from genie_build.check_bundle import check_bundle
+from genie_build.bundle.check_bundle import check_bundle
 from genie_build.genie_config import make_genie_config, make_htp_backend_ext_config
 
 from bundle_helpers import demo_hf_config, edit_json, write_bundle, write_tokenizer

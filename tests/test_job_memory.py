@@ -10,7 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from genie_build import job_memory
-from genie_build.calibration_units import CalibrationUnit, unit_peak_mb
+from genie_build.plan.calibration_units import CalibrationUnit, unit_peak_mb
 
 MIB = 2**20 / 1e6   # MB per MiB
 

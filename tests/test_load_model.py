@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 
 from genie_build import cli
-from genie_build.auto_split import auto_plan, io_dims_from_graph, io_dims_from_hf_config
 from genie_build.chipsets import HTP_CONTEXT_BYTES, HTP_LOAD, CHIPSETS, LoadParams, load_params
 from genie_build.errors import GenieBuildError
-from genie_build.estimate import estimate
-from genie_build.load_model import (ASSUMPTIONS, PAGE, Buffer, ContextLoad, alignment_of, estimated_contexts,
-                                    measured_contexts, page_round, place_contexts)
-from genie_build.precision import read_precision
-from genie_build.shape_plan import plan_checkpoint
-from genie_build.sizes import AccountRecord, GraphCount
+from genie_build.plan.auto_split import auto_plan, io_dims_from_graph, io_dims_from_hf_config
+from genie_build.plan.load_model import (ASSUMPTIONS, PAGE, Buffer, ContextLoad, alignment_of, estimated_contexts,
+                                         page_round, place_contexts)
+from genie_build.plan.precision import read_precision
+from genie_build.plan.shape_plan import plan_checkpoint
+from genie_build.sizes.estimate import estimate
+from genie_build.sizes.memory_plan import measured_contexts
+from genie_build.sizes.sizes import AccountRecord, GraphCount
 from genie_build.toolchains.base import AppliedOptions
 
 MIB = 1024 ** 2
@@ -132,7 +133,7 @@ def test_report_load_overrides_the_chipsets_parameters():
 
 def _qwen_contexts(num_parts: int):
     precision = read_precision(REPO / "config" / "qwen2_5_7b_11parts.yaml")
-    from genie_build.weight_inventory import weights_from_hf_config
+    from genie_build.plan.weight_inventory import weights_from_hf_config
 
     result = estimate(weights_from_hf_config(QWEN_7B), precision, num_parts=num_parts)
     dims = io_dims_from_hf_config(QWEN_7B, precision.activations, 128, 4096)
@@ -183,7 +184,7 @@ def test_the_estimated_io_of_the_six_part_bundle_is_near_what_genie_allocated(qw
 # ------------------------------------------------------------------------------------------- auto
 
 def test_auto_on_qwen_7b_picks_the_fewest_parts_that_map_under_3_gib():
-    from genie_build.shape_plan import plan_from_hf_config
+    from genie_build.plan.shape_plan import plan_from_hf_config
 
     plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto")
     assert plan.num_parts == 3
@@ -202,8 +203,8 @@ def test_auto_on_qwen_7b_keeps_every_part_job_within_a_third_of_the_run_memory(g
     """On a 24 GB box (as --resources mem_mb, or its 25,276 MB as the machine's) no job holding a part takes more
     than a third of it: the build box, not the device, chose the count; on 64 GB the device's 3 parts fit."""
     from genie_build.job_memory import RunMemory
-    from genie_build.auto_split import part_jobs
-    from genie_build.shape_plan import piece_floats, plan_from_hf_config
+    from genie_build.plan.auto_split import part_jobs
+    from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
 
     memory = RunMemory(given_mb, "the run is given")
     plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=4096, num_parts="auto", memory=memory)
@@ -226,9 +227,9 @@ def test_auto_weighs_the_htp_compile_of_every_graph_a_binary_holds():
     the device's 3 parts with qnn-htp too, at four lengths (8 graphs a binary) more parts, each compile within a
     third; the plan says the compile chose; the reference toolchain alone changes nothing; the table (lut) is not
     compiled."""
-    from genie_build.auto_split import binary_compile, part_jobs
     from genie_build.job_memory import RunMemory, compile_mb
-    from genie_build.shape_plan import piece_floats, plan_from_hf_config
+    from genie_build.plan.auto_split import binary_compile, part_jobs
+    from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
 
     memory = RunMemory(64_000, "the run is given")
 
@@ -252,7 +253,7 @@ def test_auto_names_the_compile_and_its_remedies_when_no_count_fits_the_box():
     """On 24 GB no split of Qwen2.5-7B at four lengths compiles the LM head's part within a third: one line naming
     the compile, the part, and what helps."""
     from genie_build.job_memory import RunMemory
-    from genie_build.shape_plan import plan_from_hf_config
+    from genie_build.plan.shape_plan import plan_from_hf_config
 
     with pytest.raises(GenieBuildError) as error:
         plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=LENGTHS, num_parts="auto",
@@ -288,7 +289,7 @@ def test_auto_refuses_when_no_part_count_maps_naming_a_part_too_large_alone(tmp_
 
 def test_auto_refuses_when_the_parts_do_not_map_together_naming_those_that_do_not():
     """Every part maps alone, but one 40 MiB session holds only some: the split into the most parts names the rest."""
-    from genie_build.plan_file import Piece
+    from genie_build.plan.plan_file import Piece
 
     pieces = [Piece("embedding", "embedding", 4 * MIB, output_boundary="b0"),
               *(Piece(f"layer_{i}", "layer", 8 * MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(8)),
@@ -310,7 +311,7 @@ def test_auto_on_a_checkpoint_is_the_plan_of_the_count_it_names(tmp_path):
 
 def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
     """4 layers on two 40 MiB sessions: 2 parts do not map (the layers' 32 MiB sit on a 32 MiB boundary), 3 do."""
-    from genie_build.plan_file import Piece
+    from genie_build.plan.plan_file import Piece
 
     pieces = [Piece("embedding", "embedding", 4 * MIB, output_boundary="b0"),
               *(Piece(f"layer_{i}", "layer", 8 * MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(4)),
@@ -322,7 +323,7 @@ def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
     contexts = estimated_contexts(plan.parts, [p.estimated_bytes for p in plan.parts], dims)
     assert place_contexts(contexts, params).maps
     for fewer in range(2, plan.num_parts):
-        from genie_build.planners import plan_by_num_parts
+        from genie_build.plan.planners import plan_by_num_parts
         smaller = plan_by_num_parts(pieces, fewer, True)
         assert not place_contexts(estimated_contexts(smaller.parts, [p.estimated_bytes for p in smaller.parts], dims),
                                   params).maps
@@ -331,7 +332,7 @@ def test_auto_plan_takes_one_more_part_when_a_session_is_too_small_for_fewer():
 def test_auto_with_the_embedding_as_a_table_places_the_parts_after_it_only():
     """bundle.embedding: lut takes part 1 off the HTP: a 20 MiB embedding that leaves no part count mapping in two
     40 MiB sessions as a context maps as a table, with the layers in 2 contexts (3 parts)."""
-    from genie_build.plan_file import Piece
+    from genie_build.plan.plan_file import Piece
 
     pieces = [Piece("embedding", "embedding", 20 * MIB, output_boundary="b0"),
               *(Piece(f"layer_{i}", "layer", 8 * MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(4)),
@@ -352,13 +353,13 @@ def test_auto_on_whole_graphs_counts_the_io_of_every_context_length_beside_them(
     checkpoint's estimate counts it (io_dims_from_hf_config with several lengths)."""
     from demo_shapes import SMALL
     from genie_build.onnx_graph import load_graph
-    from genie_build.planners import plan_by_num_parts
+    from genie_build.plan.planners import plan_by_num_parts
 
     path = small_demo / "prompt.onnx"
     alone = io_dims_from_graph(load_graph(path), 16, path)
     both = io_dims_from_graph(load_graph(path), 16, path, [SMALL.context // 4])
     assert (alone.context_lengths, both.context_lengths) == ((SMALL.context,), (SMALL.context // 4, SMALL.context))
-    from genie_build.plan_file import Piece
+    from genie_build.plan.plan_file import Piece
 
     pieces = [Piece("embedding", "embedding", MIB, output_boundary="b0"),
               *(Piece(f"layer_{i}", "layer", MIB, layer=i, output_boundary=f"b{i + 1}") for i in range(SMALL.layers)),
@@ -416,8 +417,8 @@ def test_the_table_is_named_as_a_remedy_only_of_a_plan_without_it(tmp_path):
 def test_the_labels_of_six_small_contexts_are_drawn_apart(tmp_path):
     """The demo's six parts fill a few hundred KiB of a 3,840 MiB session: memory_plan.png draws their labels one
     above the other, none over another."""
-    from genie_build.load_report import load_plan_figure
-    from genie_build.memory_plan import MemoryLimits, plan_measured_memory
+    from genie_build.sizes.load_report import load_plan_figure
+    from genie_build.sizes.memory_plan import MemoryLimits, plan_measured_memory
 
     records = []
     for part in range(1, 7):
@@ -453,7 +454,7 @@ def test_size_table_flags_the_parts_the_memory_plan_says_will_not_map(tmp_path, 
 
 
 def test_accounting_counts_each_graphs_io_bytes_and_says_when_it_cannot(caplog):
-    from genie_build.sizes import account_binary
+    from genie_build.sizes.sizes import account_binary
     from genie_build.toolchains.base import BinaryInfo, GraphInfo, QuantInfo, TensorInfo
 
     kv = TensorInfo("past_key_0_in", (1, 2, 16, 56), "float32", QuantInfo("uint8", bitwidth=8))
@@ -473,6 +474,6 @@ def test_the_vendors_context_limit_is_written_in_gib_wherever_a_user_reads_it():
     assert HTP_CONTEXT_BYTES == 3 * 1024**3
     repo = Path(__file__).resolve().parents[1]
     for path in ("README.md", "config/config.yaml", "workflow/genie_build/schema/config.schema.yaml",
-                 "docs/memory-plan.md", "workflow/genie_build/auto_split.py"):
+                 "docs/memory-plan.md", "workflow/genie_build/plan/auto_split.py"):
         text = (repo / path).read_text()
         assert not re.findall(r'(?<!")\b3 GB\b(?!")', text), path

@@ -118,9 +118,9 @@ def test_auto_weighs_the_memory_the_run_is_given(tmp_path, given_mb, lengths, pa
     3, unless four lengths make the qnn-htp variant's compile of 8 graphs a binary the largest job. The memory plan
     says which bound chose the count, and by which job."""
     from genie_build.job_memory import RunMemory
-    from genie_build.plan_file import read_plan
-    from genie_build.auto_split import binary_compile, part_jobs
-    from genie_build.shape_plan import piece_floats
+    from genie_build.plan.auto_split import binary_compile, part_jobs
+    from genie_build.plan.plan_file import read_plan
+    from genie_build.plan.shape_plan import piece_floats
 
     workdir = copy_workflow(tmp_path)
     config = write_config(workdir, {"model": {"name": "qwen7b", "hf_config": "config/hf/qwen2_5_7b_instruct.json"},
@@ -148,8 +148,8 @@ def test_auto_on_a_checkpoint_takes_more_parts_when_the_run_is_given_less_memory
     pytest.importorskip("torch", reason="the checkpoint is written with torch")
     import hf_checkpoints
     from genie_build.job_memory import RunMemory
-    from genie_build.auto_split import part_jobs
-    from genie_build.shape_plan import piece_floats, plan_from_hf_config
+    from genie_build.plan.auto_split import part_jobs
+    from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
 
     workdir = copy_workflow(tmp_path)
     checkpoint = hf_checkpoints.make_checkpoint(workdir / "checkpoint", "qwen2", layers=4, hidden=256,

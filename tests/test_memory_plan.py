@@ -8,12 +8,12 @@ import logging
 import pytest
 
 from genie_build import cli
-from genie_build.errors import GenieBuildError
 from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
 from genie_build.config import read_schema
-from genie_build.memory_plan import (MemoryLimits, PartSize, memory_plan_json, memory_plan_markdown,
-                                     part_sizes_from_records, plan_memory, write_memory_plan)
-from genie_build.sizes import AccountRecord
+from genie_build.errors import GenieBuildError
+from genie_build.sizes.memory_plan import (MemoryLimits, PartSize, memory_plan_json, memory_plan_markdown,
+                                           part_sizes_from_records, plan_memory, write_memory_plan)
+from genie_build.sizes.sizes import AccountRecord
 from genie_build.toolchains.base import AppliedOptions
 from genie_build.units import MIB
 
@@ -72,7 +72,7 @@ def test_field_report_shape_warns_on_the_session_but_not_per_context(caplog):
     """Six parts of a 4.7 GB build: each part is fine, the total (6 x 783e6 bytes = 4,480.36 MiB) is over 3.75 GiB
     (and it still ran there)."""
     sizes = [PartSize(index, 740 * 10**6, 783 * 10**6) for index in range(1, 7)]
-    with caplog.at_level(logging.WARNING, logger="genie_build.memory_plan"):
+    with caplog.at_level(logging.WARNING, logger="genie_build.sizes.memory_plan"):
         plan = plan_memory(sizes, "packed")
     assert checks(plan) == [("session_total", None)]
     assert plan.warnings[0].sources == ("HTPDOC", "FIELD")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from genie_build.near_ties import NEAR_TIE_SHARE, FollowBundle, NearTie
+from genie_build.run.near_ties import NEAR_TIE_SHARE, FollowBundle, NearTie
 
 
 def _logits(best: int, second: int, gap: float, vocab: int = 8) -> np.ndarray:

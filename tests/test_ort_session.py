@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from genie_build.calibrate import calibrate
+from genie_build.quantize.calibrate import calibrate
 from demo_shapes import TINY
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.ort_session import THREADS_VARIABLE, cpu_session_options, float_check_options, job_threads
 
 SHAPE = dataclasses.replace(TINY, hidden=128, intermediate=256)

@@ -1,4 +1,5 @@
-"""genie_build.plan, genie_build.plan_file and the ``plan`` command: pieces, balanced contiguous parts, plan.json."""
+"""genie_build.plan.plan, genie_build.plan.plan_file and the ``plan`` command: pieces, balanced contiguous parts,
+plan.json."""
 
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 
-from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
 from genie_build.encodings import Encodings, TensorEncoding, check_graphs_consistent, read_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import InitializerSpec, load_graph
-from genie_build.plan import by_encodings, by_precision, quantized_bytes, weighed_pieces
-from genie_build.plan_file import Piece, Plan, read_plan, write_plan
-from genie_build.planners import plan_by_max_part_bytes, plan_by_num_parts
-from genie_build.precision import Precision
+from genie_build.plan.boundaries import find_boundaries
+from genie_build.plan.plan import by_encodings, by_precision, quantized_bytes, weighed_pieces
+from genie_build.plan.plan_file import Piece, Plan, read_plan, write_plan
+from genie_build.plan.planners import plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.plan.precision import Precision
+from genie_build.plan.weight_inventory import ModelWeights, Weight, initializer_pieces, weights_from_graph
 from genie_build.units import MIB
-from genie_build.weight_inventory import ModelWeights, Weight, initializer_pieces, weights_from_graph
 from scoped_graph import EMBED_OUT, build_scoped_graph, layer_out
 
 

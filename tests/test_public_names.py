@@ -15,7 +15,10 @@ import genie_build
 
 REPO = Path(__file__).resolve().parents[1]
 # No public names of their own: the package (its version), the entry point, and packages of modules.
-WITHOUT_API = {"genie_build", "genie_build.__main__", "genie_build.commands", "genie_build.toolchains.reference"}
+WITHOUT_API = {"genie_build", "genie_build.__main__", "genie_build.commands", "genie_build.toolchains.reference",
+               "genie_build.demo", "genie_build.plan", "genie_build.split",
+               "genie_build.export", "genie_build.quantize", "genie_build.sizes",
+               "genie_build.bundle", "genie_build.run", "genie_build.evaluate"}
 MODULES = sorted(info.name for info in pkgutil.walk_packages(genie_build.__path__, "genie_build.")
                  if info.name not in WITHOUT_API)
 SMK_IMPORT = re.compile(r"^from (genie_build(?:\.[\w.]+)?) import ([^\n(]+|\([^)]*\))", re.MULTILINE)

@@ -140,7 +140,7 @@ def test_the_qdq_part_on_the_cpu_computes_the_reference_parts_outputs(build, con
 def calibration_feed(build: ReferenceBuild, session: ort.InferenceSession) -> dict[str, np.ndarray]:
     """Part 2's inputs on the sample the tiny demo's encodings were calibrated on (tests/bundle_helpers.py calibrates
     on one): the embedding rows of its tokens (part 1 is the embedding alone), its mask, RoPE tables and cache."""
-    from genie_build.calibrate import calibration_feeds
+    from genie_build.quantize.calibrate import calibration_feeds
     from demo_shapes import demo_shape
     from genie_build.toolchains.reference.onnx_io import read_initializer
 
@@ -196,7 +196,7 @@ def test_the_weight_shared_binary_is_smaller_than_the_separate_graphs_and_packin
 
 
 def test_the_twin_runs_in_the_htp_simulation_as_the_qdq_graph_on_the_cpu(build, converted, tmp_path):
-    from genie_build.run_bundle import GraphFile, _graph_session
+    from genie_build.run.run_bundle import GraphFile, _graph_session
     from genie_build.toolchains.qnn_htp.twin import require_same_io, twin_models, twin_target
 
     shipped, twin = tmp_path / "part_2.bin", tmp_path / "twin"
@@ -281,7 +281,7 @@ def test_a_weight_with_a_float_encoding_stays_float_and_runs_on_the_htp(build, t
 
 
 def test_check_bundle_refuses_a_binary_compiled_for_another_soc_than_the_extension_config_names(converted, tmp_path):
-    from genie_build.check_bundle import _check_binary_socs
+    from genie_build.bundle.check_bundle import _check_binary_socs
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()

@@ -77,7 +77,7 @@ def test_every_runtime_requirement_of_the_hf_extra_is_pinned():
 def demo_sources(out: Path) -> Path:
     """The small demo's float graphs, config.json and tokenizer, as a user's model before quantization."""
     from demo_shapes import demo_shape
-    from genie_build.demo import generate_demo
+    from genie_build.demo.demo import generate_demo
 
     shape = SMALL_DEMO["demo"]
     generate_demo(demo_shape(shape), out)
@@ -88,8 +88,8 @@ def demo_sources(out: Path) -> Path:
 
 
 def demo_feeds(sources: Path, kind: str) -> list[dict]:
-    from genie_build.calibrate import calibration_feeds, graph_shape
     from genie_build.onnx_graph import load_graph
+    from genie_build.quantize.calibrate import calibration_feeds, graph_shape
 
     shape = graph_shape(load_graph(sources / "prompt.onnx"), sources / "prompt.onnx", sources / "config.json")
     return list(calibration_feeds(shape, kind, 2))
@@ -398,7 +398,7 @@ def test_float_graphs_without_encodings_are_calibrated_part_by_part(demo, tmp_pa
     """A user's float graphs with no model.encodings: split, then calibrated by the chain (recipe w8a16), without
     ever calibrating the whole model; the bundle passes check-bundle and its host run gives the tokens of the
     parts' converted graphs (there are no whole encodings to convert an unsplit model with)."""
-    from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
+    from genie_build.run.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 
     exports = tmp_path / "exports"
     exports.mkdir()

@@ -20,10 +20,10 @@ from tiny_decoder import build_tiny_decoder
 from genie_build import __version__
 from genie_build.chipsets import lookup
 from genie_build.cli import main
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.encodings import Encodings, TensorEncoding, layout_of, write_encodings
-from genie_build.onnx_graph import WeightLayout
 from genie_build.errors import GenieBuildError
+from genie_build.onnx_graph import WeightLayout
 from genie_build.toolchains import get_toolchain
 from genie_build.toolchains.base import CompileOptions, QuantInfo
 from genie_build.toolchains.reference import container
@@ -31,8 +31,8 @@ from genie_build.toolchains.reference import convert as reference_convert
 from genie_build.toolchains.reference.container import load_container, read_graphs
 from genie_build.toolchains.reference.container_format import read_header
 from genie_build.toolchains.reference.packing import pack_int4
-from genie_build.toolchains.reference.records import Quantization
 from genie_build.toolchains.reference.quantize import broadcast_params, dequantize, quantize, stored_bitwidth
+from genie_build.toolchains.reference.records import Quantization
 
 HIDDEN, VOCAB, LAYERS, AR, CONTEXT = 16, 64, 2, 4, 8
 PROMPT, TOKEN = "prompt_ar4_cl8_1_of_1", "token_ar1_cl8_1_of_1"

@@ -16,9 +16,9 @@ from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from genie_build.chipsets import lookup
 from genie_build.cli import main
 from genie_build.errors import GenieBuildError
-from genie_build import run_bundle as run_bundle_module
-from genie_build.run_bundle import (GraphSession, Runner, generate, load_bundle, make_runner, run_bundle,
-                                    unsplit_tokens)
+from genie_build.run import run_bundle as run_bundle_module
+from genie_build.run.run_bundle import (GraphSession, Runner, generate, load_bundle, make_runner, run_bundle,
+                                        unsplit_tokens)
 from genie_build.toolchains.base import CompileOptions
 from genie_build.toolchains.reference.container import load_container, read_graphs
 from genie_build.toolchains.reference.toolchain import ReferenceToolchain
@@ -174,7 +174,7 @@ def test_unsplit_tokens_read_the_bundle_config_without_loading_its_binaries(
 def test_the_host_run_reads_llama3_scaling_back_from_genies_config_and_refuses_others():
     """What genie_config writes for a Llama 3 checkpoint is what the host run's RoPE tables get (HF's keys)."""
     from genie_build.genie_config import genie_rope_scaling
-    from genie_build.run_bundle import host_rope
+    from genie_build.run.run_bundle import host_rope
 
     hf = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
@@ -278,7 +278,7 @@ def test_a_graph_without_the_converters_record_gives_the_empty_slot_from_its_qua
     a float KV input has none."""
     from onnx import TensorProto, helper
 
-    from genie_build.genie_runtime import empty_kv
+    from genie_build.run.genie_runtime import empty_kv
 
     def quantized(name: str, scale: float, zero_point: int, dtype: int) -> list:
         return [helper.make_tensor(f"{name}_scale", TensorProto.FLOAT, [], [scale]),

@@ -13,10 +13,11 @@ from bundle_helpers import TINY_DEMO, VARIANT, ReferenceBuild
 from demo_shapes import demo_shape
 from genie_build.cli import main
 from genie_build.conventions import graph_name, part_encodings_path, part_graph_path, part_label
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.errors import GenieBuildError
-from genie_build.genie_runtime import Step, genie_steps
-from genie_build.run_bundle import GraphRun, generate, host_run, load_bundle, make_runner, run_bundle, unsplit_tokens
+from genie_build.run.genie_runtime import Step, genie_steps
+from genie_build.run.run_bundle import (GraphRun, generate, host_run, load_bundle, make_runner, run_bundle,
+                                        unsplit_tokens)
 from genie_build.toolchains.reference.container import read_graphs
 
 LENGTHS = (TINY_DEMO["context"], 2 * TINY_DEMO["context"])

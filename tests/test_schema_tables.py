@@ -12,14 +12,14 @@ import yaml
 
 from genie_build.chipsets import CHIPSETS
 from genie_build.cli import build_parser
-from genie_build.conventions import EMBEDDING_LAYOUTS
 from genie_build.config import DemoCalibrator, load_config, read_schema, validate_config
-from genie_build.demo import WEIGHT_DTYPES
+from genie_build.conventions import EMBEDDING_LAYOUTS
+from genie_build.demo.demo import WEIGHT_DTYPES
 from genie_build.encodings import SUPPORTED_FLOAT_BITWIDTHS, SUPPORTED_INT_BITWIDTHS, EncodingKind
 from genie_build.errors import GenieBuildError
-from genie_build.precision import Precision, WeightRule, precision_from_dict
-from genie_build.calibrate_unit import CALIBRATORS, DEFAULT_CALIBRATOR
-from genie_build.recipes import RECIPES
+from genie_build.plan.precision import Precision, WeightRule, precision_from_dict
+from genie_build.plan.recipes import RECIPES
+from genie_build.quantize.calibrate_unit import CALIBRATORS, DEFAULT_CALIBRATOR
 from genie_build.toolchains import TOOLCHAINS
 from genie_build.toolchains.reference.convert import FLOAT_BITWIDTHS
 

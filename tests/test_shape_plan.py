@@ -1,4 +1,4 @@
-"""Plans from shapes (genie_build.shape_plan): a checkpoint's from config.json alone, in either layout transformers
+"""Plans from shapes (genie_build.plan.shape_plan): a checkpoint's from config.json alone, in either layout transformers
 writes and for every family, its pieces weighed by AIMET's rule per weight; the safetensors files each part's
 export depends on. (That the rule weighs each piece as the calibrated encodings store it, byte for byte, is
 tests/test_calibration_chain.py's, with aimet-onnx.)"""
@@ -14,9 +14,9 @@ from genie_build.conventions import EMBED_WEIGHT, LM_HEAD_WEIGHT
 from genie_build.errors import GenieBuildError
 from genie_build.hf_checkpoint import Checkpoint, tensor_headers, weight_files
 from genie_build.hf_config import load_hf_config
-from genie_build.plan_file import PartPlan
-from genie_build.shape_plan import (part_tensor_names, part_weight_files, piece_floats, plan_checkpoint,
-                                    plan_from_hf_config)
+from genie_build.plan.plan_file import PartPlan
+from genie_build.plan.shape_plan import (part_tensor_names, part_weight_files, piece_floats, plan_checkpoint,
+                                         plan_from_hf_config)
 
 REPO = Path(__file__).resolve().parents[1]
 # hidden 64, 2 heads (head_dim 32), 1 KV head, intermediate 128, vocab 96, 2 layers, untied, as transformers 5 writes

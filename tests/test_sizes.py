@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 from docutils.core import publish_parts
 
-from genie_build import cli, sizes
+from genie_build import cli
 from genie_build.errors import GenieBuildError
-from genie_build.sizes import (AccountRecord, account_binary, build_size_table, read_record, size_table_markdown,
-                               write_size_table)
+from genie_build.sizes import sizes
+from genie_build.sizes.sizes import (AccountRecord, account_binary, build_size_table, read_record, size_table_markdown,
+                                     write_size_table)
 from genie_build.toolchains.base import AppliedOptions, BinaryInfo, GraphInfo, TensorInfo
 
 REPORT_DIR = Path(__file__).resolve().parents[1] / "workflow" / "report"
@@ -117,7 +118,7 @@ def test_baseline_comes_first_whatever_the_record_order(ab_records):
 
 
 def test_packing_with_the_same_size_is_flagged_and_logged(ab_records, caplog):
-    with caplog.at_level(logging.WARNING, logger="genie_build.sizes"):
+    with caplog.at_level(logging.WARNING, logger="genie_build.sizes.sizes"):
         table = build_size_table(ab_records, "unpacked")
 
     flags = table.set_index(["part", "variant"])["flag"]
@@ -272,7 +273,7 @@ class FakeToolchain:
 
 
 def test_account_command_writes_the_record(tmp_path, monkeypatch):
-    monkeypatch.setattr("genie_build.sizes.get_toolchain", lambda name: FakeToolchain())
+    monkeypatch.setattr("genie_build.sizes.sizes.get_toolchain", lambda name: FakeToolchain())
     binary = tmp_path / "compiled" / "packed" / "part_02_of_03.bin"
     binary.parent.mkdir(parents=True)
     binary.write_bytes(b"\0" * 1234)
@@ -292,7 +293,7 @@ def test_account_command_writes_the_record(tmp_path, monkeypatch):
     (["--part-label", "03_of_03"], "do not belong to part 03_of_03"),
 ])
 def test_account_command_reports_bad_input_on_one_line(tmp_path, monkeypatch, capsys, args, message):
-    monkeypatch.setattr("genie_build.sizes.get_toolchain", lambda name: FakeToolchain())
+    monkeypatch.setattr("genie_build.sizes.sizes.get_toolchain", lambda name: FakeToolchain())
     binary = tmp_path / "part_02_of_03.bin"
     binary.write_bytes(b"\0")
     defaults = {"--toolchain": "reference", "--binary": str(binary), "--part-label": "02_of_03",
@@ -379,7 +380,7 @@ def test_weight_sharing_that_shares_nothing_is_flagged():
 def test_evaluated_variants_quality_stands_beside_their_size_and_an_unknown_variant_is_refused(ab_records):
     """Quality is a variant's, the same on each of its rows (NaN where the variant was not evaluated); the Markdown
     puts it under the totals."""
-    from genie_build.evaluation_table import Quality
+    from genie_build.evaluate.evaluation_table import Quality
 
     packed = Quality(positions=512, top1_agreement=0.875, mean_kl=0.0123, float_perplexity=9.0,
                      variant_perplexity=9.5)

@@ -13,19 +13,19 @@ import numpy as np
 import onnx
 import pytest
 
-from genie_build.boundaries import find_boundaries
 from genie_build.cli import main
 from genie_build.conventions import PART_WEIGHTS_NAME, find_parts
-from genie_build.demo import example_inputs
+from genie_build.demo.demo import example_inputs
 from genie_build.encodings import Encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph
-from genie_build.plan import by_encodings, weighed_pieces
-from genie_build.planners import plan_by_num_parts
-from genie_build.plan_file import write_plan
-from genie_build.split import node_inputs, split_graphs
-from genie_build.verify_split import build_feed, verify_chain
-from genie_build.weight_inventory import weights_from_graph
+from genie_build.plan.boundaries import find_boundaries
+from genie_build.plan.plan import by_encodings, weighed_pieces
+from genie_build.plan.plan_file import write_plan
+from genie_build.plan.planners import plan_by_num_parts
+from genie_build.plan.weight_inventory import weights_from_graph
+from genie_build.split.split import node_inputs, split_graphs
+from genie_build.split.verify_split import build_feed, verify_chain
 from demo_shapes import SMALL
 from tiny_decoder import EMBED_OUT, build_tiny_decoder, layer_out, make_plan
 
@@ -221,7 +221,7 @@ def test_split_failing_midway_keeps_the_previous_parts_whole(demo: Path, tmp_pat
         if len(checked) == 3:
             raise GenieBuildError(onnx_path, "invalid part")
 
-    monkeypatch.setattr("genie_build.split.check_part", fail_on_the_last_part)
+    monkeypatch.setattr("genie_build.split.split.check_part", fail_on_the_last_part)
     changed = tmp_path / "changed"   # another embedding table, so a part 1 that got through would show
     shutil.copytree(demo, changed)
     table = next(t for t in graph_of(demo / "prompt.onnx").initializer if t.name == "model.embed_tokens.weight")
@@ -291,7 +291,8 @@ def test_single_part_plan_copies_the_whole_graph(tmp_path: Path) -> None:
 
 
 def test_hf_export_splits_bit_exact(hf_qwen2: tuple[Path, Path], tmp_path: Path) -> None:
-    """A real transformers Qwen2 export (dynamo), boundaries found from node scopes, planned by genie_build.plan."""
+    """A real transformers Qwen2 export (dynamo), boundaries found from node scopes, planned by
+    genie_build.plan.plan."""
     prompt, token = hf_qwen2
     model = load_graph(prompt)
     cuts = find_boundaries(model, prompt)

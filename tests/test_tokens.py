@@ -15,8 +15,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from bundle_helpers import demo_hf_config, write_tokenizer
 from genie_build import tokens
+from genie_build.demo.train_tokenizer import build_tokenizer
 from genie_build.errors import GenieBuildError
-from genie_build.train_tokenizer import build_tokenizer
 from genie_build.tokens import check_tokenizer, chunk_starts, read_tokens, text_token_ids, tokenize_text
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from genie_build import cli
+from genie_build.demo.train_tokenizer import (BOS_TOKEN_ID, EOS_TOKEN_ID, MIN_VOCAB, SPECIAL_TOKENS, reserved_token,
+                                              train_tokenizer)
 from genie_build.errors import GenieBuildError
-from genie_build.train_tokenizer import (BOS_TOKEN_ID, EOS_TOKEN_ID, MIN_VOCAB, SPECIAL_TOKENS, reserved_token,
-                                         train_tokenizer)
 
 CORPUS = Path(__file__).resolve().parents[1] / "resources" / "tokenizer_corpus.txt"
 TEXTS = ("Return a new list containing all items from the iterable in ascending order.",

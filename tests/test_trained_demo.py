@@ -17,10 +17,10 @@ import pytest
 
 from genie_build.config import DEFAULT_CALIBRATION_TOKENS
 from genie_build.conventions import INPUT_IDS, LOGITS, MASK, POS_COS, POS_SIN, causal_mask, rope_tables
-from genie_build.demo import TRAINED_SHAPE, TRAINED_WEIGHTS, generate_demo, graph_inputs
+from genie_build.demo.demo import TRAINED_SHAPE, TRAINED_WEIGHTS, generate_demo, graph_inputs
+from genie_build.demo.train_tokenizer import train_tokenizer
 from genie_build.errors import GenieBuildError
 from genie_build.genie_config import load_tokenizer
-from genie_build.train_tokenizer import train_tokenizer
 from workflow_helpers import REFERENCE_BUILD, REPO, copy_workflow, load_json, run_snakemake, write_config
 
 HOST_PROMPT = "And Moses said unto the LORD"

@@ -15,10 +15,10 @@ from onnx import TensorProto, helper
 
 from genie_build.cli import main
 from genie_build.conventions import PART_WEIGHTS_NAME, find_parts
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from genie_build.errors import GenieBuildError
-from genie_build.split import split_graphs
-from genie_build.verify_split import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
+from genie_build.split.split import split_graphs
+from genie_build.split.verify_split import build_feed, compare_arrays, compare_chain, find_token_input, verify_chain
 from demo_shapes import ONE_LAYER, SMALL
 from tiny_decoder import make_plan
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from genie_build.errors import GenieBuildError
-from genie_build.window_stream import open_windows, write_windows
+from genie_build.quantize.window_stream import open_windows, write_windows
 
 
 def test_windows_written_one_at_a_time_read_back_one_at_a_time(tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
+from genie_build.run.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE
 from workflow_helpers import (SMALL_DEMO, TEST_VARIANTS, changed_since, copy_workflow, load_json, output_mtimes,
                               read_back_qnn_bundle, run_snakemake, scale_encoding, write_config)
 

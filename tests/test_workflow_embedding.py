@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from bundle_helpers import build_reference_bundle
-from genie_build.embedding_table import quantize_table, read_table_file
+from genie_build.bundle.embedding_table import quantize_table, read_table_file
 from genie_build.toolchains.reference.onnx_io import read_initializer
 from scaled_embedding import scaled_export
 from workflow_helpers import (REFERENCE_BUILD, SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake,

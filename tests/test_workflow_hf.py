@@ -41,7 +41,7 @@ else:
 import family_cases  # noqa: E402
 import hf_checkpoints  # noqa: E402  (needs torch)
 
-from genie_build.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE  # noqa: E402
+from genie_build.run.run_bundle import PARTS_REFERENCE, TABLE_REFERENCE  # noqa: E402
 from genie_build.tokens import text_token_ids  # noqa: E402
 
 pytestmark = [pytest.mark.workflow, pytest.mark.hf]

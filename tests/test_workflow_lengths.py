@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from genie_build.conventions import PART_WEIGHTS_NAME
-from genie_build.demo import generate_demo
+from genie_build.demo.demo import generate_demo
 from demo_shapes import demo_shape
 from workflow_helpers import SMALL_DEMO, copy_workflow, jobs_run, load_json, run_snakemake, write_config
 

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from genie_build.conventions import part_label
-from genie_build.plan_file import PartPlan, Plan
+from genie_build.plan.plan_file import PartPlan, Plan
 
 EMBED_OUT = "/model/embed_tokens/Gather_output_0"
 EXTERNAL_THRESHOLD = 512  # bytes: matrices go to the data file, norm weights and biases stay inline

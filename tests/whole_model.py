@@ -1,6 +1,6 @@
 """The whole-model calibration of a prompt/token graph pair: the reference the calibration chain is compared with
-(the workflow calibrates one unit of one part at a time, genie_build.calibrate_unit.calibrate_unit). Test helper; needs
-aimet-onnx."""
+(the workflow calibrates one unit of one part at a time, genie_build.quantize.calibrate_unit.calibrate_unit). Test
+helper; needs aimet-onnx."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import numpy as np
 from genie_build.encodings import Encodings, write_encodings
 from genie_build.errors import GenieBuildError
 from genie_build.onnx_graph import load_graph, read_graph_tensors
-from genie_build.calibrate_unit import (calibrate_prompt, copy_kv_input_encodings, require_aimet,
-                                        shared_token_tensors, token_encodings)
-from genie_build.calibration_feeds import ForwardPass, feed_shape, text_forward_pass
+from genie_build.plan.recipes import Recipe, recipe_named
+from genie_build.quantize.calibrate_unit import (calibrate_prompt, copy_kv_input_encodings, require_aimet,
+                                                 shared_token_tensors, token_encodings)
+from genie_build.quantize.calibration_feeds import ForwardPass, feed_shape, text_forward_pass
 from genie_build.tokens import text_token_ids
-from genie_build.recipes import Recipe, recipe_named
 
 
 def quantize_pair(prompt_path: str | Path, token_path: str | Path, out_prompt: str | Path, out_token: str | Path,

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle_helpers import demo_hf_config, write_tokenizer
-from genie_build.embedding_table import TableEncoding, dialog_embedding, write_embedding_table
+from genie_build.bundle.embedding_table import TableEncoding, dialog_embedding, write_embedding_table
 from genie_build.genie_config import make_genie_config
 
 OUTPUT = "/model/embed_tokens/Gather_output_0"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from bundle_helpers import demo_hf_config, synthetic_infos, with_inputs_embeds, write_tokenizer
-from genie_build.check_bundle import check_bundle
-from genie_build.check_vendor import RULES as VENDOR_RULES
+from genie_build.bundle.check_bundle import check_bundle
+from genie_build.bundle.check_vendor import RULES as VENDOR_RULES
+from genie_build.bundle.metadata import METADATA_NAME, dump_metadata
 from genie_build.genie_config import make_genie_config
-from genie_build.metadata import METADATA_NAME, dump_metadata
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}

@@ -28,7 +28,7 @@ _EXECUTORCH = "ExecuTorch qc_schema.py"
 _AIHA_EXECUTORCH_LITERT = "AIHA manual_bundle.md; ExecuTorch qc_schema.py; LiteRT soc_table.h"
 
 
-# How the load model (genie_build.load_model) places mappings in a session: on the largest power of two not above
+# How the load model (genie_build.plan.load_model) places mappings in a session: on the largest power of two not above
 # the mapping's size (measured by a third party), or on a 2 MiB page alone.
 ALIGNMENTS = ("power_of_two", "page")
 

@@ -24,11 +24,10 @@ from jsonschema.exceptions import ValidationError, best_match
 
 from genie_build.bundle_layout import BundleLayout
 from genie_build.chipsets import load_params, lookup
-from genie_build.demo import DemoShape, shape_config
+from genie_build.conventions import KV_BYTES, cache_length_problem
+from genie_build.demo.demo import DemoShape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int, read_text
-from genie_build.genie_contract import cache_length_problem
-from genie_build.load_model import KV_BYTES
 from genie_build.split_request import check_split_request
 from genie_build.units import GIB, MIB
 
@@ -216,7 +215,7 @@ def _check_plain_data(value: Any, where: str, path: tuple, seen: frozenset[int] 
 # The model keys of a user's own export, which a Hugging Face checkpoint to export replaces.
 USER_EXPORT_KEYS = ("prompt_onnx", "token_onnx", "encodings", "tokenizer", "hf_config")
 SourceKind = Literal["demo", "files", "hf", "estimate"]
-DemoCalibrator = Literal["builtin", "aimet"]  # demo.calibrator: genie_build.calibrate, or the calibration chain
+DemoCalibrator = Literal["builtin", "aimet"]  # demo.calibrator: genie_build.quantize.calibrate, or the chain
 
 
 def source_kind(config: Mapping[str, Any]) -> SourceKind:
@@ -346,7 +345,7 @@ def _check_cross_fields(config: dict, where: str) -> None:
 
 def _check_cache_lengths(config: dict, where: str) -> None:
     """The source's lengths (``demo`` or ``export``: the graphs genie-build makes) with a cache Genie reads: none twice
-    the AR (:func:`genie_build.genie_contract.cache_length_problem`)."""
+    the AR (:func:`genie_build.conventions.cache_length_problem`)."""
     section = {"demo": "demo", "hf": "export"}.get(source_kind(config))
     if section is None:
         return

@@ -6,7 +6,8 @@
 - part labels and graph names: the index zero-padded to the width of N so that lexicographic order is part
   order (Genie assigns graphs to splits by sorting their names; ``nsp-model.cpp``), and the unsplit graph name;
 - how Genie reads AR (tokens per step) and CL (context length) from a graph (:func:`read_ar`, :func:`read_cl`,
-  :func:`graph_ar_cl`), after the Genie source shipped in the QAIRT SDK (``examples/Genie``):
+  :func:`graph_ar_cl`; the one length it misreads, :func:`cache_length_problem`), after the Genie source shipped
+  in the QAIRT SDK (``examples/Genie``):
 
   - ``qnn-utils.cpp`` ``Tensor``/``Dims``: Genie right-aligns a tensor's dims into four, ``[batch, height,
     width, channel]`` (padded with 1s), and folds a non-1 first dim into ``height`` when the second is 1;
@@ -38,10 +39,12 @@ from genie_build.errors import GenieBuildError
 from genie_build.fileio import is_json_int
 
 __all__ = ["AR_IN_NAME", "CL_IN_NAME", "EMBEDDING_BOUNDARY", "EMBEDDING_LAYOUTS", "EMBEDDING_PIECE", "HEAD_PIECE", "EMBED_WEIGHT", "FINAL_NORM_WEIGHT", "FIRST_PART_INPUTS",
-           "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_PREFIX", "KV_TENSOR",
+           "GENIE_RANK_LIMIT", "GRAPH_KINDS", "GenieDims", "INPUTS_EMBEDS", "INPUT_IDS", "KV_BYTES", "KV_PREFIX",
+           "KV_TENSOR",
            "LM_HEAD_WEIGHT", "LOGITS", "MASK", "MASK_MIN", "PART_LABEL_PATTERN", "PART_SUFFIX", "PART_WEIGHTS_NAME",
            "POS_COS", "POS_SIN",
-           "Reading", "Tensor", "UNIT_LABEL_PATTERN", "causal_mask", "find_parts", "genie_dims", "graph_ar",
+           "Reading", "Tensor", "UNIT_LABEL_PATTERN", "cache_length_problem", "causal_mask", "find_parts",
+           "genie_dims", "graph_ar",
            "graph_ar_cl", "graph_keys", "graph_name", "key_kind", "kv_name", "layer_output", "length_graph_key",
            "parse_part_label", "part_encodings_path", "part_folder", "part_graph_path", "part_label",
            "part_weights_path", "piece_names", "read_ar", "read_cl",
@@ -57,6 +60,7 @@ INPUT_IDS, INPUTS_EMBEDS, MASK, LOGITS = "input_ids", "inputs_embeds", "attentio
 POS_COS, POS_SIN = "position_ids_cos", "position_ids_sin"
 FIRST_PART_INPUTS = (INPUT_IDS, INPUTS_EMBEDS)
 KV_PREFIX = "past_"
+KV_BYTES = 1  # a KV cache value: 8 bits, as every recipe's KV cache encodings store it
 KV_TENSOR = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 # Names Genie would take for an embedding-output input of the first split (nsp-graph.cpp, nsp-model.cpp)
 EMBEDDING_OUTPUTS = ("_model_embed_tokens_Gather_Gather_output_0", "_embed_tokens_Gather_Gather_output_0")
@@ -363,6 +367,20 @@ def graph_ar_cl(graph_name: str, inputs: Sequence[Tensor], outputs: Sequence[Ten
     """(AR, CL) as Genie derives them (:func:`read_ar` / :func:`read_cl`): from the tensors, else from the name.
     Pass ``graph_name=""`` for what the tensors alone give."""
     return read_ar(graph_name, inputs, outputs).value, read_cl(graph_name, inputs, outputs).value
+
+
+def cache_length_problem(ar: int, cl: int) -> str | None:
+    """Why Genie cannot run a graph of AR ``ar`` at context length ``cl`` whose cache holds CL - AR entries, or None.
+
+    Measured with Genie 2.51 on x86: at CL = 2 x AR (AR 8 at CL 16, AR 4 at CL 8) the graph's cache inputs (CL - AR
+    entries) and outputs (AR) have one shape, Genie logs it as "Integrated KV$: True" (a graph that updates its
+    cache itself), and its tokens differ from the graph's own from that graph's first chunk on; AR 4 at CL 12 and
+    AR 8 at CL 32 or 64 are read as they are and give the host run's tokens.
+    """
+    if cl != 2 * ar:
+        return None
+    return (f"its cache inputs (CL - AR = {ar} entries) and outputs ({ar}) have one shape, which Genie takes for a "
+            "graph that updates its cache itself, and it answers wrongly (docs/genie-run.md)")
 
 
 # --- the feeds of one step ---------------------------------------------------------------------------------

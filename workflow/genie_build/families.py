@@ -4,13 +4,13 @@ A record holds what differs between families: the ``model_type`` and transformer
 decoder layer (names, widths, which config key gives them a bias; a fused one is one projection whose output is
 several), the RoPE kinds the bundle carries, the per-head norm, the defaults transformers gives a key a
 ``config.json`` may leave out, and how the config states a sliding window. The parts are built from transformers'
-own modules (:mod:`genie_build.export`), so a record is facts, not code: the config reader
+own modules (:mod:`genie_build.export.export`), so a record is facts, not code: the config reader
 (:mod:`genie_build.hf_config`), the checkpoint checks (:mod:`genie_build.hf_checkpoint`), the weight inventory
 the plans and the estimate weigh, the export, the Genie config and the tests all read these records.
 
 AIMET's rule per weight is the same for every family: a projection is a ``layers`` weight (the recipe's bits, per
 channel), norms and biases stay float, the table and the head have their own rules
-(:func:`genie_build.recipes.precision_of`).
+(:func:`genie_build.plan.recipes.precision_of`).
 
 Adding a family is one :func:`register` call here and its checkpoint cases in the tests.
 """

@@ -8,8 +8,8 @@ qairt-dev's own LLM builder writes for every RoPE model (``gen_ai_builder_htp.py
 of AIHA's Qwen config, because Genie rejects both at once.
 
 The keys Genie knows, requires and types are defined once, here beside the writer (:data:`GENIE_CONFIG_SECTIONS`):
-:mod:`genie_build.check_bundle` checks every bundle's ``genie_config.json`` by them, and by Genie itself where the
-vendor's library is installed (:mod:`genie_build.check_vendor`).
+:mod:`genie_build.bundle.check_bundle` checks every bundle's ``genie_config.json`` by them, and by Genie itself where
+the vendor's library is installed (:mod:`genie_build.bundle.check_vendor`).
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def make_genie_config(hf_config: dict, tokenizer_path: str | os.PathLike[str], c
         graph_switching: ``bundle.graph_switching``: QnnHtp ``enable-graph-switching``; None: the key is not
             written (Genie's default).
         embedding: ``dialog.embedding`` when the embedding is a CPU table
-            (:func:`genie_build.embedding_table.dialog_embedding`); None: the embedding is part 1's graph.
+            (:func:`genie_build.bundle.embedding_table.dialog_embedding`); None: the embedding is part 1's graph.
         spill_fill_bufsize: QnnHtp ``spill-fill-bufsize``: the largest spill-fill buffer a graph of the bundle needs,
             as its binaries say (0: none, or not told).
 

@@ -14,7 +14,7 @@ shipped in the QAIRT SDK, ``examples/Genie``):
   ``checkShape`` compares ``[height, width, channel]``, so a leading 1 (``[1, 1, AR, CL]``) is the same shape.
 - Measured with Genie 2.51 (its log at level 4, "Integrated KV$"): a graph whose cache inputs and outputs have one
   shape, CL = 2 x AR, is taken for one that updates its cache itself, and Genie's tokens go wrong from its first
-  chunk on (:func:`cache_length_problem`).
+  chunk on (:func:`genie_build.conventions.cache_length_problem`).
 - Dtypes (ONNX graphs, before quantization): Genie writes token ids as integers and the mask, RoPE tables
   and cache as floats or their quantized codes (``nsp-model.cpp`` attention-mask fill: 0 / -1000 for a
   float mask), so a 0/1 integer mask as Hugging Face exports it is not what Genie feeds.
@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from genie_build.conventions import (FIRST_PART_INPUTS, GENIE_RANK_LIMIT, INPUT_IDS, INPUTS_EMBEDS, KV_TENSOR,
-                                     LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Tensor, genie_dims, read_ar, read_cl,
-                                     shape_text, tensors_by_name)
+                                     LOGITS, MASK, POS_COS, POS_SIN, GenieDims, Tensor, cache_length_problem,
+                                     genie_dims, read_ar, read_cl, shape_text, tensors_by_name)
 from genie_build.errors import GenieBuildError
 
-__all__ = ["FED_INPUTS", "Violation", "cache_length_problem", "check_contract", "graph_violations",
-           "model_violations"]
+__all__ = ["FED_INPUTS", "Violation", "check_contract", "graph_violations", "model_violations"]
 
 log = logging.getLogger(__name__)
 
@@ -250,20 +249,6 @@ def _check_logits(graph: str, logits: Tensor | None, ar: int) -> list[Violation]
         return []
     return [Violation(graph, LOGITS, _found_shape(logits, dims),
                       f"vocab or AR x vocab elements = [1, {ar}, {dims.largest}] (vocab = its largest dim)")]
-
-
-def cache_length_problem(ar: int, cl: int) -> str | None:
-    """Why Genie cannot run a graph of AR ``ar`` at context length ``cl`` whose cache holds CL - AR entries, or None.
-
-    Measured with Genie 2.51 on x86: at CL = 2 x AR (AR 8 at CL 16, AR 4 at CL 8) the graph's cache inputs (CL - AR
-    entries) and outputs (AR) have one shape, Genie logs it as "Integrated KV$: True" (a graph that updates its
-    cache itself), and its tokens differ from the graph's own from that graph's first chunk on; AR 4 at CL 12 and
-    AR 8 at CL 32 or 64 are read as they are and give the host run's tokens.
-    """
-    if cl != 2 * ar:
-        return None
-    return (f"its cache inputs (CL - AR = {ar} entries) and outputs ({ar}) have one shape, which Genie takes for a "
-            "graph that updates its cache itself, and it answers wrongly (docs/genie-run.md)")
 
 
 def _check_kv(graph: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *, ar: int, cl: int,

@@ -65,7 +65,7 @@ _LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
 class Checkpoint:
     """A checkpoint directory as read once: its config, its weight files (in name order), its tokenizer and, once
     checked (:func:`check_checkpoint`), every stored tensor's header; what the planner and the part-weight lookup
-    share (:mod:`genie_build.shape_plan`)."""
+    share (:mod:`genie_build.plan.shape_plan`)."""
 
     directory: Path
     config: dict[str, Any]

@@ -3,7 +3,7 @@
 The keys and their types are those of the JSON schema the HTP extensions library embeds (libQnnHtpNetRunExtensions.so
 of QNN 2.51, which reads the file for Genie), and of what the library reads beyond it (three more keys in
 ``devices[].cores[]``, the ``perf_profile`` names); where the ``onnxruntime-qnn`` wheel is installed check-bundle also
-has the library itself read the file (:mod:`genie_build.check_vendor`). The HTP backend's extension config has,
+has the library itself read the file (:mod:`genie_build.bundle.check_vendor`). The HTP backend's extension config has,
 beside ``devices`` and ``memory``, a ``context`` section (per-context options) and a ``groupContext`` section
 (options of the contexts created together); from Qualcomm's QNN HTP backend manual 80-63442-10 and qairt-dev
 0.13.0's ``HtpContextConfig`` / ``HtpGroupContextConfig``:

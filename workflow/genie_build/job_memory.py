@@ -2,7 +2,7 @@
 that fit ``--resources mem_mb`` or a cluster node), from what the job holds, each measured at the 7B shape
 (docs/large-models.md); and the memory a job of the run may take at most (:func:`run_memory`), which
 ``split.num_parts: auto`` keeps a part's jobs within (docs/memory-plan.md). The calibration chain's units are planned by
-:func:`genie_build.calibration_units.unit_peak_mb`, by which the chain is also cut into units."""
+:func:`genie_build.plan.calibration_units.unit_peak_mb`, by which the chain is also cut into units."""
 
 from __future__ import annotations
 

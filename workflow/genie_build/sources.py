@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from genie_build import conventions
-from genie_build.calibration_units import CalibrationUnit, PieceFloat, write_units
 from genie_build.chipsets import load_params
 from genie_build.config import calibration_chain, context_lengths, source_kind
-from genie_build.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
+from genie_build.demo.demo import TRAINED_WEIGHTS, DemoShape, is_trained_shape, shape_config
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
 from genie_build.hf_checkpoint import CONFIG_NAME, Checkpoint
 from genie_build.job_memory import RunMemory
-from genie_build.plan_file import Plan, write_plan
+from genie_build.plan.calibration_units import CalibrationUnit, PieceFloat, write_units
+from genie_build.plan.plan_file import Plan, write_plan
 
 __all__ = ["CheckpointSource", "DemoSource", "EstimateSource", "Graph", "OnnxSource", "SOURCE_ENCODINGS", "Source",
            "source_of"]
@@ -257,7 +257,7 @@ class CheckpointSource(Source):
         """Write what the checkpoint's ``config.json`` gives when the workflow is parsed, each file only when its
         bytes change: the plan, the units, which bound chose the part count and the graphs' part of
         ``config.json`` (:attr:`graph_config`); docs/snakemake.md says why no job writes them."""
-        from genie_build.graph_config import write_graph_config
+        from genie_build.export.graph_config import write_graph_config
 
         write_plan(plan, self.plan, unless_same=True)
         write_units(units, self.units, unless_same=True)
@@ -269,7 +269,7 @@ class CheckpointSource(Source):
         """Read the checkpoint once and check it against its ``config.json`` (a model the export cannot build is
         refused before any job), and plan it (``split.num_parts: auto`` under the run's ``memory``)."""
         from genie_build.hf_checkpoint import check_checkpoint, check_settings
-        from genie_build.shape_plan import part_weight_files, piece_floats, plan_checkpoint
+        from genie_build.plan.shape_plan import part_weight_files, piece_floats, plan_checkpoint
         from genie_build.tokens import check_tokenizer
 
         directory = config["model"]["hf_checkpoint"]

@@ -7,8 +7,8 @@
 # own (calibration/<recipe>/). A new corpus, recipe or sample count reruns the chain and what follows, never the
 # export or the split. A checkpoint's units are known when the workflow is parsed; split graphs' come with their
 # plan (a checkpoint of Snakemake's).
-from genie_build.calibration_units import unit_peak_mb
 from genie_build.config import calibration_windows
+from genie_build.plan.calibration_units import unit_peak_mb
 
 # The bundle waits for the plan checked against the encodings the chain calibrated (check_plan).
 MODEL_CHECKS.append(f"{OUT}/plan_check.json")

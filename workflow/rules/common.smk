@@ -12,8 +12,8 @@ from snakemake.exceptions import WorkflowError
 from genie_build import conventions, job_memory
 from genie_build.config import bundle_config, calibration_chain, validate_config
 from genie_build.errors import GenieBuildError
-from genie_build.genie_run import genie_job_mb
-from genie_build.plan_file import read_plan
+from genie_build.plan.plan_file import read_plan
+from genie_build.run.genie_run import genie_job_mb
 from genie_build.sources import SOURCE_ENCODINGS, source_of
 from genie_build.toolchains import HOST_RUN_TOOLCHAINS, Converter
 

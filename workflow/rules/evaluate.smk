@@ -3,7 +3,7 @@
 # compared with the float logits window by window; evaluation.md puts each variant's top-1 agreement, KL and
 # perplexity beside its size, and a qnn-htp bundle's perplexity by Genie itself beside the float model's on the same
 # tokens (docs/genie-run.md). A changed binary re-evaluates only its variant.
-from genie_build.evaluation_table import calibration_seen
+from genie_build.evaluate.evaluation_table import calibration_seen
 
 
 rule evaluate_float:

@@ -5,8 +5,8 @@
 import dataclasses
 
 from genie_build.bundle_layout import BundleLayout
-from genie_build.calibration_units import part_units, read_units, unit_before, unit_named
 from genie_build.config import calibration_windows, context_lengths
+from genie_build.plan.calibration_units import part_units, read_units, unit_before, unit_named
 from genie_build.tokens import host_prompt
 
 # --- the texts (rules/tokens.smk)

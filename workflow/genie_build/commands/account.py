@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from genie_build.cli_args import json_object
-from genie_build.sizes import account_part
+from genie_build.sizes.sizes import account_part
 
 __all__ = ["register_parser", "run"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.bundle import assemble_bundle, runtime_tool_versions
+from genie_build.bundle.bundle import assemble_bundle, runtime_tool_versions
 from genie_build.cli_args import add_switch, boolean, json_object
 from genie_build.toolchains import TOOLCHAINS
 

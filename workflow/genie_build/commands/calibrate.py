@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from genie_build.calibrate import DEFAULT_NUM_SAMPLES, calibrate
 from genie_build.errors import GenieBuildError
+from genie_build.quantize.calibrate import DEFAULT_NUM_SAMPLES, calibrate
 
 __all__ = ["register_parser", "run"]
 

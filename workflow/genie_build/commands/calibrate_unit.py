@@ -1,17 +1,18 @@
 """``calibrate-unit``: one unit of the calibration chain, carved from its part's prompt graph, quantized by a
 recipe (w4a16, w4a16-lpbq, w8a16) and calibrated by aimet-onnx on the calibration text's token ids, fed the
-residual stream the unit before it stored (:func:`genie_build.calibrate_unit.calibrate_unit`, docs/quantize.md)."""
+residual stream the unit before it stored (:func:`genie_build.quantize.calibrate_unit.calibrate_unit`,
+docs/quantize.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from genie_build import calibrate_unit as stage
-from genie_build.calibration_units import units_from_dicts
 from genie_build.cli_args import positive_int
 from genie_build.errors import GenieBuildError
-from genie_build.recipes import RECIPES
+from genie_build.plan.calibration_units import units_from_dicts
+from genie_build.plan.recipes import RECIPES
+from genie_build.quantize import calibrate_unit as stage
 
 __all__ = ["register_parser", "run"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from genie_build.bundle import withdraw_bundle
-from genie_build.check_bundle import RULES, check_bundle
-from genie_build.check_vendor import checkers
+from genie_build.bundle.bundle import withdraw_bundle
+from genie_build.bundle.check_bundle import RULES, check_bundle
+from genie_build.bundle.check_vendor import checkers
 from genie_build.fileio import write_json
 
 __all__ = ["register_parser", "run"]

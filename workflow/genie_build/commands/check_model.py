@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from genie_build.check_model import check_model
 from genie_build.conventions import GRAPH_KINDS
+from genie_build.split.check_model import check_model
 
 __all__ = ["register_parser", "run"]
 

@@ -1,5 +1,5 @@
 """``check-plan``: the plan made before calibration against the pieces weighed from the calibrated encodings;
-other parts are an error (:mod:`genie_build.check_plan`)."""
+other parts are an error (:mod:`genie_build.quantize.check_plan`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from genie_build.errors import GenieBuildError
-from genie_build.check_plan import check_plan, measured_pieces
-from genie_build.plan_file import read_plan
+from genie_build.plan.plan_file import read_plan
+from genie_build.quantize.check_plan import check_plan, measured_pieces
 
 __all__ = ["register_parser", "run"]
 

@@ -21,7 +21,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run(args: argparse.Namespace) -> int:
-    from genie_build.embedding_table import write_embedding_table
+    from genie_build.bundle.embedding_table import write_embedding_table
 
     write_embedding_table(args.onnx, args.encodings, args.out)
     return 0

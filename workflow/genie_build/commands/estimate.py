@@ -13,11 +13,11 @@ import argparse
 from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
 from genie_build.cli_args import (add_embedding_option, add_load_options, add_split_options, add_switch, json_object,
                                  load_params, positive_float, positive_int, split_options)
-from genie_build.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
 from genie_build.job_memory import RunMemory
-from genie_build.memory_plan import MemoryLimits
-from genie_build.precision import Precision, precision_from_dict, read_precision
-from genie_build.recipes import RECIPES, precision_of, recipe_named
+from genie_build.plan.precision import Precision, precision_from_dict, read_precision
+from genie_build.plan.recipes import RECIPES, precision_of, recipe_named
+from genie_build.sizes.estimate import MEMORY_VARIANT, PREDICTED_VARIANTS, estimate_to_dir
+from genie_build.sizes.memory_plan import MemoryLimits
 from genie_build.toolchains import TOOLCHAINS
 from genie_build.units import MIB
 

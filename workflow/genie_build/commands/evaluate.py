@@ -10,11 +10,11 @@ from pathlib import Path
 
 from genie_build.cli_args import add_switch, json_object, positive_int
 from genie_build.errors import GenieBuildError
-from genie_build.evaluate import ClipSums, quality_of
+from genie_build.evaluate.evaluate import ClipSums, quality_of
 from genie_build.fileio import write_json
 from genie_build.genie_config import make_genie_config
 from genie_build.hf_config import load_hf_config
-from genie_build.run_bundle import host_rope
+from genie_build.run.run_bundle import host_rope
 
 __all__ = ["add_text_arguments", "register_parser", "rope_of", "run"]
 

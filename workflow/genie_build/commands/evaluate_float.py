@@ -8,7 +8,7 @@ from pathlib import Path
 
 from genie_build.commands.evaluate import add_text_arguments, rope_of
 from genie_build.errors import GenieBuildError
-from genie_build.evaluate import write_float_logits
+from genie_build.evaluate.evaluate import write_float_logits
 
 __all__ = ["register_parser", "run"]
 

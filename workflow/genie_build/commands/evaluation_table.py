@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from genie_build.cli_args import add_strict_option
-from genie_build.evaluation_table import QualityBounds, genie_row, quality_rows, write_quality_table
+from genie_build.evaluate.evaluation_table import QualityBounds, genie_row, quality_rows, write_quality_table
 
 __all__ = ["register_parser", "run"]
 

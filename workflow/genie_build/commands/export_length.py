@@ -25,7 +25,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def run(args: argparse.Namespace) -> int:
     part = part_argument(args)
     try:  # torch only here, as for export-part
-        from genie_build.export_length import export_length
+        from genie_build.export.export_length import export_length
     except ImportError as exc:
         raise GenieBuildError("export-length", f"needs torch, transformers and onnxscript ({HF_EXTRA_HINT}): "
                                                f"{exc}") from None

@@ -7,7 +7,7 @@ import argparse
 
 from genie_build.cli_args import json_object, positive_int
 from genie_build.errors import GenieBuildError
-from genie_build.plan_file import PartPlan, part_from_dict
+from genie_build.plan.plan_file import PartPlan, part_from_dict
 
 __all__ = ["HF_EXTRA_HINT", "add_part_arguments", "part_argument", "register_parser", "run"]
 
@@ -41,7 +41,7 @@ def part_argument(args: argparse.Namespace) -> PartPlan:
 def run(args: argparse.Namespace) -> int:
     part = part_argument(args)
     try:  # torch only here: the commands that do not export run without it
-        from genie_build.export import export_part
+        from genie_build.export.export import export_part
     except ImportError as exc:
         raise GenieBuildError("export-part", f"needs torch, transformers and onnxscript ({HF_EXTRA_HINT}): "
                                              f"{exc}") from None

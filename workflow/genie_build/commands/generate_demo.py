@@ -7,7 +7,7 @@ import dataclasses
 import logging
 
 from genie_build.cli_args import json_object
-from genie_build.demo import WEIGHT_DTYPES, DemoShape, generate_demo
+from genie_build.demo.demo import WEIGHT_DTYPES, DemoShape, generate_demo
 from genie_build.errors import GenieBuildError
 
 __all__ = ["register_parser", "run", "shape_from_args"]

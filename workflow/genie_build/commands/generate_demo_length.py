@@ -8,7 +8,7 @@ import logging
 
 from genie_build.cli_args import positive_int
 from genie_build.commands.generate_demo import shape_from_args
-from genie_build.demo import generate_demo_length
+from genie_build.demo.demo import generate_demo_length
 
 __all__ = ["register_parser", "run"]
 

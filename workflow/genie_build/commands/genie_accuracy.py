@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 
 from genie_build.cli_args import add_genie_run_arguments, positive_int
+from genie_build.evaluate.genie_accuracy import genie_perplexity
 from genie_build.fileio import write_json
-from genie_build.genie_accuracy import genie_perplexity
-from genie_build.genie_run import MODES
+from genie_build.run.genie_run import MODES
 
 __all__ = ["register_parser", "run"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from genie_build.cli_args import add_genie_run_arguments, add_strict_option
 from genie_build.commands.compile import parse_graphs
 from genie_build.fileio import write_json
-from genie_build.genie_run import MODES, SKIPPED, genie_run
+from genie_build.run.genie_run import MODES, SKIPPED, genie_run
 
 __all__ = ["register_parser", "run"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
 from genie_build.cli_args import add_load_options, add_strict_option, load_params, positive_float, positive_int
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import read_json
-from genie_build.chipsets import HTP_MODEL_BYTES, HTP_SESSION_BYTES
-from genie_build.memory_plan import MemoryLimits, plan_measured_memory
+from genie_build.sizes.memory_plan import MemoryLimits, plan_measured_memory
 from genie_build.units import MIB
 
 __all__ = ["register_parser", "run"]
@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
                           max_session_bytes=round(args.max_session_mb * MIB), max_contexts=args.max_contexts)
     table = 0
     if args.embedding_table is not None:
-        from genie_build.embedding_table import read_table_file, table_bytes  # numpy: only a table's plan pays it
+        # numpy: only a table's plan pays it
+        from genie_build.bundle.embedding_table import read_table_file, table_bytes
 
         described = read_table_file(args.embedding_table)
         table = table_bytes(described.n_vocab, described.n_embd, described.encoding.bitwidth)

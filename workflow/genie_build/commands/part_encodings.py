@@ -1,15 +1,15 @@
 """``part-encodings``: a part's prompt and token encodings from its calibration units' encodings
-(:func:`genie_build.part_encodings.write_part_encodings`)."""
+(:func:`genie_build.quantize.part_encodings.write_part_encodings`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from genie_build import part_encodings as stage
-from genie_build.calibration_units import units_from_dicts
 from genie_build.cli_args import add_switch
 from genie_build.errors import GenieBuildError
+from genie_build.plan.calibration_units import units_from_dicts
+from genie_build.quantize import part_encodings as stage
 
 __all__ = ["register_parser", "run"]
 

@@ -1,7 +1,7 @@
 """``plan``: check the prompt/token graphs, find the boundaries, write ``plan.json``: the pieces weighed with the
-prompt graph's encodings (:func:`genie_build.plan.plan_split`), or, for float graphs to be calibrated part by part,
+prompt graph's encodings (:func:`genie_build.plan.plan.plan_split`), or, for float graphs to be calibrated part by part,
 by a recipe's rule from the weights' shapes, with the calibration chain's units
-(:func:`genie_build.plan.plan_float_graphs`)."""
+(:func:`genie_build.plan.plan.plan_float_graphs`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import argparse
 
 from genie_build.cli_args import add_embedding_option, add_load_options, add_split_options, load_params, positive_int, split_options
 from genie_build.errors import GenieBuildError
-from genie_build.plan import plan_float_graphs, plan_split
-from genie_build.recipes import RECIPES
+from genie_build.plan.plan import plan_float_graphs, plan_split
+from genie_build.plan.recipes import RECIPES
 from genie_build.split_request import SplitRequest
 
 __all__ = ["register_parser", "run"]

@@ -1,13 +1,13 @@
 """``plan-hf``: the plan of a Hugging Face checkpoint and its calibration chain's units, from its ``config.json``
-alone (:func:`genie_build.shape_plan.write_plan_checkpoint`)."""
+alone (:func:`genie_build.plan.shape_plan.write_plan_checkpoint`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from genie_build import shape_plan as stage
 from genie_build.cli_args import add_embedding_option, add_load_options, add_split_options, load_params, positive_int, split_options
-from genie_build.recipes import RECIPES
+from genie_build.plan import shape_plan as stage
+from genie_build.plan.recipes import RECIPES
 
 __all__ = ["register_parser", "run"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from genie_build.fileio import write_json
-from genie_build.run_bundle import host_run
+from genie_build.run.run_bundle import host_run
 
 __all__ = ["register_parser", "run"]
 

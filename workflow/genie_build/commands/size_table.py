@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from genie_build.cli_args import add_strict_option
-from genie_build.sizes import size_table_from_records
+from genie_build.sizes.sizes import size_table_from_records
 
 __all__ = ["register_parser", "run"]
 

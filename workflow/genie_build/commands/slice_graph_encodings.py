@@ -1,14 +1,14 @@
 """``slice-graph-encodings``: cut one graph's full AIMET encodings into one file per split part
-(:func:`genie_build.slice_encodings.slice_graph_encodings`)."""
+(:func:`genie_build.quantize.slice_encodings.slice_graph_encodings`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from genie_build import slice_encodings as stage
 from genie_build.cli_args import add_switch
 from genie_build.conventions import GRAPH_KINDS
+from genie_build.quantize import slice_encodings as stage
 
 __all__ = ["register_parser", "run"]
 

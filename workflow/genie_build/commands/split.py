@@ -9,8 +9,8 @@ import logging
 from genie_build.conventions import key_kind
 from genie_build.errors import GenieBuildError
 from genie_build.fileio import write_json
-from genie_build.plan_file import read_plan
-from genie_build.split import split_graphs
+from genie_build.plan.plan_file import read_plan
+from genie_build.split.split import split_graphs
 
 __all__ = ["register_parser", "run"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from genie_build.train_tokenizer import train_tokenizer
+from genie_build.demo.train_tokenizer import train_tokenizer
 
 __all__ = ["register_parser", "run"]
 

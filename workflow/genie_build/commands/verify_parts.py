@@ -1,5 +1,5 @@
 """``verify-parts``: every graph of one part of a model exported part by part, run in onnxruntime, against the
-checkpoint's transformers modules on the same inputs (:func:`genie_build.verify_parts.verify_part`)."""
+checkpoint's transformers modules on the same inputs (:func:`genie_build.export.verify_parts.verify_part`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from genie_build.cli_args import positive_int
 from genie_build.conventions import GRAPH_KINDS
 from genie_build.errors import GenieBuildError
-from genie_build.plan_file import part_from_dict
+from genie_build.plan.plan_file import part_from_dict
 
 __all__ = ["register_parser", "run"]
 
@@ -31,7 +31,7 @@ def register_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     try:  # torch only here
-        from genie_build.verify_parts import PartGraph, verify_part
+        from genie_build.export.verify_parts import PartGraph, verify_part
     except ImportError as exc:
         raise GenieBuildError("verify-parts", f"needs torch and transformers ({HF_EXTRA_HINT}): {exc}") from None
     try:

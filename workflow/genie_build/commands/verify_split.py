@@ -1,11 +1,11 @@
 """Check that a graph's parts chained in onnxruntime give the full graph's outputs bit for bit
-(:func:`genie_build.verify_split.verify_split`)."""
+(:func:`genie_build.split.verify_split.verify_split`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from genie_build.verify_split import verify_split
+from genie_build.split.verify_split import verify_split
 
 __all__ = ["register_parser", "run"]
 

@@ -9,7 +9,7 @@ The package, in import order: :mod:`~genie_build.onnx_graph.model` (loading, gra
 finite check), :mod:`~genie_build.onnx_graph.sharing` (the prompt and token graphs' shared weights) and
 :mod:`~genie_build.onnx_graph.layouts` (tensor names and AIMET's channel axes). Import from
 ``genie_build.onnx_graph``: every name below is re-exported here. The check-model stage is
-:mod:`genie_build.check_model`.
+:mod:`genie_build.split.check_model`.
 """
 
 from __future__ import annotations
