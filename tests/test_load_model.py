@@ -249,18 +249,35 @@ def test_auto_weighs_the_htp_compile_of_every_graph_a_binary_holds():
         assert jobs.part_mb(part) <= memory.job_limit_mb
 
 
-def test_auto_names_the_compile_and_its_remedies_when_no_count_fits_the_box():
-    """On 24 GB no split of Qwen2.5-7B at four lengths compiles the LM head's part within a third: one line naming
-    the compile, the part, and what helps."""
+def test_auto_lets_only_a_part_cut_no_further_take_more_than_a_third_and_runs_it_alone():
+    """On 24 GB at four lengths the compile of the part holding the LM head (the last layer and the head, a block no
+    split makes smaller) takes more than a third at any count: auto cuts every other part until its jobs fit a third,
+    lets that compile take what the run is given (Snakemake runs it alone), and says so; given less than that compile
+    takes, one line naming it and what helps."""
     from genie_build.job_memory import RunMemory
-    from genie_build.plan.shape_plan import plan_from_hf_config
+    from genie_build.plan.auto_split import binary_compile, part_jobs
+    from genie_build.plan.shape_plan import piece_floats, plan_from_hf_config
+
+    memory = RunMemory(24_000, "the run is given")
+    plan = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=LENGTHS, num_parts="auto", memory=memory,
+                               embedding="lut", toolchains=["qnn-htp"])
+    jobs = part_jobs(piece_floats(QWEN_7B), memory, False, binary_compile(["qnn-htp"], LENGTHS), "lut")
+    last = plan.parts[-1]
+    assert last.pieces == ("layer_27", "head") and 8_000 < jobs.part_mb(last) <= 24_000
+    assert all(jobs.part_mb(part) <= 8_000 for part in plan.parts[:-1])
+    assert jobs.alone(plan) == [last]
+    assert (f"part {last.label}'s compile ({jobs.part_mb(last):,} MB) takes more, as no split makes its part "
+            "smaller: Snakemake runs it alone within the 24,000 MB") in plan.chosen_by
+    fewer = plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=LENGTHS, num_parts=plan.num_parts - 1)
+    assert not jobs.fits(fewer)   # the fewest: one part fewer holds two layers somewhere, above a third
 
     with pytest.raises(GenieBuildError) as error:
         plan_from_hf_config(QWEN_7B, recipe="w4a16", ar=128, context=LENGTHS, num_parts="auto",
-                            memory=RunMemory(24_000, "the run is given"), embedding="lut", toolchains=["qnn-htp"])
+                            memory=RunMemory(16_000, "the run is given"), embedding="lut", toolchains=["qnn-htp"])
     message = str(error.value)
     assert "\n" not in message and message.startswith("split.num_parts: auto: 3 parts map on the device")
-    assert re.search(r"part 29_of_29's compile, [\d,]+ MB, at 29", message)
+    assert re.search(r"part \d+_of_\d+'s compile, [\d,]+ MB, at \d+: more than all 16,000 MB the run is given, as "
+                     r"its part is cut no further", message)
     assert "fewer context lengths (export.context" in message and "--resources mem_mb" in message
 
 

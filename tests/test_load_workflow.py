@@ -111,12 +111,14 @@ def test_auto_is_the_default_split_of_a_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("given_mb, lengths, parts, bound", [(24_000, [4096], 9, "the build box"),
                                                              (64_000, [4096], 3, "the device"),
-                                                             (64_000, [512, 1024, 2048, 4096], 9, "the build box")])
+                                                             (64_000, [512, 1024, 2048, 4096], 9, "the build box"),
+                                                             (24_000, [512, 1024, 2048, 4096], 29, "the build box")])
 def test_auto_weighs_the_memory_the_run_is_given(tmp_path, given_mb, lengths, parts, bound):
     """Qwen2.5-7B with split.num_parts auto through the 'estimate' target: given 24 GB (--resources mem_mb), the
     fewest parts that map and whose every export and verification fits a third of it; given 64 GB, the device's
-    3, unless four lengths make the qnn-htp variant's compile of 8 graphs a binary the largest job. The memory plan
-    says which bound chose the count, and by which job."""
+    3, unless four lengths make the qnn-htp variant's compile of 8 graphs a binary the largest job; on 24 GB at four
+    lengths the LM head's part, cut no further, compiles alone. The memory plan says which bound chose the count, by
+    which job, and which job runs alone."""
     from genie_build.job_memory import RunMemory
     from genie_build.plan.auto_split import binary_compile, part_jobs
     from genie_build.plan.plan_file import read_plan
@@ -131,11 +133,14 @@ def test_auto_weighs_the_memory_the_run_is_given(tmp_path, given_mb, lengths, pa
     jobs = part_jobs(piece_floats(workdir / "config" / "hf" / "qwen2_5_7b_instruct.json"),
                      RunMemory(given_mb, ""), evaluate=False, compile=binary_compile(TEST_VARIANTS, lengths),
                      embedding="lut")
-    assert plan.num_parts == parts and max(map(jobs.part_mb, plan.parts)) <= given_mb // 3
+    assert plan.num_parts == parts and jobs.fits(plan)
+    alone = jobs.alone(plan)
+    assert [part.pieces for part in alone] == ([("layer_27", "head")] if parts == 29 else [])
     line = next(line for line in (predicted / "memory_plan.md").read_text().splitlines()
                 if line.startswith("**Part count**"))
     assert f"{bound} chose the count" in line and f"a third of the {given_mb:,} MB the run is given" in line
     assert ("'s compile would take" in line) == (len(lengths) > 1)
+    assert ("Snakemake runs it alone" in line) == bool(alone)
     assert load_json(predicted / "memory_plan.json")["part_count"] == line.removeprefix("**Part count**: ")[:-1]
 
 

@@ -28,7 +28,7 @@ from genie_build.onnx_graph import ar_and_context_length, graph_io
 from genie_build.plan.calibration_units import PieceFloat
 from genie_build.plan.load_model import IoDims, estimated_contexts, place_contexts
 from genie_build.plan.plan_file import PartPlan, Piece, Plan
-from genie_build.plan.planners import NUM_PARTS_KEY, plan_by_max_part_bytes, plan_by_num_parts
+from genie_build.plan.planners import NUM_PARTS_KEY, indivisible, plan_by_max_part_bytes, plan_by_num_parts
 from genie_build.split_request import SplitRequest
 from genie_build.units import GIB, MIB
 
@@ -53,11 +53,35 @@ class JobMemory:
         """The MB of the largest job holding ``part``."""
         return max(self.jobs_of(part).values())
 
-    def largest(self, plan: Plan) -> tuple[PartPlan, str, int]:
-        """The part whose job takes the most, that job's name and its MB."""
-        part = max(plan.parts, key=self.part_mb)
+    def bound_mb(self, plan: Plan, part: PartPlan) -> int:
+        """What a job holding ``part`` may take: :attr:`limit_mb`, or, for a part no split makes smaller (one of the
+        planner's blocks, :func:`genie_build.plan.planners.indivisible`), all the run is given: Snakemake runs such
+        a job alone."""
+        return self.given_mb if part.pieces in indivisible(plan) else self.limit_mb
+
+    def fits(self, plan: Plan) -> bool:
+        """Whether every job holding a part of ``plan`` fits its :meth:`bound_mb`."""
+        return all(self.part_mb(part) <= self.bound_mb(plan, part) for part in plan.parts)
+
+    def largest(self, plan: Plan, parts: Sequence[PartPlan] | None = None) -> tuple[PartPlan, str, int]:
+        """The part (of ``parts``, by default every part of ``plan``) whose job takes the most, that job's name and
+        its MB."""
+        part = max(plan.parts if parts is None else parts, key=self.part_mb)
         name, mb = max(self.jobs_of(part).items(), key=lambda item: item[1])
         return part, name, mb
+
+    def alone(self, plan: Plan) -> list[PartPlan]:
+        """The parts of ``plan`` whose largest job takes more than :attr:`limit_mb` (and fits only alone)."""
+        return [part for part in plan.parts if self.part_mb(part) > self.limit_mb]
+
+    def describe_alone(self, plan: Plan) -> str:
+        """What :meth:`alone` finds, as the plan's choice says it ('' when nothing)."""
+        said = []
+        for part in self.alone(plan):
+            _, job, mb = self.largest(plan, [part])
+            said.append(f"part {part.label}'s {job} ({mb:,} MB) takes more, as no split makes its part smaller: "
+                        f"Snakemake runs it alone within the {self.given_mb:,} MB")
+        return "".join(f"; {text}" for text in said)
 
     def describe(self) -> str:
         return f"the {self.limit_mb:,} MB a job may take (a third of the {self.given_mb:,} MB {self.source})"
@@ -139,13 +163,14 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
     """The plan with the fewest parts whose contexts (their weights as the planner weighs them, their IO at
     ``dims``) each need less than the vendor's :data:`genie_build.chipsets.HTP_CONTEXT_BYTES`, whose parts are each
     at most ``max_part_bytes``, which all map under ``load`` (the parts :class:`genie_build.bundle_layout.BundleLayout`
-    makes binaries in the ``embedding`` layout, ``bundle.embedding``), and whose jobs each fit ``jobs.limit_mb``. The
-    plan's ``chosen_by`` says which bound chose the count.
+    makes binaries in the ``embedding`` layout, ``bundle.embedding``), and whose jobs each fit ``jobs.limit_mb`` (a part
+    cut no further, all the run is given: :meth:`JobMemory.bound_mb`). The plan's ``chosen_by`` says which bound chose
+    the count.
 
     Raises:
         GenieBuildError: no part count does (naming the counts tried and the parameters).
     """
-    num_parts, most, device = 2, None, None
+    num_parts, most, device, mapped = 2, None, None, None
     while True:
         try:
             plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
@@ -156,20 +181,25 @@ def auto_plan(pieces: Sequence[Piece], embedding_alone: bool, dims: IoDims, load
         if (all(context.charge < HTP_CONTEXT_BYTES for context in contexts)
                 and (max_part_bytes is None or all(part.estimated_bytes <= max_part_bytes for part in plan.parts))
                 and place_contexts(contexts, load).maps):
-            device = device or plan
-            if jobs is None or jobs.largest(plan)[2] <= jobs.limit_mb:
+            device, mapped = device or plan, plan
+            if jobs is None or jobs.fits(plan):
                 log.info("split.num_parts auto: %d parts, the fewest that map%s", num_parts,
                          "" if jobs is None else " and whose jobs fit")
                 return dataclasses.replace(plan, chosen_by=_chosen_by(plan, device, jobs))
         most, num_parts = (plan, held, contexts), num_parts + 1
-    if device is not None and jobs is not None:
-        part, job, mb = jobs.largest(most[0])
+    if mapped is not None and jobs is not None:
+        plan = mapped   # the most parts that map: a job in it takes more than it may
+        part = next(part for part in plan.parts if jobs.part_mb(part) > jobs.bound_mb(plan, part))
+        _, job, mb = jobs.largest(plan, [part])
+        bound = (f"all {jobs.given_mb:,} MB {jobs.source}, as its part is cut no further"
+                 if jobs.bound_mb(plan, part) == jobs.given_mb else jobs.describe())
         fewer = (" or fewer context lengths (export.context: the HTP backend holds every graph of a binary until it "
                  "writes it) or fewer weight bits" if job == "compile" else "")
         raise GenieBuildError(NUM_PARTS_KEY, f"auto: {device.num_parts} parts map on the device, but at every count "
-                                             f"up to {most[0].num_parts} a job is larger than {jobs.describe()} (part "
-                                             f"{part.label}'s {job}, {mb:,} MB, at {most[0].num_parts}); run with "
-                                             f"more memory (--resources mem_mb){fewer}, or give num_parts")
+                                             f"up to {most[0].num_parts} a job takes more than it may (part "
+                                             f"{part.label}'s {job}, {mb:,} MB, at {plan.num_parts}: more than "
+                                             f"{bound}); run with more memory (--resources mem_mb){fewer}, or give "
+                                             "num_parts")
     raise _no_part_count(most, dims, load, max_part_bytes)
 
 def _no_part_count(most: tuple[Plan, list[PartPlan], tuple] | None, dims: IoDims, load: LoadParams,
@@ -212,14 +242,15 @@ def _chosen_by(plan: Plan, device: Plan, jobs: JobMemory | None) -> str:
               "load model)")
     if jobs is None:
         return f"split.num_parts auto: {plan.num_parts} parts, {mapped}"
+    alone = jobs.describe_alone(plan)
     if device.num_parts == plan.num_parts:
-        part, job, mb = jobs.largest(plan)
+        part, job, mb = jobs.largest(plan, [part for part in plan.parts if part not in jobs.alone(plan)] or None)
         return (f"split.num_parts auto: {plan.num_parts} parts, {mapped}; the device chose the count: their largest "
-                f"job (part {part.label}'s {job}, {mb:,} MB) fits {jobs.describe()}")
+                f"job (part {part.label}'s {job}, {mb:,} MB) fits {jobs.describe()}{alone}")
     part, job, mb = jobs.largest(device)
     return (f"split.num_parts auto: {plan.num_parts} parts, the fewest that map on the device and whose jobs fit "
             f"{jobs.describe()}; the build box chose the count: {device.num_parts} parts would map, but part "
-            f"{part.label}'s {job} would take {mb:,} MB")
+            f"{part.label}'s {job} would take {mb:,} MB{alone}")
 
 
 def plan_request(pieces: Sequence[Piece], request: SplitRequest, *, dims: IoDims | None = None,

@@ -20,7 +20,7 @@ from genie_build.errors import GenieBuildError
 from genie_build.plan.plan_file import PartPlan, Piece, Plan
 from genie_build.units import MIB
 
-__all__ = ["MAX_PART_KEY", "NUM_PARTS_KEY", "plan_by_max_part_bytes", "plan_by_num_parts"]
+__all__ = ["MAX_PART_KEY", "NUM_PARTS_KEY", "indivisible", "plan_by_max_part_bytes", "plan_by_num_parts"]
 
 NUM_PARTS_KEY = "split.num_parts"
 MAX_PART_KEY = "split.max_part_mb"
@@ -68,6 +68,12 @@ def plan_by_max_part_bytes(pieces: Sequence[Piece], max_bytes: int, embedding_al
     num_parts = max(2, len(fixed) + _greedy_group_count([_block_bytes(block) for block in blocks], max_bytes))
     plan = plan_by_num_parts(pieces, num_parts, embedding_alone)
     return dataclasses.replace(plan, mode="max_part_mb", max_part_bytes=max_bytes)
+
+
+def indivisible(plan: Plan) -> set[tuple[str, ...]]:
+    """The pieces of each part of ``plan`` that no split makes smaller: one of the planner's blocks."""
+    fixed, blocks = _planning_blocks(plan.pieces, plan.embedding_alone)
+    return {tuple(piece.name for piece in block) for block in (*fixed, *blocks)}
 
 
 def _planning_blocks(pieces: Sequence[Piece], embedding_alone: bool
