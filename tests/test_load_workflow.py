@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from workflow_helpers import REFERENCE_BUILD, SMALL_DEMO, TEST_VARIANTS, copy_workflow, load_json, run_snakemake, write_config
+from workflow_helpers import (REFERENCE_BUILD, SMALL_DEMO, TEST_VARIANTS, copy_workflow, load_json, run_snakemake,
+                              write_config)
 
 pytestmark = pytest.mark.workflow
 

@@ -32,7 +32,8 @@ from genie_build.plan.planners import NUM_PARTS_KEY, indivisible, plan_by_max_pa
 from genie_build.split_request import SplitRequest
 from genie_build.units import GIB, MIB
 
-__all__ = ["JobMemory", "auto_plan", "binary_compile", "io_dims_from_graph", "io_dims_from_hf_config", "part_jobs", "plan_request"]
+__all__ = ["JobMemory", "auto_plan", "binary_compile", "io_dims_from_graph", "io_dims_from_hf_config", "part_jobs",
+           "plan_request"]
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,8 @@ def plan_from_hf_config(config_path: str | os.PathLike[str] | ModelShape, *, rec
     exported with prompt AR ``ar`` and context ``context``, one length or several (``num_parts`` "auto": the fewest
     parts that map under ``load`` in the ``embedding`` layout, with the IO of every length's graphs, and with
     ``memory`` whose export, verification, with ``evaluate`` evaluation, and with ``toolchains`` (the variants')
-    compile jobs each fit what a job of the run may take); the plan's context length is the largest. ``config_path``: the file, or its shape as read once.
+    compile jobs each fit what a job of the run may take); the plan's context length is the largest.
+    ``config_path``: the file, or its shape as read once.
 
     Raises:
         GenieBuildError: the config is not one the export reads, or the split request is infeasible (naming the
