@@ -125,7 +125,8 @@ def compile_mb(converted_mb: float, *, graphs: int = 1, toolchain: str = "refere
     the files (1.17 GB for the 7B embedding part's 1.09 GB); the HTP backend (``qnn-htp``) holds every graph of a
     weight-shared context prepared until it writes the binary, so 1.9 GB and 3.6 times the weights per graph
     (measured at Qwen2.5-7B's width, the weights' stored bytes x graphs -> peak: a layer's 117 MB x 4 -> 3.56 GB,
-    a layer and the LM head's 662 MB x 2 -> 5.75 GB, six layers' 700 MB x 8 -> 21.73 GB)."""
+    a layer and the LM head's 662 MB x 2 -> 5.75 GB, six layers' 700 MB x 8 -> 21.73 GB; two layers' 235 MB x 8 ->
+    7.64 GB, the last layer and the head x 8 -> 18.47 GB)."""
     if toolchain == "qnn-htp":
         return int(1900 + 3.6 * graphs * converted_mb)
     return max(1000, int(4 * converted_mb))
